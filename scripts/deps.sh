@@ -1,0 +1,17 @@
+#!/bin/bash
+# Installs the Debian 12 packages spool builds and tests with, if any are missing.
+# Usage: scripts/deps.sh [--test]   (--test adds clang for the fuzzers)
+set -euo pipefail
+pkgs=(meson ninja-build g++ pkg-config python3 liburing-dev libfuse3-dev fuse3 libxxhash-dev
+      libboost-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev)
+[ "${1:-}" = "--test" ] && pkgs+=(clang libclang-rt-14-dev util-linux procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} = 0 ] && exit 0
+echo "spool: installing ${missing[*]}"
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

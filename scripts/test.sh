@@ -1,0 +1,57 @@
+#!/bin/bash
+# Builds and runs every test: the suite on both I/O backends (warnings are errors), the
+# suite again under ASan+UBSan, then each fuzz target for a bounded time.
+# SPOOL_FUZZ_SECONDS (default 60) bounds each fuzzer; SPOOL_QUICK=1 skips sanitizers and fuzzing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh --test
+fuzz_seconds=${SPOOL_FUZZ_SECONDS:-60}
+passed=0; failed=0; skipped=0
+
+count() {  # adds a meson test log's results to the totals
+  read -r p f s < <(python3 - "$1" <<'PY'
+import json, sys
+p = f = s = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL"): p += 1
+    elif r == "SKIP": s += 1
+    else: f += 1
+print(p, f, s)
+PY
+)
+  passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
+}
+
+suite() {  # suite BUILD_DIR MESON_ARGS...
+  local dir=$1; shift
+  [ -d "$dir" ] || meson setup "$dir" -Dwerror=true "$@" >/dev/null
+  ninja -C "$dir"
+  meson test -C "$dir" --print-errorlogs --num-processes 2 || true
+  count "$dir/meson-logs/testlog.json"
+}
+
+echo "== test suite (both I/O backends)"
+suite build-test --buildtype=debugoptimized
+if [ "${SPOOL_QUICK:-0}" != 1 ]; then
+  echo "== test suite under ASan+UBSan"
+  suite build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false -Dbench=false
+  echo "== fuzzers, ${fuzz_seconds}s each"
+  dir=build-fuzz
+  [ -d $dir ] || CXX=clang++ meson setup $dir -Dwerror=true -Dfuzz=true -Dtests=false -Dbench=false \
+    -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+  ninja -C $dir
+  for target in $dir/fuzz/fuzz_*; do
+    [ -x "$target" ] || continue
+    name=$(basename "$target"); corpus=$(mktemp -d)
+    cp -r "fuzz/corpus/${name#fuzz_}/." "$corpus/" 2>/dev/null || true
+    if "$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 "$corpus" >"$dir/$name.log" 2>&1; then
+      echo "fuzz $name: ok ($(grep -c . "$corpus"/* 2>/dev/null | wc -l) corpus entries)"; passed=$((passed + 1))
+    else
+      echo "fuzz $name: FAILED"; tail -n 40 "$dir/$name.log"; failed=$((failed + 1))
+    fi
+    rm -rf "$corpus"
+  done
+fi
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" = 0 ]

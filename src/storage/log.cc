@@ -1,0 +1,190 @@
+#include "storage/log.h"
+
+#include <dirent.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+namespace spool::storage {
+
+Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) {
+  if (!opts.io) opts.io = io::default_io();
+  if (opts.segment_size < format::kMinSegmentSize || opts.segment_size >= (1ull << 40)) {
+    return Status(Code::kInvalidArgument, "segment size must be between 4 KiB and 1 TiB");
+  }
+  if (!opts.read_only && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
+    return errno_status(errno, "create " + dir);
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open log directory " + dir);
+  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory");
+  return std::unique_ptr<Log>(new Log(dir, std::move(opts)));
+}
+
+std::string Log::segment_path(uint64_t seq) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "%020" PRIu64 ".seg", seq);
+  return dir_ + "/" + name;
+}
+
+uint64_t Log::max_payload() const {
+  uint64_t capacity = (opts_.segment_size - format::kSegmentHeaderSize) & ~uint64_t{format::kRecordAlign - 1};
+  return capacity - format::kRecordHeaderSize;
+}
+
+Result<std::vector<uint64_t>> Log::segments() const {
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return errno_status(errno, "list " + dir_);
+  std::vector<uint64_t> seqs;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name.size() == 24 && name.ends_with(".seg") &&
+        std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; })) {
+      seqs.push_back(std::stoull(name.substr(0, 20)));
+    } else if (!opts_.read_only && name.find(".seg.tmp.") != std::string::npos) {
+      // A segment whose creator crashed before the rename; it was never part of the log.
+      (void)opts_.io->unlink(dir_ + "/" + name);
+    }
+  }
+  ::closedir(d);
+  std::sort(seqs.begin(), seqs.end());
+  return seqs;
+}
+
+Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = cache_.find(seq); it != cache_.end()) return it->second;
+  }
+  auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only);
+  if (!seg.ok()) return seg.status();
+  if ((*seg)->info().seq != seq) {
+    return Status(Code::kCorrupt, segment_path(seq) + ": header names segment " +
+                                      std::to_string((*seg)->info().seq));
+  }
+  std::lock_guard lock(mu_);
+  return cache_.emplace(seq, *seg).first->second;
+}
+
+void Log::forget_below(uint64_t seq) {
+  std::lock_guard lock(mu_);
+  cache_.erase(cache_.begin(), cache_.lower_bound(seq));
+}
+
+Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id) {
+  if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
+  auto seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size);
+  if (!seg.ok()) return seg.status();
+  std::lock_guard lock(mu_);
+  cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
+  return *seg;
+}
+
+Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>& visit) {
+  auto seqs = segments();
+  if (!seqs.ok()) return seqs.status();
+  Recovery rec;
+  for (uint64_t seq : *seqs) {
+    auto seg = segment(seq);
+    if (!seg.ok()) return seg.status();
+    ScanResult r = scan(**seg, format::kSegmentHeaderSize,
+                        [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); });
+    for (const auto& c : r.corrupt) {
+      spdlog::warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
+                   c.offset);
+    }
+    rec.records += r.records;
+    rec.corrupt.insert(rec.corrupt.end(), r.corrupt.begin(), r.corrupt.end());
+    rec.end = Pos{seq, r.end};
+  }
+  return rec;
+}
+
+Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id) {
+  const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize;
+  for (const auto& r : recs) {
+    if (format::record_size(r.payload.size()) > capacity) {
+      return Status(Code::kTooLarge, "record of " + std::to_string(r.payload.size()) +
+                                         " bytes does not fit a segment of " +
+                                         std::to_string(opts_.segment_size) + " bytes");
+    }
+  }
+  std::shared_ptr<Segment> seg;
+  if (end.seq == 0) {
+    auto s = roll(1, recs.empty() ? base_id : recs.front().id);
+    if (!s.ok()) return s.status();
+    seg = *s;
+    end = {1, format::kSegmentHeaderSize};
+  } else {
+    auto s = segment(end.seq);
+    if (!s.ok()) return s.status();
+    seg = *s;
+  }
+  AppendResult res;
+  res.at.reserve(recs.size());
+  std::string buf;
+  auto flush = [&]() -> Status {
+    if (buf.empty()) return {};
+    iovec iov{buf.data(), buf.size()};
+    if (int r = opts_.io->write_all(seg->fd(), &iov, 1, end.off); r < 0) {
+      return errno_status(-r, "append to " + seg->path());
+    }
+    end.off += buf.size();
+    buf.clear();
+    return {};
+  };
+  for (const auto& r : recs) {
+    uint64_t sz = format::record_size(r.payload.size());
+    if (end.off + buf.size() + sz > seg->info().size) {
+      if (Status s = flush(); !s.ok()) return s;
+      if (opts_.sync_on_roll) {
+        if (Status s = sync(end.seq); !s.ok()) return s;
+      }
+      auto next = roll(end.seq + 1, r.id);
+      if (!next.ok()) return next.status();
+      seg = *next;
+      end = {end.seq + 1, format::kSegmentHeaderSize};
+    }
+    res.at.push_back({end.seq, end.off + buf.size()});
+    seg->encode(r, buf);
+  }
+  if (Status s = flush(); !s.ok()) return s;
+  res.end = end;
+  return res;
+}
+
+Status Log::sync(uint64_t seq) {
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = failed_syncs_.find(seq); it != failed_syncs_.end()) return it->second;
+  }
+  auto seg = segment(seq);
+  if (!seg.ok()) return seg.status();
+  if (int r = opts_.io->datasync((*seg)->fd()); r < 0) {
+    // Never retry into a false success: the kernel may have dropped the dirty pages.
+    Status s = errno_status(-r, "fdatasync " + (*seg)->path() + " (segment is now failed)");
+    std::lock_guard lock(mu_);
+    failed_syncs_.emplace(seq, s);
+    return s;
+  }
+  return {};
+}
+
+Result<RecordView> Log::read(Pos p, std::shared_ptr<Segment>* keep) {
+  auto seg = segment(p.seq);
+  if (!seg.ok()) return seg.status();
+  auto rec = (*seg)->record_at(p.off);
+  if (!rec) {
+    return Status(Code::kCorrupt, segment_path(p.seq) + ": no valid record at offset " +
+                                      std::to_string(p.off) + " (checksum mismatch)");
+  }
+  *keep = *seg;
+  return *rec;
+}
+
+}  // namespace spool::storage

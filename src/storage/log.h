@@ -1,0 +1,104 @@
+// The log: the ordered sequence of segment files in one directory, with append (rolling
+// to a new preallocated segment when the active one is full), random reads through the
+// mappings, and full recovery.
+//
+// The log does not own its end position: the caller passes the current end to append()
+// and stores the returned one. In a queue the end lives in the shared index and append()
+// runs under the index lock, so many processes append to one log; a single-process user
+// just keeps it in a variable. Thread-safe (the segment cache has its own mutex); two
+// concurrent appends with the same `end` are the caller's bug.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/io.h"
+#include "storage/segment.h"
+
+namespace spool::storage {
+
+// A position in the log. seq 0 means "before the first segment" (an empty log).
+struct Pos {
+  uint64_t seq = 0;
+  uint64_t off = 0;
+  auto operator<=>(const Pos&) const = default;
+  // Packed for an atomic word: seq in the high 24 bits, offset in the low 40.
+  uint64_t pack() const { return (seq << 40) | off; }
+  static Pos unpack(uint64_t v) { return {v >> 40, v & ((1ull << 40) - 1)}; }
+};
+
+struct LogOptions {
+  // Preallocated size of each new segment; also bounds the largest record.
+  uint64_t segment_size = format::kDefaultSegmentSize;
+  // fdatasync a segment before moving on to the next one, so durability can be tracked
+  // in the active segment alone. Off only for sync policy "never".
+  bool sync_on_roll = true;
+  bool read_only = false;
+  std::shared_ptr<io::Io> io;  // default: io::default_io()
+};
+
+struct AppendResult {
+  std::vector<Pos> at;  // where each record went
+  Pos end;              // the new end
+};
+
+struct Recovery {
+  Pos end;  // where the next append goes
+  uint64_t records = 0;
+  std::vector<Corruption> corrupt;
+};
+
+class Log {
+ public:
+  // Opens (creating `dir` unless read_only) the log kept in `dir`.
+  static Result<std::unique_ptr<Log>> open(const std::string& dir, LogOptions opts);
+
+  // Sequence numbers of the segment files present, ascending.
+  Result<std::vector<uint64_t>> segments() const;
+
+  // Visits every valid record of every segment, in log order, and returns the end.
+  // Corrupt regions are skipped and reported (also logged at warn level).
+  Result<Recovery> recover(const std::function<void(Pos, const RecordView&)>& visit);
+
+  // Appends `recs` at `end`, which must be the current end; rolls to a new segment when a
+  // record does not fit. A record larger than a whole segment is kTooLarge and nothing is
+  // written. On an error, records before the failing one may have been written but the
+  // returned end is not advanced: they are invisible garbage that the next append
+  // overwrites. `base_id` is recorded in a new segment's header.
+  Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
+
+  // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
+  Status sync(uint64_t seq);
+
+  // The record at `p`, validated; the view lives as long as `*keep`.
+  Result<RecordView> read(Pos p, std::shared_ptr<Segment>* keep);
+
+  // The open segment `seq` (cached).
+  Result<std::shared_ptr<Segment>> segment(uint64_t seq);
+
+  // Drops cached segments below `seq` (after compaction removed them).
+  void forget_below(uint64_t seq);
+
+  const std::string& dir() const { return dir_; }
+  std::string segment_path(uint64_t seq) const;
+  uint64_t max_payload() const;
+  io::Io& io() { return *opts_.io; }
+
+ private:
+  Log(std::string dir, LogOptions opts) : dir_(std::move(dir)), opts_(std::move(opts)) {}
+  Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id);
+
+  std::string dir_;
+  LogOptions opts_;
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Segment>> cache_;
+  std::map<uint64_t, Status> failed_syncs_;
+};
+
+}  // namespace spool::storage

@@ -1,0 +1,223 @@
+#include "storage/segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+
+namespace spool::storage {
+namespace {
+
+using format::kRecordHeaderSize;
+using format::kSegmentHeaderSize;
+
+// Fixed little-endian encoding; the supported platforms are little-endian, so these are
+// plain copies, and the static_assert keeps a big-endian port from silently misreading.
+static_assert(std::endian::native == std::endian::little, "spool's format is little-endian");
+template <class T>
+T load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+void store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+uint64_t random_salt() {
+  uint64_t s = 0;
+  while (s == 0) {
+    if (::getrandom(&s, sizeof s, 0) != sizeof s) s = static_cast<uint64_t>(::time(nullptr)) ^ 0x9e3779b97f4a7c15ull;
+  }
+  return s;
+}
+
+uint64_t now_realtime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint64_t record_checksum(const uint8_t* header, std::string_view payload, uint64_t salt) {
+  XXH3_state_t st;
+  XXH3_64bits_reset_withSeed(&st, salt);
+  XXH3_64bits_update(&st, header, format::kChecksumOffset);
+  XXH3_64bits_update(&st, payload.data(), payload.size());
+  return XXH3_64bits_digest(&st);
+}
+
+}  // namespace
+
+Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::string& name) {
+  if (len < kSegmentHeaderSize) {
+    return Status(Code::kNotAQueue, name + ": truncated segment header (" + std::to_string(len) +
+                                        " of 64 bytes)");
+  }
+  if (std::memcmp(d, format::kSegmentMagic, 8) != 0) {
+    return Status(Code::kNotAQueue, name + ": not a spool segment (bad magic)");
+  }
+  SegmentInfo info;
+  info.version = load<uint32_t>(d + 8);
+  if (info.version > format::kVersion) {
+    return Status(Code::kIncompatible, name + ": segment format version " +
+                                           std::to_string(info.version) + " is newer than this spool (" +
+                                           std::to_string(format::kVersion) + "); upgrade spool");
+  }
+  if (XXH3_64bits(d, 56) != load<uint64_t>(d + 56) || info.version == 0 ||
+      load<uint32_t>(d + 12) != kSegmentHeaderSize) {
+    return Status(Code::kCorrupt, name + ": segment header is corrupt (checksum mismatch)");
+  }
+  info.salt = load<uint64_t>(d + 16);
+  info.seq = load<uint64_t>(d + 24);
+  info.base_id = load<uint64_t>(d + 32);
+  info.created_ns = load<uint64_t>(d + 40);
+  info.size = load<uint64_t>(d + 48);
+  if (info.size < kSegmentHeaderSize) {
+    return Status(Code::kCorrupt, name + ": segment header gives an impossible size");
+  }
+  return info;
+}
+
+Segment::~Segment() {
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), map_len_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
+                                                 uint64_t base_id, uint64_t size) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
+  int fd = io.open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
+  if (fd < 0) return errno_status(-fd, "create segment " + tmp);
+  auto fail = [&](int err, const char* what) {
+    ::close(fd);
+    (void)io.unlink(tmp);
+    return errno_status(-err, std::string(what) + " " + path);
+  };
+  if (int r = io.allocate(fd, 0, size); r < 0) return fail(r, "preallocate segment");
+  uint8_t h[kSegmentHeaderSize] = {};
+  std::memcpy(h, format::kSegmentMagic, 8);
+  store<uint32_t>(h + 8, format::kVersion);
+  store<uint32_t>(h + 12, kSegmentHeaderSize);
+  store<uint64_t>(h + 16, random_salt());
+  store<uint64_t>(h + 24, seq);
+  store<uint64_t>(h + 32, base_id);
+  store<uint64_t>(h + 40, now_realtime_ns());
+  store<uint64_t>(h + 48, size);
+  store<uint64_t>(h + 56, XXH3_64bits(h, 56));
+  iovec iov{h, sizeof h};
+  if (int r = io.write_all(fd, &iov, 1, 0); r < 0) return fail(r, "write segment header");
+  if (int r = io.datasync(fd); r < 0) return fail(r, "sync segment");
+  if (int r = io.rename(tmp, path); r < 0) return fail(r, "rename segment into place");
+  std::string dir = path.substr(0, path.find_last_of('/'));
+  if (int r = io.sync_dir(dir); r < 0) return errno_status(-r, "sync directory " + dir);
+  ::close(fd);
+  return open(io, path, true);
+}
+
+Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& path, bool writable) {
+  int fd = io.open(path, writable ? O_RDWR : O_RDONLY, 0);
+  if (fd < 0) return errno_status(-fd, "open segment " + path);
+  std::shared_ptr<Segment> seg(new Segment());
+  seg->fd_ = fd;
+  seg->path_ = path;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_status(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode)) return Status(Code::kNotAQueue, path + ": not a regular file");
+  uint8_t h[kSegmentHeaderSize];
+  ssize_t n = ::pread(fd, h, sizeof h, 0);
+  if (n < 0) return errno_status(errno, "read " + path);
+  auto info = parse_header(h, static_cast<uint64_t>(n), path);
+  if (!info.ok()) return info.status();
+  seg->info_ = *info;
+  // Never map past EOF: a truncated file would SIGBUS on access (PITFALLS §2).
+  seg->info_.size = std::min<uint64_t>(seg->info_.size, static_cast<uint64_t>(st.st_size));
+  seg->map_len_ = seg->info_.size;
+  void* p = ::mmap(nullptr, seg->map_len_, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
+  seg->base_ = static_cast<const uint8_t*>(p);
+  return seg;
+}
+
+std::optional<RecordView> Segment::record_at(uint64_t off) const {
+  const uint64_t size = info_.size;
+  if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > size ||
+      size - off < kRecordHeaderSize) {
+    return std::nullopt;
+  }
+  const uint8_t* h = base_ + off;
+  if (load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
+  uint8_t type = h[8];
+  if (type == 0 || type > format::kMaxRecordType || load<uint16_t>(h + 10) != 0) return std::nullopt;
+  uint64_t len = load<uint32_t>(h + 4);
+  if (len > size - off - kRecordHeaderSize) return std::nullopt;
+  std::string_view payload(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
+  if (record_checksum(h, payload, info_.salt) != load<uint64_t>(h + format::kChecksumOffset)) {
+    return std::nullopt;
+  }
+  return RecordView{static_cast<format::RecordType>(type),
+                    h[9],
+                    load<uint32_t>(h + 12),
+                    load<uint64_t>(h + 16),
+                    load<uint64_t>(h + 24),
+                    load<uint64_t>(h + 32),
+                    payload,
+                    off,
+                    std::min<uint64_t>(format::record_size(len), size - off)};
+}
+
+uint64_t Segment::resync(uint64_t off) const {
+  off = std::max<uint64_t>(format::align_up(off), kSegmentHeaderSize);
+  for (; off + kRecordHeaderSize <= info_.size; off += format::kRecordAlign) {
+    // Cheap magic test first; the full check only where the magic matches.
+    if (load<uint32_t>(base_ + off) == format::kRecordMagic && record_at(off)) return off;
+  }
+  return info_.size;
+}
+
+void Segment::encode(const Record& r, std::string& out) const {
+  size_t at = out.size();
+  out.resize(at + format::record_size(r.payload.size()), '\0');
+  auto* h = reinterpret_cast<uint8_t*>(out.data() + at);
+  store<uint32_t>(h, format::kRecordMagic);
+  store<uint32_t>(h + 4, static_cast<uint32_t>(r.payload.size()));
+  h[8] = static_cast<uint8_t>(r.type);
+  store<uint32_t>(h + 12, r.count);
+  store<uint64_t>(h + 16, r.id);
+  store<uint64_t>(h + 24, r.t1);
+  store<uint64_t>(h + 32, r.t2);
+  std::memcpy(h + kRecordHeaderSize, r.payload.data(), r.payload.size());
+  store<uint64_t>(h + format::kChecksumOffset, record_checksum(h, r.payload, info_.salt));
+}
+
+ScanResult scan(const Segment& seg, uint64_t from,
+                const std::function<void(const RecordView&)>& visit) {
+  ScanResult res;
+  uint64_t off = std::max<uint64_t>(from, kSegmentHeaderSize);
+  const uint64_t size = seg.info().size;
+  while (off < size) {
+    if (auto rec = seg.record_at(off)) {
+      visit(*rec);
+      ++res.records;
+      off += rec->size;
+      continue;
+    }
+    uint64_t next = seg.resync(off + format::kRecordAlign);
+    if (next >= size) break;  // nothing valid after: `off` is the logical end
+    res.corrupt.push_back({seg.info().seq, off, next - off});
+    off = next;
+  }
+  res.end = std::min(off, size);
+  return res;
+}
+
+}  // namespace spool::storage

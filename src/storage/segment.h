@@ -1,0 +1,112 @@
+// One segment file: an fd plus a read-only MAP_SHARED mapping of the whole preallocated
+// file, and the record codec. Layout: docs/format.md.
+//
+// A Segment is immutable once open and safe to share between threads; it stays valid (and
+// its mapping readable) while any shared_ptr to it lives, even after the file is unlinked.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/io.h"
+#include "spool/status.h"
+#include "storage/format.h"
+
+namespace spool::storage {
+
+// What a writer appends.
+struct Record {
+  format::RecordType type = format::RecordType::kMsg;
+  uint32_t count = 0;
+  uint64_t id = 0;
+  uint64_t t1 = 0;
+  uint64_t t2 = 0;
+  std::string_view payload;
+};
+
+// A validated record inside a mapping; `payload` points into the mapping (zero-copy) and
+// is valid while the Segment lives.
+struct RecordView {
+  format::RecordType type;
+  uint8_t flags;
+  uint32_t count;
+  uint64_t id;
+  uint64_t t1;
+  uint64_t t2;
+  std::string_view payload;
+  uint64_t offset;  // of the record header in the segment
+  uint64_t size;    // header + payload + pad
+};
+
+struct SegmentInfo {
+  uint32_t version = 0;
+  uint64_t salt = 0;
+  uint64_t seq = 0;
+  uint64_t base_id = 0;
+  uint64_t created_ns = 0;
+  uint64_t size = 0;  // usable bytes: the header's size, or less if the file was truncated
+};
+
+// A run of bytes that held no valid record between two valid ones.
+struct Corruption {
+  uint64_t seq;
+  uint64_t offset;
+  uint64_t length;
+};
+
+class Segment {
+ public:
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment();
+
+  // Creates `path` crash-safely (temp file, fallocate, header, fdatasync, rename, fsync dir).
+  // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
+  static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
+                                                 uint64_t base_id, uint64_t size);
+  // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
+  // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
+  static Result<std::shared_ptr<Segment>> open(io::Io& io, const std::string& path, bool writable);
+
+  const SegmentInfo& info() const { return info_; }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_; }
+  const uint8_t* data() const { return base_; }
+
+  // The valid record at `off`, or nullopt (see "Validity" in docs/format.md).
+  std::optional<RecordView> record_at(uint64_t off) const;
+  // The first offset >= off holding a valid record, or info().size if there is none.
+  uint64_t resync(uint64_t off) const;
+
+  // Appends the encoding of `r` for this segment (header, payload, pad) to `out`.
+  void encode(const Record& r, std::string& out) const;
+
+ private:
+  Segment() = default;
+  std::string path_;
+  int fd_ = -1;
+  const uint8_t* base_ = nullptr;
+  uint64_t map_len_ = 0;
+  SegmentInfo info_;
+};
+
+struct ScanResult {
+  uint64_t end = 0;      // logical end: where the next record goes
+  uint64_t records = 0;  // valid records visited
+  std::vector<Corruption> corrupt;
+};
+
+// Visits every valid record from `from` (a record boundary, >= 64) in offset order, skipping
+// and reporting corrupt regions, and finds the logical end.
+ScanResult scan(const Segment& seg, uint64_t from,
+                const std::function<void(const RecordView&)>& visit);
+
+// Parses and validates a segment header from raw bytes; used by open() and the fuzzer.
+Result<SegmentInfo> parse_header(const uint8_t* data, uint64_t len, const std::string& name);
+
+}  // namespace spool::storage
