@@ -1,0 +1,124 @@
+// spool: a persistent, brokerless message queue for worker processes on one host.
+//
+// A queue is a directory. Any number of processes open it with Queue::open and send,
+// receive, ack, nack and extend concurrently; no daemon is involved. Delivery is
+// at-least-once with SQS-style leases: a received message is hidden for its visibility
+// timeout and comes back if it is not acked in time. Semantics: docs/semantics.md;
+// durability: docs/durability.md.
+//
+// Thread- and process-safety: a Queue may be shared by the threads of one process. Do not
+// use a Queue object in a child after fork(); open the queue again there.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spool/status.h"
+
+namespace spool {
+
+using Millis = std::chrono::milliseconds;
+
+enum class SyncPolicy {
+  kAlways,    // send/ack return only once on disk; concurrent callers share one fdatasync
+  kInterval,  // synced at most sync_interval after a write (default)
+  kNever,     // left to the kernel's writeback
+};
+
+// Settings of a queue. Those marked [stored] are fixed when the queue is created and kept
+// in its spool.conf; opening an existing queue ignores the values passed here for them.
+struct QueueOptions {
+  Millis visibility{30000};        // [stored] default lease length of receive()
+  uint32_t max_receives = 10;      // [stored] deliveries before a message is dead-lettered; 0: never
+  SyncPolicy sync = SyncPolicy::kInterval;  // [stored]
+  Millis sync_interval{50};        // [stored]
+  uint64_t segment_size = 64ull << 20;  // [stored] bytes per segment file (4 KiB .. 1 TiB)
+  uint64_t max_payload = 1ull << 20;    // [stored] largest message; must fit one segment
+  bool create = true;              // create the queue if the directory holds none
+};
+
+struct Message {
+  uint64_t id = 0;
+  std::string payload;
+  uint32_t receive_count = 0;  // 1 on first delivery
+  std::chrono::system_clock::time_point enqueued;
+  std::string receipt;  // names this delivery's lease; empty for peek()
+};
+
+struct Stats {
+  uint64_t ready = 0;      // receivable now (including expired leases)
+  uint64_t in_flight = 0;  // leased and not yet expired
+  uint64_t delayed = 0;    // sent or nacked with a delay that has not passed
+  uint64_t dead = 0;       // messages in the dead-letter queue
+  double oldest_ready_age_s = 0;
+  uint64_t sent_total = 0;
+  uint64_t acked_total = 0;
+  uint64_t dead_lettered_total = 0;
+  uint64_t bytes_on_disk = 0;
+  uint64_t segments = 0;
+  uint64_t next_id = 0;
+  // Workers needed to drain the ready backlog within `latency_target_s` when each worker
+  // handles `rate_per_worker` messages per second: ceil(ready / (rate × target)).
+  uint64_t workers_needed(double rate_per_worker, double latency_target_s) const;
+};
+
+class Queue {
+ public:
+  // Opens the queue in `dir`, creating it (and its dead-letter queue dir/dlq) if allowed.
+  // Errors: kNotAQueue (a directory with other files, a file), kIncompatible (newer
+  // format), kReadOnly (no write permission: only stats() and peek() work), kIo.
+  static Result<std::unique_ptr<Queue>> open(const std::string& dir, const QueueOptions& opts = {});
+  ~Queue();
+  Queue(const Queue&) = delete;
+  Queue& operator=(const Queue&) = delete;
+
+  // Appends a message; it becomes receivable after `delay`. Returns its id (ids increase).
+  Result<uint64_t> send(std::string_view payload, Millis delay = Millis{0});
+  // All or nothing: either every payload is queued (consecutive ids) or none is.
+  Result<std::vector<uint64_t>> send_batch(std::span<const std::string_view> payloads,
+                                           Millis delay = Millis{0});
+
+  // Leases up to `max` messages for `visibility` (0: the queue's default). With `wait` > 0
+  // sleeps until a message is receivable or `wait` passes, woken at once by any process.
+  // kEmpty when nothing was receivable in time.
+  Result<std::vector<Message>> receive(size_t max = 1, Millis visibility = Millis{0},
+                                       Millis wait = Millis{0});
+
+  // Deletes the message. kLeaseLost if the lease expired and the message was received
+  // again (the receipt is stale: nothing changes); kNotFound if it is already gone.
+  Status ack(std::string_view receipt);
+  // Makes the message receivable again after `delay`. Same errors as ack.
+  Status nack(std::string_view receipt, Millis delay = Millis{0});
+  // Renews the lease to end `visibility` from now. Same errors as ack.
+  Status extend(std::string_view receipt, Millis visibility);
+
+  // Up to `max` messages in id order without receiving them (no receipts).
+  Result<std::vector<Message>> peek(size_t max);
+  // Removes every message; returns how many.
+  Result<uint64_t> purge();
+  Result<Stats> stats();
+  // Makes every write so far durable, whatever the sync policy.
+  Status sync();
+
+  // The dead-letter queue (a queue of its own, in dir/dlq, that never dead-letters).
+  Result<Queue*> dead_letters();
+  // Moves up to `max` dead letters back into this queue as new messages.
+  Result<uint64_t> redrive(size_t max);
+
+  const std::string& dir() const;
+  // Checks the shared index's invariants (O(n)); "" when they hold. For tests and verify.
+  std::string check_index();
+
+  struct Impl;
+
+ private:
+  explicit Queue(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spool

@@ -1,0 +1,23 @@
+// Clocks. The index orders deadlines on CLOCK_BOOTTIME (monotonic, counts suspend, immune
+// to wall-clock jumps); the log stores CLOCK_REALTIME so deadlines mean something after a
+// reboot, when CLOCK_BOOTTIME restarts. Conversion happens when the index is rebuilt.
+#pragma once
+
+#include <cstdint>
+#include <ctime>
+#include <string>
+
+namespace spool::sys {
+
+inline uint64_t now_ns(clockid_t clock) {
+  timespec ts{};
+  ::clock_gettime(clock, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+inline uint64_t boot_ns() { return now_ns(CLOCK_BOOTTIME); }
+inline uint64_t real_ns() { return now_ns(CLOCK_REALTIME); }
+
+// /proc/sys/kernel/random/boot_id, which changes at every boot ("" if unreadable).
+std::string boot_id();
+
+}  // namespace spool::sys

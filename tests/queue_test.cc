@@ -1,0 +1,262 @@
+// The queue API in one process: semantics, fencing, dead letters, restarts, bad input.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "spool/queue.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using test::TempDir;
+using namespace std::chrono_literals;
+
+class QueueTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Queue> open(QueueOptions o = {}) {
+    auto q = Queue::open(dir_ / "q", o);
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+    return q.ok() ? std::move(q).value() : nullptr;
+  }
+  static Message one(Queue& q, Millis vis = 0ms, Millis wait = 0ms) {
+    auto m = q.receive(1, vis, wait);
+    EXPECT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(m->size(), 1u);
+    return m->at(0);
+  }
+  TempDir dir_;
+};
+
+TEST_F(QueueTest, SendReceiveAckRemovesTheMessage) {
+  auto q = open();
+  auto id = q->send("hello");
+  ASSERT_TRUE(id.ok());
+  Message m = one(*q);
+  EXPECT_EQ(m.id, *id);
+  EXPECT_EQ(m.payload, "hello");
+  EXPECT_EQ(m.receive_count, 1u);
+  EXPECT_FALSE(m.receipt.empty());
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "a leased message is hidden";
+  ASSERT_TRUE(q->ack(m.receipt).ok());
+  EXPECT_EQ(q->ack(m.receipt).code(), Code::kNotFound);
+  auto st = q->stats();
+  EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
+  EXPECT_EQ(st->acked_total, 1u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
+TEST_F(QueueTest, IdsIncreaseAndOrderIsFifo) {
+  auto q = open();
+  std::vector<std::string_view> batch = {"a", "b", "c"};
+  auto ids = q->send_batch(batch);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->at(1), ids->at(0) + 1);
+  auto got = q->receive(10);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ(got->at(0).payload, "a");
+  EXPECT_EQ(got->at(2).payload, "c");
+}
+
+TEST_F(QueueTest, StaleReceiptAfterRedeliveryIsLeaseLostAndChangesNothing) {
+  auto q = open();
+  ASSERT_TRUE(q->send("x").ok());
+  Message first = one(*q, 30ms);
+  std::this_thread::sleep_for(60ms);
+  Message second = one(*q, 10s);
+  EXPECT_EQ(second.receive_count, 2u);
+  EXPECT_EQ(q->ack(first.receipt).code(), Code::kLeaseLost);
+  EXPECT_EQ(q->nack(first.receipt).code(), Code::kLeaseLost);
+  EXPECT_EQ(q->extend(first.receipt, 10s).code(), Code::kLeaseLost);
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "the second lease must still hold";
+  EXPECT_TRUE(q->ack(second.receipt).ok());
+}
+
+TEST_F(QueueTest, ExpiredButNotRedeliveredReceiptStillAcks) {
+  auto q = open();
+  ASSERT_TRUE(q->send("x").ok());
+  Message m = one(*q, 20ms);
+  std::this_thread::sleep_for(40ms);
+  EXPECT_TRUE(q->ack(m.receipt).ok());
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
+}
+
+TEST_F(QueueTest, DelayAndNackDelayAreRespected) {
+  auto q = open();
+  ASSERT_TRUE(q->send("later", 150ms).ok());
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
+  EXPECT_EQ(q->stats()->delayed, 1u);
+  auto t0 = std::chrono::steady_clock::now();
+  Message m = one(*q, 0ms, 2s);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+  ASSERT_TRUE(q->nack(m.receipt, 150ms).ok());
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
+  Message again = one(*q, 0ms, 2s);
+  EXPECT_EQ(again.receive_count, 2u);
+}
+
+TEST_F(QueueTest, ExtendKeepsAMessageHiddenPastItsDeadline) {
+  auto q = open();
+  ASSERT_TRUE(q->send("long task").ok());
+  Message m = one(*q, 80ms);
+  for (int i = 0; i < 4; ++i) {
+    std::this_thread::sleep_for(40ms);
+    ASSERT_TRUE(q->extend(m.receipt, 80ms).ok());
+  }
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
+  EXPECT_TRUE(q->ack(m.receipt).ok());
+}
+
+TEST_F(QueueTest, DeadLettersAfterMaxReceivesAndCountSurvivesRestart) {
+  QueueOptions o;
+  o.max_receives = 3;
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q->send("poison").ok());
+    for (int i = 1; i <= 2; ++i) {
+      Message m = one(*q);
+      EXPECT_EQ(m.receive_count, static_cast<uint32_t>(i));
+      ASSERT_TRUE(q->nack(m.receipt).ok());
+    }
+  }
+  // Every process has closed the queue; the index is rebuilt or reused, the count kept.
+  std::filesystem::remove(dir_ / "q/index");
+  {
+    auto q = open(o);
+    Message m = one(*q);
+    EXPECT_EQ(m.receive_count, 3u);
+    ASSERT_TRUE(q->nack(m.receipt).ok());
+    EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "the 4th delivery goes to the DLQ";
+    auto st = q->stats();
+    EXPECT_EQ(st->dead, 1u);
+    EXPECT_EQ(st->dead_lettered_total, 1u);
+    auto dlq = q->dead_letters();
+    ASSERT_TRUE(dlq.ok());
+    auto dead = (*dlq)->peek(10);
+    ASSERT_EQ(dead->size(), 1u);
+    EXPECT_EQ(dead->at(0).payload, "poison");
+    auto moved = q->redrive(10);
+    ASSERT_TRUE(moved.ok());
+    EXPECT_EQ(*moved, 1u);
+    Message back = one(*q);
+    EXPECT_EQ(back.payload, "poison");
+    EXPECT_EQ(back.receive_count, 1u);
+    EXPECT_EQ(q->stats()->dead, 0u);
+  }
+}
+
+TEST_F(QueueTest, ReopenAfterDeletingTheIndexLosesNothingAndKeepsAcks) {
+  std::set<std::string> expect;
+  {
+    auto q = open();
+    for (int i = 0; i < 500; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+    auto got = q->receive(100);
+    ASSERT_TRUE(got.ok());
+    for (auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+    for (int i = 100; i < 500; ++i) expect.insert("m" + std::to_string(i));
+  }
+  for (bool delete_index : {false, true}) {
+    if (delete_index) std::filesystem::remove(dir_ / "q/index");
+    auto q = open();
+    auto st = q->stats();
+    EXPECT_EQ(st->ready, 400u) << "depth equals a recount";
+    EXPECT_EQ(st->acked_total, 100u);
+    auto all = q->peek(1000);
+    std::set<std::string> seen;
+    for (auto& m : *all) seen.insert(m.payload);
+    EXPECT_EQ(seen, expect);
+    EXPECT_EQ(q->check_index(), "");
+  }
+}
+
+TEST_F(QueueTest, LeasesSurviveAllProcessesExiting) {
+  std::string receipt;
+  {
+    auto q = open();
+    ASSERT_TRUE(q->send("shell job").ok());
+    receipt = one(*q, 10s).receipt;
+  }
+  auto q = open();
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "the lease outlives the process";
+  EXPECT_TRUE(q->ack(receipt).ok());
+}
+
+TEST_F(QueueTest, GrowsPastTheInitialIndexCapacity) {
+  auto q = open();
+  std::vector<std::string> bodies(5000);
+  std::vector<std::string_view> views;
+  for (size_t i = 0; i < bodies.size(); ++i) views.push_back(bodies[i] = std::to_string(i));
+  ASSERT_TRUE(q->send_batch(views).ok());
+  EXPECT_EQ(q->check_index(), "");
+  auto got = q->receive(2500);
+  ASSERT_TRUE(got.ok());
+  for (auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+  EXPECT_EQ(q->check_index(), "");
+  EXPECT_EQ(q->stats()->ready, 2500u);
+}
+
+TEST_F(QueueTest, PurgeRemovesEverythingDurably) {
+  {
+    auto q = open();
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(q->send("x").ok());
+    auto n = q->purge();
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 10u);
+    ASSERT_TRUE(q->send("after").ok());
+  }
+  std::filesystem::remove(dir_ / "q/index");
+  auto q = open();
+  auto all = q->peek(100);
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ(all->at(0).payload, "after");
+}
+
+TEST_F(QueueTest, BadInputGetsClearErrors) {
+  QueueOptions o;
+  o.max_payload = 1000;
+  auto q = open(o);
+  auto big = q->send(std::string(1001, 'x'));
+  EXPECT_EQ(big.status().code(), Code::kTooLarge);
+  EXPECT_NE(big.status().message().find("1000"), std::string::npos);
+  EXPECT_EQ(q->ack("nonsense").code(), Code::kInvalidArgument);
+  EXPECT_EQ(q->ack("5.1.00000000").code(), Code::kInvalidArgument) << "receipt of another queue";
+
+  std::filesystem::create_directories(dir_ / "notq");
+  std::ofstream(dir_ / "notq/file.txt") << "mine";
+  auto nq = Queue::open(dir_ / "notq");
+  EXPECT_EQ(nq.status().code(), Code::kNotAQueue);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "notq/file.txt")) << "nothing of the user's is touched";
+  std::ofstream(dir_ / "plainfile") << "x";
+  EXPECT_EQ(Queue::open(dir_ / "plainfile").status().code(), Code::kNotAQueue);
+  QueueOptions none;
+  none.create = false;
+  EXPECT_EQ(Queue::open(dir_ / "missing", none).status().code(), Code::kNotAQueue);
+  QueueOptions bad;
+  bad.segment_size = 4096;
+  bad.max_payload = 8192;
+  EXPECT_EQ(Queue::open(dir_ / "bad", bad).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(QueueTest, ReadOnlyUsersGetStatsAndPeekOnly) {
+  if (::geteuid() == 0) GTEST_SKIP() << "SKIPPED: running as root, which bypasses permissions";
+  {
+    auto q = open();
+    ASSERT_TRUE(q->send("x").ok());
+  }
+  ::chmod((dir_ / "q").c_str(), 0555);
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->stats()->ready, 1u);
+  EXPECT_EQ(q->peek(5)->size(), 1u);
+  EXPECT_EQ(q->send("y").status().code(), Code::kReadOnly);
+  ::chmod((dir_ / "q").c_str(), 0755);
+}
+
+}  // namespace
+}  // namespace spool
