@@ -93,7 +93,11 @@ bool SharedIndex::reusable() const {
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
   struct stat st {};
-  if (fd_ >= 0 && ::fstat(fd_, &st) != 0) return false;
+  if (anonymous_) {
+    st.st_size = static_cast<off_t>(kHeaderBytes + region_bytes(hdr_->capacity));
+  } else if (::fstat(fd_, &st) != 0) {
+    return false;
+  }
   uint64_t cap = hdr_->capacity;
   // Bounds: a damaged or hostile file must not make us map or index out of range.
   return cap >= kMinCapacity && (cap & (cap - 1)) == 0 && cap < (1ull << 36) &&

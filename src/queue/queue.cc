@@ -63,7 +63,10 @@ struct Queue::Impl {
   index::SharedIndex idx;
   int gate_fd = -1;
   int lock_fd = -1;
-  std::string park_path;  // test hook: SPOOL_TEST_PARK_IN_LOCK
+  // Test hooks (crash tests): park inside the critical section, right after taking the
+  // lock or right after a send's log append, until the named file is removed.
+  std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK
+  std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 
   std::mutex dlq_mu;
   std::unique_ptr<Queue> dlq;
@@ -128,14 +131,14 @@ struct Queue::Impl {
     }
     Locked held(this);
     if (Status s = idx.refresh(); !s.ok()) return s;
-    if (!park_path.empty()) park();
+    if (!park_path.empty()) park(park_path);
     return held;
   }
 
-  void park() {
-    int fd = ::open(park_path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+  static void park(const std::string& path) {
+    int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
     if (fd >= 0) ::close(fd);
-    while (::access(park_path.c_str(), F_OK) == 0) ::usleep(1000);
+    while (::access(path.c_str(), F_OK) == 0) ::usleep(1000);
   }
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
@@ -477,6 +480,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   impl->log = std::move(log).value();
 
   if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
+  if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
@@ -550,6 +554,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     }
     auto res = q.log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!res.ok()) return res.status();
+    if (!q.park_append_path.empty()) Impl::park(q.park_append_path);
     for (size_t i = 0; i < recs.size(); ++i) {
       Entry e{recs[i].id, res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), index::kNoPos, 0,
               State::kReady};

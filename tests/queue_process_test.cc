@@ -1,0 +1,328 @@
+// The queue across real processes: fork, kill -9, SIGSTOP, long polls.
+// Children open the queue themselves after fork (a Queue never crosses fork).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "spool/queue.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using test::TempDir;
+using namespace std::chrono_literals;
+
+pid_t spawn(const std::function<int()>& child) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 99;
+    try {
+      rc = child();
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+uint64_t mono_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool wait_for_file(const std::string& path, std::chrono::milliseconds limit) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (std::filesystem::exists(path)) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
+// Whether `fd` becomes readable within `ms`.
+bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+class QueueProcessTest : public ::testing::Test {
+ public:
+  std::string qdir() const { return dir_ / "q"; }
+  std::unique_ptr<Queue> open(QueueOptions o = {}) {
+    auto q = Queue::open(qdir(), o);
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+    return q.ok() ? std::move(q).value() : nullptr;
+  }
+  TempDir dir_;
+};
+
+TEST_F(QueueProcessTest, TwoProducersFourConsumersAckEveryMessageExactlyOnce) {
+  constexpr int kPerProducer = 50000;
+  auto parent = open();  // keeps the queue attached throughout
+  std::string done = dir_ / "producers-done";
+  std::vector<pid_t> producers, consumers;
+  for (int p = 0; p < 2; ++p) {
+    producers.push_back(spawn([&, p] {
+      auto q = Queue::open(qdir());
+      if (!q.ok()) return 1;
+      std::vector<std::string> bodies(100);
+      std::vector<std::string_view> views(100);
+      for (int i = 0; i < kPerProducer; i += 100) {
+        for (int k = 0; k < 100; ++k) views[k] = bodies[k] = "p" + std::to_string(p) + "-" + std::to_string(i + k);
+        if (!(*q)->send_batch(views).ok()) return 2;
+      }
+      return 0;
+    }));
+  }
+  for (int c = 0; c < 4; ++c) {
+    consumers.push_back(spawn([&, c] {
+      auto q = Queue::open(qdir());
+      if (!q.ok()) return 1;
+      FILE* out = std::fopen((dir_ / ("acked-" + std::to_string(c))).c_str(), "w");
+      for (;;) {
+        auto got = (*q)->receive(32, 60s, 200ms);
+        if (!got.ok()) {
+          if (got.status().code() != Code::kEmpty) return 2;
+          if (std::filesystem::exists(done)) break;
+          continue;
+        }
+        for (auto& m : *got) {
+          if (!(*q)->ack(m.receipt).ok()) return 3;
+          std::fprintf(out, "%s\n", m.payload.c_str());
+        }
+      }
+      std::fclose(out);
+      return 0;
+    }));
+  }
+  for (pid_t p : producers) ASSERT_EQ(wait_exit(p), 0);
+  std::ofstream(done).put('x');
+  for (pid_t c : consumers) ASSERT_EQ(wait_exit(c), 0);
+
+  std::map<std::string, int> acked;
+  for (int c = 0; c < 4; ++c) {
+    std::ifstream in(dir_ / ("acked-" + std::to_string(c)));
+    for (std::string line; std::getline(in, line);) ++acked[line];
+  }
+  EXPECT_EQ(acked.size(), 2u * kPerProducer) << "every message acked";
+  int dups = 0;
+  for (auto& [body, n] : acked) dups += n - 1;
+  EXPECT_EQ(dups, 0) << "no message acked twice";
+  auto st = parent->stats();
+  EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
+  EXPECT_EQ(st->acked_total, 2u * kPerProducer);
+  EXPECT_EQ(parent->check_index(), "");
+}
+
+// A child parks inside the critical section (test hook), is killed with SIGKILL there, and
+// the others carry on: the next locker gets EOWNERDEAD and rebuilds from the log.
+void kill_inside_critical_section(QueueProcessTest* t, const char* hook, bool child_msg_in_log) {
+  auto q = t->open();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(q->send("before-" + std::to_string(i)).ok());
+  std::string parked = t->qdir() + ".parked";
+  pid_t child = spawn([&] {
+    ::setenv(hook, parked.c_str(), 1);
+    auto cq = Queue::open(t->qdir());
+    if (!cq.ok()) return 1;
+    (void)(*cq)->send("from the child");
+    return 0;
+  });
+  ASSERT_TRUE(wait_for_file(parked, 10s)) << "child never reached the hook";
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_exit(child), 128 + SIGKILL);
+  ::unlink(parked.c_str());
+
+  ASSERT_TRUE(q->send("after").ok()) << "the lock must not be wedged";
+  EXPECT_EQ(q->check_index(), "");
+  auto all = q->peek(100);
+  ASSERT_TRUE(all.ok());
+  std::set<std::string> bodies;
+  for (auto& m : *all) bodies.insert(m.payload);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(bodies.count("before-" + std::to_string(i)));
+  EXPECT_TRUE(bodies.count("after"));
+  EXPECT_EQ(bodies.count("from the child"), child_msg_in_log ? 1u : 0u);
+  auto got = q->receive(100);
+  ASSERT_TRUE(got.ok());
+  for (auto& m : *got) EXPECT_TRUE(q->ack(m.receipt).ok());
+  EXPECT_EQ(q->stats()->ready, 0u);
+}
+
+TEST_F(QueueProcessTest, HolderKilledRightAfterLockingDoesNotWedgeOthers) {
+  kill_inside_critical_section(this, "SPOOL_TEST_PARK_IN_LOCK", false);
+}
+
+TEST_F(QueueProcessTest, HolderKilledBetweenLogAppendAndIndexUpdateLosesNothing) {
+  kill_inside_critical_section(this, "SPOOL_TEST_PARK_AFTER_APPEND", true);
+}
+
+TEST_F(QueueProcessTest, StoppedHolderKeepsItsLock) {
+  auto q = open();
+  std::string parked = qdir() + ".parked";
+  pid_t holder = spawn([&] {
+    ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
+    auto cq = Queue::open(qdir());
+    return cq.ok() && (*cq)->send("holder").ok() ? 0 : 1;
+  });
+  ASSERT_TRUE(wait_for_file(parked, 10s));
+  ::kill(holder, SIGSTOP);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t other = spawn([&] {
+    auto cq = Queue::open(qdir());
+    bool ok = cq.ok() && (*cq)->send("other").ok();
+    char c = ok ? 'y' : 'n';
+    return ::write(fds[1], &c, 1) == 1 ? 0 : 1;
+  });
+  EXPECT_FALSE(readable(fds[0], 500)) << "nobody may take the lock of a live, stopped holder";
+  ::unlink(parked.c_str());
+  ::kill(holder, SIGCONT);
+  ASSERT_TRUE(readable(fds[0], 10000));
+  char c = 0;
+  ASSERT_EQ(::read(fds[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y');
+  EXPECT_EQ(wait_exit(holder), 0);
+  EXPECT_EQ(wait_exit(other), 0);
+  EXPECT_EQ(q->peek(10)->size(), 2u);
+  EXPECT_EQ(q->check_index(), "");
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+TEST_F(QueueProcessTest, ConsumersKilledMidLeaseLoseNothing) {
+  constexpr int kMessages = 100, kKills = 100;
+  auto q = open();
+  for (int i = 0; i < kMessages; ++i) ASSERT_TRUE(q->send(std::to_string(i)).ok());
+  std::map<uint64_t, uint32_t> child_count;  // highest receive count a killed child saw
+  for (int k = 0; k < kKills; ++k) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    pid_t child = spawn([&] {
+      auto cq = Queue::open(qdir());
+      if (!cq.ok()) return 1;
+      auto got = (*cq)->receive(1, 100ms, 2s);
+      if (!got.ok()) return 2;
+      uint64_t rec[2] = {got->at(0).id, got->at(0).receive_count};
+      if (::write(fds[1], rec, sizeof rec) != sizeof rec) return 3;
+      ::pause();  // "working" until killed
+      return 0;
+    });
+    uint64_t rec[2] = {0, 0};
+    ASSERT_TRUE(readable(fds[0], 10000));
+    ASSERT_EQ(::read(fds[0], rec, sizeof rec), static_cast<ssize_t>(sizeof rec));
+    ::kill(child, SIGKILL);
+    wait_exit(child);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    child_count[rec[0]] = std::max<uint32_t>(child_count[rec[0]], static_cast<uint32_t>(rec[1]));
+  }
+  std::set<uint64_t> acked;
+  while (acked.size() < kMessages) {
+    auto got = q->receive(10, 30s, 1s);
+    ASSERT_TRUE(got.ok()) << got.status().to_string() << " after " << acked.size();
+    for (auto& m : *got) {
+      auto it = child_count.find(m.id);
+      uint32_t before = it == child_count.end() ? 0 : it->second;
+      EXPECT_EQ(m.receive_count, before + 1) << "message " << m.id;
+      ASSERT_TRUE(q->ack(m.receipt).ok());
+      acked.insert(m.id);
+    }
+  }
+  EXPECT_EQ(q->stats()->ready, 0u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
+TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {
+  auto q = open();
+  for (int round = 0; round < 3; ++round) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    pid_t child = spawn([&] {
+      auto cq = Queue::open(qdir());
+      if (!cq.ok()) return 1;
+      uint64_t t = 0;
+      if (::write(fds[1], &t, sizeof t) != sizeof t) return 2;
+      auto got = (*cq)->receive(1, 10s, 10s);
+      t = mono_ns();
+      if (!got.ok() || !(*cq)->ack(got->at(0).receipt).ok()) return 3;
+      return ::write(fds[1], &t, sizeof t) == sizeof t ? 0 : 4;
+    });
+    uint64_t t = 0;
+    ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
+    std::this_thread::sleep_for(150ms);  // the child is now asleep in its long poll
+    uint64_t sent = mono_ns();
+    ASSERT_TRUE(q->send("wake up").ok());
+    ASSERT_TRUE(readable(fds[0], 5000));
+    ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
+    EXPECT_EQ(wait_exit(child), 0);
+    EXPECT_LT((t - sent) / 1000000.0, 100.0) << "ms from send to the waiter's return";
+    ::close(fds[0]);
+    ::close(fds[1]);
+  }
+}
+
+TEST_F(QueueProcessTest, ManyProcessesOpeningAFreshQueueAtOnceAgree) {
+  std::vector<pid_t> kids;
+  for (int c = 0; c < 8; ++c) {
+    kids.push_back(spawn([&, c] {
+      auto q = Queue::open(qdir());
+      if (!q.ok()) return 1;
+      for (int i = 0; i < 100; ++i)
+        if (!(*q)->send(std::to_string(c) + "-" + std::to_string(i)).ok()) return 2;
+      return 0;
+    }));
+  }
+  for (pid_t k : kids) ASSERT_EQ(wait_exit(k), 0);
+  auto q = open();
+  auto all = q->peek(10000);
+  ASSERT_TRUE(all.ok());
+  std::set<std::string> bodies;
+  for (auto& m : *all) bodies.insert(m.payload);
+  EXPECT_EQ(bodies.size(), 800u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
+TEST_F(QueueProcessTest, ReadOnlyUserGetsStatsAndPeekButNoChanges) {
+  if (::geteuid() != 0) GTEST_SKIP() << "SKIPPED: needs root to switch to an unprivileged user";
+  {
+    auto q = open();
+    ASSERT_TRUE(q->send("x").ok());
+  }
+  std::filesystem::permissions(dir_.path(), std::filesystem::perms::all);
+  pid_t child = spawn([&] {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 1;  // nobody
+    auto q = Queue::open(qdir());
+    if (!q.ok()) {
+      std::fprintf(stderr, "read-only open: %s\n", q.status().to_string().c_str());
+      return 2;
+    }
+    if ((*q)->stats()->ready != 1 || (*q)->peek(5)->size() != 1) return 3;
+    if ((*q)->send("y").status().code() != Code::kReadOnly) return 4;
+    if ((*q)->receive().status().code() != Code::kReadOnly) return 5;
+    return 0;
+  });
+  EXPECT_EQ(wait_exit(child), 0);
+}
+
+}  // namespace
+}  // namespace spool
