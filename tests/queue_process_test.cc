@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +30,8 @@ using namespace std::chrono_literals;
 pid_t spawn(const std::function<int()>& child) {
   pid_t pid = ::fork();
   if (pid == 0) {
+    // A failed assertion in the parent must not leave children behind holding its pipes.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     int rc = 99;
     try {
       rc = child();
@@ -221,14 +224,20 @@ TEST_F(QueueProcessTest, ConsumersKilledMidLeaseLoseNothing) {
       auto cq = Queue::open(qdir());
       if (!cq.ok()) return 1;
       auto got = (*cq)->receive(1, 100ms, 2s);
-      if (!got.ok()) return 2;
+      if (!got.ok()) {
+        std::fprintf(stderr, "killed-consumer child: %s\n", got.status().to_string().c_str());
+        return 2;
+      }
       uint64_t rec[2] = {got->at(0).id, got->at(0).receive_count};
       if (::write(fds[1], rec, sizeof rec) != sizeof rec) return 3;
       ::pause();  // "working" until killed
       return 0;
     });
     uint64_t rec[2] = {0, 0};
-    ASSERT_TRUE(readable(fds[0], 10000));
+    if (!readable(fds[0], 10000)) {
+      ::kill(child, SIGKILL);
+      FAIL() << "child " << k << " reported nothing; exit " << wait_exit(child);
+    }
     ASSERT_EQ(::read(fds[0], rec, sizeof rec), static_cast<ssize_t>(sizeof rec));
     ::kill(child, SIGKILL);
     wait_exit(child);

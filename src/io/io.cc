@@ -1,7 +1,7 @@
 #include "io/io.h"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
+#include "logging.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -86,11 +86,11 @@ std::shared_ptr<Io> default_io() {
       why = "SPOOL_IO=pwrite";
     } else if (auto u = make_uring_io(&why)) {
       io = std::move(u);
-      spdlog::info("spool: I/O backend io_uring");
+      spool::log().info("spool: I/O backend io_uring");
       return;
     }
     io = make_pwrite_io();
-    spdlog::info("spool: I/O backend pwrite ({})", why);
+    spool::log().info("spool: I/O backend pwrite ({})", why);
   });
   return io;
 }

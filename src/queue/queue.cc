@@ -6,7 +6,7 @@
 // EOWNERDEAD is simply "rebuild the index from the log".
 #include <dirent.h>
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
+#include "logging.h"  // spool::log()
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -114,7 +114,7 @@ struct Queue::Impl {
       case sys::RobustMutex::LockResult::kOk:
         break;
       case sys::RobustMutex::LockResult::kOwnerDied: {
-        spdlog::warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+        spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
         Status s = rebuild();
         if (!s.ok()) {
           mu.unlock();
@@ -210,7 +210,7 @@ struct Queue::Impl {
     h.log_end = rec->end.pack();
     h.durable_end.store(0);
     if (!rec->corrupt.empty()) {
-      spdlog::error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
+      spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
                     rec->corrupt.size());
     }
     return {};
@@ -279,7 +279,7 @@ struct Queue::Impl {
         if (stopping) break;
         lk.unlock();
         uint64_t end = __atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE);
-        if (Status s = sync_to(end); !s.ok()) spdlog::error("spool: {}: {}", dir, s.to_string());
+        if (Status s = sync_to(end); !s.ok()) spool::log().error("spool: {}: {}", dir, s.to_string());
         lk.lock();
       }
     });
@@ -609,7 +609,7 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
           std::string body = msg.ok() ? std::move(msg->payload)
                                       : "spool: message " + std::to_string(e.id) +
                                             " could not be read: " + msg.status().to_string();
-          if (!msg.ok()) spdlog::error("spool: {}: {}", q.dir, body);
+          if (!msg.ok()) spool::log().error("spool: {}: {}", q.dir, body);
           auto dlq = q.dead_letters();
           if (!dlq.ok()) return dlq.status();
           if (auto sent = (*dlq)->send(body); !sent.ok()) return sent.status();

@@ -1,7 +1,7 @@
 #include "storage/log.h"
 
 #include <dirent.h>
-#include <spdlog/spdlog.h>
+#include "logging.h"
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,6 +11,30 @@
 #include <cstring>
 
 namespace spool::storage {
+namespace {
+
+// Bytes [from, to) of a segment that an append wrote, or tried to write.
+struct Written {
+  std::shared_ptr<Segment> seg;
+  uint64_t from;
+  uint64_t to;
+};
+
+// Zeroes what a failed append wrote past the caller's end. The caller is told nothing was
+// appended, yet complete records of the batch may be on disk, and recover() would return them
+// after a restart that comes before another append overwrites them. Best effort: when the
+// device keeps failing they stay, as they would after a crash in the middle of an append.
+void unwrite(io::Io& io, const std::vector<Written>& written) {
+  static const std::vector<char> zeros(64 << 10);
+  for (const Written& w : written) {
+    for (uint64_t off = w.from; off < w.to; off += zeros.size()) {
+      iovec iov{const_cast<char*>(zeros.data()), std::min<uint64_t>(zeros.size(), w.to - off)};
+      if (io.write_all(w.seg->fd(), &iov, 1, off) < 0) break;
+    }
+  }
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) {
   if (!opts.io) opts.io = io::default_io();
@@ -95,7 +119,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
     ScanResult r = scan(**seg, format::kSegmentHeaderSize,
                         [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); });
     for (const auto& c : r.corrupt) {
-      spdlog::warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
+      spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);
     }
     rec.records += r.records;
@@ -128,8 +152,14 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   AppendResult res;
   res.at.reserve(recs.size());
   std::string buf;
+  std::vector<Written> written;
+  auto fail = [&](Status s) {
+    unwrite(*opts_.io, written);
+    return s;
+  };
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
+    written.push_back({seg, end.off, end.off + buf.size()});
     iovec iov{buf.data(), buf.size()};
     if (int r = opts_.io->write_all(seg->fd(), &iov, 1, end.off); r < 0) {
       return errno_status(-r, "append to " + seg->path());
@@ -141,19 +171,19 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   for (const auto& r : recs) {
     uint64_t sz = format::record_size(r.payload.size());
     if (end.off + buf.size() + sz > seg->info().size) {
-      if (Status s = flush(); !s.ok()) return s;
+      if (Status s = flush(); !s.ok()) return fail(s);
       if (opts_.sync_on_roll) {
-        if (Status s = sync(end.seq); !s.ok()) return s;
+        if (Status s = sync(end.seq); !s.ok()) return fail(s);
       }
       auto next = roll(end.seq + 1, r.id);
-      if (!next.ok()) return next.status();
+      if (!next.ok()) return fail(next.status());
       seg = *next;
       end = {end.seq + 1, format::kSegmentHeaderSize};
     }
     res.at.push_back({end.seq, end.off + buf.size()});
     seg->encode(r, buf);
   }
-  if (Status s = flush(); !s.ok()) return s;
+  if (Status s = flush(); !s.ok()) return fail(s);
   res.end = end;
   return res;
 }

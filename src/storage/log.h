@@ -68,9 +68,9 @@ class Log {
 
   // Appends `recs` at `end`, which must be the current end; rolls to a new segment when a
   // record does not fit. A record larger than a whole segment is kTooLarge and nothing is
-  // written. On an error, records before the failing one may have been written but the
-  // returned end is not advanced: they are invisible garbage that the next append
-  // overwrites. `base_id` is recorded in a new segment's header.
+  // written. On an error the end is not advanced, and whatever part of the batch was written
+  // is zeroed again (best effort), so recover() does not return it; a segment created on the
+  // way may remain, empty. `base_id` is recorded in a new segment's header.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
 
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).

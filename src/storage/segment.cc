@@ -49,6 +49,9 @@ uint64_t now_realtime_ns() {
 
 uint64_t record_checksum(const uint8_t* header, std::string_view payload, uint64_t salt) {
   XXH3_state_t st;
+  // Without this, reset_withSeed reads the uninitialised seed field, and when stale stack
+  // bytes happen to equal `salt` it keeps the stale secret: long records then fail to verify.
+  XXH3_INITSTATE(&st);
   XXH3_64bits_reset_withSeed(&st, salt);
   XXH3_64bits_update(&st, header, format::kChecksumOffset);
   XXH3_64bits_update(&st, payload.data(), payload.size());
@@ -176,6 +179,9 @@ std::optional<RecordView> Segment::record_at(uint64_t off) const {
 }
 
 uint64_t Segment::resync(uint64_t off) const {
+  // Past the end there is nothing to find, and aligning or adding to an offset near 2^64
+  // would wrap around to the start of the mapping.
+  if (off >= info_.size) return info_.size;
   off = std::max<uint64_t>(format::align_up(off), kSegmentHeaderSize);
   for (; off + kRecordHeaderSize <= info_.size; off += format::kRecordAlign) {
     // Cheap magic test first; the full check only where the magic matches.
@@ -195,7 +201,9 @@ void Segment::encode(const Record& r, std::string& out) const {
   store<uint64_t>(h + 16, r.id);
   store<uint64_t>(h + 24, r.t1);
   store<uint64_t>(h + 32, r.t2);
-  std::memcpy(h + kRecordHeaderSize, r.payload.data(), r.payload.size());
+  // Control records have an empty payload whose data() may be null, and memcpy from null is
+  // undefined even for zero bytes.
+  if (!r.payload.empty()) std::memcpy(h + kRecordHeaderSize, r.payload.data(), r.payload.size());
   store<uint64_t>(h + format::kChecksumOffset, record_checksum(h, r.payload, info_.salt));
 }
 
