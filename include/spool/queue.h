@@ -38,7 +38,8 @@ struct QueueOptions {
   SyncPolicy sync = SyncPolicy::kInterval;  // [stored]
   Millis sync_interval{50};        // [stored]
   uint64_t segment_size = 64ull << 20;  // [stored] bytes per segment file (4 KiB .. 1 TiB)
-  uint64_t max_payload = 1ull << 20;    // [stored] largest message; must fit one segment
+  // [stored] largest message; 0: 1 MiB, or what fits one segment if that is less.
+  uint64_t max_payload = 0;
   bool create = true;              // create the queue if the directory holds none
 };
 
@@ -69,7 +70,8 @@ struct Stats {
 
 class Queue {
  public:
-  // Opens the queue in `dir`, creating it (and its dead-letter queue dir/dlq) if allowed.
+  // Opens the queue in `dir`, creating it if allowed (its dead-letter queue, dir/dlq, is
+  // created when first needed).
   // Errors: kNotAQueue (a directory with other files, a file), kIncompatible (newer
   // format), kReadOnly (no write permission: only stats() and peek() work), kIo.
   static Result<std::unique_ptr<Queue>> open(const std::string& dir, const QueueOptions& opts = {});

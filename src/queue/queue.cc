@@ -389,13 +389,14 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 
 namespace {
 
-Status validate(const QueueOptions& o) {
+Status validate(QueueOptions& o) {
   if (o.visibility.count() <= 0) return Status(Code::kInvalidArgument, "visibility must be > 0");
   if (o.sync_interval.count() <= 0) return Status(Code::kInvalidArgument, "sync interval must be > 0");
   if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, "segment size must be between 4 KiB and 1 TiB");
   }
   uint64_t room = ((o.segment_size - format::kSegmentHeaderSize) & ~7ull) - format::kRecordHeaderSize;
+  if (o.max_payload == 0) o.max_payload = std::min<uint64_t>(1ull << 20, room);
   if (o.max_payload > room || o.max_payload > UINT32_MAX) {
     return Status(Code::kInvalidArgument, "max payload " + std::to_string(o.max_payload) +
                                               " does not fit a segment of " + std::to_string(o.segment_size) +
@@ -458,9 +459,9 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       return Status(Code::kNotAQueue, dir + " holds other files and is not a spool queue; "
                                             "use an empty or new directory");
     }
-    if (Status s = validate(opts); !s.ok()) return s;
     queue::Config c;
     c.opts = opts;
+    if (Status s = validate(c.opts); !s.ok()) return s;
     while (c.uid == 0) {
       if (::getrandom(&c.uid, sizeof c.uid, 0) != sizeof c.uid) c.uid = sys::real_ns();
     }

@@ -1,0 +1,56 @@
+// LeaseKeeper: keeps one message's lease alive while a long task runs.
+//
+// Every `interval` it extends the lease to `extend_by` from now, until it is stopped or
+// destroyed, until `max_lifetime` has passed since it started (then it stops renewing and
+// the lease runs out on its own, so a hung task cannot hold a message forever), or until a
+// renewal fails (lease lost: another consumer has the message; the task should stop).
+// Choose interval well below extend_by, so that a renewal delayed by one interval still
+// lands before the lease ends.
+//
+// Thread-safety: a LeaseKeeper runs one background thread; its methods may be called from
+// any thread. The Queue must outlive it.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "spool/queue.h"
+
+namespace spool {
+
+class LeaseKeeper {
+ public:
+  struct Options {
+    Millis interval{10000};
+    Millis extend_by{30000};
+    Millis max_lifetime{3600000};
+  };
+
+  LeaseKeeper(Queue& queue, std::string receipt, Options opts);
+  ~LeaseKeeper();  // stops renewing (does not ack or nack)
+  LeaseKeeper(const LeaseKeeper&) = delete;
+  LeaseKeeper& operator=(const LeaseKeeper&) = delete;
+
+  void stop();
+  // ok while renewing; the renewal error (kLeaseLost, ...) once one failed.
+  Status status() const;
+  // How many renewals succeeded.
+  uint64_t renewals() const;
+
+ private:
+  void run();
+
+  Queue& queue_;
+  const std::string receipt_;
+  const Options opts_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  Status status_;
+  uint64_t renewals_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace spool
