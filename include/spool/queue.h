@@ -113,6 +113,8 @@ class Queue {
   Result<uint64_t> redrive(size_t max);
 
   const std::string& dir() const;
+  // The queue's stored settings (visibility, max_receives, sync, sizes).
+  const QueueOptions& options() const;
   // Checks the shared index's invariants (O(n)); "" when they hold. For tests and verify.
   std::string check_index();
 

@@ -379,6 +379,7 @@ struct Queue::Impl {
 Queue::Queue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Queue::~Queue() = default;
 const std::string& Queue::dir() const { return impl_->dir; }
+const QueueOptions& Queue::options() const { return impl_->cfg.opts; }
 
 uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) const {
   if (ready == 0) return 0;

@@ -1,0 +1,147 @@
+#include "cli/output.h"
+
+#include <cstdio>
+#include <ctime>
+#include <sstream>
+
+namespace spool::cli {
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    auto c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c >> 5) == 0x6) { n = 1; cp = c & 0x1f; }
+    else if ((c >> 4) == 0xe) { n = 2; cp = c & 0x0f; }
+    else if ((c >> 3) == 0x1e) { n = 3; cp = c & 0x07; }
+    else return false;
+    if (i + n >= s.size()) return false;  // truncated sequence
+    for (size_t k = 1; k <= n; ++k) {
+      auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc >> 6) != 0x2) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+std::string base64(std::string_view s) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((s.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    uint32_t v = (uint8_t(s[i]) << 16) | (uint8_t(s[i + 1]) << 8) | uint8_t(s[i + 2]);
+    for (int k = 3; k >= 0; --k) out += kAlphabet[(v >> (6 * k)) & 63];
+  }
+  if (i < s.size()) {
+    uint32_t v = uint8_t(s[i]) << 16;
+    if (i + 1 < s.size()) v |= uint8_t(s[i + 1]) << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += i + 1 < s.size() ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::string iso_time(std::chrono::system_clock::time_point t) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  time_t secs = static_cast<time_t>(ms / 1000);
+  tm utc{};
+  ::gmtime_r(&secs, &utc);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+nlohmann::json message_json(const Message& m) {
+  nlohmann::json j;
+  j["id"] = m.id;
+  if (!m.receipt.empty()) j["receipt"] = m.receipt;
+  j["receive_count"] = m.receive_count;
+  j["enqueued_at"] = iso_time(m.enqueued);
+  if (valid_utf8(m.payload)) {
+    j["payload"] = m.payload;
+  } else {
+    j["payload_base64"] = base64(m.payload);
+  }
+  return j;
+}
+
+nlohmann::json stats_json(const Stats& s) {
+  return {{"ready", s.ready},
+          {"in_flight", s.in_flight},
+          {"delayed", s.delayed},
+          {"dead", s.dead},
+          {"oldest_ready_age_s", s.oldest_ready_age_s},
+          {"sent_total", s.sent_total},
+          {"acked_total", s.acked_total},
+          {"dead_lettered_total", s.dead_lettered_total},
+          {"disk_bytes", s.bytes_on_disk},
+          {"segments", s.segments}};
+}
+
+std::string prometheus(const std::string& queue, const Stats& s) {
+  std::string q = queue;
+  std::string esc;
+  for (char c : q) {
+    if (c == '\\' || c == '"') esc += '\\';
+    if (c == '\n') {
+      esc += "\\n";
+      continue;
+    }
+    esc += c;
+  }
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value,
+                    const char* extra = "") {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << "{queue=\"" << esc << "\"" << extra << "} " << value << "\n";
+  };
+  o << "# HELP spool_messages Messages in the queue by state.\n# TYPE spool_messages gauge\n";
+  for (auto [state, v] : {std::pair{"ready", s.ready}, {"in_flight", s.in_flight},
+                          {"delayed", s.delayed}, {"dead", s.dead}}) {
+    o << "spool_messages{queue=\"" << esc << "\",state=\"" << state << "\"} " << v << "\n";
+  }
+  metric("spool_oldest_ready_age_seconds", "gauge", "Age of the oldest ready message.", s.oldest_ready_age_s);
+  metric("spool_sent_total", "counter", "Messages sent.", s.sent_total);
+  metric("spool_acked_total", "counter", "Messages acked.", s.acked_total);
+  metric("spool_dead_lettered_total", "counter", "Messages moved to the dead-letter queue.",
+         s.dead_lettered_total);
+  metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
+  metric("spool_segments", "gauge", "Segment files.", s.segments);
+  return o.str();
+}
+
+std::string human_stats(const std::string& queue, const Stats& s) {
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "queue          %s\n"
+                "ready          %lu\n"
+                "in flight      %lu\n"
+                "delayed        %lu\n"
+                "dead           %lu\n"
+                "oldest ready   %.1fs\n"
+                "sent total     %lu\n"
+                "acked total    %lu\n"
+                "dead-lettered  %lu\n"
+                "segments       %lu (%.1f MiB on disk)\n",
+                queue.c_str(), s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s,
+                s.sent_total, s.acked_total, s.dead_lettered_total, s.segments,
+                static_cast<double>(s.bytes_on_disk) / (1 << 20));
+  return buf;
+}
+
+}  // namespace spool::cli

@@ -1,0 +1,22 @@
+// Output helpers of the CLI: JSON objects for messages and stats, UTF-8 check, base64.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "spool/queue.h"
+
+namespace spool::cli {
+
+bool valid_utf8(std::string_view s);
+std::string base64(std::string_view s);
+// ISO 8601 UTC with milliseconds, e.g. 2026-11-29T20:40:00.123Z.
+std::string iso_time(std::chrono::system_clock::time_point t);
+// id, receipt (if any), receive_count, enqueued_at, and payload or payload_base64.
+nlohmann::json message_json(const Message& m);
+nlohmann::json stats_json(const Stats& s);
+std::string prometheus(const std::string& queue, const Stats& s);
+std::string human_stats(const std::string& queue, const Stats& s);
+
+}  // namespace spool::cli

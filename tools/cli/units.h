@@ -1,0 +1,16 @@
+// Parsing of the CLI's durations ("500ms", "30s", "5m", "2h", or plain seconds such as
+// "1.5") and sizes ("4096", "64K", "64M", "1G"; powers of 1024).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "spool/queue.h"
+
+namespace spool::cli {
+
+std::optional<Millis> parse_duration(const std::string& text);
+std::optional<uint64_t> parse_size(const std::string& text);
+
+}  // namespace spool::cli

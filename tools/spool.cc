@@ -1,0 +1,396 @@
+// spool: the command-line face of the queue. Every command maps onto the library API;
+// the contract (commands, flags, exit codes) is docs/cli.md.
+//
+// Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
+// receipt); 64 usage error; 1 any other error.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <thread>
+
+#include "cli/output.h"
+#include "cli/units.h"
+#include "cli/work.h"
+#include "spool/queue.h"
+
+namespace {
+
+using namespace spool;
+using spool::cli::parse_duration;
+using spool::cli::parse_size;
+
+constexpr int kExitError = 1;
+constexpr int kExitEmpty = 2;
+constexpr int kExitLeaseLost = 3;
+constexpr int kExitUsage = 64;
+
+struct UsageError {
+  std::string message;
+};
+
+Millis duration_arg(const std::string& flag, const std::string& text) {
+  auto d = parse_duration(text);
+  if (!d) throw UsageError{"bad duration '" + text + "' for " + flag + " (use 500ms, 30s, 5m, 2h or seconds)"};
+  return *d;
+}
+
+uint64_t size_arg(const std::string& flag, const std::string& text) {
+  auto s = parse_size(text);
+  if (!s) throw UsageError{"bad size '" + text + "' for " + flag + " (use 4096, 64K, 64M or 1G)"};
+  return *s;
+}
+
+int fail(const Status& s, const std::string& dir = "") {
+  std::string msg = s.message();
+  if (s.code() == Code::kNotAQueue && !dir.empty()) {
+    msg += "; create it with: spool init " + dir;
+  }
+  if (s.code() == Code::kLeaseLost) {
+    std::fprintf(stderr, "spool: %s\n", msg.c_str());
+    return kExitLeaseLost;
+  }
+  if (s.code() == Code::kEmpty) {
+    std::fprintf(stderr, "spool: %s\n", msg.c_str());
+    return kExitEmpty;
+  }
+  if (s.code() == Code::kNoSpace) msg += " (free disk space, then retry)";
+  std::fprintf(stderr, "spool: %s\n", msg.c_str());
+  return kExitError;
+}
+
+std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err) {
+  QueueOptions o;
+  o.create = false;
+  auto q = Queue::open(dir, o);
+  if (!q.ok()) {
+    *err = q.status();
+    return nullptr;
+  }
+  return std::move(q).value();
+}
+
+std::string read_all(FILE* f) {
+  std::string s;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  return s;
+}
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_interrupt(int) { g_interrupted = 1; }
+
+void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) {
+  for (const auto& m : msgs) {
+    if (json) {
+      std::printf("%s\n", cli::message_json(m).dump().c_str());
+    } else if (receipts) {
+      std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      std::fflush(stdout);
+      std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
+    } else {
+      std::printf("--- message %lu (received %u times, enqueued %s, %zu bytes)\n", m.id,
+                  m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
+      std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      std::printf("\n");
+    }
+  }
+}
+
+const char* kExamples = R"(
+Examples:
+  spool init /var/spool/jobs --visibility 5m --max-receives 5
+  echo "resize 42.jpg" | spool send /var/spool/jobs
+  spool send /var/spool/jobs --lines < tasks.txt
+  spool recv /var/spool/jobs --wait 20s --json
+  spool ack /var/spool/jobs 17.1.9f3a22c1
+  spool work /var/spool/jobs -j 4 -- ./process.sh
+  spool stats /var/spool/jobs --json
+
+Durations: 500ms, 30s, 5m, 2h, or a plain number of seconds. Sizes: 4096, 64K, 64M, 1G.
+Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 usage error,
+1 any other error. See docs/cli.md.)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
+  app.require_subcommand(1);
+  app.footer(kExamples);
+  app.set_version_flag("--version", "spool 0.1.0");
+
+  std::string dir, receipt, sync = "interval", visibility, wait, delay, segment_size, max_payload,
+                                dur, max_runtime, target;
+  std::vector<std::string> messages, receipts, command;
+  uint32_t max_receives = 10;
+  size_t n = 1, jobs = 1;
+  double rate = 0;
+  bool json = false, lines = false, yes = false, watch = false, prom = false;
+  std::string dlq_action;
+
+  auto dir_opt = [&](CLI::App* c) { c->add_option("DIR", dir, "Queue directory")->required(); };
+
+  auto* init = app.add_subcommand("init", "Create a queue in DIR (settings are fixed at creation)");
+  dir_opt(init);
+  init->add_option("--visibility", visibility, "Default lease length of recv (default 30s)");
+  init->add_option("--max-receives", max_receives, "Deliveries before dead-lettering; 0: never (default 10)");
+  init->add_option("--sync", sync, "Durability: always, interval (default) or never")
+      ->check(CLI::IsMember({"always", "interval", "never"}));
+  init->add_option("--segment-size", segment_size, "Bytes per segment file (default 64M)");
+  init->add_option("--max-payload", max_payload, "Largest message (default 1M)");
+  init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always");
+
+  auto* send = app.add_subcommand("send", "Send messages; prints each id");
+  dir_opt(send);
+  send->add_option("MESSAGE", messages, "Messages (none: all of stdin is one message)");
+  send->add_option("--delay", delay, "Deliver no earlier than this from now");
+  send->add_flag("--lines", lines, "One message per line of stdin (sent in batches)");
+  send->footer("Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list");
+
+  auto* recv = app.add_subcommand("recv", "Receive (lease) messages");
+  dir_opt(recv);
+  recv->add_option("-n", n, "Up to this many messages (default 1)")->check(CLI::Range(size_t{1}, size_t{100000}));
+  recv->add_option("--visibility", visibility, "Lease length (default: the queue's)");
+  recv->add_option("--wait", wait, "Long poll: wait up to this long for a message (default 0)");
+  recv->add_flag("--json", json, "One JSON object per line: id, receipt, receive_count, enqueued_at, payload");
+  recv->footer("Plain output: the payload byte for byte on stdout, 'receipt: R' on stderr.\n"
+               "Exit code 2 when no message arrived within --wait.\n"
+               "Example: spool recv q --wait 20s > job && ... && spool ack q RECEIPT");
+
+  auto* ack = app.add_subcommand("ack", "Acknowledge (delete) received messages");
+  dir_opt(ack);
+  ack->add_option("RECEIPT", receipts, "Receipts printed by recv")->required();
+  ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).");
+
+  auto* nack = app.add_subcommand("nack", "Return a received message to the queue");
+  dir_opt(nack);
+  nack->add_option("RECEIPT", receipt, "Receipt printed by recv")->required();
+  nack->add_option("--delay", delay, "Ready again after this long (default now)");
+
+  auto* extend = app.add_subcommand("extend", "Renew a lease to DUR from now");
+  dir_opt(extend);
+  extend->add_option("RECEIPT", receipt, "Receipt printed by recv")->required();
+  extend->add_option("DUR", dur, "New lease length")->required();
+
+  auto* peek = app.add_subcommand("peek", "Show messages without receiving them");
+  dir_opt(peek);
+  peek->add_option("-n", n, "Up to this many, oldest first (default 1)");
+  peek->add_flag("--json", json, "One JSON object per line");
+
+  auto* purge = app.add_subcommand("purge", "Delete every message");
+  dir_opt(purge);
+  purge->add_flag("--yes", yes, "Confirm");
+
+  auto* dlq = app.add_subcommand("dlq", "Dead letters: list them, or redrive them into the queue");
+  dir_opt(dlq);
+  dlq->add_option("ACTION", dlq_action, "list or redrive")->required()->check(CLI::IsMember({"list", "redrive"}));
+  dlq->add_option("-n", n, "list: up to this many (default 100)");
+  dlq->add_flag("--json", json, "One JSON object per line");
+
+  auto* stats = app.add_subcommand("stats", "Show queue depth and totals");
+  dir_opt(stats);
+  stats->add_flag("--json", json, "As one JSON object");
+  stats->add_flag("--watch", watch, "Refresh every second until interrupted");
+  stats->add_flag("--prometheus", prom, "Prometheus text exposition format");
+  stats->add_option("--rate", rate, "Messages per second one worker handles (for recommended_workers)");
+  stats->add_option("--target", target, "Latency target for the backlog (for recommended_workers)");
+
+  auto* work = app.add_subcommand("work", "Run CMD once per message, payload on stdin");
+  dir_opt(work);
+  work->add_option("-j", jobs, "Run up to N commands at once (default 1)")->check(CLI::Range(size_t{1}, size_t{1024}));
+  work->add_option("--visibility", visibility, "Lease length, renewed while CMD runs (default: the queue's)");
+  work->add_option("--max-runtime", max_runtime, "Stop CMD (SIGTERM, then SIGKILL) and nack after this long");
+  work->add_option("CMD", command, "Command and arguments, after --")->required();
+  work->footer("CMD gets SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
+               "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m).\n"
+               "SIGTERM/SIGINT: stop taking messages, wait for running commands.\n"
+               "Example: spool work /var/spool/jobs -j 4 -- sh -c 'convert - out/$SPOOL_MESSAGE_ID.png'");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "spool: %s\nRun 'spool --help' for usage.\n", e.what());
+    return kExitUsage;
+  }
+
+  try {
+    Status err;
+    if (*init) {
+      QueueOptions o;
+      if (!visibility.empty()) o.visibility = duration_arg("--visibility", visibility);
+      if (o.visibility.count() <= 0) throw UsageError{"--visibility must be more than 0"};
+      o.max_receives = max_receives;
+      o.sync = sync == "always" ? SyncPolicy::kAlways : sync == "never" ? SyncPolicy::kNever : SyncPolicy::kInterval;
+      if (!segment_size.empty()) o.segment_size = size_arg("--segment-size", segment_size);
+      if (!max_payload.empty()) o.max_payload = size_arg("--max-payload", max_payload);
+      QueueOptions probe;
+      probe.create = false;
+      if (Queue::open(dir, probe).ok()) {
+        std::fprintf(stderr, "spool: %s is already a queue (its settings were fixed when it was created)\n", dir.c_str());
+        return kExitError;
+      }
+      auto q = Queue::open(dir, o);
+      if (!q.ok()) return fail(q.status(), "");
+      return 0;
+    }
+    if (*send) {
+      Millis d = delay.empty() ? Millis(0) : duration_arg("--delay", delay);
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      std::vector<std::string> bodies = messages;
+      if (bodies.empty()) {
+        std::string in = read_all(stdin);
+        if (!lines) {
+          bodies.push_back(std::move(in));
+        } else {
+          size_t start = 0;
+          while (start < in.size()) {
+            size_t end = in.find('\n', start);
+            if (end == std::string::npos) end = in.size();
+            bodies.push_back(in.substr(start, end - start));
+            start = end + 1;
+          }
+        }
+      } else if (lines) {
+        throw UsageError{"--lines reads stdin; give either MESSAGE arguments or --lines"};
+      }
+      for (size_t i = 0; i < bodies.size(); i += 1000) {
+        std::vector<std::string_view> batch(bodies.begin() + static_cast<ptrdiff_t>(i),
+                                            bodies.begin() + static_cast<ptrdiff_t>(std::min(bodies.size(), i + 1000)));
+        auto ids = q->send_batch(batch, d);
+        if (!ids.ok()) return fail(ids.status(), dir);
+        for (uint64_t id : *ids) std::printf("%lu\n", id);
+      }
+      return 0;
+    }
+    if (*recv) {
+      Millis vis = visibility.empty() ? Millis(0) : duration_arg("--visibility", visibility);
+      Millis w = wait.empty() ? Millis(0) : duration_arg("--wait", wait);
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto msgs = q->receive(n, vis, w);
+      if (!msgs.ok()) return fail(msgs.status(), dir);
+      print_messages(*msgs, json, true);
+      return 0;
+    }
+    if (*ack) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      int rc = 0;
+      for (const auto& r : receipts) {
+        Status s = q->ack(r);
+        if (!s.ok()) {
+          int code = fail(s, dir);
+          if (rc == 0 || code == kExitLeaseLost) rc = code;
+        }
+      }
+      return rc;
+    }
+    if (*nack) {
+      Millis d = delay.empty() ? Millis(0) : duration_arg("--delay", delay);
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      Status s = q->nack(receipt, d);
+      return s.ok() ? 0 : fail(s, dir);
+    }
+    if (*extend) {
+      Millis d = duration_arg("DUR", dur);
+      if (d.count() <= 0) throw UsageError{"DUR must be more than 0"};
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      Status s = q->extend(receipt, d);
+      return s.ok() ? 0 : fail(s, dir);
+    }
+    if (*peek) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto msgs = q->peek(n);
+      if (!msgs.ok()) return fail(msgs.status(), dir);
+      print_messages(*msgs, json, false);
+      return 0;
+    }
+    if (*purge) {
+      if (!yes) throw UsageError{"purge deletes every message in " + dir + "; add --yes to confirm"};
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto count = q->purge();
+      if (!count.ok()) return fail(count.status(), dir);
+      std::fprintf(stderr, "purged %lu messages\n", *count);
+      return 0;
+    }
+    if (*dlq) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      if (dlq_action == "redrive") {
+        auto moved = q->redrive(SIZE_MAX);
+        if (!moved.ok()) return fail(moved.status(), dir);
+        if (json) {
+          std::printf("{\"redriven\":%lu}\n", *moved);
+        } else {
+          std::fprintf(stderr, "redrove %lu messages\n", *moved);
+        }
+        return 0;
+      }
+      auto d = q->dead_letters();
+      if (!d.ok()) return fail(d.status(), dir);
+      auto msgs = (*d)->peek(dlq->count("-n") ? n : 100);
+      if (!msgs.ok()) return fail(msgs.status(), dir);
+      print_messages(*msgs, json, false);
+      return 0;
+    }
+    if (*stats) {
+      double target_s = 0;
+      if (!target.empty()) target_s = static_cast<double>(duration_arg("--target", target).count()) / 1000.0;
+      if ((rate > 0) != (target_s > 0)) throw UsageError{"--rate and --target go together, both above 0"};
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      ::signal(SIGINT, on_interrupt);
+      ::signal(SIGTERM, on_interrupt);
+      bool tty = ::isatty(1);
+      do {
+        auto st = q->stats();
+        if (!st.ok()) return fail(st.status(), dir);
+        std::string out;
+        if (prom) {
+          out = cli::prometheus(dir, *st);
+          if (rate > 0) {
+            out += "# HELP spool_recommended_workers Workers needed to meet the latency target.\n"
+                   "# TYPE spool_recommended_workers gauge\nspool_recommended_workers{queue=\"" + dir +
+                   "\"} " + std::to_string(st->workers_needed(rate, target_s)) + "\n";
+          }
+        } else if (json) {
+          auto j = cli::stats_json(*st);
+          if (rate > 0) j["recommended_workers"] = st->workers_needed(rate, target_s);
+          out = j.dump() + "\n";
+        } else {
+          out = cli::human_stats(dir, *st);
+          if (rate > 0) out += "workers needed " + std::to_string(st->workers_needed(rate, target_s)) + "\n";
+        }
+        if (watch && tty) std::fputs("\033[H\033[2J", stdout);
+        std::fputs(out.c_str(), stdout);
+        std::fflush(stdout);
+        for (int i = 0; watch && i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
+      } while (watch && !g_interrupted);
+      return 0;
+    }
+    if (*work) {
+      cli::WorkOptions o;
+      o.jobs = jobs;
+      if (!visibility.empty()) o.visibility = duration_arg("--visibility", visibility);
+      if (!max_runtime.empty()) o.max_runtime = duration_arg("--max-runtime", max_runtime);
+      o.command = command;
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      return cli::run_work(*q, o);
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "spool: %s\n", e.message.c_str());
+    return kExitUsage;
+  }
+  return kExitUsage;
+}
