@@ -17,6 +17,7 @@ const char* type_name(spool::format::RecordType t) {
     case spool::format::RecordType::kRelease: return "RELEASE";
     case spool::format::RecordType::kDead: return "DEAD";
     case spool::format::RecordType::kPurge: return "PURGE";
+    case spool::format::RecordType::kCheckpoint: return "CHECKPOINT";
   }
   return "?";
 }

@@ -68,6 +68,12 @@ struct Stats {
   uint64_t workers_needed(double rate_per_worker, double latency_target_s) const;
 };
 
+struct CompactResult {
+  uint64_t segments_removed = 0;
+  uint64_t messages_copied = 0;  // live messages moved out of the removed segments
+  uint64_t bytes_freed = 0;      // disk space of the removed segment files
+};
+
 class Queue {
  public:
   // Opens the queue in `dir`, creating it if allowed (its dead-letter queue, dir/dlq, is
@@ -106,6 +112,13 @@ class Queue {
   Result<Stats> stats();
   // Makes every write so far durable, whatever the sync policy.
   Status sync();
+
+  // Reclaims the disk of acked messages now: every sealed segment is removed, its live
+  // messages (with their receive counts and leases) copied to the head of the log first.
+  // Runs concurrently with every other call; one compaction per queue at a time (a second
+  // caller waits). Compaction also runs on its own, from whichever process rolls the log
+  // to a new segment, when the oldest segments hold mostly acked data (docs/compaction.md).
+  Result<CompactResult> compact();
 
   // The dead-letter queue (a queue of its own, in dir/dlq, that never dead-letters).
   Result<Queue*> dead_letters();

@@ -79,6 +79,7 @@ struct alignas(64) IndexHeader {
   uint64_t acked_total;
   uint64_t dead_total;
   uint64_t bytes_live;
+  uint64_t compacted_through;  // every segment <= this was removed by compaction
   // Lock-free:
   alignas(64) std::atomic<uint32_t> wake_seq;  // futex word: bumped when something became receivable
   std::atomic<uint32_t> waiters;

@@ -197,6 +197,7 @@ void Segment::encode(const Record& r, std::string& out) const {
   store<uint32_t>(h, format::kRecordMagic);
   store<uint32_t>(h + 4, static_cast<uint32_t>(r.payload.size()));
   h[8] = static_cast<uint8_t>(r.type);
+  h[9] = r.flags;
   store<uint32_t>(h + 12, r.count);
   store<uint64_t>(h + 16, r.id);
   store<uint64_t>(h + 24, r.t1);
@@ -205,6 +206,24 @@ void Segment::encode(const Record& r, std::string& out) const {
   // undefined even for zero bytes.
   if (!r.payload.empty()) std::memcpy(h + kRecordHeaderSize, r.payload.data(), r.payload.size());
   store<uint64_t>(h + format::kChecksumOffset, record_checksum(h, r.payload, info_.salt));
+}
+
+std::string encode_checkpoint(const Checkpoint& c) {
+  std::string out(40, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  store<uint64_t>(p, c.sent_total);
+  store<uint64_t>(p + 8, c.acked_total);
+  store<uint64_t>(p + 16, c.dead_total);
+  store<uint64_t>(p + 24, c.next_id);
+  store<uint64_t>(p + 32, c.purged_through);
+  return out;
+}
+
+std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
+  if (payload.size() < 40) return std::nullopt;  // later versions may append fields
+  auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+  return Checkpoint{load<uint64_t>(p), load<uint64_t>(p + 8), load<uint64_t>(p + 16),
+                    load<uint64_t>(p + 24), load<uint64_t>(p + 32)};
 }
 
 ScanResult scan(const Segment& seg, uint64_t from,

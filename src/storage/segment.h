@@ -27,6 +27,7 @@ struct Record {
   uint64_t t1 = 0;
   uint64_t t2 = 0;
   std::string_view payload;
+  uint8_t flags = 0;  // format::kFlag*
 };
 
 // A validated record inside a mapping; `payload` points into the mapping (zero-copy) and
@@ -105,6 +106,17 @@ struct ScanResult {
 // and reporting corrupt regions, and finds the logical end.
 ScanResult scan(const Segment& seg, uint64_t from,
                 const std::function<void(const RecordView&)>& visit);
+
+// Payload of a CHECKPOINT record: the queue's totals up to that point in the log.
+struct Checkpoint {
+  uint64_t sent_total = 0;
+  uint64_t acked_total = 0;
+  uint64_t dead_total = 0;
+  uint64_t next_id = 0;
+  uint64_t purged_through = 0;
+};
+std::string encode_checkpoint(const Checkpoint& c);
+std::optional<Checkpoint> decode_checkpoint(std::string_view payload);
 
 // Parses and validates a segment header from raw bytes; used by open() and the fuzzer.
 Result<SegmentInfo> parse_header(const uint8_t* data, uint64_t len, const std::string& name);

@@ -1,0 +1,145 @@
+// Compaction: reclaims the disk of acked messages (docs/compaction.md).
+//
+// It always removes a prefix of the log: the oldest sealed segments. Before they go, every
+// live message in them is copied to the head of the log (a MSG record flagged COPY, then a
+// LEASE or RELEASE record carrying its receive count and deadline), so replaying what is
+// left gives the same state; removing only a prefix also removes every older control
+// record that could otherwise be replayed against a copy. A CHECKPOINT record carries the
+// totals (sent, acked, ...) that the removed records counted.
+//
+// Crash safety needs no manifest: the segment files present are the log. The copies are
+// synced before any original is unlinked; until then both exist and replay keeps the first
+// MSG of an id and applies the copy's state records. Unlinks happen under the index lock so
+// no replay (repair) runs while files disappear, oldest first, then the directory is synced.
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <map>
+
+#include "queue/crashpoint.h"
+#include "queue/queue_impl.h"
+
+namespace spool {
+namespace {
+
+// Live data at or below this fraction of a prefix's size makes the prefix worth compacting.
+constexpr uint64_t kLiveFractionDenominator = 4;
+constexpr size_t kCopyBatch = 256;  // messages copied per lock hold
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
+  if (Status s = writable(); !s.ok()) return s;
+  CompactResult res;
+  std::string lock_path = dir + "/compact.lock";
+  FdCloser guard{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666)};
+  if (guard.fd < 0) return errno_status(errno, "open " + lock_path);
+  while (::flock(guard.fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return res;  // another process is compacting
+    if (errno != EINTR) return errno_status(errno, "lock " + lock_path);
+  }
+  auto& h = idx.hdr();
+
+  // 1. Choose the prefix: the longest run of oldest sealed segments whose live bytes are at
+  //    most a quarter of their size (or every sealed segment, on demand).
+  uint64_t last = 0;
+  std::vector<uint64_t> prefix;
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    auto seqs = log->segments();
+    if (!seqs.ok()) return seqs.status();
+    uint64_t active = Pos::unpack(h.log_end).seq;
+    std::map<uint64_t, uint64_t> live;
+    idx.for_each_entry(
+        [&](uint32_t, const Entry& e) { live[Pos::unpack(e.loc).seq] += format::record_size(e.len); });
+    uint64_t cum_live = 0, cum_size = 0;
+    for (uint64_t seq : *seqs) {
+      if (seq >= active) break;
+      cum_live += live[seq];
+      cum_size += cfg.opts.segment_size;
+      if (everything || cum_live * kLiveFractionDenominator <= cum_size) last = seq;
+    }
+    for (uint64_t seq : *seqs)
+      if (seq <= last) prefix.push_back(seq);
+  }
+  if (last == 0) return res;
+
+  // 2. Copy the live messages out of the prefix, a batch per lock hold so that producers
+  //    and consumers keep running.
+  for (;;) {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    std::vector<uint32_t> slots;
+    idx.for_each_entry([&](uint32_t slot, const Entry& e) {
+      if (slots.size() < kCopyBatch && Pos::unpack(e.loc).seq <= last) slots.push_back(slot);
+    });
+    if (slots.empty()) break;
+    Clocks now;
+    std::vector<Record> recs;
+    std::vector<std::shared_ptr<storage::Segment>> keep(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const Entry& e = idx.entry(slots[i]);
+      auto v = log->read(Pos::unpack(e.loc), &keep[i]);
+      if (!v.ok()) {
+        // Never drop what cannot be copied: the prefix stays until verify/repair decides.
+        return Status(v.status().code(), "compaction stopped: " + v.status().message());
+      }
+      uint64_t key = idx.heap_begin()[e.heap_pos].key;
+      uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
+      recs.push_back(Record{RecordType::kMsg, 0, e.id, v->t1, v->t2, v->payload, format::kFlagCopy});
+      recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
+                            e.id, 0, rt, {}});
+    }
+    auto at = log->append(Pos::unpack(h.log_end), recs, h.next_id);
+    if (!at.ok()) return at.status();
+    __atomic_store_n(&h.log_end, at->end.pack(), __ATOMIC_RELEASE);
+    for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
+    res.messages_copied += slots.size();
+  }
+  crashpoint("compact.after_copy");
+
+  // 3. The copies must be on disk before any original goes, whatever the sync policy.
+  Pos end = Pos::unpack(__atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+  for (uint64_t seq = last + 1; seq <= end.seq; ++seq) {
+    if (Status s = log->sync(seq); !s.ok()) return s;
+  }
+  crashpoint("compact.after_sync");
+
+  // 4. Checkpoint the totals, then remove the prefix, oldest first.
+  auto held = lock();
+  if (!held.ok()) return held.status();
+  storage::Checkpoint cp{h.sent_total, h.acked_total, h.dead_total, h.next_id, h.purged_through};
+  std::string payload = storage::encode_checkpoint(cp);
+  Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
+  auto at = log->append(Pos::unpack(h.log_end), std::span(&rec, 1), h.next_id);
+  if (!at.ok()) return at.status();
+  __atomic_store_n(&h.log_end, at->end.pack(), __ATOMIC_RELEASE);
+  if (Status s = log->sync(at->end.seq); !s.ok()) return s;
+  crashpoint("compact.after_checkpoint");
+  for (uint64_t seq : prefix) {
+    std::string path = log->segment_path(seq);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) res.bytes_freed += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (int r = log->io().unlink(path); r < 0 && r != -ENOENT) return errno_status(-r, "remove " + path);
+    ++res.segments_removed;
+    h.compacted_through = seq;
+    crashpoint("compact.after_unlink");
+  }
+  if (int r = log->io().sync_dir(log->dir()); r < 0) return errno_status(-r, "sync " + log->dir());
+  log->forget_below(last + 1);
+  spool::log().info("spool: {}: compaction removed {} segments, copied {} live messages", dir,
+                    res.segments_removed, res.messages_copied);
+  return res;
+}
+
+Result<CompactResult> Queue::compact() { return impl_->compact(true, true); }
+
+}  // namespace spool

@@ -1,0 +1,431 @@
+// Internals of Queue shared by its modules (queue.cc: the API; compact.cc: compaction;
+// verify.cc: fsck). Not a public header.
+//
+// Every state change follows one order, under the index lock: append the record to the log,
+// then update the index, then (outside the lock) sync per policy. So a process that dies at
+// any point leaves the log holding every change the index shows, and the repair after
+// EOWNERDEAD is simply "rebuild the index from the log".
+#pragma once
+
+#include <dirent.h>
+#include <spdlog/spdlog.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include "index/index.h"
+#include "logging.h"
+#include "queue/config.h"
+#include "spool/queue.h"
+#include "storage/log.h"
+#include "sys/clock.h"
+#include "sys/futex.h"
+
+namespace spool {
+
+using format::RecordType;
+using index::Entry;
+using index::State;
+using storage::Pos;
+using storage::Record;
+
+namespace detail {
+
+inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits (PITFALLS §1)
+
+inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull; }
+
+// Converts a CLOCK_REALTIME instant from the log into a CLOCK_BOOTTIME key for this boot.
+struct Clocks {
+  uint64_t rt = sys::real_ns();
+  uint64_t boot = sys::boot_ns();
+  uint64_t to_key(uint64_t t_rt) const {
+    if (t_rt >= rt) return boot + (t_rt - rt);
+    uint64_t past = rt - t_rt;
+    return past >= boot ? 0 : boot - past;
+  }
+};
+
+}  // namespace detail
+using detail::Clocks;
+using detail::ms_to_ns;
+using detail::kMaxWaitSliceNs;
+
+struct Queue::Impl {
+  std::string dir;
+  queue::Config cfg;
+  bool read_only = false;
+  std::unique_ptr<storage::Log> log;
+  index::SharedIndex idx;
+  int gate_fd = -1;
+  int lock_fd = -1;
+  // Test hooks (crash tests): park inside the critical section, right after taking the
+  // lock or right after a send's log append, until the named file is removed.
+  std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK
+  std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
+
+  std::mutex dlq_mu;
+  std::unique_ptr<Queue> dlq;
+
+  std::thread flusher;
+  std::mutex flush_mu;
+  std::condition_variable flush_cv;
+  bool stopping = false;
+
+  ~Impl() {
+    if (flusher.joinable()) {
+      {
+        std::lock_guard lock(flush_mu);
+        stopping = true;
+      }
+      flush_cv.notify_all();
+      flusher.join();
+    }
+    if (log && !read_only && cfg.opts.sync != SyncPolicy::kNever) (void)sync_to(idx.hdr().log_end);
+    if (lock_fd >= 0) ::close(lock_fd);
+    if (gate_fd >= 0) ::close(gate_fd);
+  }
+
+  // ---- locking -------------------------------------------------------------------------
+
+  class Locked {
+   public:
+    explicit Locked(Impl* impl) : impl_(impl) {}
+    Locked(Locked&& o) noexcept : impl_(std::exchange(o.impl_, nullptr)) {}
+    Locked& operator=(Locked&&) = delete;
+    ~Locked() {
+      if (impl_ != nullptr) impl_->idx.hdr().mu.unlock();
+    }
+
+   private:
+    Impl* impl_;
+  };
+
+  // The one lock path. On EOWNERDEAD the index is rebuilt from the log before the mutex is
+  // marked consistent; if that fails the mutex is left unrecoverable and every user gets a
+  // clear error until the last process closes the queue and the next opener rebuilds.
+  Result<Locked> lock() {
+    auto& mu = idx.hdr().mu;
+    switch (mu.lock()) {
+      case sys::RobustMutex::LockResult::kOk:
+        break;
+      case sys::RobustMutex::LockResult::kOwnerDied: {
+        spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+        Status s = rebuild();
+        if (!s.ok()) {
+          mu.unlock();
+          return Status(s.code(), "repair after a dead lock holder failed: " + s.message());
+        }
+        mu.mark_consistent();
+        break;
+      }
+      case sys::RobustMutex::LockResult::kUnrecoverable:
+        return Status(Code::kCorrupt, dir + ": index lock is unrecoverable after a failed repair; "
+                                            "close every process using the queue, then reopen");
+      case sys::RobustMutex::LockResult::kError:
+        return Status(Code::kIo, dir + ": cannot lock the index");
+    }
+    Locked held(this);
+    if (Status s = idx.refresh(); !s.ok()) return s;
+    if (idx.hdr().compacted_through > forgotten_through) {
+      // Another process removed old segments: let go of their mappings.
+      forgotten_through = idx.hdr().compacted_through;
+      log->forget_below(forgotten_through + 1);
+    }
+    if (!park_path.empty()) park(park_path);
+    return held;
+  }
+
+  static void park(const std::string& path) {
+    int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+    if (fd >= 0) ::close(fd);
+    while (::access(path.c_str(), F_OK) == 0) ::usleep(1000);
+  }
+
+  // ---- rebuild from the log (first opener, repair) -------------------------------------
+
+  Status rebuild() { return replay(idx); }
+
+  // Empties `x` and replays the whole log into it. Lock held (or `x` private).
+  Status replay(index::SharedIndex& x) {
+    auto& h = x.hdr();
+    ++h.region_gen;  // forces every process (and us) to remap before the next access
+    if (Status s = x.refresh(); !s.ok()) return s;
+    if (Status s = x.reset(); !s.ok()) return s;
+    h.next_id = 1;
+    h.purged_through = 0;
+    h.sent_total = h.acked_total = h.dead_total = h.bytes_live = 0;
+    Clocks now;
+    Status failed;
+    auto drop = [&](int64_t slot) {
+      Entry& e = x.entry(static_cast<uint32_t>(slot));
+      if (e.state == State::kLeased) --h.leased;
+      h.bytes_live -= e.len;
+      x.erase(static_cast<uint32_t>(slot));
+    };
+    auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
+      if (!failed.ok()) return;
+      if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
+      int64_t slot = r.type == RecordType::kMsg || r.type == RecordType::kPurge ||
+                             r.type == RecordType::kCheckpoint
+                         ? -1
+                         : x.find(r.id);
+      switch (r.type) {
+        case RecordType::kMsg: {
+          if (r.id <= h.purged_through || x.find(r.id) >= 0) return;
+          Entry e{r.id, pos.pack(), static_cast<uint32_t>(r.payload.size()), index::kNoPos, 0, State::kReady};
+          auto ins = x.insert(e, now.to_key(r.t2));
+          if (!ins.ok()) failed = ins.status();
+          if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
+          h.bytes_live += r.payload.size();
+          return;
+        }
+        case RecordType::kLease:
+          if (slot < 0) return;
+          if (x.entry(slot).state != State::kLeased) ++h.leased;
+          x.entry(slot).state = State::kLeased;
+          x.entry(slot).count = r.count;
+          x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
+          return;
+        case RecordType::kRelease:
+          if (slot < 0) return;
+          if (x.entry(slot).state == State::kLeased) --h.leased;
+          x.entry(slot).state = State::kReady;
+          x.entry(slot).count = r.count;
+          x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
+          return;
+        case RecordType::kAck:
+          ++h.acked_total;
+          if (slot >= 0) drop(slot);
+          return;
+        case RecordType::kDead:
+          ++h.dead_total;
+          if (slot >= 0) drop(slot);
+          return;
+        case RecordType::kPurge: {
+          std::vector<uint64_t> ids;
+          x.for_each_entry([&](uint32_t, const Entry& e) {
+            if (e.id <= r.id) ids.push_back(e.id);
+          });
+          for (uint64_t id : ids) drop(x.find(id));
+          h.purged_through = std::max(h.purged_through, r.id);
+          return;
+        }
+        case RecordType::kCheckpoint: {
+          // Totals of everything before it, including compacted-away segments.
+          auto cp = storage::decode_checkpoint(r.payload);
+          if (!cp) return;
+          h.sent_total = cp->sent_total;
+          h.acked_total = cp->acked_total;
+          h.dead_total = cp->dead_total;
+          h.next_id = std::max(h.next_id, cp->next_id);
+          if (cp->purged_through > h.purged_through) {
+            // The PURGE itself may have been compacted away: apply it here.
+            std::vector<uint64_t> ids;
+            x.for_each_entry([&](uint32_t, const Entry& e) {
+              if (e.id <= cp->purged_through) ids.push_back(e.id);
+            });
+            for (uint64_t id : ids) drop(x.find(id));
+            h.purged_through = cp->purged_through;
+          }
+          return;
+        }
+      }
+    });
+    if (!rec.ok()) return rec.status();
+    if (!failed.ok()) return failed;
+    h.log_end = rec->end.pack();
+    h.durable_end.store(0);
+    if (!rec->corrupt.empty()) {
+      spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
+                    rec->corrupt.size());
+    }
+    return {};
+  }
+
+  // True when the log holds records the index has not seen (the index is stale).
+  bool log_ahead_of_index() {
+    Pos end = Pos::unpack(idx.hdr().log_end);
+    auto seqs = log->segments();
+    if (!seqs.ok() || seqs->empty()) return end.seq != 0;
+    if (seqs->back() != end.seq) return true;
+    auto seg = log->segment(end.seq);
+    return !seg.ok() || (*seg)->record_at(end.off).has_value();
+  }
+
+  // ---- durability ----------------------------------------------------------------------
+
+  Status sync_to(uint64_t end) {
+    auto& h = idx.hdr();
+    if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
+    if (h.sync_mu.lock() == sys::RobustMutex::LockResult::kOwnerDied) {
+      h.sync_mu.mark_consistent();  // durable_end only ever moves after a successful sync
+    }
+    Status s;
+    if (h.durable_end.load(std::memory_order_acquire) < end) {
+      // Everything published up to now rides along: this is the group commit.
+      uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+      s = log->sync(Pos::unpack(target).seq);
+      if (s.ok()) {
+        uint64_t cur = h.durable_end.load();
+        while (cur < target && !h.durable_end.compare_exchange_weak(cur, target)) {
+        }
+        h.last_sync_ns.store(sys::boot_ns());
+      }
+    }
+    h.sync_mu.unlock();
+    return s;
+  }
+
+  // After a write returned by the lock holder: honour the sync policy.
+  Status written(uint64_t end) {
+    maybe_compact(end);
+    switch (cfg.opts.sync) {
+      case SyncPolicy::kAlways:
+        return sync_to(end);
+      case SyncPolicy::kInterval:
+        if (sys::boot_ns() - idx.hdr().last_sync_ns.load() >= ms_to_ns(cfg.opts.sync_interval)) {
+          return sync_to(end);
+        }
+        start_flusher();
+        return {};
+      case SyncPolicy::kNever:
+        return {};
+    }
+    return {};
+  }
+
+  // Bounds the loss window of "interval" when writes stop: a thread that syncs what this
+  // process wrote once the interval has passed.
+  void start_flusher() {
+    std::lock_guard lock(flush_mu);
+    if (flusher.joinable() || stopping) return;
+    flusher = std::thread([this] {
+      std::unique_lock lk(flush_mu);
+      while (!stopping) {
+        flush_cv.wait_for(lk, cfg.opts.sync_interval);
+        if (stopping) break;
+        lk.unlock();
+        uint64_t end = __atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE);
+        if (Status s = sync_to(end); !s.ok()) spool::log().error("spool: {}: {}", dir, s.to_string());
+        lk.lock();
+      }
+    });
+  }
+
+  // ---- helpers -------------------------------------------------------------------------
+
+  Status writable() const {
+    if (read_only) return Status(Code::kReadOnly, dir + ": read-only (no write permission on the queue)");
+    return {};
+  }
+
+  std::string receipt(uint64_t id, uint32_t gen) const {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%" PRIu64 ".%u.%08x", id, gen, static_cast<uint32_t>(cfg.uid));
+    return buf;
+  }
+
+  Result<std::pair<uint64_t, uint32_t>> parse_receipt(std::string_view r) const {
+    uint64_t id = 0;
+    unsigned gen = 0, tag = 0;
+    int used = 0;
+    std::string s(r);
+    if (std::sscanf(s.c_str(), "%" SCNu64 ".%u.%8x%n", &id, &gen, &tag, &used) != 3 ||
+        used != static_cast<int>(s.size()) || id == 0 || gen == 0) {
+      return Status(Code::kInvalidArgument,
+                    "malformed receipt '" + s + "' (expected ID.GEN.TAG as printed by receive)");
+    }
+    if (tag != static_cast<uint32_t>(cfg.uid)) {
+      return Status(Code::kInvalidArgument, "receipt '" + s + "' belongs to another queue than " + dir);
+    }
+    return std::make_pair(id, static_cast<uint32_t>(gen));
+  }
+
+  // Finds the entry a receipt names and checks its fence. Lock held.
+  Result<uint32_t> fenced(uint64_t id, uint32_t gen) {
+    int64_t slot = idx.find(id);
+    if (slot < 0) {
+      return Status(Code::kNotFound, "message " + std::to_string(id) +
+                                         " is not in the queue (already acked, dead-lettered or purged)");
+    }
+    const Entry& e = idx.entry(static_cast<uint32_t>(slot));
+    if (e.count != gen) {
+      return Status(Code::kLeaseLost,
+                    "lease lost: message " + std::to_string(id) + " was received again (delivery " +
+                        std::to_string(e.count) + "; this receipt is for delivery " +
+                        std::to_string(gen) + ")");
+    }
+    return static_cast<uint32_t>(slot);
+  }
+
+  Result<Pos> append(std::span<const Record> recs) {
+    auto res = log->append(Pos::unpack(idx.hdr().log_end), recs, idx.hdr().next_id);
+    if (!res.ok()) return res.status();
+    __atomic_store_n(&idx.hdr().log_end, res->end.pack(), __ATOMIC_RELEASE);
+    return res->at.empty() ? res->end : res->at.front();
+  }
+
+  void wake() {
+    auto& h = idx.hdr();
+    h.wake_seq.fetch_add(1, std::memory_order_release);
+    if (h.waiters.load(std::memory_order_acquire) > 0) sys::futex_wake_all(&h.wake_seq);
+  }
+
+  Result<Message> load(const Entry& e) {
+    std::shared_ptr<storage::Segment> keep;
+    auto r = log->read(Pos::unpack(e.loc), &keep);
+    if (!r.ok()) return r.status();
+    if (r->id != e.id || r->type != RecordType::kMsg) {
+      return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(e.id));
+    }
+    Message m;
+    m.id = e.id;
+    m.payload.assign(r->payload);
+    m.receive_count = e.count;
+    m.enqueued = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(r->t1)));
+    return m;
+  }
+
+  // Compaction (compact.cc): every sealed segment with `everything`, else by policy;
+  // waits for a running compaction with `wait`, else returns at once.
+  Result<CompactResult> compact(bool everything, bool wait);
+
+  // Called after a write that may have rolled the log: compacts by policy on a roll.
+  void maybe_compact(uint64_t end) {
+    uint64_t seq = Pos::unpack(end).seq;
+    if (seq <= seen_seq.exchange(seq)) return;
+    if (seen_seq_initialised.exchange(true)) {
+      auto r = compact(false, false);
+      if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+    }
+  }
+  std::atomic<uint64_t> seen_seq{0};
+  std::atomic<bool> seen_seq_initialised{false};
+  uint64_t forgotten_through = 0;  // segments <= this dropped from the log's cache
+
+  Result<Queue*> dead_letters() {
+    std::lock_guard lock(dlq_mu);
+    if (!dlq) {
+      QueueOptions o = cfg.opts;
+      o.max_receives = 0;
+      o.create = !read_only;
+      auto q = Queue::open(dir + "/dlq", o);
+      if (!q.ok()) return q.status();
+      dlq = std::move(q).value();
+    }
+    return dlq.get();
+  }
+};
+
+}  // namespace spool
