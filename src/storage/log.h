@@ -62,6 +62,10 @@ class Log {
   // Sequence numbers of the segment files present, ascending.
   Result<std::vector<uint64_t>> segments() const;
 
+  // Removes temp files of segment creations that crashed before their rename. Only when no
+  // other process can be creating a segment (the queue's first opener).
+  void remove_leftovers();
+
   // Visits every valid record of every segment, in log order, and returns the end.
   // Corrupt regions are skipped and reported (also logged at warn level).
   Result<Recovery> recover(const std::function<void(Pos, const RecordView&)>& visit);

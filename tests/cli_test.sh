@@ -1,0 +1,894 @@
+#!/usr/bin/env bash
+# End-to-end test of the `spool` command-line tool: drives the real binary as subprocesses
+# and checks its output, exit codes and effects on the queue (docs/cli.md is the contract).
+#
+#   bash tests/cli_test.sh build/tools/spool
+#
+# Output is TAP: "1..N", then "ok N - name" or "not ok N - name" followed by the failed
+# test's log as "# ..." lines. Exits 0 only if every test passes. Every test runs in its own
+# subshell and directory under one mktemp -d directory, removed at exit; background
+# processes a test starts are killed when the test ends, pass or fail.
+set -u
+
+if [[ $# -ne 1 || ! -x $1 ]]; then
+  echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
+  exit 2
+fi
+SPOOL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+export LC_ALL=C
+
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-cli-test.XXXXXX")
+cleanup() { rm -rf "$ROOT"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- helpers (used in tests)
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+# run CMD...: runs it with stdout in $D/out, stderr in $D/err, exit code in RC.
+run() {
+  "$@" >"$D/out" 2>"$D/err"
+  RC=$?
+}
+
+# expect CODE CMD...: run, then fail unless the exit code is CODE.
+expect() {
+  local want=$1
+  shift
+  run "$@"
+  if [[ $RC != "$want" ]]; then
+    echo "stdout: $(head -c 2000 "$D/out")"
+    echo "stderr: $(head -c 2000 "$D/err")"
+    fail "expected exit $want, got $RC from: $*"
+  fi
+}
+
+# err_has TEXT: fail unless stderr of the last run contains TEXT (fixed string).
+err_has() { grep -qF -- "$1" "$D/err" || fail "stderr lacks '$1': $(cat "$D/err")"; }
+out_has() { grep -qF -- "$1" "$D/out" || fail "stdout lacks '$1': $(head -c 2000 "$D/out")"; }
+# one_line_err: errors are one line on stderr.
+one_line_err() {
+  local n
+  n=$(wc -l <"$D/err")
+  [[ $n == 1 ]] || fail "expected a one-line error, got $n lines: $(cat "$D/err")"
+}
+
+# eq WHAT GOT WANT
+eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
+
+# jget FIELD [FILE]: a number or string field of a one-line JSON object (no nesting).
+jget() {
+  sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" "${2:-$D/out}" | head -n 1 | sed 's/^"\(.*\)"$/\1/'
+}
+
+# stat_of FIELD QUEUE: one field of `spool stats --json`.
+stat_of() {
+  "$SPOOL" stats "$2" --json >"$D/stats.json" 2>"$D/stats.err" || fail "stats failed: $(cat "$D/stats.err")"
+  jget "$1" "$D/stats.json"
+}
+
+# wait_for SECONDS COMMAND...: polls every 0.1 s until COMMAND succeeds; fails on timeout.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
+    sleep 0.1
+  done
+}
+
+# receipt_of: the receipt a plain recv printed on stderr.
+receipt_of() { sed -n 's/^receipt: //p' "$D/err" | head -n 1; }
+
+# bg CMD...: starts CMD in the background; its pid is in BGPID and it is killed (SIGKILL) when
+# the test ends if still running.
+BGPIDS=()
+bg() {
+  "$@" &
+  BGPID=$!
+  BGPIDS+=("$BGPID")
+}
+kill_bg() {
+  local p
+  for p in "${BGPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+  [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# wait_exit PID WHAT: waits up to 10 s for a background process; fails unless it exits 0.
+wait_exit() {
+  local pid=$1 rc i
+  for ((i = 0; i < 100; i++)); do
+    alive "$pid" || break
+    sleep 0.1
+  done
+  alive "$pid" && fail "$2: still running after 10 s"
+  wait "$pid"
+  rc=$?
+  eq "exit code ($2)" "$rc" 0
+}
+
+# stop_work PID [SIGNAL]: signals a background `spool work` and waits for it to exit 0.
+stop_work() {
+  kill "-${2:-TERM}" "$1" || fail "kill -${2:-TERM} $1 failed"
+  wait_exit "$1" "spool work after SIG${2:-TERM}"
+}
+
+# ---------------------------------------------------------------- tests
+
+t_help_and_version() {
+  expect 0 "$SPOOL" --help
+  local c
+  for c in init send recv ack nack extend peek purge dlq stats work; do
+    out_has "$c"
+  done
+  out_has "Exit codes"
+  for c in init send recv ack nack extend peek purge dlq stats work; do
+    expect 0 "$SPOOL" "$c" --help
+    out_has "Usage:"
+  done
+  expect 0 "$SPOOL" recv --help
+  out_has "--wait"
+  out_has "--json"
+  expect 0 "$SPOOL" work --help
+  out_has "SPOOL_RECEIPT"
+  expect 0 "$SPOOL" --version
+  out_has "spool"
+}
+
+t_usage_errors_exit_64() {
+  expect 64 "$SPOOL"
+  one_line_err
+  expect 64 "$SPOOL" frobnicate q
+  err_has "frobnicate"
+  one_line_err
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 64 "$SPOOL" recv q --frob
+  err_has "--frob"
+  one_line_err
+  expect 64 "$SPOOL" send
+  err_has "DIR"
+  expect 64 "$SPOOL" ack q
+  expect 64 "$SPOOL" nack q
+  expect 64 "$SPOOL" extend q 1.1.abc
+  expect 64 "$SPOOL" recv q -n 0
+  expect 64 "$SPOOL" recv q -n many
+  expect 64 "$SPOOL" work q
+  expect 64 "$SPOOL" work q -j 0 -- true
+  expect 64 "$SPOOL" dlq q
+  expect 64 "$SPOOL" dlq q frob
+  expect 64 "$SPOOL" send q --lines extra-arg
+  expect 64 "$SPOOL" stats q --rate 5
+  expect 64 "$SPOOL" stats q --target 5s
+  expect 64 "$SPOOL" stats q --rate abc --target 5s
+}
+
+t_bad_durations_exit_64() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 64 "$SPOOL" init q2 --visibility bogus
+  err_has "bogus"
+  err_has "--visibility"
+  one_line_err
+  [[ -e q2/spool.conf ]] && fail "a failed init created a queue"
+  expect 64 "$SPOOL" init q2 --visibility 0
+  expect 64 "$SPOOL" send q --delay 5x hi
+  err_has "5x"
+  expect 64 "$SPOOL" send q --delay=-1s hi
+  expect 64 "$SPOOL" recv q --wait 1d
+  expect 64 "$SPOOL" recv q --visibility 10y
+  expect 64 "$SPOOL" nack q 1.1.abc --delay soon
+  expect 64 "$SPOOL" extend q 1.1.abc 3weeks
+  expect 64 "$SPOOL" extend q 1.1.abc 0
+  expect 64 "$SPOOL" work q --visibility xx -- true
+  expect 64 "$SPOOL" work q --max-runtime 1x -- true
+  expect 64 "$SPOOL" stats q --rate 1 --target later
+  eq "nothing sent by rejected commands" "$(stat_of sent_total q)" 0
+  # Every accepted form.
+  local d
+  for d in 500ms 30s 5m 2h 1.5 45; do
+    expect 0 "$SPOOL" init "ok-$d" --visibility "$d"
+  done
+}
+
+t_bad_sizes_exit_64() {
+  expect 64 "$SPOOL" init q --segment-size 12Q
+  err_has "12Q"
+  err_has "--segment-size"
+  one_line_err
+  expect 64 "$SPOOL" init q --max-payload 1T
+  expect 64 "$SPOOL" init q --max-payload -5
+  expect 64 "$SPOOL" init q --segment-size 1K  # parses, but below the 4 KiB minimum
+  err_has "4 KiB"
+  [[ -e q/spool.conf ]] && fail "a failed init created a queue"
+  expect 0 "$SPOOL" init a --segment-size 64K --max-payload 4096
+  expect 0 "$SPOOL" init b --segment-size 64M --max-payload 64K
+  expect 0 "$SPOOL" init c --segment-size 1048576
+  # 1G parses (rejected by the library for not fitting, not by the parser).
+  expect 64 "$SPOOL" init d --segment-size 64K --max-payload 1G
+  grep -q "bad size" "$D/err" && fail "1G was not parsed: $(cat "$D/err")"
+  return 0
+}
+
+t_init() {
+  expect 0 "$SPOOL" init q --visibility 5m --max-receives 3 --sync always --segment-size 1M --max-payload 64K
+  [[ -f q/spool.conf ]] || fail "no spool.conf after init"
+  expect 1 "$SPOOL" init q
+  err_has "already a queue"
+  one_line_err
+  expect 0 "$SPOOL" init s1 --sync interval
+  expect 0 "$SPOOL" init s2 --sync never
+  expect 64 "$SPOOL" init s3 --sync sometimes
+  expect 64 "$SPOOL" init s4 --max-receives -1
+  expect 1 "$SPOOL" init no/such/parent
+  err_has "no/such/parent"
+  expect 0 "$SPOOL" init "$D/absolute/"
+  local s
+  for s in q s1 s2 "$D/absolute"; do
+    expect 0 "$SPOOL" send "$s" hello
+    expect 0 "$SPOOL" recv "$s"
+    eq "payload via $s" "$(cat "$D/out")" hello
+    expect 0 "$SPOOL" ack "$s" "$(receipt_of)"
+  done
+}
+
+t_not_a_queue_exit_1() {
+  expect 1 "$SPOOL" send missing hello
+  err_has "spool init"
+  one_line_err
+  mkdir empty
+  expect 1 "$SPOOL" send empty hello
+  err_has "spool init empty"
+  mkdir other && echo x >other/file
+  expect 1 "$SPOOL" send other hello
+  err_has "spool init needs a new or empty directory"
+  expect 1 "$SPOOL" init other
+  err_has "other files"
+  echo x >afile
+  expect 1 "$SPOOL" send afile hello
+  err_has "spool init needs a new or empty directory"
+  expect 1 "$SPOOL" recv missing
+  err_has "spool init"
+  expect 1 "$SPOOL" peek missing
+  expect 1 "$SPOOL" stats missing
+  expect 1 "$SPOOL" purge missing --yes
+  expect 1 "$SPOOL" ack missing 1.1.abc
+  expect 1 "$SPOOL" nack missing 1.1.abc
+  expect 1 "$SPOOL" extend missing 1.1.abc 5s
+  expect 1 "$SPOOL" dlq missing list
+  expect 1 "$SPOOL" work missing -- true
+  err_has "spool init"
+  [[ -e missing ]] && fail "a command on a missing queue created it"
+  return 0
+}
+
+t_send_recv_ack_text() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q hello
+  eq "id of first message" "$(cat "$D/out")" 1
+  expect 0 "$SPOOL" send q two three
+  eq "ids of two messages" "$(tr '\n' ' ' <"$D/out")" "2 3 "
+  expect 0 "$SPOOL" recv q
+  eq "plain payload" "$(cat "$D/out")" hello
+  [[ $(wc -c <"$D/out") == 5 ]] || fail "plain recv added bytes: $(od -c "$D/out")"
+  grep -qE '^receipt: 1\.1\.[0-9a-f]+$' "$D/err" || fail "no receipt line on stderr: $(cat "$D/err")"
+  local r
+  r=$(receipt_of)
+  expect 0 "$SPOOL" ack q "$r"
+  eq "acked_total" "$(stat_of acked_total q)" 1
+  # -n 2 takes both remaining messages, one receipt line each.
+  expect 0 "$SPOOL" recv q -n 5
+  eq "payloads of recv -n" "$(cat "$D/out")" "twothree"
+  eq "receipts of recv -n" "$(grep -c '^receipt: ' "$D/err")" 2
+  # shellcheck disable=SC2046
+  expect 0 "$SPOOL" ack q $(sed -n 's/^receipt: //p' "$D/err")
+  eq "ready after acks" "$(stat_of ready q)" 0
+  eq "acked after acks" "$(stat_of acked_total q)" 3
+  expect 2 "$SPOOL" recv q
+  [[ -s $D/out ]] && fail "recv on an empty queue wrote to stdout"
+  return 0
+}
+
+t_recv_wait_long_poll() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  local t0 t1
+  t0=$(date +%s%N)
+  expect 2 "$SPOOL" recv q --wait 500ms
+  t1=$(date +%s%N)
+  (((t1 - t0) / 1000000 >= 450)) || fail "recv --wait 500ms returned after $(((t1 - t0) / 1000000)) ms"
+  # A sleeping receiver is woken by a send from another process.
+  bg "$SPOOL" recv q --wait 20s --json >"$D/polled" 2>"$D/polled.err"
+  local pid=$BGPID
+  sleep 0.3
+  alive "$pid" || fail "recv --wait returned before anything was sent"
+  t0=$(date +%s%N)
+  "$SPOOL" send q wake >/dev/null || fail "send"
+  wait "$pid"
+  eq "exit code of the long poll" "$?" 0
+  t1=$(date +%s%N)
+  (((t1 - t0) / 1000000 < 5000)) || fail "long poll took $(((t1 - t0) / 1000000)) ms to wake"
+  eq "polled payload" "$(jget payload "$D/polled")" wake
+}
+
+t_binary_roundtrip_plain() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  { printf '\377\000\n\r'; head -c 100000 /dev/urandom; printf '\000\n\n'; } >blob
+  expect 0 "$SPOOL" send q <blob
+  expect 0 "$SPOOL" recv q
+  cmp blob "$D/out" || fail "payload differs after plain recv"
+  expect 0 "$SPOOL" ack q "$(receipt_of)"
+  # An empty stdin is one empty message.
+  expect 0 "$SPOOL" send q </dev/null
+  expect 0 "$SPOOL" recv q
+  [[ -s $D/out ]] && fail "empty message came back non-empty"
+  return 0
+}
+
+t_binary_roundtrip_json_base64() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  { printf '\377\376'; head -c 50000 /dev/urandom; } >blob
+  expect 0 "$SPOOL" send q <blob
+  local id
+  id=$(cat "$D/out")
+  expect 0 "$SPOOL" recv q --json
+  eq "lines of recv --json" "$(wc -l <"$D/out")" 1
+  grep -q '"payload":' "$D/out" && fail "binary payload given as \"payload\""
+  eq "id" "$(jget id)" "$id"
+  eq "receive_count" "$(jget receive_count)" 1
+  [[ $(jget receipt) == "$id".1.* ]] || fail "receipt: $(jget receipt)"
+  [[ $(jget enqueued_at) =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$ ]] || fail "enqueued_at: $(jget enqueued_at)"
+  jget payload_base64 | base64 -d >got || fail "payload_base64 does not decode"
+  cmp blob got || fail "payload differs after base64 round trip"
+  # Valid UTF-8 comes back as "payload", unescaped.
+  printf 'h\303\251llo \342\230\203' >utf8
+  expect 0 "$SPOOL" send q <utf8
+  expect 0 "$SPOOL" recv q --json
+  grep -q '"payload_base64"' "$D/out" && fail "UTF-8 payload was base64-encoded"
+  eq "utf-8 payload" "$(jget payload)" "$(cat utf8)"
+  if command -v jq >/dev/null; then
+    jq -e . "$D/out" >/dev/null || fail "recv --json is not valid JSON: $(cat "$D/out")"
+  fi
+  return 0
+}
+
+t_send_lines() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  printf 'alpha\nbeta gamma\ndelta\n' >in
+  expect 0 "$SPOOL" send q --lines <in
+  eq "ids printed" "$(tr '\n' ' ' <"$D/out")" "1 2 3 "
+  expect 0 "$SPOOL" peek q -n 10 --json
+  eq "messages" "$(wc -l <"$D/out")" 3
+  eq "second payload" "$(sed -n 2p "$D/out" | sed 's/.*"payload":"\([^"]*\)".*/\1/')" "beta gamma"
+  # More lines than one batch: every line a message, consecutive ids.
+  seq 1 2500 >many
+  expect 0 "$SPOOL" send q --lines <many
+  eq "ids for 2500 lines" "$(wc -l <"$D/out")" 2500
+  eq "first id" "$(head -n 1 "$D/out")" 4
+  eq "last id" "$(tail -n 1 "$D/out")" 2503
+  eq "ready" "$(stat_of ready q)" 2503
+  # A last line without a newline is a message too.
+  printf 'x\ny' | "$SPOOL" send q --lines >"$D/out" || fail "send --lines"
+  eq "ids for unterminated last line" "$(wc -l <"$D/out")" 2
+}
+
+t_too_large_exit_1() {
+  "$SPOOL" init q --max-payload 1K >/dev/null || fail "init"
+  head -c 2048 /dev/urandom >big
+  expect 1 "$SPOOL" send q <big
+  err_has "2048"
+  err_has "1024"
+  one_line_err
+  eq "sent after a too-large send" "$(stat_of sent_total q)" 0
+  head -c 1024 /dev/urandom >fits
+  expect 0 "$SPOOL" send q <fits
+  # A batch with one message too large sends none.
+  { echo small; head -c 3000 /dev/zero | tr '\0' a; echo; } >batch
+  expect 1 "$SPOOL" send q --lines <batch
+  eq "sent after a rejected batch" "$(stat_of sent_total q)" 1
+}
+
+t_send_delay() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q --delay 1s later
+  expect 2 "$SPOOL" recv q
+  eq "delayed" "$(stat_of delayed q)" 1
+  eq "ready" "$(stat_of ready q)" 0
+  sleep 1.1
+  expect 0 "$SPOOL" recv q --wait 2s
+  eq "payload" "$(cat "$D/out")" later
+  # --wait sleeps until a delay passes.
+  expect 0 "$SPOOL" send q --delay 500ms soon
+  expect 0 "$SPOOL" recv q --wait 5s
+  eq "payload" "$(cat "$D/out")" soon
+}
+
+t_lease_lost_exit_3() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q --visibility 300ms
+  local r1 r2
+  r1=$(receipt_of)
+  sleep 0.5
+  expect 0 "$SPOOL" recv q --json
+  eq "receive_count of the second delivery" "$(jget receive_count)" 2
+  r2=$(jget receipt)
+  expect 3 "$SPOOL" ack q "$r1"
+  err_has "lease lost"
+  one_line_err
+  expect 3 "$SPOOL" nack q "$r1"
+  expect 3 "$SPOOL" extend q "$r1" 10s
+  eq "in_flight (stale receipts change nothing)" "$(stat_of in_flight q)" 1
+  expect 0 "$SPOOL" ack q "$r2"
+  eq "acked_total" "$(stat_of acked_total q)" 1
+  # A late worker that is alone (nobody received the message since) may still ack.
+  "$SPOOL" send q job2 >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q --visibility 200ms
+  r1=$(receipt_of)
+  sleep 0.4
+  expect 0 "$SPOOL" ack q "$r1"
+}
+
+t_bad_receipts_exit_1() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q a b >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  local r tag
+  r=$(receipt_of)
+  tag=${r##*.}
+  expect 1 "$SPOOL" ack q garbage
+  err_has "garbage"
+  one_line_err
+  expect 1 "$SPOOL" nack q 1.x.y
+  expect 1 "$SPOOL" extend q not-a-receipt 5s
+  expect 1 "$SPOOL" ack q "999999.1.$tag"
+  err_has "999999"
+  expect 1 "$SPOOL" ack q "1.1.0badc0de"  # another queue's tag
+  expect 0 "$SPOOL" ack q "$r"
+  expect 1 "$SPOOL" ack q "$r"  # already acked
+  err_has "not in the queue"
+  # Several receipts at once; an error in one still acks the others.
+  expect 0 "$SPOOL" send q c
+  expect 0 "$SPOOL" recv q -n 2
+  # shellcheck disable=SC2046
+  expect 0 "$SPOOL" ack q $(sed -n 's/^receipt: //p' "$D/err")
+  eq "ready" "$(stat_of ready q)" 0
+  eq "acked" "$(stat_of acked_total q)" 3
+}
+
+t_nack_and_nack_delay() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" nack q "$(receipt_of)"
+  expect 0 "$SPOOL" recv q --json
+  eq "receive_count after nack" "$(jget receive_count)" 2
+  expect 0 "$SPOOL" nack q "$(jget receipt)" --delay 1s
+  expect 2 "$SPOOL" recv q
+  eq "delayed after nack --delay" "$(stat_of delayed q)" 1
+  sleep 1.1
+  expect 0 "$SPOOL" recv q --json
+  eq "receive_count after nack --delay" "$(jget receive_count)" 3
+  eq "payload" "$(jget payload)" job
+}
+
+t_extend_keeps_hidden() {
+  "$SPOOL" init q --visibility 300ms >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  local r
+  r=$(receipt_of)
+  expect 0 "$SPOOL" extend q "$r" 5s
+  sleep 0.6
+  expect 2 "$SPOOL" recv q
+  eq "in_flight" "$(stat_of in_flight q)" 1
+  expect 0 "$SPOOL" ack q "$r"
+  # Without extend the same wait makes it receivable again.
+  "$SPOOL" send q job2 >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  sleep 0.6
+  expect 0 "$SPOOL" recv q
+  eq "payload after lease expiry" "$(cat "$D/out")" job2
+}
+
+t_peek() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" peek q
+  [[ -s $D/out ]] && fail "peek on an empty queue printed something"
+  "$SPOOL" send q one two three >/dev/null || fail "send"
+  expect 0 "$SPOOL" peek q
+  out_has "one"
+  grep -q two "$D/out" && fail "peek without -n showed more than one message"
+  expect 0 "$SPOOL" peek q -n 10
+  out_has "three"
+  out_has "--- message 1"
+  expect 0 "$SPOOL" peek q -n 10 --json
+  eq "peeked messages" "$(wc -l <"$D/out")" 3
+  grep -q '"receipt"' "$D/out" && fail "peek --json has receipts"
+  eq "receive_count in peek" "$(jget receive_count)" 0
+  "$SPOOL" peek q -n 10 >/dev/null
+  eq "ready after peeks" "$(stat_of ready q)" 3
+  eq "in_flight after peeks" "$(stat_of in_flight q)" 0
+  expect 0 "$SPOOL" recv q --json
+  eq "receive_count after peeks" "$(jget receive_count)" 1
+  expect 0 "$SPOOL" peek q -n 10 --json
+  eq "peek shows in-flight messages' counts" "$(grep '"id":1,' "$D/out" | sed 's/.*"receive_count":\([0-9]*\).*/\1/')" 1
+}
+
+t_purge() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q 1 2 3 4 5 >/dev/null || fail "send"
+  expect 64 "$SPOOL" purge q
+  err_has "--yes"
+  one_line_err
+  eq "ready after refused purge" "$(stat_of ready q)" 5
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" purge q --yes
+  err_has "5"
+  eq "ready after purge" "$(stat_of ready q)" 0
+  eq "in_flight after purge" "$(stat_of in_flight q)" 0
+  expect 2 "$SPOOL" recv q
+  expect 0 "$SPOOL" send q after
+  expect 0 "$SPOOL" recv q
+  eq "message sent after purge" "$(cat "$D/out")" after
+}
+
+t_dlq_list_and_redrive() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  "$SPOOL" send q poison >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" nack q "$(receipt_of)"
+  expect 2 "$SPOOL" recv q
+  eq "dead" "$(stat_of dead q)" 1
+  eq "ready" "$(stat_of ready q)" 0
+  expect 0 "$SPOOL" dlq q list
+  out_has "poison"
+  expect 0 "$SPOOL" dlq q list --json
+  eq "dead letters listed" "$(wc -l <"$D/out")" 1
+  eq "dead letter payload" "$(jget payload)" poison
+  expect 0 "$SPOOL" dlq q list -n 1
+  out_has "poison"
+  expect 0 "$SPOOL" dlq q redrive
+  err_has "1"
+  eq "dead after redrive" "$(stat_of dead q)" 0
+  eq "ready after redrive" "$(stat_of ready q)" 1
+  expect 0 "$SPOOL" dlq q list
+  [[ -s $D/out ]] && fail "dlq list not empty after redrive: $(cat "$D/out")"
+  expect 0 "$SPOOL" recv q --json
+  eq "redriven payload" "$(jget payload)" poison
+  eq "redriven receive_count" "$(jget receive_count)" 1
+  expect 0 "$SPOOL" dlq q redrive --json
+  out_has '"redriven":0'
+}
+
+t_stats_json_fields() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q 1 2 3 4 5 6 >/dev/null || fail "send"
+  "$SPOOL" send q --delay 1h later >/dev/null || fail "send --delay"
+  expect 0 "$SPOOL" recv q -n 2
+  local r
+  r=$(receipt_of)
+  expect 0 "$SPOOL" ack q "$r"
+  expect 0 "$SPOOL" stats q --json
+  eq "lines" "$(wc -l <"$D/out")" 1
+  local f
+  for f in ready in_flight delayed dead oldest_ready_age_s sent_total acked_total disk_bytes segments; do
+    grep -q "\"$f\":" "$D/out" || fail "stats --json lacks $f: $(cat "$D/out")"
+  done
+  eq "ready" "$(jget ready)" 4
+  eq "in_flight" "$(jget in_flight)" 1
+  eq "delayed" "$(jget delayed)" 1
+  eq "dead" "$(jget dead)" 0
+  eq "sent_total" "$(jget sent_total)" 7
+  eq "acked_total" "$(jget acked_total)" 1
+  (($(jget segments) >= 1)) || fail "segments: $(jget segments)"
+  (($(jget disk_bytes) > 0)) || fail "disk_bytes: $(jget disk_bytes)"
+  [[ $(jget oldest_ready_age_s) =~ ^[0-9.e+-]+$ ]] || fail "oldest_ready_age_s: $(jget oldest_ready_age_s)"
+  if command -v jq >/dev/null; then
+    jq -e . "$D/out" >/dev/null || fail "stats --json is not valid JSON"
+  fi
+  expect 0 "$SPOOL" stats q
+  out_has "ready"
+  out_has "in flight"
+}
+
+t_stats_recommended_workers() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  seq 1 10 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  expect 0 "$SPOOL" stats q --json
+  grep -q recommended_workers "$D/out" && fail "recommended_workers without --rate/--target"
+  expect 0 "$SPOOL" stats q --json --rate 2 --target 2s  # ceil(10 / 4)
+  eq "recommended_workers" "$(jget recommended_workers)" 3
+  expect 0 "$SPOOL" stats q --json --rate 0.5 --target 4s  # ceil(10 / 2)
+  eq "recommended_workers" "$(jget recommended_workers)" 5
+  expect 0 "$SPOOL" stats q --json --rate 100 --target 1m
+  eq "recommended_workers" "$(jget recommended_workers)" 1
+  expect 0 "$SPOOL" stats q --rate 2 --target 2s
+  out_has "workers needed 3"
+  "$SPOOL" purge q --yes 2>/dev/null || fail "purge"
+  expect 0 "$SPOOL" stats q --json --rate 2 --target 2s
+  eq "recommended_workers of an empty queue" "$(jget recommended_workers)" 0
+}
+
+t_stats_prometheus() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q a b c >/dev/null || fail "send"
+  expect 0 "$SPOOL" stats q --prometheus
+  out_has '# TYPE spool_messages gauge'
+  out_has 'spool_messages{queue="q",state="ready"} 3'
+  out_has 'spool_messages{queue="q",state="in_flight"} 0'
+  out_has 'spool_messages{queue="q",state="delayed"} 0'
+  out_has 'spool_messages{queue="q",state="dead"} 0'
+  out_has 'spool_sent_total{queue="q"} 3'
+  # Every sample line is NAME{LABELS} VALUE.
+  grep -v '^#' "$D/out" | grep -vqE '^spool_[a-z_]+\{[^}]*\} [0-9.e+-]+$' &&
+    fail "malformed sample: $(grep -v '^#' "$D/out" | grep -vE '^spool_[a-z_]+\{[^}]*\} [0-9.e+-]+$')"
+  expect 0 "$SPOOL" stats q --prometheus --rate 1 --target 1s
+  out_has 'spool_recommended_workers{queue="q"} 3'
+}
+
+t_stats_watch_stops_on_sigint() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q a >/dev/null || fail "send"
+  expect 0 timeout --preserve-status -k 5 -s INT 2 "$SPOOL" stats q --watch --json
+  local n
+  n=$(grep -c '"ready":1' "$D/out")
+  ((n >= 2)) || fail "stats --watch printed $n snapshots in 2 s: $(cat "$D/out")"
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q --watch
+  out_has "ready"
+}
+
+t_work_1000_exactly_once() {
+  "$SPOOL" init q --visibility 5s >/dev/null || fail "init"
+  seq 1 1000 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  : >ids
+  bg "$SPOOL" work q -j 4 -- sh -c 'echo $SPOOL_MESSAGE_ID >> ids' 2>"$D/work.err"
+  local pid=$BGPID
+  acked() { [[ $(stat_of acked_total q) == 1000 ]]; }
+  wait_for 50 acked
+  stop_work "$pid" TERM
+  eq "lines written" "$(wc -l <ids)" 1000
+  eq "duplicates" "$(sort ids | uniq -d | wc -l)" 0
+  eq "distinct ids" "$(sort -u ids | wc -l)" 1000
+  eq "ids 1..1000" "$(sort -n ids | head -n 1) $(sort -n ids | tail -n 1)" "1 1000"
+  eq "ready" "$(stat_of ready q)" 0
+  eq "in_flight" "$(stat_of in_flight q)" 0
+  eq "delayed" "$(stat_of delayed q)" 0
+  expect 2 "$SPOOL" recv q
+  [[ -s $D/work.err ]] && echo "work stderr: $(head -c 1000 "$D/work.err")"
+  return 0
+}
+
+t_work_payload_and_environment() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  { printf '\377\000'; head -c 20000 /dev/urandom; } >blob
+  "$SPOOL" send q <blob >id || fail "send"
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q -- sh -c 'cat > got; echo "$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $SPOOL_RECEIPT" > env;
+    grep ^SigIgn: /proc/self/status > sigign'
+  local pid=$BGPID
+  acked() { [[ $(stat_of acked_total q) == 1 ]]; }
+  wait_for 10 acked
+  stop_work "$pid" INT
+  cmp blob got || fail "command's stdin differs from the payload"
+  local id count receipt
+  read -r id count receipt <env
+  eq "SPOOL_MESSAGE_ID" "$id" "$(cat id)"
+  eq "SPOOL_RECEIVE_COUNT" "$count" 1
+  [[ $receipt == "$id".1.* ]] || fail "SPOOL_RECEIPT: '$receipt'"
+  # The command gets the default SIGPIPE action (spool work itself ignores SIGPIPE).
+  local mask
+  mask=$(awk '{print $2}' sigign)
+  (((0x$mask & 0x1000) == 0)) || fail "SIGPIPE is ignored in the command (SigIgn $mask)"
+}
+
+t_work_failure_nacks_with_backoff() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q bad >/dev/null || fail "send"
+  : >counts
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q -- sh -c 'echo $SPOOL_RECEIVE_COUNT >> counts; exit 1' 2>"$D/work.err"
+  local pid=$BGPID
+  two() { (($(wc -l <counts) >= 2)); }
+  wait_for 10 two
+  stop_work "$pid" TERM
+  eq "receive counts of the retries" "$(head -n 2 counts | tr '\n' ' ')" "1 2 "
+  grep -q "status 1; retry in 1s" "$D/work.err" || fail "no 1s backoff: $(cat "$D/work.err")"
+  grep -q "retry in 2s" "$D/work.err" || fail "no 2s backoff: $(cat "$D/work.err")"
+  eq "acked_total" "$(stat_of acked_total q)" 0
+  eq "in_flight" "$(stat_of in_flight q)" 0
+  # Nacked with a 2 s backoff, so delayed now.
+  eq "delayed" "$(stat_of delayed q)" 1
+}
+
+t_work_renews_lease() {
+  "$SPOOL" init q --visibility 400ms >/dev/null || fail "init"
+  "$SPOOL" send q slow >/dev/null || fail "send"
+  : >runs
+  bg "$SPOOL" work q -- sh -c 'echo run >> runs; sleep 1.5; echo done >> runs'
+  local pid=$BGPID
+  started() { [[ -s runs ]]; }
+  wait_for 10 started
+  sleep 0.9  # more than twice the visibility
+  expect 2 "$SPOOL" recv q
+  eq "in_flight while the command runs" "$(stat_of in_flight q)" 1
+  acked() { [[ $(stat_of acked_total q) == 1 ]]; }
+  wait_for 10 acked
+  stop_work "$pid" TERM
+  eq "runs" "$(tr '\n' ' ' <runs)" "run done "
+}
+
+t_work_max_runtime() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q hang >/dev/null || fail "send"
+  bg "$SPOOL" work q --visibility 2s --max-runtime 300ms -- sleep 30 2>"$D/work.err"
+  local pid=$BGPID
+  stopped() { grep -q "max-runtime" "$D/work.err"; }
+  wait_for 10 stopped
+  stop_work "$pid" TERM
+  eq "acked_total" "$(stat_of acked_total q)" 0
+  eq "in_flight" "$(stat_of in_flight q)" 0
+}
+
+t_work_sigterm_waits_for_commands() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  bg "$SPOOL" work q -- sh -c 'echo started > st; sleep 1; echo finished > fin' 2>"$D/work.err"
+  local pid=$BGPID
+  started() { [[ -s st ]]; }
+  wait_for 10 started
+  kill -TERM "$pid"
+  sleep 0.3
+  alive "$pid" || fail "spool work exited before its command finished"
+  wait_exit "$pid" "spool work after SIGTERM"
+  eq "command output" "$(cat fin 2>/dev/null)" finished
+  eq "acked_total" "$(stat_of acked_total q)" 1
+  grep -q "waiting for 1 running command" "$D/work.err" || fail "no note on stopping: $(cat "$D/work.err")"
+}
+
+t_work_ctrl_c_lets_commands_finish() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  # A terminal's Ctrl-C signals the whole foreground process group; setsid gives spool work
+  # a group of its own to stand in for it.
+  bg setsid "$SPOOL" work q -- sh -c 'echo started > st; sleep 1; echo finished > fin'
+  local pid=$BGPID
+  started() { [[ -s st ]]; }
+  wait_for 10 started
+  kill -INT -- "-$pid" || fail "kill the process group"
+  wait_exit "$pid" "spool work after SIGINT to its process group"
+  eq "command output" "$(cat fin 2>/dev/null)" finished
+  eq "acked_total" "$(stat_of acked_total q)" 1
+}
+
+t_work_second_signal_stops_commands() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  bg "$SPOOL" work q -- sh -c 'echo started > st; exec sleep 30' 2>"$D/work.err"
+  local pid=$BGPID
+  started() { [[ -s st ]]; }
+  wait_for 10 started
+  kill -TERM "$pid"
+  sleep 0.3
+  alive "$pid" || fail "spool work exited before its command finished"
+  stop_work "$pid" TERM
+  grep -q "second" "$D/work.err" || fail "no note of the second signal: $(cat "$D/work.err")"
+  eq "acked_total" "$(stat_of acked_total q)" 0
+  eq "in_flight" "$(stat_of in_flight q)" 0
+}
+
+t_work_sigkill_loses_nothing() {
+  "$SPOOL" init q --visibility 1s >/dev/null || fail "init"
+  seq 1 12 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  : >pids
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q -j 4 -- sh -c 'echo $$ >> pids; exec sleep 30'
+  local pid=$BGPID
+  four() { [[ $(stat_of in_flight q) == 4 && $(wc -l <pids) == 4 ]]; }
+  wait_for 10 four
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  # Its commands die with it (they would otherwise run on after their leases ran out).
+  local p i
+  for ((i = 0; i < 50; i++)); do
+    local any=0
+    for p in $(cat pids); do alive "$p" && any=1; done
+    ((any == 0)) && break
+    sleep 0.1
+  done
+  for p in $(cat pids); do alive "$p" && fail "command $p outlived the SIGKILLed spool work"; done
+  eq "messages lost" "$(($(stat_of ready q) + $(stat_of in_flight q)))" 12
+  : >ids
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q -j 4 -- sh -c 'echo $SPOOL_MESSAGE_ID >> ids'
+  pid=$BGPID
+  all() { [[ $(stat_of acked_total q) == 12 ]]; }
+  wait_for 15 all
+  stop_work "$pid" TERM
+  eq "distinct ids processed" "$(sort -u ids | wc -l)" 12
+  eq "ready" "$(stat_of ready q)" 0
+  eq "in_flight" "$(stat_of in_flight q)" 0
+}
+
+t_work_errors() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 1 "$SPOOL" work q -- /nonexistent/command
+  err_has "/nonexistent/command"
+  one_line_err
+  expect 1 "$SPOOL" work q -- no-such-command-spool-test
+  err_has "not found"
+}
+
+# ---------------------------------------------------------------- runner
+
+TESTS=(
+  t_help_and_version
+  t_usage_errors_exit_64
+  t_bad_durations_exit_64
+  t_bad_sizes_exit_64
+  t_init
+  t_not_a_queue_exit_1
+  t_send_recv_ack_text
+  t_recv_wait_long_poll
+  t_binary_roundtrip_plain
+  t_binary_roundtrip_json_base64
+  t_send_lines
+  t_too_large_exit_1
+  t_send_delay
+  t_lease_lost_exit_3
+  t_bad_receipts_exit_1
+  t_nack_and_nack_delay
+  t_extend_keeps_hidden
+  t_peek
+  t_purge
+  t_dlq_list_and_redrive
+  t_stats_json_fields
+  t_stats_recommended_workers
+  t_stats_prometheus
+  t_stats_watch_stops_on_sigint
+  t_work_1000_exactly_once
+  t_work_payload_and_environment
+  t_work_failure_nacks_with_backoff
+  t_work_renews_lease
+  t_work_max_runtime
+  t_work_sigterm_waits_for_commands
+  t_work_ctrl_c_lets_commands_finish
+  t_work_second_signal_stops_commands
+  t_work_sigkill_loses_nothing
+  t_work_errors
+)
+
+echo "1..${#TESTS[@]}"
+failed=0
+n=0
+for t in "${TESTS[@]}"; do
+  n=$((n + 1))
+  name=${t#t_}
+  D=$ROOT/$n-$name
+  mkdir -p "$D"
+  start=$SECONDS
+  (
+    trap kill_bg EXIT
+    cd "$D" || exit 1
+    "$t"
+  ) >"$ROOT/$n.log" 2>&1 </dev/null
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "ok $n - $name ($((SECONDS - start))s)"
+  else
+    failed=$((failed + 1))
+    echo "not ok $n - $name"
+    sed 's/^/# /' "$ROOT/$n.log"
+  fi
+done
+if ((failed > 0)); then
+  echo "# $failed of ${#TESTS[@]} tests failed"
+  exit 1
+fi
+exit 0

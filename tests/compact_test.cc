@@ -1,0 +1,257 @@
+// Compaction: disk reclaim, state kept across it, and crash safety under kill -9.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "spool/queue.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using test::TempDir;
+using namespace std::chrono_literals;
+
+class CompactTest : public ::testing::Test {
+ public:
+  std::string qdir() const { return dir_ / "q"; }
+  std::unique_ptr<Queue> open(uint64_t segment_size = 1 << 20, uint64_t max_payload = 4096) {
+    QueueOptions o;
+    o.segment_size = segment_size;
+    o.max_payload = max_payload;
+    o.max_receives = 0;  // nothing may move to the dead-letter queue in these tests
+    auto q = Queue::open(qdir(), o);
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+    return q.ok() ? std::move(q).value() : nullptr;
+  }
+  std::vector<std::string> segment_files() const {
+    std::vector<std::string> out;
+    for (auto& e : std::filesystem::directory_iterator(qdir() + "/segments")) out.push_back(e.path().filename());
+    return out;
+  }
+  TempDir dir_;
+};
+
+TEST_F(CompactTest, AckingAGibibyteLeavesAtMostOneSegment) {
+  constexpr uint64_t kSegment = 16 << 20;
+  auto q = open(kSegment, 64 << 10);
+  std::string body(64 << 10, 'x');
+  std::vector<std::string_view> batch(16, body);
+  for (int i = 0; i < 1024; ++i) ASSERT_TRUE(q->send_batch(batch).ok());  // 1 GiB
+  EXPECT_GE(q->stats()->segments, 60u);
+  for (;;) {
+    auto got = q->receive(256, 60s);
+    if (!got.ok()) {
+      ASSERT_EQ(got.status().code(), Code::kEmpty);
+      break;
+    }
+    for (auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+  }
+  ASSERT_TRUE(q->compact().ok());
+  auto st = q->stats();
+  EXPECT_EQ(st->segments, 1u);
+  EXPECT_LE(st->bytes_on_disk, kSegment);
+  EXPECT_EQ(st->acked_total, 16384u);
+  EXPECT_EQ(st->sent_total, 16384u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
+TEST_F(CompactTest, LiveMessagesKeepPayloadCountAndLeaseAcrossCompactionAndRebuild) {
+  std::map<uint64_t, std::string> live;
+  std::string held_receipt;
+  {
+    auto q = open(64 << 10);
+    for (int i = 0; i < 2000; ++i) {
+      std::string body = "message " + std::to_string(i) + std::string(1000, 'p');
+      auto id = q->send(body);
+      ASSERT_TRUE(id.ok());
+      live[*id] = body;
+    }
+    // Keep every 100th message: one stays leased, the others are nacked twice (count 2).
+    auto got = q->receive(5000, 60s);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->size(), 2000u);
+    for (auto& m : *got) {
+      if (m.id % 100 != 0) {
+        ASSERT_TRUE(q->ack(m.receipt).ok());
+        live.erase(m.id);
+      } else if (m.id == 100) {
+        held_receipt = m.receipt;
+      } else {
+        ASSERT_TRUE(q->nack(m.receipt).ok());
+      }
+    }
+    auto again = q->receive(100, 60s);
+    ASSERT_EQ(again->size(), 19u);
+    for (auto& m : *again) ASSERT_TRUE(q->nack(m.receipt).ok());
+    auto before = q->stats();
+    auto r = q->compact();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_GT(r->segments_removed, 10u);
+    EXPECT_LE(r->messages_copied, live.size()) << "only live messages are copied";
+    auto after = q->stats();
+    EXPECT_EQ(after->sent_total, before->sent_total);
+    EXPECT_EQ(after->acked_total, before->acked_total);
+    EXPECT_EQ(q->check_index(), "");
+  }
+  std::filesystem::remove(qdir() + "/index");  // rebuild from the compacted log alone
+  auto q = open(64 << 10);
+  auto st = q->stats();
+  EXPECT_EQ(st->sent_total, 2000u);
+  EXPECT_EQ(st->acked_total, 2000u - live.size());
+  EXPECT_EQ(st->in_flight, 1u) << "the lease survived";
+  auto all = q->peek(10000);
+  ASSERT_EQ(all->size(), live.size());
+  for (auto& m : *all) {
+    EXPECT_EQ(m.payload, live[m.id]);
+    EXPECT_EQ(m.receive_count, m.id == 100 ? 1u : 2u) << m.id;
+  }
+  EXPECT_TRUE(q->ack(held_receipt).ok()) << "a receipt from before compaction still works";
+}
+
+TEST_F(CompactTest, PurgedMessagesStayPurgedAfterTheirPurgeRecordIsCompacted) {
+  {
+    auto q = open(64 << 10);
+    for (int i = 0; i < 1000; ++i) ASSERT_TRUE(q->send(std::string(200, 'a')).ok());
+    ASSERT_TRUE(q->purge().ok());
+    for (int i = 0; i < 1000; ++i) ASSERT_TRUE(q->send(std::string(200, 'b')).ok());
+    ASSERT_TRUE(q->compact().ok());
+  }
+  std::filesystem::remove(qdir() + "/index");
+  auto q = open(64 << 10);
+  auto all = q->peek(5000);
+  ASSERT_EQ(all->size(), 1000u);
+  for (auto& m : *all) EXPECT_EQ(m.payload[0], 'b');
+}
+
+// ---- kill -9 during compaction with producers and consumers running ------------------
+
+pid_t spawn(const std::function<int()>& child) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::_exit(child());
+  }
+  return pid;
+}
+
+// A child that sends, receives, acks and compacts, journaling each call that returned:
+// "S id" after a send, "a id" before and "A id" after an ack. Killed at a random moment or at a crash point.
+int churn(const std::string& qdir, const std::string& journal, uint32_t seed) {
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  o.max_payload = 4096;
+  o.max_receives = 0;
+  auto q = Queue::open(qdir, o);
+  if (!q.ok()) return 1;
+  FILE* j = std::fopen(journal.c_str(), "a");
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 400; ++i) {
+    int op = static_cast<int>(rng() % 10);
+    if (op < 5) {
+      auto id = (*q)->send(std::string(100 + rng() % 1500, 'm'));
+      if (!id.ok()) return 2;
+      std::fprintf(j, "S %lu\n", *id);
+    } else if (op < 9) {
+      auto got = (*q)->receive(8, 50ms);
+      if (!got.ok()) continue;
+      for (auto& m : *got) {
+        if (rng() % 4 == 0) continue;  // leave some leased: they must come back
+        // "a": about to ack (it may take effect even if we die before saying so).
+        std::fprintf(j, "a %lu\n", m.id);
+        std::fflush(j);
+        if (!(*q)->ack(m.receipt).ok()) continue;
+        std::fprintf(j, "A %lu\n", m.id);
+        std::fflush(j);
+      }
+    } else {
+      (void)(*q)->compact();
+    }
+    std::fflush(j);
+  }
+  std::fclose(j);
+  return 0;
+}
+
+TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
+  const char* points[] = {"compact.after_copy", "compact.after_sync", "compact.after_checkpoint",
+                          "compact.after_unlink", ""};
+  std::string journal = dir_ / "journal";
+  std::mt19937 rng(12345);
+  std::set<uint64_t> sent, acked, maybe_acked;
+  std::map<uint64_t, uint64_t> sent_round;
+  constexpr int kRounds = 200;
+  for (int round = 0; round < kRounds; ++round) {
+    const char* point = points[round % 5];
+    int nth = 1 + static_cast<int>(rng() % 3);
+    uint32_t seed = static_cast<uint32_t>(rng());
+    { std::ofstream(journal, std::ios::app) << "R " << round << "\n"; }
+    pid_t other = spawn([&] { return churn(qdir(), journal + ".other", seed ^ 0x5555); });
+    pid_t victim = spawn([&] {
+      if (*point) ::setenv("SPOOL_CRASHPOINT", (std::string(point) + ":" + std::to_string(nth)).c_str(), 1);
+      return churn(qdir(), journal, seed);
+    });
+    // Crash points kill the victim themselves; the rest die at a random moment.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
+    if (!*point) ::kill(victim, SIGKILL);
+    int st = 0;
+    ::waitpid(victim, &st, 0);
+    ::kill(other, SIGKILL);
+    ::waitpid(other, &st, 0);
+    if (round % 50 == 49) std::filesystem::remove(qdir() + "/index");  // also test the rebuild
+  }
+  for (const std::string& f : {journal, journal + ".other"}) {
+    std::ifstream in(f);
+    char kind;
+    uint64_t id;
+    uint64_t round = 0;
+    while (in >> kind >> id) {
+      if (kind == 'R') round = id;
+      if (kind == 'S') sent.insert(id);
+      if (kind == 'A') acked.insert(id);
+      if (kind == 'a') maybe_acked.insert(id);
+      if (kind == 'S') sent_round[id] = round;
+    }
+  }
+  auto q = open(64 << 10);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->check_index(), "");
+  std::set<uint64_t> present;
+  auto all = q->peek(1000000);
+  ASSERT_TRUE(all.ok());
+  for (auto& m : *all) present.insert(m.id);
+  size_t lost = 0, resurrected = 0;
+  for (uint64_t id : sent)
+    if (!maybe_acked.count(id) && !present.count(id)) {
+      if (++lost < 10) ADD_FAILURE() << "lost message " << id << " sent in round " << sent_round[id];
+    }
+  for (uint64_t id : acked)
+    if (present.count(id)) ++resurrected;
+  EXPECT_GT(sent.size(), 1000u) << "the children must have done real work";
+  EXPECT_EQ(lost, 0u) << "every send that returned and was not acked is still queued";
+  EXPECT_EQ(resurrected, 0u) << "no ack that returned is undone";
+  // No orphans: no temp files, and the segments left form one contiguous run.
+  std::vector<uint64_t> seqs;
+  for (auto& name : segment_files()) {
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+    seqs.push_back(std::stoull(name.substr(0, 20)));
+  }
+  std::sort(seqs.begin(), seqs.end());
+  ASSERT_FALSE(seqs.empty());
+  EXPECT_EQ(seqs.back() - seqs.front() + 1, seqs.size()) << "a gap in the segment files";
+  ASSERT_TRUE(q->compact().ok());
+  EXPECT_LE(q->stats()->segments, 1u + (present.size() * 1700) / (64 << 10) + 1);
+}
+
+}  // namespace
+}  // namespace spool
