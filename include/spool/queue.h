@@ -74,6 +74,15 @@ struct CompactResult {
   uint64_t bytes_freed = 0;      // disk space of the removed segment files
 };
 
+struct VerifyReport {
+  uint64_t segments = 0;   // segment files checked
+  uint64_t records = 0;    // valid records read
+  uint64_t messages = 0;   // live messages per the log
+  std::vector<std::string> problems;  // each names the file and offset, or the message
+  std::vector<std::string> repairs;   // what repair did
+  bool ok() const { return problems.empty(); }
+};
+
 class Queue {
  public:
   // Opens the queue in `dir`, creating it if allowed (its dead-letter queue, dir/dlq, is
@@ -119,6 +128,13 @@ class Queue {
   // caller waits). Compaction also runs on its own, from whichever process rolls the log
   // to a new segment, when the oldest segments hold mostly acked data (docs/compaction.md).
   Result<CompactResult> compact();
+
+  // fsck: checks every segment (headers, checksums, sequence), replays the log into a
+  // private index and compares it with the shared one, and recounts the counters. With
+  // `repair`, rebuilds the shared index from the log if they disagree (records lost to
+  // corruption cannot be brought back; they are reported). Holds the index lock while it
+  // compares, so other processes pause for a moment on a large queue.
+  Result<VerifyReport> verify(bool repair);
 
   // The dead-letter queue (a queue of its own, in dir/dlq, that never dead-letters).
   Result<Queue*> dead_letters();

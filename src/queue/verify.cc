@@ -1,0 +1,94 @@
+// verify: the queue's fsck. The log is the truth, so checking means replaying it into a
+// private index and holding the shared one against it.
+#include <set>
+
+#include "queue/queue_impl.h"
+
+namespace spool {
+
+Result<VerifyReport> Queue::verify(bool repair) {
+  Impl& q = *impl_;
+  VerifyReport rep;
+  auto seqs = q.log->segments();
+  if (!seqs.ok()) return seqs.status();
+  rep.segments = seqs->size();
+  for (size_t i = 0; i < seqs->size(); ++i) {
+    uint64_t seq = (*seqs)[i];
+    if (i > 0 && seq != (*seqs)[i - 1] + 1) {
+      rep.problems.push_back("segments " + std::to_string((*seqs)[i - 1] + 1) + ".." +
+                             std::to_string(seq - 1) + " are missing from " + q.log->dir());
+    }
+    auto seg = q.log->segment(seq);
+    if (!seg.ok()) {
+      rep.problems.push_back(seg.status().message());
+      continue;
+    }
+    auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {});
+    rep.records += scan.records;
+    for (const auto& c : scan.corrupt) {
+      rep.problems.push_back(q.log->segment_path(seq) + ": " + std::to_string(c.length) +
+                             " corrupt bytes at offset " + std::to_string(c.offset));
+    }
+  }
+  if (!rep.problems.empty() && !repair) {
+    // Replaying still tells what the index disagrees with; go on.
+  }
+
+  index::SharedIndex truth;
+  if (Status s = truth.attach("", true, true); !s.ok()) return s;
+  auto held = q.lock();
+  if (!held.ok()) return held.status();
+  if (Status s = q.replay(truth); !s.ok()) return s;
+  auto& t = truth.hdr();
+  auto& h = q.idx.hdr();
+  rep.messages = t.count;
+
+  size_t index_problems = 0;
+  auto problem = [&](std::string p) {
+    ++index_problems;
+    if (index_problems <= 20) rep.problems.push_back("index: " + std::move(p));
+  };
+  if (std::string inv = q.idx.check_invariants(); !inv.empty()) problem("broken invariant " + inv);
+  q.idx.for_each_entry([&](uint32_t, const Entry& e) {
+    int64_t ts = truth.find(e.id);
+    if (ts < 0) {
+      problem("message " + std::to_string(e.id) + " is not in the log (acked or never sent)");
+      return;
+    }
+    const Entry& te = truth.entry(static_cast<uint32_t>(ts));
+    if (te.count != e.count) {
+      problem("message " + std::to_string(e.id) + " has receive count " + std::to_string(e.count) +
+              ", the log says " + std::to_string(te.count));
+    }
+    if (te.state != e.state) problem("message " + std::to_string(e.id) + " has the wrong state");
+    std::shared_ptr<storage::Segment> keep;
+    auto rec = q.log->read(Pos::unpack(e.loc), &keep);
+    if (!rec.ok() || rec->id != e.id || rec->payload.size() != e.len) {
+      problem("message " + std::to_string(e.id) + " points at a wrong or unreadable record");
+    }
+  });
+  truth.for_each_entry([&](uint32_t, const Entry& e) {
+    if (q.idx.find(e.id) < 0) problem("message " + std::to_string(e.id) + " is in the log but not in the index");
+  });
+  auto counter = [&](const char* name, uint64_t have, uint64_t want) {
+    if (have != want) problem(std::string(name) + " is " + std::to_string(have) + ", a recount gives " + std::to_string(want));
+  };
+  counter("depth", h.count, t.count);
+  counter("leased", h.leased, t.leased);
+  counter("sent total", h.sent_total, t.sent_total);
+  counter("acked total", h.acked_total, t.acked_total);
+  counter("dead-lettered total", h.dead_total, t.dead_total);
+  if (h.next_id < t.next_id) problem("next id " + std::to_string(h.next_id) + " would reuse ids up to " + std::to_string(t.next_id - 1));
+  if (index_problems > 20) rep.problems.push_back("index: ... and " + std::to_string(index_problems - 20) + " more");
+
+  if (repair && index_problems > 0) {
+    if (Status s = q.rebuild(); !s.ok()) return s;
+    rep.repairs.push_back("rebuilt the shared index from the log (" + std::to_string(index_problems) +
+                          " disagreements)");
+    // What is left are problems of the log itself, which the rebuilt index now reflects.
+    std::erase_if(rep.problems, [](const std::string& p) { return p.starts_with("index: "); });
+  }
+  return rep;
+}
+
+}  // namespace spool
