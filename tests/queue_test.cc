@@ -217,6 +217,26 @@ TEST_F(QueueTest, PurgeRemovesEverythingDurably) {
   EXPECT_EQ(all->at(0).payload, "after");
 }
 
+TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
+  auto q = open();
+  auto ids = q->send_batch(std::vector<std::string_view>{"a", "b", "c"});
+  ASSERT_TRUE(ids.ok());
+  auto m = q->receive_id(ids->at(1), 10s);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->payload, "b");
+  EXPECT_EQ(m->receive_count, 1u);
+  EXPECT_EQ(q->receive_id(ids->at(1)).status().code(), Code::kEmpty) << "leased";
+  EXPECT_EQ(q->receive_id(999).status().code(), Code::kNotFound);
+  auto ready = q->list(10, true);
+  ASSERT_TRUE(ready.ok());
+  ASSERT_EQ(ready->size(), 2u);
+  EXPECT_EQ(ready->at(0).id, ids->at(0));
+  EXPECT_EQ(ready->at(1).id, ids->at(2));
+  EXPECT_EQ(q->list(10, false)->size(), 3u);
+  ASSERT_TRUE(q->ack(m->receipt).ok());
+  EXPECT_EQ(q->receive_id(ids->at(1)).status().code(), Code::kNotFound);
+}
+
 TEST_F(QueueTest, BadInputGetsClearErrors) {
   QueueOptions o;
   o.max_payload = 1000;

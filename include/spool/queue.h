@@ -51,6 +51,14 @@ struct Message {
   std::string receipt;  // names this delivery's lease; empty for peek()
 };
 
+// What list() tells about a message without reading its payload.
+struct MessageInfo {
+  uint64_t id = 0;
+  uint32_t size = 0;           // payload bytes
+  uint32_t receive_count = 0;
+  bool ready = false;          // receivable now (not leased, not delayed)
+};
+
 struct Stats {
   uint64_t ready = 0;      // receivable now (including expired leases)
   uint64_t in_flight = 0;  // leased and not yet expired
@@ -106,6 +114,11 @@ class Queue {
   Result<std::vector<Message>> receive(size_t max = 1, Millis visibility = Millis{0},
                                        Millis wait = Millis{0});
 
+  // Leases the message `id` if it is receivable now: kNotFound if it is gone (or was just
+  // dead-lettered), kEmpty if it is leased or delayed. For faces that name messages, like
+  // the filesystem view.
+  Result<Message> receive_id(uint64_t id, Millis visibility = Millis{0});
+
   // Deletes the message. kLeaseLost if the lease expired and the message was received
   // again (the receipt is stale: nothing changes); kNotFound if it is already gone.
   Status ack(std::string_view receipt);
@@ -114,6 +127,9 @@ class Queue {
   // Renews the lease to end `visibility` from now. Same errors as ack.
   Status extend(std::string_view receipt, Millis visibility);
 
+  // Up to `max` messages in id order, without payloads; only receivable ones with
+  // `ready_only`.
+  Result<std::vector<MessageInfo>> list(size_t max, bool ready_only);
   // Up to `max` messages in id order without receiving them (no receipts).
   Result<std::vector<Message>> peek(size_t max);
   // Removes every message; returns how many.

@@ -242,51 +242,12 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
       if (!held.ok()) return held.status();
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now;
-      std::vector<uint32_t> slots;
       while (out.size() < max && !q.idx.heap_empty() && q.idx.heap_top().key <= now.boot) {
-        uint32_t slot = q.idx.heap_top().slot;
-        Entry& e = q.idx.entry(slot);
-        auto msg = q.load(e);
-        bool poison = q.cfg.opts.max_receives != 0 && e.count >= q.cfg.opts.max_receives;
-        if (poison || !msg.ok()) {
-          std::string body = msg.ok() ? std::move(msg->payload)
-                                      : "spool: message " + std::to_string(e.id) +
-                                            " could not be read: " + msg.status().to_string();
-          if (!msg.ok()) spool::log().error("spool: {}: {}", q.dir, body);
-          auto dlq = q.dead_letters();
-          if (!dlq.ok()) return dlq.status();
-          if (auto sent = (*dlq)->send(body); !sent.ok()) return sent.status();
-          Record dead{RecordType::kDead, e.count, e.id, 0, 0, {}};
-          auto at = q.append(std::span(&dead, 1));
-          if (!at.ok()) return at.status();
-          if (e.state == State::kLeased) --h.leased;
-          h.bytes_live -= e.len;
-          ++h.dead_total;
-          q.idx.erase(slot);
-          end = h.log_end;
-          continue;
-        }
-        // Lease it now (the record is written below, in one batch with the others).
-        if (e.state != State::kLeased) ++h.leased;
-        e.state = State::kLeased;
-        ++e.count;
-        q.idx.set_key(slot, now.boot + vis);
-        msg->receive_count = e.count;
-        msg->receipt = q.receipt(e.id, e.count);
-        out.push_back(std::move(*msg));
-        slots.push_back(slot);
+        auto taken = q.take(q.idx.heap_top().slot, now, vis, &end);
+        if (!taken.ok()) return taken.status();
+        if (*taken) out.push_back(std::move(**taken));
       }
-      if (!out.empty()) {
-        std::vector<Record> recs;
-        for (const auto& m : out) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
-        auto at = q.append(recs);
-        if (!at.ok()) {
-          // The leases are not in the log: undo them in the index (rebuild = log's truth).
-          (void)q.rebuild();
-          return at.status();
-        }
-        end = h.log_end;
-      }
+      if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
       if (!q.idx.heap_empty()) next_key = q.idx.heap_top().key;
     }
     if (end != 0) {
@@ -302,6 +263,54 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
     sys::futex_wait(&h.wake_seq, seen, slice);
     h.waiters.fetch_sub(1);
   }
+}
+
+Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
+  uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  uint64_t end = 0;
+  std::vector<Message> out;
+  {
+    auto held = q.lock();
+    if (!held.ok()) return held.status();
+    int64_t slot = q.idx.find(id);
+    if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
+    Clocks now;
+    const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+    if (q.idx.heap_begin()[e.heap_pos].key > now.boot) {
+      return Status(Code::kEmpty, "message " + std::to_string(id) +
+                                      (e.state == State::kLeased ? " is leased" : " is delayed"));
+    }
+    auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end);
+    if (!taken.ok()) return taken.status();
+    if (!*taken) {
+      (void)q.written(end);
+      return Status(Code::kNotFound, "message " + std::to_string(id) + " went to the dead-letter queue");
+    }
+    out.push_back(std::move(**taken));
+    if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
+  }
+  if (Status s = q.written(end); !s.ok()) return s;
+  return std::move(out.front());
+}
+
+Result<std::vector<MessageInfo>> Queue::list(size_t max, bool ready_only) {
+  Impl& q = *impl_;
+  auto held = q.lock();
+  if (!held.ok()) return held.status();
+  uint64_t now = sys::boot_ns();
+  std::vector<MessageInfo> all;
+  q.idx.for_each_entry([&](uint32_t, const Entry& e) {
+    bool ready = q.idx.heap_begin()[e.heap_pos].key <= now;
+    if (ready || !ready_only) all.push_back(MessageInfo{e.id, e.len, e.count, ready});
+  });
+  size_t n = std::min(max, all.size());
+  std::partial_sort(all.begin(), all.begin() + static_cast<ptrdiff_t>(n), all.end(),
+                    [](const MessageInfo& a, const MessageInfo& b) { return a.id < b.id; });
+  all.resize(n);
+  return all;
 }
 
 namespace {

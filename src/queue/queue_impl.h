@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include "index/index.h"
 #include "logging.h"
@@ -413,6 +414,56 @@ struct Queue::Impl {
   std::atomic<uint64_t> seen_seq{0};
   std::atomic<bool> seen_seq_initialised{false};
   uint64_t forgotten_through = 0;  // segments <= this dropped from the log's cache
+
+  // Takes the receivable message in `slot` (lock held). A message past max_receives, or
+  // one whose record cannot be read, goes to the dead-letter queue (nullopt); otherwise it
+  // is leased in the index and returned, and the caller logs the lease with log_leases().
+  Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end) {
+    auto& h = idx.hdr();
+    Entry& e = idx.entry(slot);
+    auto msg = load(e);
+    bool poison = cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives;
+    if (poison || !msg.ok()) {
+      std::string body = msg.ok() ? std::move(msg->payload)
+                                  : "spool: message " + std::to_string(e.id) +
+                                        " could not be read: " + msg.status().to_string();
+      if (!msg.ok()) spool::log().error("spool: {}: {}", dir, body);
+      auto dead_q = dead_letters();
+      if (!dead_q.ok()) return dead_q.status();
+      if (auto sent = (*dead_q)->send(body); !sent.ok()) return sent.status();
+      Record dead{RecordType::kDead, e.count, e.id, 0, 0, {}};
+      auto at = append(std::span(&dead, 1));
+      if (!at.ok()) return at.status();
+      if (e.state == State::kLeased) --h.leased;
+      h.bytes_live -= e.len;
+      ++h.dead_total;
+      idx.erase(slot);
+      *end = h.log_end;
+      return std::optional<Message>();
+    }
+    if (e.state != State::kLeased) ++h.leased;
+    e.state = State::kLeased;
+    ++e.count;
+    idx.set_key(slot, now.boot + vis);
+    msg->receive_count = e.count;
+    msg->receipt = receipt(e.id, e.count);
+    return std::optional<Message>(std::move(*msg));
+  }
+
+  // Writes the LEASE records of messages just taken, in one batch (lock held). If the
+  // write fails the index is rebuilt from the log, which undoes the leases.
+  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end) {
+    if (taken.empty()) return {};
+    std::vector<Record> recs;
+    for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
+    auto at = append(recs);
+    if (!at.ok()) {
+      (void)rebuild();
+      return at.status();
+    }
+    *end = idx.hdr().log_end;
+    return {};
+  }
 
   Result<Queue*> dead_letters() {
     std::lock_guard lock(dlq_mu);
