@@ -22,3 +22,13 @@ TempDir::~TempDir() {
 }
 
 }  // namespace spool::test
+
+namespace spool::test {
+
+double scale() {
+  const char* s = std::getenv("SPOOL_TEST_SCALE");
+  double v = s != nullptr ? std::atof(s) : 1.0;
+  return v > 0 ? v : 1.0;
+}
+
+}  // namespace spool::test
