@@ -252,6 +252,8 @@ TEST_F(QueueTest, BadInputGetsClearErrors) {
   auto nq = Queue::open(dir_ / "notq");
   EXPECT_EQ(nq.status().code(), Code::kNotAQueue);
   EXPECT_TRUE(std::filesystem::exists(dir_ / "notq/file.txt")) << "nothing of the user's is touched";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_ / "notq"), {}), 1)
+      << "and nothing is left behind";
   std::ofstream(dir_ / "plainfile") << "x";
   EXPECT_EQ(Queue::open(dir_ / "plainfile").status().code(), Code::kNotAQueue);
   QueueOptions none;

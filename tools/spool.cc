@@ -3,11 +3,15 @@
 //
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
 // receipt); 64 usage error; 1 any other error.
+#include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -44,11 +48,27 @@ uint64_t size_arg(const std::string& flag, const std::string& text) {
   return *s;
 }
 
+// What to suggest for a path that is not a queue: `spool init` only works on a new or empty
+// directory (one holding just what a failed open leaves behind: gate, lock).
+std::string init_hint(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "; create it with: spool init " + dir;
+  if (!S_ISDIR(st.st_mode)) return "; it is a file: spool init needs a new or empty directory";
+  bool foreign = false;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && name != "gate" && name != "lock") foreign = true;
+    }
+    ::closedir(d);
+  }
+  if (foreign) return "; it holds other files: spool init needs a new or empty directory";
+  return "; create it with: spool init " + dir;
+}
+
 int fail(const Status& s, const std::string& dir = "") {
   std::string msg = s.message();
-  if (s.code() == Code::kNotAQueue && !dir.empty()) {
-    msg += "; create it with: spool init " + dir;
-  }
+  if (s.code() == Code::kNotAQueue && !dir.empty()) msg += init_hint(dir);
   if (s.code() == Code::kLeaseLost) {
     std::fprintf(stderr, "spool: %s\n", msg.c_str());
     return kExitLeaseLost;
@@ -73,12 +93,24 @@ std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err) {
   return std::move(q).value();
 }
 
-std::string read_all(FILE* f) {
+// All of `f`; a read error (stdin is a directory, EIO) is an error, not a short message.
+Result<std::string> read_all(FILE* f) {
   std::string s;
   char buf[65536];
   size_t n;
   while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  if (std::ferror(f)) return errno_status(errno, "read stdin");
   return s;
+}
+
+// Flushes stdout; false (errno set to the first failure's) if anything written to it was
+// lost (disk full, EIO).
+bool stdout_ok() {
+  static int first_errno = 0;
+  if (std::fflush(stdout) != 0 && first_errno == 0) first_errno = errno != 0 ? errno : EIO;
+  if (std::ferror(stdout) && first_errno == 0) first_errno = EIO;
+  errno = first_errno;
+  return first_errno == 0;
 }
 
 volatile sig_atomic_t g_interrupted = 0;
@@ -90,7 +122,8 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
       std::printf("%s\n", cli::message_json(m).dump().c_str());
     } else if (receipts) {
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
-      std::fflush(stdout);
+      // No receipt for a payload that did not get through (recv then returns it and fails).
+      if (!stdout_ok()) return;
       std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
     } else {
       std::printf("--- message %lu (received %u times, enqueued %s, %zu bytes)\n", m.id,
@@ -117,7 +150,18 @@ Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 u
 
 }  // namespace
 
+static int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
+  int rc = run(argc, argv);
+  if (rc == 0 && !stdout_ok()) {
+    std::fprintf(stderr, "spool: writing output failed: %s\n", std::strerror(errno));
+    rc = kExitError;
+  }
+  return rc;
+}
+
+static int run(int argc, char** argv) {
   CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
   app.require_subcommand(1);
   app.footer(kExamples);
@@ -199,6 +243,17 @@ int main(int argc, char** argv) {
   stats->add_option("--rate", rate, "Messages per second one worker handles (for recommended_workers)");
   stats->add_option("--target", target, "Latency target for the backlog (for recommended_workers)");
 
+  bool repair = false;
+  auto* compact = app.add_subcommand("compact", "Reclaim the disk of acked messages now");
+  dir_opt(compact);
+  compact->add_flag("--json", json, "Print the result as JSON");
+
+  auto* verify = app.add_subcommand("verify", "Check segments, index and counters (fsck)");
+  dir_opt(verify);
+  verify->add_flag("--repair", repair, "Rebuild the index from the log if they disagree");
+  verify->add_flag("--json", json, "Print the report as JSON");
+  verify->footer("Exit code 0 when the queue is sound (after --repair, if given), 1 when problems remain.");
+
   auto* work = app.add_subcommand("work", "Run CMD once per message, payload on stdin");
   dir_opt(work);
   work->add_option("-j", jobs, "Run up to N commands at once (default 1)")->check(CLI::Range(size_t{1}, size_t{1024}));
@@ -207,14 +262,34 @@ int main(int argc, char** argv) {
   work->add_option("CMD", command, "Command and arguments, after --")->required();
   work->footer("CMD gets SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
                "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m).\n"
-               "SIGTERM/SIGINT: stop taking messages, wait for running commands.\n"
+               "SIGTERM/SIGINT: stop taking messages, wait for running commands; a second signal\n"
+               "stops them too (SIGTERM, SIGKILL 5s later) and nacks their messages.\n"
                "Example: spool work /var/spool/jobs -j 4 -- sh -c 'convert - out/$SPOOL_MESSAGE_ID.png'");
 
+  // An unknown command is named (CLI11 would only say that a subcommand is required).
+  bool known_command = true;
+  if (argc > 1 && argv[1][0] != '-') {
+    try {
+      app.get_subcommand(argv[1]);
+    } catch (const CLI::OptionNotFound&) {
+      known_command = false;
+    }
+  }
+  if (!known_command) {
+    std::string names;
+    for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    std::fprintf(stderr, "spool: unknown command '%s' (commands: %s; run 'spool --help')\n", argv[1], names.c_str());
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "spool: %s\nRun 'spool --help' for usage.\n", e.what());
+    std::string help = "spool --help";
+    for (auto* sub : app.get_subcommands()) help = "spool " + sub->get_name() + " --help";
+    std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", e.what(), help.c_str());
     return kExitUsage;
   }
 
@@ -235,7 +310,11 @@ int main(int argc, char** argv) {
         return kExitError;
       }
       auto q = Queue::open(dir, o);
-      if (!q.ok()) return fail(q.status(), "");
+      if (!q.ok()) {
+        // The library rejects out-of-range settings (segment size, max payload) this way.
+        if (q.status().code() == Code::kInvalidArgument) throw UsageError{q.status().message()};
+        return fail(q.status(), "");
+      }
       return 0;
     }
     if (*send) {
@@ -244,7 +323,9 @@ int main(int argc, char** argv) {
       if (!q) return fail(err, dir);
       std::vector<std::string> bodies = messages;
       if (bodies.empty()) {
-        std::string in = read_all(stdin);
+        auto read = read_all(stdin);
+        if (!read.ok()) return fail(read.status());
+        std::string in = std::move(read).value();
         if (!lines) {
           bodies.push_back(std::move(in));
         } else {
@@ -276,6 +357,15 @@ int main(int argc, char** argv) {
       auto msgs = q->receive(n, vis, w);
       if (!msgs.ok()) return fail(msgs.status(), dir);
       print_messages(*msgs, json, true);
+      if (!stdout_ok()) {
+        // The payload did not reach its destination: give the messages back at once rather
+        // than exit 0 and let a script ack what it never got.
+        int write_errno = errno;
+        for (const auto& m : *msgs) (void)q->nack(m.receipt);
+        std::fprintf(stderr, "spool: writing the payload failed: %s; the message was returned to the queue\n",
+                     std::strerror(write_errno));
+        return kExitError;
+      }
       return 0;
     }
     if (*ack) {
@@ -373,10 +463,41 @@ int main(int argc, char** argv) {
         }
         if (watch && tty) std::fputs("\033[H\033[2J", stdout);
         std::fputs(out.c_str(), stdout);
-        std::fflush(stdout);
+        if (!stdout_ok()) break;  // reported by main()
         for (int i = 0; watch && i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
       } while (watch && !g_interrupted);
       return 0;
+    }
+    if (*compact) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto r = q->compact();
+      if (!r.ok()) return fail(r.status(), dir);
+      if (json) {
+        std::printf("{\"segments_removed\":%lu,\"messages_copied\":%lu,\"bytes_freed\":%lu}\n",
+                    r->segments_removed, r->messages_copied, r->bytes_freed);
+      } else {
+        std::printf("removed %lu segments (%.1f MiB), copied %lu live messages\n", r->segments_removed,
+                    static_cast<double>(r->bytes_freed) / (1 << 20), r->messages_copied);
+      }
+      return 0;
+    }
+    if (*verify) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto r = q->verify(repair);
+      if (!r.ok()) return fail(r.status(), dir);
+      if (json) {
+        nlohmann::json j{{"ok", r->ok()}, {"segments", r->segments}, {"records", r->records},
+                         {"messages", r->messages}, {"problems", r->problems}, {"repairs", r->repairs}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        for (const auto& p : r->problems) std::printf("problem: %s\n", p.c_str());
+        for (const auto& p : r->repairs) std::printf("repaired: %s\n", p.c_str());
+        std::printf("%s: %lu segments, %lu records, %lu messages%s\n", dir.c_str(), r->segments, r->records,
+                    r->messages, r->ok() ? ", ok" : "");
+      }
+      return r->ok() ? 0 : kExitError;
     }
     if (*work) {
       cli::WorkOptions o;

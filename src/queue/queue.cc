@@ -78,6 +78,16 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
   impl->read_only = ::access(dir.c_str(), W_OK) != 0;
 
+  // Leave nothing behind in a directory that is not a queue and will not become one.
+  bool configured = ::access((dir + "/spool.conf").c_str(), F_OK) == 0;
+  if (!configured && (!opts.create || impl->read_only)) {
+    return Status(Code::kNotAQueue, dir + ": not a spool queue (no spool.conf)");
+  }
+  if (!configured && has_foreign_files(dir)) {
+    return Status(Code::kNotAQueue, dir + " holds other files and is not a spool queue; "
+                                          "use an empty or new directory");
+  }
+
   // The gate serialises attach/detach decisions; see "First opener" in docs/durability.md.
   if (!impl->read_only) {
     impl->gate_fd = ::open((dir + "/gate").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);

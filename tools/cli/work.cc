@@ -25,7 +25,11 @@ namespace spool::cli {
 namespace {
 
 std::atomic<bool> g_stop{false};
-void on_stop(int) { g_stop = true; }
+std::atomic<bool> g_force{false};  // a second SIGTERM/SIGINT: stop running commands too
+void on_stop(int) {
+  if (g_stop) g_force = true;
+  g_stop = true;
+}
 
 // Resolves argv[0] through PATH in the parent: the forked child then only calls
 // async-signal-safe functions before execve.
@@ -85,6 +89,10 @@ class Runner {
         });
       }
     }
+    if (running_ > 0 && g_stop) {
+      std::fprintf(stderr, "spool work: stopping; waiting for %zu running command(s) (signal again to stop them)\n",
+                   running_.load());
+    }
     reap(true);
     return failed_ ? 1 : 0;
   }
@@ -139,11 +147,20 @@ class Runner {
       // A command must not outlive its worker: its lease would run out and a second worker
       // would run the same message while the first copy still ran.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // Its own process group: a Ctrl-C in the terminal (SIGINT to the foreground group)
+      // then reaches only `spool work`, which stops taking messages and lets the command
+      // finish, instead of killing every running command.
+      ::setpgid(0, 0);
+      // spool work ignores SIGPIPE; an ignored disposition would survive execve.
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGPIPE, &dfl, nullptr);
       ::dup2(fds[0], 0);
       ::execve(exe_.c_str(), argv.data(), envp.data());
       ::_exit(127);
     }
     ::close(fds[0]);
+    if (pid > 0) ::setpgid(pid, pid);  // also here, so no terminal signal slips in before the child's
     if (pid < 0) {
       ::close(fds[1]);
       *why = std::string("fork: ") + std::strerror(errno);
@@ -164,18 +181,30 @@ class Runner {
       ::close(fds[1]);
     });
     auto start = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point term_at;
     bool term_sent = false, kill_sent = false;
+    const char* stopped_why = nullptr;
     int st = 0;
     for (;;) {
       pid_t r = ::waitpid(pid, &st, WNOHANG);
       if (r == pid) break;
-      if (r < 0 && errno != EINTR) break;
-      auto ran = std::chrono::steady_clock::now() - start;
-      if (opts_.max_runtime && ran > *opts_.max_runtime && !term_sent) {
+      if (r < 0 && errno != EINTR) {
+        *why = std::string("waitpid: ") + std::strerror(errno);
+        writer.join();
+        return -1;
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (!term_sent && opts_.max_runtime && now - start > *opts_.max_runtime) {
+        stopped_why = "stopped after exceeding --max-runtime";
+      } else if (!term_sent && g_force) {
+        stopped_why = "stopped by a second SIGTERM/SIGINT";
+      }
+      if (!term_sent && stopped_why != nullptr) {
         ::kill(pid, SIGTERM);
         term_sent = true;
+        term_at = now;
       }
-      if (term_sent && !kill_sent && ran > *opts_.max_runtime + std::chrono::seconds(5)) {
+      if (term_sent && !kill_sent && now - term_at > std::chrono::seconds(5)) {
         ::kill(pid, SIGKILL);
         kill_sent = true;
       }
@@ -183,7 +212,7 @@ class Runner {
     }
     writer.join();
     if (term_sent) {
-      *why = "stopped after exceeding --max-runtime";
+      *why = stopped_why;
       return -1;
     }
     if (WIFEXITED(st)) {
