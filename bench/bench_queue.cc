@@ -14,17 +14,19 @@
 //  3. Index and log bytes per queued message at 1M (and, with --big, 10M) messages of
 //     100 B, sent with send_batch(1000) under sync=never.
 //  4. Receive throughput (receive(64) + ack, one consumer, sync=never) at a backlog of 1k
-//     vs the 1M (10M) queue of 3, plus the time of stats() / peek(10) / a full index rebuild
-//     at that backlog (both walk the whole index under the lock).
+//     vs the 1M (10M) queue of 3, plus the time of stats() and peek(10) at that backlog (each
+//     walks the whole index under the lock) and of an open that rebuilds the index from the log.
 //
 // Usage: bench_queue [--big] [--only=e2e,latency,index] [--sync=always|interval|never]
 //                    [--consumers=1|2] [--scale=F]
 // Files go to a fresh directory under /var/tmp (SPOOL_BENCH_DIR overrides), which must be a
-// disk: on tmpfs fdatasync is free and the sync rows mean nothing. It is removed at the end.
+// disk: on tmpfs fdatasync is free and the sync rows mean nothing. It is removed at the end
+// (not when the run is interrupted: remove /var/tmp/spool-bench-queue-* by hand then).
 // SPOOL_IO=pwrite selects the pwrite backend (in every child, since they inherit the
 // environment).
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -72,11 +74,14 @@ constexpr int kLatencyWarmup = 20;
 constexpr int kLatencySamples = 500;
 constexpr size_t kMaxSamples = 1024;
 
-uint64_t mono_ns() {
+uint64_t clock_ns(clockid_t c) {
   timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  ::clock_gettime(c, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
+uint64_t mono_ns() { return clock_ns(CLOCK_MONOTONIC); }
+// CPU time of this process (all threads): robust against other load on the machine.
+uint64_t cpu_ns() { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
 
 const char* policy_name(SyncPolicy p) {
   switch (p) {
@@ -92,7 +97,6 @@ const char* policy_name(SyncPolicy p) {
 struct Shared {
   std::atomic<uint64_t> ready;        // children that opened the queue
   std::atomic<uint64_t> acked;        // e2e: messages acked so far
-  std::atomic<uint64_t> received;     // e2e: deliveries
   std::atomic<uint64_t> redelivered;  // e2e: deliveries with receive_count > 1
   std::atomic<uint64_t> t_end;        // e2e: CLOCK_MONOTONIC of the ack that completed the run
   std::atomic<uint64_t> t_prod_end;   // e2e: when the producer's last send returned
@@ -124,6 +128,21 @@ std::unique_ptr<Queue> open_queue(const std::string& dir, SyncPolicy sync) {
   return std::move(q).value();
 }
 
+pid_t spawn(const std::function<int()>& body, struct StartGate* gate = nullptr);
+bool wait_all(const std::vector<pid_t>& pids);
+
+// Creates the queue (fixing its sync policy) in a child of its own, before the workers
+// start: creation stays out of the timings, and the workers do not race to create it.
+void create_queue(const std::string& dir, SyncPolicy sync) {
+  if (!wait_all({spawn([&] {
+        open_queue(dir, sync);
+        return 0;
+      })})) {
+    std::fprintf(stderr, "bench_queue: cannot create %s\n", dir.c_str());
+    std::exit(1);
+  }
+}
+
 // Children block here until the parent closes the write end of the start pipe.
 struct StartGate {
   int fds[2] = {-1, -1};
@@ -141,14 +160,23 @@ struct StartGate {
     }
     ::close(fds[0]);
   }
-  // Waits until `n` children are ready, then starts them; returns the start time.
-  uint64_t release(size_t n) {
+  // Waits until every child in `pids` is ready, then starts them; returns the start time.
+  // If one of them exits first (it could not open the queue), kills the others and
+  // returns 0.
+  uint64_t release(const std::vector<pid_t>& pids) {
     ::close(fds[0]);
-    uint64_t give_up = mono_ns() + 120'000'000'000ull;
-    while (g_sh->ready.load() < n) {
-      if (mono_ns() > give_up) {
-        std::fprintf(stderr, "bench_queue: children did not get ready\n");
-        std::exit(1);
+    while (g_sh->ready.load() < pids.size()) {
+      for (pid_t p : pids) {
+        int st = 0;
+        if (::waitpid(p, &st, WNOHANG) == p) {
+          std::fprintf(stderr, "bench_queue: child %d exited before the start; run abandoned\n", p);
+          for (pid_t q : pids)
+            if (q != p) ::kill(q, SIGKILL);
+          for (pid_t q : pids)
+            if (q != p) ::waitpid(q, &st, 0);
+          ::close(fds[1]);
+          return 0;
+        }
       }
       ::usleep(200);
     }
@@ -158,7 +186,7 @@ struct StartGate {
   }
 };
 
-pid_t spawn(const std::function<int()>& body, StartGate* gate = nullptr) {
+pid_t spawn(const std::function<int()>& body, StartGate* gate) {
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t p = ::fork();
@@ -226,8 +254,9 @@ std::string loadavg() {
   }
   std::string s = b;
   // "1.00 0.50 0.25 2/300 1234": keep the three averages.
-  for (int i = 0, sp = 0; i < static_cast<int>(s.size()); ++i) {
-    if (s[i] == ' ' && ++sp == 3) return s.substr(0, i);
+  int spaces = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == ' ' && ++spaces == 3) return s.substr(0, i);
   }
   return s;
 }
@@ -281,6 +310,7 @@ std::string verify_empty(const std::string& dir, SyncPolicy sync, uint64_t n) {
 
 void run_e2e(E2eRow& row, int serial) {
   std::string dir = fresh_dir("e2e-" + std::to_string(serial));
+  create_queue(dir, row.sync);
   flush_fs();
   reset_shared();
   const uint64_t n = row.n;
@@ -317,13 +347,17 @@ void run_e2e(E2eRow& row, int serial) {
           auto q = open_queue(dir, row.sync);
           const size_t max = row.batched ? kBatch : 1;
           gate.child_wait();
+          uint64_t last_progress = mono_ns();
           while (g_sh->acked.load(std::memory_order_relaxed) < n) {
             auto r = q->receive(max, kVisibility, kConsumerWait);
             if (!r.ok()) {
-              if (r.status().code() == Code::kEmpty) continue;
-              child_fail("receive", r.status());
+              if (r.status().code() != Code::kEmpty) child_fail("receive", r.status());
+              if (mono_ns() - last_progress > 60'000'000'000ull) {
+                child_fail("receive", Status(Code::kEmpty, "nothing to receive for 60 s (producer gone?)"));
+              }
+              continue;
             }
-            g_sh->received.fetch_add(r->size(), std::memory_order_relaxed);
+            last_progress = mono_ns();
             for (const auto& m : *r) {
               if (m.receive_count > 1) g_sh->redelivered.fetch_add(1, std::memory_order_relaxed);
               if (Status s = q->ack(m.receipt); !s.ok()) child_fail("ack", s);
@@ -334,8 +368,8 @@ void run_e2e(E2eRow& row, int serial) {
         },
         &gate));
   }
-  uint64_t t0 = gate.release(pids.size());
-  row.ok = wait_all(pids);
+  uint64_t t0 = gate.release(pids);
+  row.ok = t0 != 0 && wait_all(pids);
   if (row.ok && g_sh->t_end.load() > t0) {
     uint64_t el = g_sh->t_end.load() - t0;
     row.seconds = secs(el);
@@ -351,13 +385,13 @@ void run_e2e(E2eRow& row, int serial) {
 }
 
 // Message counts per run, sized for ~1-3 s each with the default io_uring backend on the
-// development VM (2 vCPUs, virtio ext4, ~0.2 ms fdatasync); --scale multiplies them.
+// development VM (2 vCPUs, virtio ext4, fdatasync 0.3..4 ms); --scale multiplies them.
 uint64_t e2e_count(SyncPolicy p, bool batched, double scale) {
   uint64_t n = 0;
   switch (p) {
-    case SyncPolicy::kAlways: n = batched ? 10000 : 4000; break;
-    case SyncPolicy::kInterval: n = batched ? 60000 : 25000; break;
-    case SyncPolicy::kNever: n = batched ? 60000 : 25000; break;
+    case SyncPolicy::kAlways: n = batched ? 1200 : 500; break;
+    case SyncPolicy::kInterval: n = batched ? 40000 : 15000; break;
+    case SyncPolicy::kNever: n = batched ? 40000 : 15000; break;
   }
   return std::max<uint64_t>(64, static_cast<uint64_t>(static_cast<double>(n) * scale));
 }
@@ -417,6 +451,7 @@ void section_latency(const std::vector<SyncPolicy>& policies) {
  int serial = 0;
   for (SyncPolicy p : policies) {
     std::string dir = fresh_dir("lat-" + std::to_string(serial++));
+    create_queue(dir, p);
     flush_fs();
     reset_shared();
     int turn[2];  // consumer -> producer: "about to block in receive"
@@ -477,8 +512,7 @@ void section_latency(const std::vector<SyncPolicy>& policies) {
         &gate));
     ::close(turn[0]);
     ::close(turn[1]);
-    gate.release(pids.size());
-    bool ok = wait_all(pids);
+    bool ok = gate.release(pids) != 0 && wait_all(pids);
     if (!ok) {
       std::printf("%-9s FAILED\n", policy_name(p));
     } else {
@@ -507,8 +541,9 @@ struct Sizes {
 struct Drain {
   uint64_t backlog = 0;  // messages queued when draining started
   uint64_t drained = 0;
-  double rate = 0;
-  double open_ms = 0, stats_ms = 0, peek_ms = 0, rebuild_ms = 0;
+  double rate = 0;      // per wall-clock second
+  double cpu_rate = 0;  // per CPU second of the consumer (user + system)
+  double open_ms = 0, stats_cold_ms = 0, stats_ms = 0, peek_ms = 0, rebuild_ms = 0;
   bool ok = false;
 };
 
@@ -592,16 +627,21 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
     auto q = open_queue(dir, SyncPolicy::kNever);
     g_sh->v[0] = mono_ns() - t0;
     t0 = mono_ns();
-    auto st = q->stats();
+    auto st = q->stats();  // first touch of the index pages in this process
+    if (!st.ok()) child_fail("stats", st.status());
+    g_sh->v[6] = mono_ns() - t0;
+    g_sh->v[4] = st->ready;
+    t0 = mono_ns();
+    st = q->stats();
     if (!st.ok()) child_fail("stats", st.status());
     g_sh->v[1] = mono_ns() - t0;
-    g_sh->v[4] = st->ready;
     t0 = mono_ns();
     auto pk = q->peek(10);
     if (!pk.ok()) child_fail("peek", pk.status());
     g_sh->v[2] = mono_ns() - t0;
     uint64_t done = 0;
     t0 = mono_ns();
+    uint64_t c0 = cpu_ns();
     while (done < n) {
       auto r = q->receive(std::min<uint64_t>(kBatch, n - done), kVisibility);
       if (!r.ok()) child_fail("receive", r.status());
@@ -611,6 +651,7 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
       done += r->size();
     }
     g_sh->v[3] = mono_ns() - t0;
+    g_sh->v[5] = cpu_ns() - c0;
     return 0;
   });
   if (!wait_all({p})) return false;
@@ -618,8 +659,10 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
   d.drained = n;
   d.open_ms = static_cast<double>(g_sh->v[0]) / 1e6;
   d.stats_ms = static_cast<double>(g_sh->v[1]) / 1e6;
+  d.stats_cold_ms = static_cast<double>(g_sh->v[6]) / 1e6;
   d.peek_ms = static_cast<double>(g_sh->v[2]) / 1e6;
   d.rate = static_cast<double>(n) / secs(g_sh->v[3]);
+  d.cpu_rate = static_cast<double>(n) / secs(g_sh->v[5]);
   return true;
 }
 
@@ -647,7 +690,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
     auto q = open_queue(dir, SyncPolicy::kNever);
     std::string payload = make_payload(5);
     std::vector<std::string_view> batch(1000, payload);
-    uint64_t total = 0, stats_ns = 0, peek_ns = 0;
+    uint64_t total = 0, total_cpu = 0, stats_ns = 0, peek_ns = 0;
     for (uint64_t c = 0; c < cycles; ++c) {
       auto sr = q->send_batch(batch);
       if (!sr.ok()) child_fail("send_batch", sr.status());
@@ -661,7 +704,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
         if (!pk.ok()) child_fail("peek", pk.status());
         peek_ns = mono_ns() - t;
       }
-      uint64_t done = 0, t0 = mono_ns();
+      uint64_t done = 0, t0 = mono_ns(), c0 = cpu_ns();
       while (done < batch.size()) {
         auto r = q->receive(kBatch, kVisibility);
         if (!r.ok()) child_fail("receive", r.status());
@@ -671,8 +714,10 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
         done += r->size();
       }
       total += mono_ns() - t0;
+      total_cpu += cpu_ns() - c0;
     }
     g_sh->v[0] = total;
+    g_sh->v[3] = total_cpu;
     g_sh->v[1] = stats_ns;
     g_sh->v[2] = peek_ns;
     return 0;
@@ -681,6 +726,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
   d.backlog = 1000;
   d.drained = cycles * 1000;
   d.rate = static_cast<double>(d.drained) / secs(g_sh->v[0]);
+  d.cpu_rate = static_cast<double>(d.drained) / secs(g_sh->v[3]);
   d.stats_ms = static_cast<double>(g_sh->v[1]) / 1e6;
   d.peek_ms = static_cast<double>(g_sh->v[2]) / 1e6;
   return true;
@@ -744,21 +790,26 @@ void section_index(bool big) {
   std::printf("1k: 200 cycles of send_batch(1000) then a timed drain of those 1000 (backlog 1000 -> 0).\n");
   std::printf("big: a fresh process opens the filled queue and drains %s of it (e.g. 1M -> 800k).\n",
               human(static_cast<double>(kDrain)).c_str());
-  std::printf("open = first open reusing the index; stats/peek = one call at that backlog (hold the lock);\n");
-  std::printf("rebuild = open after deleting QUEUE/index (replays the whole log).\n\n");
-  std::printf("%10s %10s %12s %9s %10s %10s %10s %11s\n", "backlog", "drained", "recv+ack/s", "vs 1k",
-              "open ms", "stats ms", "peek ms", "rebuild ms");
+  std::printf("open = first open reusing the index; 1st stats = the first stats() after that open (faults the\n");
+  std::printf("index mapping in); stats / peek = one more stats(), then peek(10): each holds the index lock.\n");
+  std::printf("rebuild = open after deleting QUEUE/index (replays the whole log).\n");
+  std::printf("per CPU-s = messages per second of the consumer's own CPU time (less sensitive to other load).\n\n");
+  std::printf("%8s %8s %11s %6s %10s %6s %8s %10s %9s %8s %10s\n", "backlog", "drained", "recv+ack/s", "vs 1k",
+              "per CPU-s", "vs 1k", "open ms", "1st stats", "stats ms", "peek ms", "rebuild ms");
   auto line = [&](const Drain& d) {
     if (!d.ok) {
       std::printf("%10s FAILED\n", human(static_cast<double>(d.backlog)).c_str());
       return;
     }
-    char open[16] = "-", reb[16] = "-";
+    char open[16] = "-", reb[16] = "-", cold[16] = "-";
     if (d.open_ms > 0) std::snprintf(open, sizeof open, "%.1f", d.open_ms);
     if (d.rebuild_ms > 0) std::snprintf(reb, sizeof reb, "%.0f", d.rebuild_ms);
-    std::printf("%10s %10s %12s %8.2fx %10s %10.2f %10.2f %11s\n", human(static_cast<double>(d.backlog)).c_str(),
-                human(static_cast<double>(d.drained)).c_str(), human(d.rate).c_str(),
-                small.ok && small.rate > 0 ? d.rate / small.rate : 0.0, open, d.stats_ms, d.peek_ms, reb);
+    if (d.stats_cold_ms > 0) std::snprintf(cold, sizeof cold, "%.1f", d.stats_cold_ms);
+    std::printf("%8s %8s %11s %5.2fx %10s %5.2fx %8s %10s %9.2f %8.2f %10s\n",
+                human(static_cast<double>(d.backlog)).c_str(), human(static_cast<double>(d.drained)).c_str(),
+                human(d.rate).c_str(), small.ok && small.rate > 0 ? d.rate / small.rate : 0.0,
+                human(d.cpu_rate).c_str(), small.ok && small.cpu_rate > 0 ? d.cpu_rate / small.cpu_rate : 0.0, open,
+                cold, d.stats_ms, d.peek_ms, reb);
   };
   line(small);
   for (const Drain& d : drains) line(d);

@@ -138,11 +138,13 @@ class Queue {
   // Makes every write so far durable, whatever the sync policy.
   Status sync();
 
-  // Reclaims the disk of acked messages now: every sealed segment is removed, its live
-  // messages (with their receive counts and leases) copied to the head of the log first.
+  // Reclaims the disk of acked messages now: the longest run of oldest sealed segments that
+  // is at most half live is removed, its live messages (with their receive counts and
+  // leases) copied to the head of the log first.
   // Runs concurrently with every other call; one compaction per queue at a time (a second
-  // caller waits). Compaction also runs on its own, from whichever process rolls the log
-  // to a new segment, when the oldest segments hold mostly acked data (docs/compaction.md).
+  // caller waits). Compaction also runs on its own, in a background thread of whichever
+  // process rolls the log to a new segment, when the oldest segments are at most a quarter
+  // live (docs/compaction.md).
   Result<CompactResult> compact();
 
   // fsck: checks every segment (headers, checksums, sequence), replays the log into a

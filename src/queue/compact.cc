@@ -22,8 +22,12 @@
 namespace spool {
 namespace {
 
-// Live data at or below this fraction of a prefix's size makes the prefix worth compacting.
-constexpr uint64_t kLiveFractionDenominator = 4;
+// Live data at or below 1/N of a prefix's size makes the prefix worth compacting: N = 4 for
+// automatic runs, 2 on demand. Never unconditionally: copying a live set larger than a
+// segment into the head makes the next compaction copy it again (a copy storm measured at
+// 26-88 copies per acked message with compact() in a loop).
+constexpr uint64_t kAutoLiveDenominator = 4;
+constexpr uint64_t kOnDemandLiveDenominator = 2;
 constexpr size_t kCopyBatch = 256;  // messages copied per lock hold
 
 struct FdCloser {
@@ -48,7 +52,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
   auto& h = idx.hdr();
 
   // 1. Choose the prefix: the longest run of oldest sealed segments whose live bytes are at
-  //    most a quarter of their size (or every sealed segment, on demand).
+  //    most a quarter of their size (half, on demand).
   uint64_t last = 0;
   std::vector<uint64_t> prefix;
   {
@@ -65,7 +69,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
       if (seq >= active) break;
       cum_live += live[seq];
       cum_size += cfg.opts.segment_size;
-      if (everything || cum_live * kLiveFractionDenominator <= cum_size) last = seq;
+      uint64_t n = everything ? kOnDemandLiveDenominator : kAutoLiveDenominator;
+      if (cum_live * n <= cum_size) last = seq;
     }
     for (uint64_t seq : *seqs)
       if (seq <= last) prefix.push_back(seq);
@@ -73,15 +78,27 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
   if (last == 0) return res;
 
   // 2. Copy the live messages out of the prefix, a batch per lock hold so that producers
-  //    and consumers keep running.
-  for (;;) {
+  //    and consumers keep running. One scan finds them all (not one per batch, which was
+  //    quadratic); a message acked or moved meanwhile is simply skipped.
+  std::vector<uint64_t> ids;
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    idx.for_each_entry([&](uint32_t, const Entry& e) {
+      if (Pos::unpack(e.loc).seq <= last) ids.push_back(e.id);
+    });
+  }
+  for (size_t next = 0; next < ids.size();) {
     auto held = lock();
     if (!held.ok()) return held.status();
     std::vector<uint32_t> slots;
-    idx.for_each_entry([&](uint32_t slot, const Entry& e) {
-      if (slots.size() < kCopyBatch && Pos::unpack(e.loc).seq <= last) slots.push_back(slot);
-    });
-    if (slots.empty()) break;
+    for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
+      int64_t slot = idx.find(ids[next]);
+      if (slot >= 0 && Pos::unpack(idx.entry(static_cast<uint32_t>(slot)).loc).seq <= last) {
+        slots.push_back(static_cast<uint32_t>(slot));
+      }
+    }
+    if (slots.empty()) continue;
     Clocks now;
     std::vector<Record> recs;
     std::vector<std::shared_ptr<storage::Segment>> keep(slots.size());
@@ -101,8 +118,17 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
     auto at = log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!at.ok()) return at.status();
     __atomic_store_n(&h.log_end, at->end.pack(), __ATOMIC_RELEASE);
+    // Copying took no lock-free step, so the slots are still those of the same entries.
     for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
     res.messages_copied += slots.size();
+  }
+  // Everything the prefix still holds must have been copied (a message cannot move back).
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    bool left = false;
+    idx.for_each_entry([&](uint32_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
+    if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
   }
   crashpoint("compact.after_copy");
 

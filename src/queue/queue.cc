@@ -83,7 +83,9 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (!configured && (!opts.create || impl->read_only)) {
     return Status(Code::kNotAQueue, dir + ": not a spool queue (no spool.conf)");
   }
-  if (!configured && has_foreign_files(dir)) {
+  // Another process may be creating the queue right now: its spool.conf appears (by
+  // rename) before any of the queue's other files, so look again before refusing.
+  if (!configured && has_foreign_files(dir) && ::access((dir + "/spool.conf").c_str(), F_OK) != 0) {
     return Status(Code::kNotAQueue, dir + " holds other files and is not a spool queue; "
                                           "use an empty or new directory");
   }
@@ -226,7 +228,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     h.sent_total += recs.size();
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
     end = res->end.pack();
-    if (d == 0) q.wake();
+    if (d == 0) q.wake(recs.size());
   }
   if (Status s = q.written(end); !s.ok()) return s;
   return ids;
@@ -358,7 +360,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
         if (was_leased) --h.leased;
         e.state = State::kReady;
         q.idx.set_key(*slot, now.boot + ns);
-        if (ns == 0) q.wake();
+        if (ns == 0) q.wake(1);
         break;
       case Change::kExtend:
         if (!was_leased) ++h.leased;

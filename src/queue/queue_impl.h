@@ -83,6 +83,7 @@ struct Queue::Impl {
   bool stopping = false;
 
   ~Impl() {
+    stop_compactor();
     if (flusher.joinable()) {
       {
         std::lock_guard lock(flush_mu);
@@ -376,10 +377,15 @@ struct Queue::Impl {
     return res->at.empty() ? res->end : res->at.front();
   }
 
-  void wake() {
+  // `n` messages just became receivable: wake as many long-pollers, not all of them (a
+  // thundering herd cost ~2 context switches per waiter per message). A woken waiter that
+  // dies before receiving only delays the message to another waiter's next wait slice.
+  void wake(uint64_t n) {
     auto& h = idx.hdr();
     h.wake_seq.fetch_add(1, std::memory_order_release);
-    if (h.waiters.load(std::memory_order_acquire) > 0) sys::futex_wake_all(&h.wake_seq);
+    if (h.waiters.load(std::memory_order_acquire) > 0) {
+      sys::futex_wake(&h.wake_seq, static_cast<int>(std::min<uint64_t>(n, INT32_MAX)));
+    }
   }
 
   Result<Message> load(const Entry& e) {
@@ -402,17 +408,46 @@ struct Queue::Impl {
   // waits for a running compaction with `wait`, else returns at once.
   Result<CompactResult> compact(bool everything, bool wait);
 
-  // Called after a write that may have rolled the log: compacts by policy on a roll.
+  // Called after a write that may have rolled the log. A roll asks the process's compactor
+  // thread to compact by policy, so no send or ack waits for a compaction.
   void maybe_compact(uint64_t end) {
     uint64_t seq = Pos::unpack(end).seq;
     if (seq <= seen_seq.exchange(seq)) return;
-    if (seen_seq_initialised.exchange(true)) {
-      auto r = compact(false, false);
-      if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+    if (!seen_seq_initialised.exchange(true)) return;  // the first write only sets the mark
+    std::lock_guard lock(compact_mu);
+    if (compact_stopping) return;
+    compact_wanted = true;
+    if (!compactor.joinable()) {
+      compactor = std::thread([this] {
+        std::unique_lock lk(compact_mu);
+        for (;;) {
+          compact_cv.wait(lk, [this] { return compact_wanted || compact_stopping; });
+          if (compact_stopping) return;
+          compact_wanted = false;
+          lk.unlock();
+          auto r = compact(false, false);
+          if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+          lk.lock();
+        }
+      });
     }
+    compact_cv.notify_all();
+  }
+  void stop_compactor() {
+    {
+      std::lock_guard lock(compact_mu);
+      compact_stopping = true;
+    }
+    compact_cv.notify_all();
+    if (compactor.joinable()) compactor.join();
   }
   std::atomic<uint64_t> seen_seq{0};
   std::atomic<bool> seen_seq_initialised{false};
+  std::thread compactor;
+  std::mutex compact_mu;
+  std::condition_variable compact_cv;
+  bool compact_wanted = false;    // guarded by compact_mu
+  bool compact_stopping = false;  // guarded by compact_mu
   uint64_t forgotten_through = 0;  // segments <= this dropped from the log's cache
 
   // Takes the receivable message in `slot` (lock held). A message past max_receives, or

@@ -1,0 +1,547 @@
+#!/usr/bin/env bash
+# End-to-end test of spoolfs, the filesystem view of a queue (docs/filesystem.md is the
+# contract): real mounts driven by ordinary shell commands, checked with the spool CLI.
+#
+#   bash tests/fuse_test.sh build/fuse/spoolfs build/tools/spool
+#
+# Output is TAP: "1..N", then "ok N - name" or "not ok N - name" followed by the failed test's
+# log as "# ..." lines. Exits 0 only if every test passes. Needs root (or a setuid
+# fusermount3) and /dev/fuse; without them it prints "1..0 # SKIP reason" and exits 0.
+#
+# Every test runs in its own subshell and directory (queue and mount point) under one mktemp
+# -d directory. A mount is waited for with a timeout while checking that the daemon lives;
+# when the test ends, pass or fail, every mount it made is unmounted (fusermount3 -u, then
+# -u -z) and every daemon it started is killed and reaped.
+set -u
+
+if [[ $# -ne 2 || ! -x $1 || ! -x $2 ]]; then
+  echo "usage: $0 PATH_TO_SPOOLFS PATH_TO_SPOOL_CLI" >&2
+  exit 2
+fi
+abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+SPOOLFS=$(abs "$1")
+SPOOL=$(abs "$2")
+export LC_ALL=C
+
+# ------------------------------------------------------------------ can this machine mount?
+skip_all() {
+  echo "1..0 # SKIP FUSE TESTS NOT RUN: $* -- spoolfs is untested here"
+  exit 0
+}
+[[ $(id -u) == 0 ]] || skip_all "not root (uid $(id -u)); run as root, or in a container with --device /dev/fuse --cap-add SYS_ADMIN"
+[[ -c /dev/fuse ]] || skip_all "/dev/fuse does not exist (docker: --device /dev/fuse)"
+if ! { exec 3<>/dev/fuse; } 2>/dev/null; then
+  skip_all "/dev/fuse cannot be opened"
+fi
+exec 3>&-
+command -v fusermount3 >/dev/null || skip_all "fusermount3 is not installed (needed for auto_unmount)"
+command -v mountpoint >/dev/null || skip_all "mountpoint(1) is not installed"
+HAVE_PY=0
+command -v python3 >/dev/null && HAVE_PY=1
+
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spoolfs-test.XXXXXX")
+cleanup() {
+  # A test's own trap unmounts; this catches anything left by an interrupted run.
+  local m
+  for m in "$ROOT"/*/mnt*; do
+    mountpoint -q "$m" 2>/dev/null && { fusermount3 -u "$m" 2>/dev/null || fusermount3 -u -z "$m"; }
+  done
+  rm -rf "$ROOT"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- helpers (used in tests)
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
+
+# wait_for SECONDS COMMAND...: polls every 0.05 s until COMMAND succeeds; fails on timeout.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
+    sleep 0.05
+  done
+}
+
+alive() { [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+
+# mount_fs QUEUE MNT [SPOOLFS ARGS...]: mounts in the foreground mode (-f) as a background
+# job, so that the test knows the daemon's pid (in PID, and in PIDS for teardown); waits up to
+# 10 s for the mount, failing at once if the daemon exits.
+PIDS=()
+MNTS=()
+mount_fs() {
+  local q=$1 m=$2 i
+  shift 2
+  mkdir -p "$m"
+  chmod 700 "$m"
+  "$SPOOLFS" "$q" "$m" -f "$@" 2>>"$D/spoolfs.err" &
+  PID=$!
+  PIDS+=("$PID")
+  MNTS+=("$m")
+  for ((i = 0; i < 200; i++)); do
+    mountpoint -q "$m" && return 0
+    alive "$PID" || fail "spoolfs exited before mounting: $(cat "$D/spoolfs.err")"
+    sleep 0.05
+  done
+  fail "$m not mounted after 10 s"
+}
+
+# teardown: unmounts every mount of the test and kills and reaps its daemons.
+teardown() {
+  local m p
+  for m in "${MNTS[@]}"; do
+    if mountpoint -q "$m" 2>/dev/null; then
+      fusermount3 -u "$m" 2>/dev/null || fusermount3 -u -z "$m" 2>/dev/null
+    fi
+  done
+  for p in "${PIDS[@]}"; do
+    kill -TERM "$p" 2>/dev/null
+  done
+  for p in "${PIDS[@]}"; do
+    for ((i = 0; i < 50; i++)); do alive "$p" || break; sleep 0.1; done
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+}
+
+new_queue() { "$SPOOL" init "$1" "${@:2}" >/dev/null || fail "spool init $1 failed"; }
+
+# stat_of FIELD QUEUE: one numeric field of `spool stats --json`.
+stat_of() {
+  "$SPOOL" stats "$2" --json | sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"
+}
+
+# names MNT: the message files listed, one per line, in ls order.
+names() { ls "$1" | grep -E '^[0-9]+$'; }
+count_is() { [[ $(names "$1" | wc -l) == "$2" ]]; }
+listed() { names "$1" | grep -qx "$2"; }
+not_listed() { ! listed "$@"; }
+
+# xattr FILE NAME: prints the value of an extended attribute.
+xattr() {
+  if ((HAVE_PY)); then
+    python3 -c 'import os,sys; sys.stdout.write(os.getxattr(sys.argv[1], sys.argv[2]).decode())' "$1" "$2"
+  elif command -v getfattr >/dev/null; then
+    getfattr --only-values -n "$2" "$1"
+  else
+    echo "no python3 or getfattr to read xattrs" >&2
+    return 1
+  fi
+}
+
+# ---------------------------------------------------------------------------- tests
+
+t_not_a_queue_is_refused() {
+  mkdir -p "$D/notq" "$D/mnt"
+  echo x >"$D/notq/file"
+  "$SPOOLFS" "$D/notq" "$D/mnt" -f >"$D/out" 2>"$D/err" && fail "mounted a directory that is not a queue"
+  grep -q "not a spool queue" "$D/err" || fail "unclear message: $(cat "$D/err")"
+  grep -q "spool init" "$D/err" || fail "message does not say how to create one: $(cat "$D/err")"
+  mountpoint -q "$D/mnt" && fail "left a mount behind"
+  mkdir -p "$D/empty"
+  "$SPOOLFS" "$D/empty" "$D/mnt" -f 2>"$D/err" && fail "mounted (and so created?) a queue in an empty directory"
+  # (Queue::open with create=false leaves its lock file "gate" behind here: a library matter.)
+  [[ -e $D/empty/spool.conf ]] && fail "spoolfs created a queue in an empty directory"
+  "$SPOOLFS" "$D/empty" "$D/mnt" -o visibility=soon 2>"$D/err" && fail "accepted visibility=soon"
+  grep -q "visibility" "$D/err" || fail "unclear message for a bad visibility: $(cat "$D/err")"
+  return 0
+}
+
+t_shell_round_trip() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  echo "hello from echo" >"$M/job" || fail "echo > MNT/job failed"
+  printf 'copied\n' >"$D/src.txt"
+  cp "$D/src.txt" "$M/" || fail "cp failed"
+  # RELEASE (which sends) is asynchronous to close(): wait for both messages.
+  wait_for 10 count_is "$M" 2
+  ls -l "$M" >"$D/ls" || fail "ls -l failed"
+  grep -qE '^-rw------- .* 16 .* 1$' "$D/ls" || fail "ls -l does not show message 1 with 16 bytes: $(cat "$D/ls")"
+  eq "cat 1" "$(cat "$M/1")" "hello from echo"
+  eq "cat 2" "$(cat "$M/2")" "copied"
+  not_listed "$M" 1 || fail "a received message is still listed"
+  eq "receive_count of 1" "$(xattr "$M/1" user.spool.receive_count)" 1
+  [[ $(xattr "$M/1" user.spool.enqueued_at) =~ ^20[0-9][0-9]-[0-9][0-9]-[0-9][0-9]T.*Z$ ]] ||
+    fail "enqueued_at: $(xattr "$M/1" user.spool.enqueued_at)"
+  eq "in flight" "$(stat_of in_flight "$D/q")" 2
+  rm "$M/1" "$M/2" || fail "rm failed"
+  [[ -e $M/1 ]] && fail "MNT/1 exists after rm"
+  eq "ready" "$(stat_of ready "$D/q")" 0
+  eq "in flight" "$(stat_of in_flight "$D/q")" 0
+  eq "acked" "$(stat_of acked_total "$D/q")" 2
+  grep -q '^acked total *2$' "$M/.stats" || fail ".stats: $(cat "$M/.stats")"
+  grep -q '"acked_total":2' "$M/.stats.json" || fail ".stats.json: $(cat "$M/.stats.json")"
+  if ((HAVE_PY)); then
+    python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$M/.stats.json" || fail ".stats.json is not JSON"
+  fi
+  # A created and closed empty file is an empty message.
+  : >"$M/empty" || fail "creating an empty file failed"
+  wait_for 10 count_is "$M" 1
+  eq "size of the empty message" "$(stat -c %s "$M/3")" 0
+  eq "cat empty" "$(cat "$M/3" | wc -c)" 0
+  rm "$M/3" || fail "rm of the empty message failed"
+}
+
+t_read_is_a_fixed_snapshot_and_offsets_work() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  head -c 300000 /dev/urandom >"$D/payload"
+  "$SPOOL" send "$D/q" <"$D/payload" >/dev/null || fail "spool send failed"
+  wait_for 10 listed "$M" 1
+  eq "listed size" "$(stat -c %s "$M/1")" 300000
+  if ((HAVE_PY)); then
+    # One open, reads at several offsets and a re-read: all agree with the payload.
+    python3 - "$M/1" "$D/payload" <<'EOF' || fail "offset reads disagree"
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+want = open(sys.argv[2], 'rb').read()
+assert os.pread(fd, 10, 150000) == want[150000:150010]
+assert os.pread(fd, 100, 299950) == want[299950:]
+assert os.pread(fd, 10, 300000) == b''
+got = b''
+while True:
+    b = os.read(fd, 65536)
+    if not b: break
+    got += b
+assert got == want, (len(got), len(want))
+os.close(fd)
+EOF
+  else
+    cmp "$M/1" "$D/payload" || fail "payload differs"
+  fi
+  # The same mount does not hand a message it holds to a second reader.
+  cat "$M/1" >/dev/null 2>"$D/err" && fail "a second open of a held message succeeded"
+  grep -q "busy" "$D/err" || fail "second open: $(cat "$D/err")"
+  rm "$M/1" || fail "rm failed"
+}
+
+t_writes_to_messages_and_oversized_files_are_refused() {
+  new_queue "$D/q" --max-payload 4096 --segment-size 1M
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" "original" >/dev/null
+  wait_for 10 listed "$M" 1
+  (echo overwrite >"$M/1") 2>"$D/err" && fail "writing to a message file succeeded"
+  grep -qi "permission denied" "$D/err" || fail "overwrite: $(cat "$D/err")"
+  (echo more >>"$M/1") 2>/dev/null && fail "appending to a message file succeeded"
+  eq "in flight after refused writes" "$(stat_of in_flight "$D/q")" 0
+  head -c 5000 /dev/zero >"$D/big"
+  cp "$D/big" "$M/big" 2>"$D/err" && fail "an oversized file was accepted"
+  grep -qi "file too large" "$D/err" || fail "oversized: $(cat "$D/err")"
+  head -c 4096 /dev/zero >"$D/max"
+  cp "$D/max" "$M/max" || fail "a file of exactly max_payload was refused"
+  wait_for 10 listed "$M" 2
+  sleep 0.3
+  eq "messages (the oversized one must not be sent in part)" "$(stat_of sent_total "$D/q")" 2
+  eq "size" "$(stat -c %s "$M/2")" 4096
+  eq "cat original" "$(cat "$M/1")" original
+  # Names of messages are reserved; dot files are refused.
+  (echo x >"$M/12345") 2>/dev/null && fail "created a file with a message's name"
+  (echo x >"$M/.hidden") 2>/dev/null && fail "created a dot file"
+  return 0
+}
+
+t_rename_link_mknod_chmod_are_refused() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" "stay" >/dev/null
+  wait_for 10 listed "$M" 1
+  mv "$M/1" "$M/renamed" 2>"$D/err" && fail "mv within the mount succeeded"
+  grep -qi "not permitted" "$D/err" || fail "mv: $(cat "$D/err")"
+  ln "$M/1" "$M/hard" 2>/dev/null && fail "ln succeeded"
+  ln -s /etc/passwd "$M/sym" 2>/dev/null && fail "ln -s succeeded"
+  mknod "$M/fifo" p 2>/dev/null && fail "mknod succeeded"
+  mkdir "$M/dir" 2>/dev/null && fail "mkdir succeeded"
+  chmod 777 "$M/1" 2>/dev/null && fail "chmod succeeded"
+  rm "$M/.stats" 2>/dev/null && fail "rm .stats succeeded"
+  eq "acked" "$(stat_of acked_total "$D/q")" 0
+  eq "in flight" "$(stat_of in_flight "$D/q")" 0
+  mountpoint -q "$M" || fail "the mount is gone"
+  alive "$PID" || fail "spoolfs died"
+  # mv to another filesystem is copy (a receive) then unlink (an ack): it takes the message.
+  mv "$M/1" "$D/outside" || fail "mv out of the mount failed"
+  eq "moved out" "$(cat "$D/outside")" stay
+  eq "acked after mv out" "$(stat_of acked_total "$D/q")" 1
+}
+
+t_rm_of_a_message_not_received_here_is_refused() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" "x" >/dev/null
+  wait_for 10 listed "$M" 1
+  rm "$M/1" 2>"$D/err" && fail "rm acked a message this mount had not received"
+  grep -qi "not permitted" "$D/err" || fail "rm: $(cat "$D/err")"
+  rm "$M/999" 2>/dev/null && fail "rm of a missing message succeeded"
+  eq "ready" "$(stat_of ready "$D/q")" 1
+}
+
+t_cli_and_mount_interoperate() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" "from the cli" >/dev/null || fail "spool send failed"
+  wait_for 10 listed "$M" 1
+  eq "size" "$(stat -c %s "$M/1")" 12
+  echo "from the mount" >"$M/m"
+  wait_for 10 listed "$M" 2
+  # The CLI receives what the mount sent (message 2) after the first one.
+  "$SPOOL" recv -n 2 --json "$D/q" >"$D/recv" || fail "spool recv failed"
+  grep -q '"payload":"from the mount\\n"' "$D/recv" || fail "recv: $(cat "$D/recv")"
+  # Leased by the CLI: hidden from ls, and opening it fails rather than stealing it.
+  wait_for 10 not_listed "$M" 1
+  cat "$M/1" 2>/dev/null && fail "read a message leased by another process"
+  local receipt
+  receipt=$(sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' "$D/recv" | head -n 1)
+  "$SPOOL" nack "$D/q" "$receipt" >/dev/null || fail "nack failed"
+  wait_for 10 listed "$M" 1
+  eq "cat after nack" "$(cat "$M/1")" "from the cli"
+  eq "receive_count" "$(xattr "$M/1" user.spool.receive_count)" 2
+  rm "$M/1" || fail "rm failed"
+}
+
+t_touch_extends_the_lease() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M" -o visibility=4s
+  "$SPOOL" send "$D/q" "long job" >/dev/null
+  wait_for 10 listed "$M" 1
+  cat "$M/1" >/dev/null || fail "cat failed"
+  local i
+  for i in 1 2 3 4 5; do
+    sleep 1
+    touch "$M/1" || fail "touch $i failed"
+  done
+  # 5 s after the receive, 4 s visibility: only the touches keep it leased.
+  eq "in flight" "$(stat_of in_flight "$D/q")" 1
+  not_listed "$M" 1 || fail "the message reappeared despite touch"
+  rm "$M/1" || fail "rm after touch failed"
+  eq "acked" "$(stat_of acked_total "$D/q")" 1
+}
+
+t_expired_lease_reappears_with_receive_count_2() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M" -o visibility=4s
+  "$SPOOL" send "$D/q" "again" >/dev/null
+  wait_for 10 listed "$M" 1
+  eq "first read" "$(cat "$M/1")" again
+  not_listed "$M" 1 || fail "listed while leased"
+  eq "receive_count" "$(xattr "$M/1" user.spool.receive_count)" 1
+  wait_for 15 listed "$M" 1
+  eq "second read" "$(cat "$M/1")" again
+  eq "receive_count" "$(xattr "$M/1" user.spool.receive_count)" 2
+  rm "$M/1" || fail "rm failed"
+  eq "ready" "$(stat_of ready "$D/q")" 0
+}
+
+t_kill_9_leaves_the_queue_intact_and_remounts() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M" -o visibility=1s
+  "$SPOOL" send "$D/q" "one" >/dev/null
+  "$SPOOL" send "$D/q" "two" >/dev/null
+  echo "three" >"$M/t"
+  wait_for 10 count_is "$M" 3
+  cat "$M/1" >/dev/null || fail "cat failed"
+  kill -KILL "$PID"
+  wait "$PID" 2>/dev/null
+  # auto_unmount: fusermount3 removes the mount of the dead daemon.
+  wait_for 10 eval '! mountpoint -q "$M"'
+  eq "sent" "$(stat_of sent_total "$D/q")" 3
+  eq "acked" "$(stat_of acked_total "$D/q")" 0
+  "$SPOOL" verify "$D/q" >"$D/verify" 2>&1 || fail "verify: $(cat "$D/verify")"
+  mount_fs "$D/q" "$M" -o visibility=1s
+  # The dead daemon's lease runs out and message 1 comes back.
+  wait_for 10 count_is "$M" 3
+  eq "cat 1" "$(cat "$M/1")" one
+  eq "receive_count" "$(xattr "$M/1" user.spool.receive_count)" 2
+  eq "cat 3" "$(cat "$M/3")" three
+  rm "$M/1" "$M/3" || fail "rm failed"
+  eq "ready" "$(stat_of ready "$D/q")" 1
+}
+
+t_listing_is_bounded_by_limit() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  seq 1 30 | "$SPOOL" send "$D/q" --lines >/dev/null || fail "send failed"
+  mount_fs "$D/q" "$M" --limit 10
+  count_is "$M" 10 || fail "listed $(names "$M" | wc -l), want 10"
+  eq "first ten" "$(names "$M" | sort -n | tr '\n' ' ')" "1 2 3 4 5 6 7 8 9 10 "
+  cat "$M/1" >/dev/null && rm "$M/1"
+  eq "next ten" "$(names "$M" | sort -n | tr '\n' ' ')" "2 3 4 5 6 7 8 9 10 11 "
+}
+
+# 3000 entries take several getdents calls (and many more READDIRs); acking in between must
+# not skip or repeat entries (cookies are message ids, not positions).
+t_readdir_over_a_changing_directory() {
+  ((HAVE_PY)) || { echo "no python3: checked only with ls"; return 0; }
+  new_queue "$D/q"
+  local M=$D/mnt
+  seq 1 3000 | "$SPOOL" send "$D/q" --lines >/dev/null || fail "send failed"
+  mount_fs "$D/q" "$M" --limit 5000
+  python3 - "$M" <<'EOF' || fail "readdir skipped or repeated entries"
+import os, sys
+m = sys.argv[1]
+seen = []
+with os.scandir(m) as it:
+    for i, e in enumerate(it):
+        seen.append(e.name)
+        if i == 50:
+            # Receive and ack 10 messages that have not been listed yet, and 10 that have.
+            for n in list(range(2500, 2510)) + list(range(5, 15)):
+                open(os.path.join(m, str(n)), 'rb').read()
+                os.unlink(os.path.join(m, str(n)))
+ids = [int(n) for n in seen if n.isdigit()]
+assert len(ids) == len(set(ids)), "repeated"
+want = [n for n in range(1, 3001) if not 2500 <= n < 2510]
+missing = sorted(set(want) - set(ids) - set(range(5, 15)))
+assert not missing, missing
+assert not set(range(2500, 2510)) & set(ids), "listed acked messages"
+EOF
+}
+
+t_four_shell_consumers_process_each_message_once() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  seq 1 200 | sed 's/^/m/' | "$SPOOL" send "$D/q" --lines >/dev/null || fail "send failed"
+  mount_fs "$D/q" "$M"
+  consumer() {
+    local n=$1 f b any deadline=$((SECONDS + 120))
+    while :; do
+      ((SECONDS < deadline)) || { echo "consumer $n still finding messages after 120 s" >>"$D/c$n.err"; break; }
+      any=0
+      for f in "$M"/*; do
+        [[ -e $f ]] || continue
+        any=1
+        b=${f##*/}
+        if cat "$f" >"$D/c$n.tmp" 2>/dev/null; then
+          echo "$b $(cat "$D/c$n.tmp")" >>"$D/c$n.log"
+          rm "$f" 2>>"$D/c$n.err" || echo "rm $b failed" >>"$D/c$n.err"
+        fi
+      done
+      ((any)) || break
+    done
+  }
+  local pids=() i
+  for i in 1 2 3 4; do
+    consumer "$i" &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  cat "$D"/c*.err 2>/dev/null | grep . && fail "errors: $(cat "$D"/c*.err)"
+  cat "$D"/c*.log >"$D/all"
+  eq "messages processed" "$(wc -l <"$D/all")" 200
+  eq "distinct ids" "$(cut -d' ' -f1 "$D/all" | sort -u | wc -l)" 200
+  awk '$2 != "m" $1 { print; bad = 1 } END { exit bad }' "$D/all" || fail "payload mismatch"
+  local c
+  for i in 1 2 3 4; do
+    c=$(wc -l <"$D/c$i.log" 2>/dev/null || echo 0)
+    echo "consumer $i processed $c"
+  done
+  eq "acked" "$(stat_of acked_total "$D/q")" 200
+  eq "ready" "$(stat_of ready "$D/q")" 0
+  eq "in flight" "$(stat_of in_flight "$D/q")" 0
+}
+
+t_fsync_sends_at_once_and_rm_discards_an_unsent_file() {
+  ((HAVE_PY)) || { echo "no python3: not checked"; return 0; }
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  python3 - "$M" "$SPOOL" "$D/q" <<'EOF' || fail "see above"
+import json, os, subprocess, sys, time
+m, spool, q = sys.argv[1:]
+def sent():
+    return json.loads(subprocess.check_output([spool, 'stats', q, '--json']))['sent_total']
+fd = os.open(os.path.join(m, 'a'), os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, b'synced')
+assert sent() == 0, 'sent before fsync or close'
+os.fsync(fd)
+assert sent() == 1, 'fsync did not send'
+try:
+    os.write(fd, b'more')
+    raise SystemExit('a write after fsync was accepted')
+except OSError:
+    pass
+os.close(fd)
+fd = os.open(os.path.join(m, 'b'), os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, b'discard me')
+os.unlink(os.path.join(m, 'b'))
+os.close(fd)
+time.sleep(0.5)
+assert sent() == 1, 'sent twice, or sent an unlinked file: %d' % sent()
+EOF
+  eq "payload" "$(cat "$M/1")" synced
+}
+
+t_daemon_mode_mounts_and_unmounts() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mkdir -p "$M"
+  MNTS+=("$M")
+  "$SPOOLFS" "$D/q" "$M" 2>"$D/err" || fail "spoolfs (daemon mode) failed: $(cat "$D/err")"
+  mountpoint -q "$M" || fail "not mounted when spoolfs returned"
+  echo "bg" >"$M/x"
+  wait_for 10 listed "$M" 1
+  fusermount3 -u "$M" || fail "fusermount3 -u failed"
+  eq "sent" "$(stat_of sent_total "$D/q")" 1
+}
+
+TESTS=(
+  t_not_a_queue_is_refused
+  t_shell_round_trip
+  t_read_is_a_fixed_snapshot_and_offsets_work
+  t_writes_to_messages_and_oversized_files_are_refused
+  t_rename_link_mknod_chmod_are_refused
+  t_rm_of_a_message_not_received_here_is_refused
+  t_cli_and_mount_interoperate
+  t_touch_extends_the_lease
+  t_expired_lease_reappears_with_receive_count_2
+  t_kill_9_leaves_the_queue_intact_and_remounts
+  t_listing_is_bounded_by_limit
+  t_readdir_over_a_changing_directory
+  t_four_shell_consumers_process_each_message_once
+  t_fsync_sends_at_once_and_rm_discards_an_unsent_file
+  t_daemon_mode_mounts_and_unmounts
+)
+
+echo "1..${#TESTS[@]}"
+failed=0
+n=0
+for t in "${TESTS[@]}"; do
+  n=$((n + 1))
+  name=${t#t_}
+  D=$ROOT/$n-$name
+  mkdir -p "$D"
+  start=$SECONDS
+  (
+    trap teardown EXIT
+    cd "$D" || exit 1
+    "$t"
+  ) >"$ROOT/$n.log" 2>&1 </dev/null
+  rc=$?
+  if [[ $rc == 0 ]]; then
+    echo "ok $n - $name ($((SECONDS - start))s)"
+  else
+    failed=$((failed + 1))
+    echo "not ok $n - $name"
+    sed 's/^/# /' "$ROOT/$n.log"
+    [[ -s $D/spoolfs.err ]] && sed 's/^/# spoolfs: /' "$D/spoolfs.err"
+  fi
+done
+if ((failed > 0)); then
+  echo "# $failed of ${#TESTS[@]} tests failed"
+  exit 1
+fi
+exit 0
