@@ -498,7 +498,22 @@ t_daemon_mode_mounts_and_unmounts() {
   eq "sent" "$(stat_of sent_total "$D/q")" 1
 }
 
+t_spool_mount_runs_spoolfs() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mkdir -p "$M"
+  MNTS+=("$M")
+  "$SPOOL" mount "$D/q" "$M" -- --limit 5 2>"$D/err" || fail "spool mount failed: $(cat "$D/err")"
+  mountpoint -q "$M" || fail "not mounted when spool mount returned"
+  for i in 1 2 3 4 5 6 7; do echo "m$i" >"$M/new$i"; done
+  wait_for 10 count_is "$M" 5  # the --limit after -- reached spoolfs
+  fusermount3 -u "$M" || fail "fusermount3 -u failed"
+  "$SPOOL" mount "$D/nope" "$M" 2>"$D/err2" && fail "mounted a missing queue"
+  grep -q "nope" "$D/err2" || fail "the error does not name the queue: $(cat "$D/err2")"
+}
+
 TESTS=(
+  t_spool_mount_runs_spoolfs
   t_not_a_queue_is_refused
   t_shell_round_trip
   t_read_is_a_fixed_snapshot_and_offsets_work

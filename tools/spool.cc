@@ -243,6 +243,15 @@ static int run(int argc, char** argv) {
   stats->add_option("--rate", rate, "Messages per second one worker handles (for recommended_workers)");
   stats->add_option("--target", target, "Latency target for the backlog (for recommended_workers)");
 
+  std::string mountpoint;
+  std::vector<std::string> mount_args;
+  auto* mount = app.add_subcommand("mount", "Mount the queue as a directory (runs spoolfs)");
+  dir_opt(mount);
+  mount->add_option("MOUNTPOINT", mountpoint, "Where to mount (an empty directory)")->required();
+  mount->add_option("SPOOLFS_ARGS", mount_args, "Further spoolfs options, after --: -o visibility=DUR, --limit N, -f, -d");
+  mount->footer("Example: spool mount /var/spool/jobs ~/jobs -- -o visibility=5m\n"
+                "Unmount with: fusermount3 -u MOUNTPOINT. See docs/filesystem.md.");
+
   bool repair = false;
   auto* compact = app.add_subcommand("compact", "Reclaim the disk of acked messages now");
   dir_opt(compact);
@@ -467,6 +476,28 @@ static int run(int argc, char** argv) {
         for (int i = 0; watch && i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
       } while (watch && !g_interrupted);
       return 0;
+    }
+    if (*mount) {
+      // spoolfs sits beside spool when installed, in ../fuse/ in a build tree, else on PATH.
+      char self[4096];
+      ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+      std::string here = len > 0 ? std::string(self, static_cast<size_t>(len)) : "";
+      here = here.substr(0, here.find_last_of('/'));
+      std::string exe = "spoolfs";
+      for (const std::string& c : {here + "/spoolfs", here + "/../fuse/spoolfs"}) {
+        if (::access(c.c_str(), X_OK) == 0) {
+          exe = c;
+          break;
+        }
+      }
+      std::vector<std::string> args = {exe, dir, mountpoint};
+      args.insert(args.end(), mount_args.begin(), mount_args.end());
+      std::vector<char*> argv_c;
+      for (auto& a : args) argv_c.push_back(a.data());
+      argv_c.push_back(nullptr);
+      ::execvp(exe.c_str(), argv_c.data());
+      std::fprintf(stderr, "spool: cannot run spoolfs (%s); is it installed?\n", std::strerror(errno));
+      return kExitError;
     }
     if (*compact) {
       auto q = open_existing(dir, &err);
