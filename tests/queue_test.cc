@@ -237,6 +237,45 @@ TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
   EXPECT_EQ(q->receive_id(ids->at(1)).status().code(), Code::kNotFound);
 }
 
+TEST_F(QueueTest, RetentionByAgeDropsOldReadyMessagesDurably) {
+  QueueOptions o;
+  o.retention_max_age = 100ms;
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q->send_batch(std::vector<std::string_view>{"old1", "old2", "old3"}).ok());
+    auto leased = q->receive(1, 60s);  // leased messages are never dropped
+    ASSERT_TRUE(leased.ok());
+    std::this_thread::sleep_for(150ms);
+    ASSERT_TRUE(q->send("new").ok());
+    auto got = q->receive(10, 60s);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->size(), 1u);
+    EXPECT_EQ(got->at(0).payload, "new");
+    EXPECT_EQ(q->stats()->expired_total, 2u);
+    EXPECT_TRUE(q->ack(leased->at(0).receipt).ok());
+  }
+  std::filesystem::remove(dir_ / "q/index");
+  auto q = open(o);
+  auto st = q->stats();
+  EXPECT_EQ(st->expired_total, 2u) << "the drops are durable and counted apart from acks";
+  EXPECT_EQ(st->acked_total, 1u);
+  EXPECT_EQ(st->in_flight, 1u);
+}
+
+TEST_F(QueueTest, RetentionByBytesKeepsTheNewestReadyMessages) {
+  QueueOptions o;
+  o.retention_max_bytes = 1000;
+  auto q = open(o);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(q->send(std::string(200, static_cast<char>('a' + i))).ok());
+  auto st = q->stats();
+  EXPECT_EQ(st->ready, 5u);
+  EXPECT_EQ(st->expired_total, 5u);
+  auto left = q->peek(10);
+  ASSERT_EQ(left->size(), 5u);
+  EXPECT_EQ(left->at(0).payload[0], 'f') << "the oldest went first";
+  EXPECT_EQ(q->check_index(), "");
+}
+
 TEST_F(QueueTest, BadInputGetsClearErrors) {
   QueueOptions o;
   o.max_payload = 1000;

@@ -186,6 +186,9 @@ static int run(int argc, char** argv) {
       ->check(CLI::IsMember({"always", "interval", "never"}));
   init->add_option("--segment-size", segment_size, "Bytes per segment file (default 64M)");
   init->add_option("--max-payload", max_payload, "Largest message (default 1M)");
+  std::string retention_age, retention_bytes;
+  init->add_option("--retention-max-age", retention_age, "Drop ready messages older than this (default off)");
+  init->add_option("--retention-max-bytes", retention_bytes, "Drop the oldest ready messages above this much payload (default off)");
   init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always");
 
   auto* send = app.add_subcommand("send", "Send messages; prints each id");
@@ -312,6 +315,8 @@ static int run(int argc, char** argv) {
       o.sync = sync == "always" ? SyncPolicy::kAlways : sync == "never" ? SyncPolicy::kNever : SyncPolicy::kInterval;
       if (!segment_size.empty()) o.segment_size = size_arg("--segment-size", segment_size);
       if (!max_payload.empty()) o.max_payload = size_arg("--max-payload", max_payload);
+      if (!retention_age.empty()) o.retention_max_age = duration_arg("--retention-max-age", retention_age);
+      if (!retention_bytes.empty()) o.retention_max_bytes = size_arg("--retention-max-bytes", retention_bytes);
       QueueOptions probe;
       probe.create = false;
       if (Queue::open(dir, probe).ok()) {

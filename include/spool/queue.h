@@ -40,6 +40,12 @@ struct QueueOptions {
   uint64_t segment_size = 64ull << 20;  // [stored] bytes per segment file (4 KiB .. 1 TiB)
   // [stored] largest message; 0: 1 MiB, or what fits one segment if that is less.
   uint64_t max_payload = 0;
+  // [stored] Retention, off (0) by default: ready messages older than max_age, and the
+  // oldest ready messages while the queue holds more than max_bytes of payload, are
+  // dropped (logged at warn level, counted in Stats::expired_total). Enforced when messages
+  // are received (age) and sent (bytes); leased and delayed messages are never dropped.
+  Millis retention_max_age{0};
+  uint64_t retention_max_bytes = 0;
   bool create = true;              // create the queue if the directory holds none
 };
 
@@ -68,6 +74,7 @@ struct Stats {
   uint64_t sent_total = 0;
   uint64_t acked_total = 0;
   uint64_t dead_lettered_total = 0;
+  uint64_t expired_total = 0;  // dropped by a retention limit
   uint64_t bytes_on_disk = 0;
   uint64_t segments = 0;
   uint64_t next_id = 0;

@@ -29,7 +29,9 @@ Status write_config(const std::string& dir, const Config& c) {
       << "sync = " << sync_name(c.opts.sync) << "\n"
       << "sync_interval_ms = " << c.opts.sync_interval.count() << "\n"
       << "segment_size = " << c.opts.segment_size << "\n"
-      << "max_payload = " << c.opts.max_payload << "\n";
+      << "max_payload = " << c.opts.max_payload << "\n"
+      << "retention_max_age_ms = " << c.opts.retention_max_age.count() << "\n"
+      << "retention_max_bytes = " << c.opts.retention_max_bytes << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -85,6 +87,8 @@ Result<Config> read_config(const std::string& dir) {
     c.opts.sync_interval = Millis(std::stoll(kv.at("sync_interval_ms")));
     c.opts.segment_size = std::stoull(kv.at("segment_size"));
     c.opts.max_payload = std::stoull(kv.at("max_payload"));
+    if (kv.count("retention_max_age_ms")) c.opts.retention_max_age = Millis(std::stoll(kv["retention_max_age_ms"]));
+    if (kv.count("retention_max_bytes")) c.opts.retention_max_bytes = std::stoull(kv["retention_max_bytes"]);
   } catch (const std::exception&) {
     return Status(Code::kCorrupt, path + ": missing or malformed setting");
   }

@@ -227,7 +227,13 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     h.next_id += recs.size();
     h.sent_total += recs.size();
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
-    end = res->end.pack();
+    // Retention by bytes: drop the oldest receivable messages while over the limit (their
+    // records go after the messages just written).
+    while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes &&
+           !q.idx.heap_empty() && q.idx.heap_top().key <= now.boot) {
+      if (Status s = q.expire(q.idx.heap_top().slot); !s.ok()) return s;
+    }
+    end = h.log_end;
     if (d == 0) q.wake(recs.size());
   }
   if (Status s = q.written(end); !s.ok()) return s;
@@ -299,7 +305,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
     if (!taken.ok()) return taken.status();
     if (!*taken) {
       (void)q.written(end);
-      return Status(Code::kNotFound, "message " + std::to_string(id) + " went to the dead-letter queue");
+      return Status(Code::kNotFound, "message " + std::to_string(id) + " was dropped (dead-lettered or past retention)");
     }
     out.push_back(std::move(**taken));
     if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
@@ -457,6 +463,7 @@ Result<Stats> Queue::stats() {
     st.sent_total = h.sent_total;
     st.acked_total = h.acked_total;
     st.dead_lettered_total = h.dead_total;
+    st.expired_total = h.expired_total;
     st.next_id = h.next_id;
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {

@@ -165,7 +165,7 @@ struct Queue::Impl {
     if (Status s = x.reset(); !s.ok()) return s;
     h.next_id = 1;
     h.purged_through = 0;
-    h.sent_total = h.acked_total = h.dead_total = h.bytes_live = 0;
+    h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.bytes_live = 0;
     Clocks now;
     Status failed;
     auto drop = [&](int64_t slot) {
@@ -206,7 +206,7 @@ struct Queue::Impl {
           x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
           return;
         case RecordType::kAck:
-          ++h.acked_total;
+          ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
           if (slot >= 0) drop(slot);
           return;
         case RecordType::kDead:
@@ -229,6 +229,7 @@ struct Queue::Impl {
           h.sent_total = cp->sent_total;
           h.acked_total = cp->acked_total;
           h.dead_total = cp->dead_total;
+          h.expired_total = cp->expired_total;
           h.next_id = std::max(h.next_id, cp->next_id);
           if (cp->purged_through > h.purged_through) {
             // The PURGE itself may have been compacted away: apply it here.
@@ -457,6 +458,12 @@ struct Queue::Impl {
     auto& h = idx.hdr();
     Entry& e = idx.entry(slot);
     auto msg = load(e);
+    if (msg.ok() && cfg.opts.retention_max_age.count() > 0 &&
+        std::chrono::system_clock::now() - msg->enqueued > cfg.opts.retention_max_age) {
+      if (Status s = expire(slot); !s.ok()) return s;
+      *end = h.log_end;
+      return std::optional<Message>();
+    }
     bool poison = cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives;
     if (poison || !msg.ok()) {
       std::string body = msg.ok() ? std::move(msg->payload)
@@ -483,6 +490,22 @@ struct Queue::Impl {
     msg->receive_count = e.count;
     msg->receipt = receipt(e.id, e.count);
     return std::optional<Message>(std::move(*msg));
+  }
+
+  // Drops the message in `slot` for a retention limit: an ACK record flagged EXPIRED, so
+  // the drop is durable and counted apart from consumer acks (lock held).
+  Status expire(uint32_t slot) {
+    auto& h = idx.hdr();
+    Entry& e = idx.entry(slot);
+    Record rec{RecordType::kAck, e.count, e.id, 0, 0, {}, format::kFlagExpired};
+    auto at = append(std::span(&rec, 1));
+    if (!at.ok()) return at.status();
+    spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, e.id, e.len);
+    if (e.state == State::kLeased) --h.leased;
+    h.bytes_live -= e.len;
+    ++h.expired_total;
+    idx.erase(slot);
+    return {};
   }
 
   // Writes the LEASE records of messages just taken, in one batch (lock held). If the

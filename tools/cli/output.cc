@@ -89,6 +89,7 @@ nlohmann::json stats_json(const Stats& s) {
           {"sent_total", s.sent_total},
           {"acked_total", s.acked_total},
           {"dead_lettered_total", s.dead_lettered_total},
+          {"expired_total", s.expired_total},
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments}};
 }
