@@ -99,8 +99,9 @@ TEST_F(CompactTest, LiveMessagesKeepPayloadCountAndLeaseAcrossCompactionAndRebui
     auto before = q->stats();
     auto r = q->compact();
     ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_GT(r->segments_removed, 10u);
     EXPECT_LE(r->messages_copied, live.size()) << "only live messages are copied";
+    // This call and the background compaction the acks triggered leave a short log.
+    EXPECT_LE(q->stats()->segments, 3u);
     auto after = q->stats();
     EXPECT_EQ(after->sent_total, before->sent_total);
     EXPECT_EQ(after->acked_total, before->acked_total);
@@ -152,10 +153,9 @@ TEST_F(CompactTest, ViewIntoARemovedSegmentStillReadsCorrectBytes) {
   std::string_view payload = view->payload;
   auto all = q->receive(1000, 60s);
   for (auto& m : *all) ASSERT_TRUE(q->ack(m.receipt).ok());
-  auto r = q->compact();
-  ASSERT_TRUE(r.ok());
-  ASSERT_GT(r->segments_removed, 0u);
-  EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"));
+  // This call or the background compaction the acks triggered removes segment 1.
+  ASSERT_TRUE(q->compact().ok());
+  ASSERT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"));
   EXPECT_EQ(payload, body + "0") << "the mapping of the removed file still holds the bytes";
 }
 
