@@ -47,7 +47,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "duration.h"
+#include "cli/output.h"
+#include "cli/units.h"
 #include "spool/queue.h"
 
 namespace {
@@ -119,17 +120,6 @@ int errno_of(const Status& s) {
   }
 }
 
-std::string iso_time(std::chrono::system_clock::time_point t) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  time_t secs = static_cast<time_t>(ms / 1000);
-  tm utc{};
-  ::gmtime_r(&secs, &utc);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
-                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
-}
 
 // ---------------------------------------------------------------------------------------
 // File handles (fuse_file_info::fh). Owned by the kernel's open file: created at OPEN or
@@ -575,7 +565,7 @@ class SpoolFs {
     } else if (name == "user.spool.receive_count") {
       *out = std::to_string(meta.receive_count);
     } else if (name == "user.spool.enqueued_at" && meta.enqueued_known) {
-      *out = iso_time(meta.enqueued);
+      *out = spool::cli::iso_time(meta.enqueued);
     } else if (name == "user.spool.receipt" && !receipt.empty()) {
       *out = receipt;
     } else {
@@ -888,7 +878,7 @@ int parse_args(int argc, char** argv, Options* o) {
         start = comma + 1;
         if (opt.empty()) continue;
         if (opt.rfind("visibility=", 0) == 0) {
-          auto d = spool::fs::parse_duration(opt.substr(11));
+          auto d = spool::cli::parse_duration(std::string(opt.substr(11)));
           if (!d || d->count() <= 0)
             return bad("bad visibility '" + opt.substr(11) + "' (e.g. 500ms, 30s, 5m)");
           o->visibility = *d;
