@@ -706,36 +706,19 @@ class SpoolFs {
       std::lock_guard lock(mu_);
       held = held_.size();
     }
-    char buf[2048];
+    // The queue's part is the CLI's `spool stats` output; the mount adds its own counters.
     if (json) {
-      std::snprintf(buf, sizeof buf,
-                    "{\"ready\":%lu,\"in_flight\":%lu,\"delayed\":%lu,\"dead\":%lu,"
-                    "\"oldest_ready_age_s\":%.3f,\"sent_total\":%lu,\"acked_total\":%lu,"
-                    "\"dead_lettered_total\":%lu,\"disk_bytes\":%lu,\"segments\":%lu,"
-                    "\"mount_held\":%zu,\"mount_sent\":%lu,\"mount_send_failures\":%lu,"
-                    "\"listing_limit\":%zu}\n",
-                    s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
-                    s.acked_total, s.dead_lettered_total, s.bytes_on_disk, s.segments, held,
-                    sent_.load(), send_failures_.load(), opts_.limit);
-    } else {
-      std::snprintf(buf, sizeof buf,
-                    "queue          %s\n"
-                    "ready          %lu\n"
-                    "in flight      %lu\n"
-                    "delayed        %lu\n"
-                    "dead           %lu\n"
-                    "oldest ready   %.1fs\n"
-                    "sent total     %lu\n"
-                    "acked total    %lu\n"
-                    "dead-lettered  %lu\n"
-                    "segments       %lu (%.1f MiB on disk)\n"
-                    "mount: held %zu, sent %lu, send failures %lu, listing limit %zu\n",
-                    opts_.queue_dir.c_str(), s.ready, s.in_flight, s.delayed, s.dead,
-                    s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
-                    s.segments, static_cast<double>(s.bytes_on_disk) / (1 << 20), held,
-                    sent_.load(), send_failures_.load(), opts_.limit);
+      auto j = spool::cli::stats_json(s);
+      j["mount_held"] = held;
+      j["mount_sent"] = sent_.load();
+      j["mount_send_failures"] = send_failures_.load();
+      j["listing_limit"] = opts_.limit;
+      return j.dump() + "\n";
     }
-    return std::string(buf);
+    return spool::cli::human_stats(opts_.queue_dir, s) + "mount: held " + std::to_string(held) +
+           ", sent " + std::to_string(sent_.load()) + ", send failures " +
+           std::to_string(send_failures_.load()) + ", listing limit " + std::to_string(opts_.limit) +
+           "\n";
   }
 
   Options opts_;
