@@ -894,6 +894,73 @@ t_work_sigkill_loses_nothing() {
   eq "in_flight" "$(stat_of in_flight q)" 0
 }
 
+t_backpressure_limits() {
+  "$SPOOL" init q --max-ready 2 >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q a b
+  expect 1 "$SPOOL" send q c
+  err_has "queue full"
+  err_has "max_ready is 2"
+  one_line_err
+  # --wait gives up after its time when nobody makes room.
+  local t0=$SECONDS
+  expect 1 "$SPOOL" send q c --wait 300ms
+  err_has "queue full"
+  # ... and succeeds as soon as a consumer makes room.
+  (sleep 0.5 && "$SPOOL" recv q >/dev/null 2>&1) &
+  expect 0 "$SPOOL" send q c --wait 20s
+  wait
+  eq "waiting messages" "$(stat_of ready q)" 2
+  expect 64 "$SPOOL" init q2 --max-ready 10K
+  err_has "bad count '10K' for --max-ready"
+  "$SPOOL" init q3 --max-bytes 1K >/dev/null || fail "init q3"
+  head -c 1000 /dev/zero | "$SPOOL" send q3 >/dev/null || fail "send 1000 bytes"
+  expect 1 "$SPOOL" send q3 "$(head -c 100 /dev/zero | tr '\0' x)"
+  err_has "max_bytes is 1024"
+  ((SECONDS - t0 < 15)) || fail "took too long"
+}
+
+t_send_and_ack_durable() {
+  "$SPOOL" init q --sync never >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q --durable hello
+  eq "id" "$(cat "$D/out")" 1
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" ack q --durable "$(receipt_of)"
+  eq "acked_total" "$(stat_of acked_total q)" 1
+}
+
+t_progress_bar_only_on_a_terminal() {
+  command -v script >/dev/null || fail "script(1) (util-linux) is needed to give spool a terminal"
+  "$SPOOL" init q --segment-size 64K >/dev/null || fail "init"
+  seq -f "%0100g" 1 3000 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  "$SPOOL" recv q -n 3000 --json >msgs || fail "recv"
+  sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' msgs | xargs "$SPOOL" ack q || fail "ack"
+  # Not a terminal: nothing on stderr.
+  expect 0 "$SPOOL" verify q
+  [[ ! -s $D/err ]] || fail "verify wrote to a non-terminal stderr: $(cat "$D/err")"
+  # A terminal (script gives one): the bar is drawn, then cleared.
+  script -qec "$SPOOL compact q" /dev/null >tty.out || fail "compact under script"
+  grep -q 'compact \[#' tty.out || fail "no progress bar: $(cat -v tty.out)"
+  grep -q 'removed [1-9]' tty.out || fail "compact removed nothing: $(cat -v tty.out)"
+  script -qec "$SPOOL verify q" /dev/null >tty.out || fail "verify under script"
+  grep -q 'verify \[#' tty.out || fail "no progress bar: $(cat -v tty.out)"
+}
+
+t_work_sigkill_releases_leases_at_once() {
+  "$SPOOL" init q --visibility 60s >/dev/null || fail "init"
+  "$SPOOL" send q job >/dev/null || fail "send"
+  bg "$SPOOL" work q -- sh -c 'echo started > st; exec sleep 30'
+  local pid=$BGPID
+  started() { [[ -s st ]]; }
+  wait_for 10 started
+  kill -KILL "$pid"
+  local t0
+  t0=$(date +%s%N)
+  expect 0 "$SPOOL" recv q --wait 5s --json
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  ((ms < 1000)) || fail "the message came back after ${ms} ms, not within a second"
+  eq "receive_count" "$(jget receive_count)" 2
+}
+
 t_work_errors() {
   "$SPOOL" init q >/dev/null || fail "init"
   expect 1 "$SPOOL" work q -- /nonexistent/command
@@ -940,6 +1007,10 @@ TESTS=(
   t_work_ctrl_c_lets_commands_finish
   t_work_second_signal_stops_commands
   t_work_sigkill_loses_nothing
+  t_work_sigkill_releases_leases_at_once
+  t_backpressure_limits
+  t_send_and_ack_durable
+  t_progress_bar_only_on_a_terminal
   t_work_errors
   t_failed_open_leaves_directory_untouched
 )

@@ -24,44 +24,12 @@
 namespace spool {
 namespace {
 
+using test::mono_ns;
+using test::spawn;
 using test::TempDir;
+using test::wait_exit;
+using test::wait_for_file;
 using namespace std::chrono_literals;
-
-pid_t spawn(const std::function<int()>& child) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    // A failed assertion in the parent must not leave children behind holding its pipes.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int rc = 99;
-    try {
-      rc = child();
-    } catch (...) {
-    }
-    ::_exit(rc);
-  }
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-uint64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-bool wait_for_file(const std::string& path, std::chrono::milliseconds limit) {
-  auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    if (std::filesystem::exists(path)) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return false;
-}
 
 // Whether `fd` becomes readable within `ms`.
 bool readable(int fd, int ms) {

@@ -1,11 +1,17 @@
 #include "test_util.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 
 namespace spool::test {
 
@@ -29,6 +35,45 @@ double scale() {
   const char* s = std::getenv("SPOOL_TEST_SCALE");
   double v = s != nullptr ? std::atof(s) : 1.0;
   return v > 0 ? v : 1.0;
+}
+
+}  // namespace spool::test
+
+namespace spool::test {
+
+pid_t spawn(const std::function<int()>& child) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int rc = 99;
+    try {
+      rc = child();
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+uint64_t mono_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool wait_for_file(const std::string& path, std::chrono::milliseconds limit) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (std::filesystem::exists(path)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
 }
 
 }  // namespace spool::test

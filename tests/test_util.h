@@ -1,7 +1,12 @@
 // Helpers shared by the tests: a temporary directory that removes itself.
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace spool::test {
@@ -27,5 +32,18 @@ namespace spool::test {
 // fraction, so the same test proves the same behaviour at a size ASan can afford.
 double scale();
 inline int scaled(int n) { return std::max(1, static_cast<int>(n * scale())); }
+
+}  // namespace spool::test
+
+namespace spool::test {
+
+// Runs `child` in a forked process that exits with its return value (99 if it throws) and
+// dies with the test process (PR_SET_PDEATHSIG), so a failed assertion leaves no orphans.
+pid_t spawn(const std::function<int()>& child);
+// Reaps `pid`: its exit status, or 128 + the signal that killed it.
+int wait_exit(pid_t pid);
+uint64_t mono_ns();
+// Polls for `path` to exist, up to `limit`.
+bool wait_for_file(const std::string& path, std::chrono::milliseconds limit);
 
 }  // namespace spool::test

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cli/output.h"
+#include "cli/progress.h"
 #include "cli/units.h"
 #include "cli/work.h"
 #include "spool/queue.h"
@@ -46,6 +47,14 @@ uint64_t size_arg(const std::string& flag, const std::string& text) {
   auto s = parse_size(text);
   if (!s) throw UsageError{"bad size '" + text + "' for " + flag + " (use 4096, 64K, 64M or 1G)"};
   return *s;
+}
+
+// A count of messages: digits only (a K or M suffix would mean 1024s, which no one expects).
+uint64_t count_arg(const std::string& flag, const std::string& text) {
+  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+    throw UsageError{"bad count '" + text + "' for " + flag + " (a whole number, such as 100000)"};
+  }
+  return std::stoull(text);
 }
 
 // What to suggest for a path that is not a queue: `spool init` only works on a new or empty
@@ -189,14 +198,21 @@ static int run(int argc, char** argv) {
   std::string retention_age, retention_bytes;
   init->add_option("--retention-max-age", retention_age, "Drop ready messages older than this (default off)");
   init->add_option("--retention-max-bytes", retention_bytes, "Drop the oldest ready messages above this much payload (default off)");
-  init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always");
+  std::string max_ready, max_bytes;
+  init->add_option("--max-ready", max_ready, "Back-pressure: refuse sends beyond N messages waiting (default off)");
+  init->add_option("--max-bytes", max_bytes, "Back-pressure: refuse sends beyond this much payload queued (default off)");
+  init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000");
 
   auto* send = app.add_subcommand("send", "Send messages; prints each id");
   dir_opt(send);
   send->add_option("MESSAGE", messages, "Messages (none: all of stdin is one message)");
   send->add_option("--delay", delay, "Deliver no earlier than this from now");
   send->add_flag("--lines", lines, "One message per line of stdin (sent in batches)");
-  send->footer("Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list");
+  bool durable = false;
+  send->add_flag("--durable", durable, "Return only once the messages are on disk, whatever the queue's --sync");
+  send->add_option("--wait", wait, "When the queue is full (--max-ready/--max-bytes), wait up to this long for room");
+  send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
+               "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list");
 
   auto* recv = app.add_subcommand("recv", "Receive (lease) messages");
   dir_opt(recv);
@@ -211,6 +227,7 @@ static int run(int argc, char** argv) {
   auto* ack = app.add_subcommand("ack", "Acknowledge (delete) received messages");
   dir_opt(ack);
   ack->add_option("RECEIPT", receipts, "Receipts printed by recv")->required();
+  ack->add_flag("--durable", durable, "Return only once the ack is on disk, whatever the queue's --sync");
   ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).");
 
   auto* nack = app.add_subcommand("nack", "Return a received message to the queue");
@@ -317,6 +334,8 @@ static int run(int argc, char** argv) {
       if (!max_payload.empty()) o.max_payload = size_arg("--max-payload", max_payload);
       if (!retention_age.empty()) o.retention_max_age = duration_arg("--retention-max-age", retention_age);
       if (!retention_bytes.empty()) o.retention_max_bytes = size_arg("--retention-max-bytes", retention_bytes);
+      if (!max_ready.empty()) o.max_ready = count_arg("--max-ready", max_ready);
+      if (!max_bytes.empty()) o.max_bytes = size_arg("--max-bytes", max_bytes);
       QueueOptions probe;
       probe.create = false;
       if (Queue::open(dir, probe).ok()) {
@@ -332,7 +351,10 @@ static int run(int argc, char** argv) {
       return 0;
     }
     if (*send) {
-      Millis d = delay.empty() ? Millis(0) : duration_arg("--delay", delay);
+      SendOptions so;
+      if (!delay.empty()) so.delay = duration_arg("--delay", delay);
+      if (!wait.empty()) so.wait_for_room = duration_arg("--wait", wait);
+      if (durable) so.durability = Durability::kSync;
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
       std::vector<std::string> bodies = messages;
@@ -357,7 +379,7 @@ static int run(int argc, char** argv) {
       for (size_t i = 0; i < bodies.size(); i += 1000) {
         std::vector<std::string_view> batch(bodies.begin() + static_cast<ptrdiff_t>(i),
                                             bodies.begin() + static_cast<ptrdiff_t>(std::min(bodies.size(), i + 1000)));
-        auto ids = q->send_batch(batch, d);
+        auto ids = q->send_batch(batch, so);
         if (!ids.ok()) return fail(ids.status(), dir);
         for (uint64_t id : *ids) std::printf("%lu\n", id);
       }
@@ -387,7 +409,7 @@ static int run(int argc, char** argv) {
       if (!q) return fail(err, dir);
       int rc = 0;
       for (const auto& r : receipts) {
-        Status s = q->ack(r);
+        Status s = q->ack(r, durable ? Durability::kSync : Durability::kQueuePolicy);
         if (!s.ok()) {
           int code = fail(s, dir);
           if (rc == 0 || code == kExitLeaseLost) rc = code;
@@ -431,12 +453,23 @@ static int run(int argc, char** argv) {
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
       if (dlq_action == "redrive") {
-        auto moved = q->redrive(SIZE_MAX);
-        if (!moved.ok()) return fail(moved.status(), dir);
+        // In chunks, for the progress bar: the total is the dead-letter depth at the start.
+        uint64_t total = 0, moved = 0;
+        if (auto d = q->dead_letters(); d.ok()) {
+          if (auto ds = (*d)->stats(); ds.ok()) total = ds->ready + ds->delayed + ds->in_flight;
+        }
+        cli::ProgressBar bar("redrive");
+        for (;;) {
+          auto chunk = q->redrive(1000);
+          if (!chunk.ok()) return fail(chunk.status(), dir);
+          moved += *chunk;
+          bar.update(moved, std::max(total, moved));
+          if (*chunk < 1000) break;
+        }
         if (json) {
-          std::printf("{\"redriven\":%lu}\n", *moved);
+          std::printf("{\"redriven\":%lu}\n", moved);
         } else {
-          std::fprintf(stderr, "redrove %lu messages\n", *moved);
+          std::fprintf(stderr, "redrove %lu messages\n", moved);
         }
         return 0;
       }
@@ -507,7 +540,8 @@ static int run(int argc, char** argv) {
     if (*compact) {
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
-      auto r = q->compact();
+      cli::ProgressBar bar("compact");
+      auto r = q->compact([&](uint64_t done, uint64_t total) { bar.update(done, total); });
       if (!r.ok()) return fail(r.status(), dir);
       if (json) {
         std::printf("{\"segments_removed\":%lu,\"messages_copied\":%lu,\"bytes_freed\":%lu}\n",
@@ -521,7 +555,8 @@ static int run(int argc, char** argv) {
     if (*verify) {
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
-      auto r = q->verify(repair);
+      cli::ProgressBar bar("verify");
+      auto r = q->verify(repair, [&](uint64_t done, uint64_t total) { bar.update(done, total); });
       if (!r.ok()) return fail(r.status(), dir);
       if (json) {
         nlohmann::json j{{"ok", r->ok()}, {"segments", r->segments}, {"records", r->records},

@@ -7,6 +7,9 @@
 // Choose interval well below extend_by, so that a renewal delayed by one interval still
 // lands before the lease ends.
 //
+// The lease is bound to the process (Queue::bind): if the process dies, the message is
+// ready again at once.
+//
 // Thread-safety: a LeaseKeeper runs one background thread; its methods may be called from
 // any thread. The Queue must outlive it.
 #pragma once

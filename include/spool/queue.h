@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,7 +47,24 @@ struct QueueOptions {
   // are received (age) and sent (bytes); leased and delayed messages are never dropped.
   Millis retention_max_age{0};
   uint64_t retention_max_bytes = 0;
+  // [stored] Back-pressure, off (0) by default: a send that would leave more than max_ready
+  // messages waiting (ready or delayed, not leased), or more than max_bytes of payload in
+  // the queue, fails with kQueueFull (or waits for room, see SendOptions).
+  uint64_t max_ready = 0;
+  uint64_t max_bytes = 0;
   bool create = true;              // create the queue if the directory holds none
+};
+
+// Per-call durability: kSync makes this one call return only once it is on disk, on a queue
+// whose policy is interval or never (concurrent kSync callers share one fdatasync).
+enum class Durability { kQueuePolicy, kSync };
+
+struct SendOptions {
+  Millis delay{0};  // receivable only after this
+  Durability durability = Durability::kQueuePolicy;
+  // When the queue is at max_ready / max_bytes: wait up to this long for room (woken at once
+  // when consumers make room) before failing with kQueueFull. 0: fail at once.
+  Millis wait_for_room{0};
 };
 
 struct Message {
@@ -83,6 +101,10 @@ struct Stats {
   uint64_t workers_needed(double rate_per_worker, double latency_target_s) const;
 };
 
+// Called now and then by long operations (compact, verify) with the work done so far and
+// the total, in the same units; for progress bars. May be empty.
+using Progress = std::function<void(uint64_t done, uint64_t total)>;
+
 struct CompactResult {
   uint64_t segments_removed = 0;
   uint64_t messages_copied = 0;  // live messages moved out of the removed segments
@@ -114,6 +136,12 @@ class Queue {
   // All or nothing: either every payload is queued (consecutive ids) or none is.
   Result<std::vector<uint64_t>> send_batch(std::span<const std::string_view> payloads,
                                            Millis delay = Millis{0});
+  Result<uint64_t> send(std::string_view payload, const SendOptions& opts);
+  Result<std::vector<uint64_t>> send_batch(std::span<const std::string_view> payloads,
+                                           const SendOptions& opts);
+  // The durable watermark: every message with an id <= durable_id() is on disk (by this
+  // or any other process's sync). Cheap (one atomic load).
+  uint64_t durable_id();
 
   // Leases up to `max` messages for `visibility` (0: the queue's default). With `wait` > 0
   // sleeps until a message is receivable or `wait` passes, woken at once by any process.
@@ -128,11 +156,22 @@ class Queue {
 
   // Deletes the message. kLeaseLost if the lease expired and the message was received
   // again (the receipt is stale: nothing changes); kNotFound if it is already gone.
-  Status ack(std::string_view receipt);
+  Status ack(std::string_view receipt, Durability durability = Durability::kQueuePolicy);
   // Makes the message receivable again after `delay`. Same errors as ack.
   Status nack(std::string_view receipt, Millis delay = Millis{0});
   // Renews the lease to end `visibility` from now. Same errors as ack.
   Status extend(std::string_view receipt, Millis visibility);
+
+  // Instant release on death: binds the leases this Queue takes from now on (bind_leases)
+  // or the one lease `receipt` names (bind) to this process. When the process dies, those
+  // leases return to ready within a fraction of a second, found by the next process that
+  // takes the index lock or waits in receive, instead of after the visibility timeout.
+  // Liveness is an OFD lock on the process's slot in dir/owners (not a PID, so PID reuse
+  // and PID namespaces cannot fool it). A Queue that is closed releases its bound leases
+  // too. At most 128 processes bind at once (kQueueFull beyond). A fork()ed child does not
+  // inherit the binding.
+  Status bind_leases();
+  Status bind(std::string_view receipt);
 
   // Up to `max` messages in id order, without payloads; only receivable ones with
   // `ready_only`.
@@ -152,14 +191,14 @@ class Queue {
   // caller waits). Compaction also runs on its own, in a background thread of whichever
   // process rolls the log to a new segment, when the oldest segments are at most a quarter
   // live (docs/compaction.md).
-  Result<CompactResult> compact();
+  Result<CompactResult> compact(const Progress& progress = {});
 
   // fsck: checks every segment (headers, checksums, sequence), replays the log into a
   // private index and compares it with the shared one, and recounts the counters. With
   // `repair`, rebuilds the shared index from the log if they disagree (records lost to
   // corruption cannot be brought back; they are reported). Holds the index lock while it
   // compares, so other processes pause for a moment on a large queue.
-  Result<VerifyReport> verify(bool repair);
+  Result<VerifyReport> verify(bool repair, const Progress& progress = {});
 
   // The dead-letter queue (a queue of its own, in dir/dlq, that never dead-letters).
   Result<Queue*> dead_letters();

@@ -35,12 +35,16 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 1;
+inline constexpr uint32_t kIndexVersion = 2;  // 2: lease owners
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kMinCapacity = 1024;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
 
-enum class State : uint32_t { kReady = 1, kLeased = 2 };
+enum class State : uint8_t { kReady = 1, kLeased = 2 };
+
+// Processes that bind their leases (Queue::bind_leases) each claim one owner slot; at most
+// this many at once.
+inline constexpr uint32_t kOwnerSlots = 128;
 
 struct Entry {
   uint64_t id;        // 0: empty slot
@@ -49,6 +53,8 @@ struct Entry {
   uint32_t heap_pos;  // where this entry's item sits in the heap
   uint32_t count;     // receive count == lease generation
   State state;
+  uint8_t reserved;
+  uint16_t owner;     // 1 + owner slot of the process the lease is bound to; 0: unbound
 };
 static_assert(sizeof(Entry) == 32);
 
@@ -81,11 +87,18 @@ struct alignas(64) IndexHeader {
   uint64_t expired_total;  // dropped by a retention limit
   uint64_t bytes_live;
   uint64_t compacted_through;  // every segment <= this was removed by compaction
+  uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
+  uint32_t owners_claimed;         // number of claimed owner slots
+  uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
   // Lock-free:
   alignas(64) std::atomic<uint32_t> wake_seq;  // futex word: bumped when something became receivable
   std::atomic<uint32_t> waiters;
+  alignas(64) std::atomic<uint32_t> room_seq;  // futex word: bumped when a full queue may have room
+  std::atomic<uint32_t> room_waiters;
   alignas(64) std::atomic<uint64_t> durable_end;  // packed Pos synced to disk
   std::atomic<uint64_t> last_sync_ns;
+  std::atomic<uint64_t> sent_through;  // highest id sent; stored after log_end (release)
+  std::atomic<uint64_t> durable_id;    // every message with an id <= this is on disk
 };
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 

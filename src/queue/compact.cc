@@ -39,7 +39,7 @@ struct FdCloser {
 
 }  // namespace
 
-Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
+Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Progress& progress) {
   if (Status s = writable(); !s.ok()) return s;
   CompactResult res;
   std::string lock_path = dir + "/compact.lock";
@@ -88,7 +88,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(e.id);
     });
   }
-  for (size_t next = 0; next < ids.size();) {
+  // Progress counts messages to copy, then segments to remove.
+  const uint64_t work = ids.size() + prefix.size();
+  auto report = [&](uint64_t done) {
+    if (progress) progress(done, work);
+  };
+  for (size_t next = 0; next < ids.size(); report(next)) {
     auto held = lock();
     if (!held.ok()) return held.status();
     std::vector<uint32_t> slots;
@@ -157,6 +162,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
     if (::stat(path.c_str(), &st) == 0) res.bytes_freed += static_cast<uint64_t>(st.st_blocks) * 512;
     if (int r = log->io().unlink(path); r < 0 && r != -ENOENT) return errno_status(-r, "remove " + path);
     ++res.segments_removed;
+    report(ids.size() + res.segments_removed);
     h.compacted_through = seq;
     crashpoint("compact.after_unlink");
   }
@@ -167,6 +173,6 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait) {
   return res;
 }
 
-Result<CompactResult> Queue::compact() { return impl_->compact(true, true); }
+Result<CompactResult> Queue::compact(const Progress& progress) { return impl_->compact(true, true, progress); }
 
 }  // namespace spool

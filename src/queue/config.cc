@@ -31,7 +31,9 @@ Status write_config(const std::string& dir, const Config& c) {
       << "segment_size = " << c.opts.segment_size << "\n"
       << "max_payload = " << c.opts.max_payload << "\n"
       << "retention_max_age_ms = " << c.opts.retention_max_age.count() << "\n"
-      << "retention_max_bytes = " << c.opts.retention_max_bytes << "\n";
+      << "retention_max_bytes = " << c.opts.retention_max_bytes << "\n"
+      << "max_ready = " << c.opts.max_ready << "\n"
+      << "max_bytes = " << c.opts.max_bytes << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -89,6 +91,8 @@ Result<Config> read_config(const std::string& dir) {
     c.opts.max_payload = std::stoull(kv.at("max_payload"));
     if (kv.count("retention_max_age_ms")) c.opts.retention_max_age = Millis(std::stoll(kv["retention_max_age_ms"]));
     if (kv.count("retention_max_bytes")) c.opts.retention_max_bytes = std::stoull(kv["retention_max_bytes"]);
+    if (kv.count("max_ready")) c.opts.max_ready = std::stoull(kv["max_ready"]);
+    if (kv.count("max_bytes")) c.opts.max_bytes = std::stoull(kv["max_bytes"]);
   } catch (const std::exception&) {
     return Status(Code::kCorrupt, path + ": missing or malformed setting");
   }

@@ -5,7 +5,11 @@
 namespace spool {
 
 LeaseKeeper::LeaseKeeper(Queue& queue, std::string receipt, Options opts)
-    : queue_(queue), receipt_(std::move(receipt)), opts_(opts), thread_([this] { run(); }) {}
+    : queue_(queue), receipt_(std::move(receipt)), opts_(opts), thread_([this] { run(); }) {
+  // A task kept alive by a keeper dies with its process; so should its lease. If binding is
+  // impossible (all owner slots taken) the lease still runs out on its own.
+  (void)queue_.bind(receipt_);
+}
 
 LeaseKeeper::~LeaseKeeper() { stop(); }
 

@@ -178,30 +178,66 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 }
 
 Result<uint64_t> Queue::send(std::string_view payload, Millis delay) {
-  auto ids = send_batch(std::span(&payload, 1), delay);
+  return send(payload, SendOptions{.delay = delay});
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads, Millis delay) {
+  return send_batch(payloads, SendOptions{.delay = delay});
+}
+
+Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
+  auto ids = send_batch(std::span(&payload, 1), opts);
   if (!ids.ok()) return ids.status();
   return ids->front();
 }
 
-Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads, Millis delay) {
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
+                                                const SendOptions& opts) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return std::vector<uint64_t>{};
+  uint64_t total = 0;
   for (auto p : payloads) {
     if (p.size() > q.cfg.opts.max_payload) {
       return Status(Code::kTooLarge, "message of " + std::to_string(p.size()) +
                                          " bytes exceeds the queue's max_payload of " +
                                          std::to_string(q.cfg.opts.max_payload) + " bytes");
     }
+    total += p.size();
   }
-  Clocks now;
-  uint64_t d = ms_to_ns(delay);
+  if ((q.cfg.opts.max_ready != 0 && payloads.size() > q.cfg.opts.max_ready) ||
+      (q.cfg.opts.max_bytes != 0 && total > q.cfg.opts.max_bytes)) {
+    return Status(Code::kQueueFull, "a batch of " + std::to_string(payloads.size()) + " messages (" +
+                                        std::to_string(total) + " bytes) can never fit " + q.dir +
+                                        "'s max_ready / max_bytes; send it in smaller batches");
+  }
+  if (opts.delay.count() < 0 || opts.wait_for_room.count() < 0) {
+    return Status(Code::kInvalidArgument, "delay and wait_for_room must not be negative");
+  }
+  const uint64_t d = ms_to_ns(opts.delay);
+  const uint64_t give_up = sys::boot_ns() + ms_to_ns(opts.wait_for_room);
   uint64_t end;
   std::vector<uint64_t> ids;
-  {
+  for (;;) {
     auto held = q.lock();
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
+    uint32_t seen = h.room_seq.load(std::memory_order_acquire);
+    if (std::string full = q.full_reason(payloads.size(), total); !full.empty()) {
+      uint64_t t = sys::boot_ns();
+      if (t >= give_up) {
+        return Status(Code::kQueueFull, "queue full: " + q.dir + " has " + full +
+                                            "; consumers must catch up, or raise the limit");
+      }
+      // Wait outside the lock; the Locked guard releases it when `held` goes out of scope.
+      auto wait_ns = std::min(give_up - t, kMaxWaitSliceNs);
+      { [[maybe_unused]] auto release = std::move(held).value(); }
+      h.room_waiters.fetch_add(1);
+      sys::futex_wait(&h.room_seq, seen, wait_ns);
+      h.room_waiters.fetch_sub(1);
+      continue;
+    }
+    Clocks now;
     std::vector<Record> recs;
     recs.reserve(payloads.size());
     for (size_t i = 0; i < payloads.size(); ++i) {
@@ -212,7 +248,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     if (!q.park_append_path.empty()) Impl::park(q.park_append_path);
     for (size_t i = 0; i < recs.size(); ++i) {
       Entry e{recs[i].id, res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), index::kNoPos, 0,
-              State::kReady};
+              State::kReady, 0, 0};
       if (auto ins = q.idx.insert(e, now.boot + d); !ins.ok()) {
         // The log already holds the messages; only the index could not grow. Rebuilding
         // from the log keeps the two in step (the messages stay queued).
@@ -227,6 +263,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     h.next_id += recs.size();
     h.sent_total += recs.size();
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+    h.sent_through.store(h.next_id - 1, std::memory_order_release);
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written).
     while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes &&
@@ -235,8 +272,9 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     }
     end = h.log_end;
     if (d == 0) q.wake(recs.size());
+    break;
   }
-  if (Status s = q.written(end); !s.ok()) return s;
+  if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return ids;
 }
 
@@ -275,7 +313,8 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
     uint64_t now = sys::boot_ns();
     if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
     uint64_t until = std::min(give_up, next_key);
-    uint64_t slice = std::min(until > now ? until - now : 0, kMaxWaitSliceNs);
+    uint64_t slice = std::min(until > now ? until - now : 0,
+                              h.owners_claimed != 0 ? kBoundWaitSliceNs : kMaxWaitSliceNs);
     if (slice == 0) continue;
     h.waiters.fetch_add(1);
     sys::futex_wait(&h.wake_seq, seen, slice);
@@ -335,7 +374,8 @@ namespace {
 enum class Change { kAck, kNack, kExtend };
 }
 
-static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns) {
+static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
+                     Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
   auto r = q.parse_receipt(receipt);
   if (!r.ok()) return r.status();
@@ -361,6 +401,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
         h.bytes_live -= e.len;
         ++h.acked_total;
         q.idx.erase(*slot);
+        q.room();
         break;
       case Change::kNack:
         if (was_leased) --h.leased;
@@ -376,10 +417,42 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
-  return q.written(end);
+  return q.written(end, durability);
 }
 
-Status Queue::ack(std::string_view receipt) { return change(*impl_, receipt, Change::kAck, 0); }
+Status Queue::ack(std::string_view receipt, Durability durability) {
+  return change(*impl_, receipt, Change::kAck, 0, durability);
+}
+
+Status Queue::bind_leases() {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  auto held = q.lock();
+  if (!held.ok()) return held.status();
+  if (Status s = q.claim_owner_slot(); !s.ok()) return s;
+  q.bind_all = true;
+  return {};
+}
+
+Status Queue::bind(std::string_view receipt) {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  auto r = q.parse_receipt(receipt);
+  if (!r.ok()) return r.status();
+  auto held = q.lock();
+  if (!held.ok()) return held.status();
+  auto slot = q.fenced(r->first, r->second);
+  if (!slot.ok()) return slot.status();
+  if (Status s = q.claim_owner_slot(); !s.ok()) return s;
+  Entry& e = q.idx.entry(*slot);
+  if (e.state != State::kLeased) {
+    return Status(Code::kLeaseLost, "message " + std::to_string(e.id) + " is not leased (it was nacked)");
+  }
+  e.owner = static_cast<uint16_t>(q.owner_slot + 1);
+  return {};
+}
+
+uint64_t Queue::durable_id() { return impl_->idx.hdr().durable_id.load(std::memory_order_acquire); }
 Status Queue::nack(std::string_view receipt, Millis delay) {
   return change(*impl_, receipt, Change::kNack, ms_to_ns(delay));
 }
@@ -424,6 +497,7 @@ Result<uint64_t> Queue::purge() {
     if (Status s = q.idx.reset(); !s.ok()) return s;
     h.heap_size = 0;
     end = h.log_end;
+    q.room();
   }
   if (Status s = q.written(end); !s.ok()) return s;
   return n;

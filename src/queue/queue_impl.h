@@ -30,6 +30,7 @@
 #include "storage/log.h"
 #include "sys/clock.h"
 #include "sys/futex.h"
+#include "sys/ofd_lock.h"
 
 namespace spool {
 
@@ -42,6 +43,11 @@ using storage::Record;
 namespace detail {
 
 inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits (PITFALLS §1)
+// How often lock holders look for dead lease owners, and how long a long poll sleeps at
+// most while any process binds its leases: together they bound how late a dead worker's
+// leases come back.
+inline constexpr uint64_t kReapIntervalNs = 200'000'000;
+inline constexpr uint64_t kBoundWaitSliceNs = 250'000'000;
 
 inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull; }
 
@@ -60,6 +66,8 @@ struct Clocks {
 using detail::Clocks;
 using detail::ms_to_ns;
 using detail::kMaxWaitSliceNs;
+using detail::kReapIntervalNs;
+using detail::kBoundWaitSliceNs;
 
 struct Queue::Impl {
   std::string dir;
@@ -82,7 +90,15 @@ struct Queue::Impl {
   std::condition_variable flush_cv;
   bool stopping = false;
 
+  // Instant release on death (bind_leases): this Queue's owner slot and the descriptor that
+  // holds its liveness lock (or that probes others'; -1 in a fork child).
+  std::atomic<int> owners_fd{-1};
+  int owner_slot = -1;  // guarded by the index lock
+  pid_t owner_pid = 0;
+  std::atomic<bool> bind_all{false};
+
   ~Impl() {
+    release_own_slot();
     stop_compactor();
     if (flusher.joinable()) {
       {
@@ -95,6 +111,8 @@ struct Queue::Impl {
     if (log && !read_only && cfg.opts.sync != SyncPolicy::kNever) (void)sync_to(idx.hdr().log_end);
     if (lock_fd >= 0) ::close(lock_fd);
     if (gate_fd >= 0) ::close(gate_fd);
+    sys::forget_in_fork_child(&owners_fd);
+    if (int fd = owners_fd.exchange(-1); fd >= 0) ::close(fd);
   }
 
   // ---- locking -------------------------------------------------------------------------
@@ -143,6 +161,7 @@ struct Queue::Impl {
       forgotten_through = idx.hdr().compacted_through;
       log->forget_below(forgotten_through + 1);
     }
+    reap_dead_owners();
     if (!park_path.empty()) park(park_path);
     return held;
   }
@@ -184,7 +203,7 @@ struct Queue::Impl {
       switch (r.type) {
         case RecordType::kMsg: {
           if (r.id <= h.purged_through || x.find(r.id) >= 0) return;
-          Entry e{r.id, pos.pack(), static_cast<uint32_t>(r.payload.size()), index::kNoPos, 0, State::kReady};
+          Entry e{r.id, pos.pack(), static_cast<uint32_t>(r.payload.size()), index::kNoPos, 0, State::kReady, 0, 0};
           auto ins = x.insert(e, now.to_key(r.t2));
           if (!ins.ok()) failed = ins.status();
           if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
@@ -247,7 +266,9 @@ struct Queue::Impl {
     if (!rec.ok()) return rec.status();
     if (!failed.ok()) return failed;
     h.log_end = rec->end.pack();
+    h.sent_through.store(h.next_id - 1, std::memory_order_release);
     h.durable_end.store(0);
+    h.durable_id.store(0);
     if (!rec->corrupt.empty()) {
       spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
                     rec->corrupt.size());
@@ -275,13 +296,14 @@ struct Queue::Impl {
     }
     Status s;
     if (h.durable_end.load(std::memory_order_acquire) < end) {
-      // Everything published up to now rides along: this is the group commit.
+      // Everything published up to now rides along: this is the group commit. sent_through
+      // is read first: it is stored after log_end, so the target covers every id up to it.
+      uint64_t ids = h.sent_through.load(std::memory_order_acquire);
       uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
       s = log->sync(Pos::unpack(target).seq);
       if (s.ok()) {
-        uint64_t cur = h.durable_end.load();
-        while (cur < target && !h.durable_end.compare_exchange_weak(cur, target)) {
-        }
+        raise(h.durable_end, target);
+        raise(h.durable_id, ids);
         h.last_sync_ns.store(sys::boot_ns());
       }
     }
@@ -289,9 +311,16 @@ struct Queue::Impl {
     return s;
   }
 
-  // After a write returned by the lock holder: honour the sync policy.
-  Status written(uint64_t end) {
+  static void raise(std::atomic<uint64_t>& a, uint64_t v) {
+    uint64_t cur = a.load();
+    while (cur < v && !a.compare_exchange_weak(cur, v)) {
+    }
+  }
+
+  // After a write returned by the lock holder: honour the sync policy (or sync now).
+  Status written(uint64_t end, Durability d = Durability::kQueuePolicy) {
     maybe_compact(end);
+    if (d == Durability::kSync) return sync_to(end);
     switch (cfg.opts.sync) {
       case SyncPolicy::kAlways:
         return sync_to(end);
@@ -389,6 +418,139 @@ struct Queue::Impl {
     }
   }
 
+  // Consumers made room in a queue with back-pressure limits: wake every sender waiting for
+  // room (each rechecks the limits under the lock).
+  void room() {
+    if (cfg.opts.max_ready == 0 && cfg.opts.max_bytes == 0) return;
+    auto& h = idx.hdr();
+    h.room_seq.fetch_add(1, std::memory_order_release);
+    if (h.room_waiters.load(std::memory_order_acquire) > 0) sys::futex_wake(&h.room_seq, INT32_MAX);
+  }
+
+  // Why a send of `n` messages / `bytes` payload bytes does not fit now; "" if it does.
+  // Lock held.
+  std::string full_reason(uint64_t n, uint64_t bytes) {
+    auto& h = idx.hdr();
+    const auto& o = cfg.opts;
+    uint64_t waiting = h.count - h.leased;
+    if (o.max_ready != 0 && waiting + n > o.max_ready) {
+      return std::to_string(waiting) + " messages waiting, max_ready is " + std::to_string(o.max_ready);
+    }
+    if (o.max_bytes != 0 && h.bytes_live + bytes > o.max_bytes) {
+      return std::to_string(h.bytes_live) + " bytes queued, max_bytes is " + std::to_string(o.max_bytes);
+    }
+    return "";
+  }
+
+  // ---- lease owners (instant release on death) ------------------------------------------
+
+  Status open_owners() {
+    if (owners_fd.load() >= 0) return {};
+    int fd = ::open((dir + "/owners").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) return errno_status(errno, "open " + dir + "/owners");
+    int none = -1;
+    if (!owners_fd.compare_exchange_strong(none, fd)) {
+      ::close(fd);
+    } else if (!sys::close_in_fork_child(&owners_fd)) {
+      spool::log().warn("spool: {}: too many open queues to guard their liveness locks across fork()", dir);
+    }
+    return {};
+  }
+
+  // Claims an owner slot for this Queue (lock held): a free one, or one whose owner died
+  // (its leftover leases are released first).
+  Status claim_owner_slot() {
+    if (owner_slot >= 0) return {};
+    if (Status s = open_owners(); !s.ok()) return s;
+    auto& h = idx.hdr();
+    int fd = owners_fd.load();
+    for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
+      if (h.owner_claimed[k] != 0 && sys::ofd_held_elsewhere(fd, k)) continue;
+      if (sys::ofd_trylock(fd, k) != 0) continue;
+      if (h.owner_claimed[k] != 0) release_owned(std::span(&k, 1));
+      h.owner_claimed[k] = 1;
+      ++h.owners_claimed;
+      owner_slot = static_cast<int>(k);
+      owner_pid = ::getpid();
+      return {};
+    }
+    return Status(Code::kQueueFull, dir + ": " + std::to_string(index::kOwnerSlots) +
+                                        " processes already bind their leases; this one cannot");
+  }
+
+  // Returns the leases bound to the owner slots `ks` to ready now and frees the slots (lock
+  // held). Leases that already ran out only lose their tag.
+  void release_owned(std::span<const uint32_t> ks) {
+    auto& h = idx.hdr();
+    bool mine[index::kOwnerSlots + 1] = {};
+    for (uint32_t k : ks) mine[k + 1] = true;
+    Clocks now;
+    std::vector<uint32_t> victims;
+    idx.for_each_entry([&](uint32_t s, Entry& e) {
+      if (e.owner == 0 || !mine[e.owner]) return;
+      if (e.state == State::kLeased && idx.heap_begin()[e.heap_pos].key > now.boot) {
+        victims.push_back(s);
+      } else {
+        e.owner = 0;
+      }
+    });
+    if (!victims.empty()) {
+      std::vector<Record> recs;
+      for (uint32_t s : victims) {
+        const Entry& e = idx.entry(s);
+        recs.push_back(Record{RecordType::kRelease, e.count, e.id, 0, now.rt, {}});
+      }
+      bool logged = append(recs).ok();  // if not, the leases simply run out as usual
+      for (uint32_t s : victims) {
+        Entry& e = idx.entry(s);
+        e.owner = 0;
+        if (!logged) continue;
+        e.state = State::kReady;
+        --h.leased;
+        idx.set_key(s, now.boot);
+      }
+      if (logged) wake(victims.size());
+      spool::log().info("spool: {}: released {} lease(s) of a process that is gone", dir, victims.size());
+    }
+    for (uint32_t k : ks) {
+      if (h.owner_claimed[k] == 0) continue;
+      h.owner_claimed[k] = 0;
+      --h.owners_claimed;
+    }
+  }
+
+  // Lock held: every kReapIntervalNs, release the leases of binders that died.
+  void reap_dead_owners() {
+    auto& h = idx.hdr();
+    if (h.owners_claimed == 0 || read_only) return;
+    uint64_t t = sys::boot_ns();
+    if (t < h.next_reap_ns) return;
+    h.next_reap_ns = t + kReapIntervalNs;
+    if (!open_owners().ok()) return;
+    int fd = owners_fd.load();
+    std::vector<uint32_t> dead;
+    for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
+      if (h.owner_claimed[k] != 0 && static_cast<int>(k) != owner_slot && !sys::ofd_held_elsewhere(fd, k)) {
+        dead.push_back(k);
+      }
+    }
+    if (!dead.empty()) release_owned(dead);
+  }
+
+  // A Queue closed by its process releases its bound leases like a death would.
+  void release_own_slot() {
+    if (owner_slot < 0 || owner_pid != ::getpid() || owners_fd.load() < 0) return;
+    {
+      auto held = lock();
+      if (held.ok()) {
+        uint32_t k = static_cast<uint32_t>(owner_slot);
+        release_owned(std::span(&k, 1));
+      }
+    }
+    sys::ofd_unlock(owners_fd.load(), static_cast<uint32_t>(owner_slot));
+    owner_slot = -1;
+  }
+
   Result<Message> load(const Entry& e) {
     std::shared_ptr<storage::Segment> keep;
     auto r = log->read(Pos::unpack(e.loc), &keep);
@@ -407,7 +569,7 @@ struct Queue::Impl {
 
   // Compaction (compact.cc): every sealed segment with `everything`, else by policy;
   // waits for a running compaction with `wait`, else returns at once.
-  Result<CompactResult> compact(bool everything, bool wait);
+  Result<CompactResult> compact(bool everything, bool wait, const Progress& progress = {});
 
   // Called after a write that may have rolled the log. A roll asks the process's compactor
   // thread to compact by policy, so no send or ack waits for a compaction.
@@ -480,11 +642,16 @@ struct Queue::Impl {
       h.bytes_live -= e.len;
       ++h.dead_total;
       idx.erase(slot);
+      room();
       *end = h.log_end;
       return std::optional<Message>();
     }
-    if (e.state != State::kLeased) ++h.leased;
+    if (e.state != State::kLeased) {
+      ++h.leased;
+      room();
+    }
     e.state = State::kLeased;
+    e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint16_t>(owner_slot + 1) : 0;
     ++e.count;
     idx.set_key(slot, now.boot + vis);
     msg->receive_count = e.count;
@@ -505,6 +672,7 @@ struct Queue::Impl {
     h.bytes_live -= e.len;
     ++h.expired_total;
     idx.erase(slot);
+    room();
     return {};
   }
 

@@ -6,13 +6,15 @@
 
 namespace spool {
 
-Result<VerifyReport> Queue::verify(bool repair) {
+Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
   Impl& q = *impl_;
   VerifyReport rep;
   auto seqs = q.log->segments();
   if (!seqs.ok()) return seqs.status();
   rep.segments = seqs->size();
+  // Progress: one step per segment checked, and a last one for the replay.
   for (size_t i = 0; i < seqs->size(); ++i) {
+    if (progress) progress(i, seqs->size() + 1);
     uint64_t seq = (*seqs)[i];
     if (i > 0 && seq != (*seqs)[i - 1] + 1) {
       rep.problems.push_back("segments " + std::to_string((*seqs)[i - 1] + 1) + ".." +
@@ -39,6 +41,7 @@ Result<VerifyReport> Queue::verify(bool repair) {
   auto held = q.lock();
   if (!held.ok()) return held.status();
   if (Status s = q.replay(truth); !s.ok()) return s;
+  if (progress) progress(seqs->size() + 1, seqs->size() + 1);
   auto& t = truth.hdr();
   auto& h = q.idx.hdr();
   rep.messages = t.count;

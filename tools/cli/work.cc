@@ -62,6 +62,11 @@ class Runner {
         vis_(o.visibility.count() > 0 ? o.visibility : q.options().visibility) {}
 
   int run() {
+    // A SIGKILLed `spool work` gives its messages back at once, not after the lease.
+    if (Status s = q_.bind_leases(); !s.ok()) {
+      std::fprintf(stderr, "spool work: leases not bound to this process (%s); a crash returns them only "
+                           "when they run out\n", s.to_string().c_str());
+    }
     while (!g_stop) {
       {
         std::unique_lock lock(mu_);

@@ -1,0 +1,337 @@
+// What the peers lack (PRODUCT.md §7): back-pressure limits, durability per call, and
+// instant release of a dead process's leases. Deaths are real kill -9s of forked processes.
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "spool/queue.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using namespace std::chrono_literals;
+using test::mono_ns;
+using test::spawn;
+using test::TempDir;
+using test::wait_exit;
+using test::wait_for_file;
+
+class BeyondTest : public ::testing::Test {
+ public:
+  std::string qdir() const { return dir_ / "q"; }
+  std::unique_ptr<Queue> open(QueueOptions o = {}) {
+    auto q = Queue::open(qdir(), o);
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+    return q.ok() ? std::move(q).value() : nullptr;
+  }
+  // Forks a process that opens the queue, runs `body` on it, then signals `flag` and
+  // sleeps until killed.
+  pid_t hold(const std::string& flag, const std::function<bool(Queue&)>& body) {
+    return spawn([this, flag, body] {
+      auto q = Queue::open(qdir());
+      if (!q.ok() || !body(**q)) return 1;
+      std::ofstream(flag) << "ok";
+      for (;;) ::pause();
+    });
+  }
+  void kill9(pid_t pid) {
+    ::kill(pid, SIGKILL);
+    EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
+  }
+  TempDir dir_;
+};
+
+// ---- back-pressure ---------------------------------------------------------------------
+
+TEST_F(BeyondTest, MaxReadyRefusesExactlyPastTheLimit) {
+  QueueOptions o;
+  o.max_ready = 5;
+  auto q = open(o);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(q->send("m").ok()) << i;
+  auto full = q->send("m");
+  ASSERT_EQ(full.status().code(), Code::kQueueFull);
+  EXPECT_NE(full.status().message().find("5 messages waiting, max_ready is 5"), std::string::npos)
+      << full.status().message();
+  // A leased message no longer waits: exactly one more fits.
+  auto got = q->receive(1);
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(q->send("m").ok());
+  EXPECT_EQ(q->send("m").status().code(), Code::kQueueFull);
+  // A batch is all or nothing against the limit.
+  ASSERT_TRUE(q->ack((*got)[0].receipt).ok());
+  std::vector<std::string_view> two{"a", "b"};
+  EXPECT_EQ(q->send_batch(two).status().code(), Code::kQueueFull);
+  EXPECT_EQ(q->stats()->ready, 5u);
+}
+
+TEST_F(BeyondTest, MaxBytesCountsPayloadBytesAndAckMakesRoom) {
+  QueueOptions o;
+  o.max_bytes = 100;
+  auto q = open(o);
+  ASSERT_TRUE(q->send(std::string(60, 'x')).ok());
+  ASSERT_TRUE(q->send(std::string(40, 'y')).ok());
+  auto full = q->send("z");
+  ASSERT_EQ(full.status().code(), Code::kQueueFull);
+  EXPECT_NE(full.status().message().find("max_bytes is 100"), std::string::npos);
+  auto got = q->receive(1);
+  ASSERT_TRUE(got.ok());
+  // Leased messages still hold their bytes on disk; only the ack frees them.
+  EXPECT_EQ(q->send("z").status().code(), Code::kQueueFull);
+  ASSERT_TRUE(q->ack((*got)[0].receipt).ok());
+  EXPECT_TRUE(q->send(std::string(60, 'z')).ok());
+}
+
+TEST_F(BeyondTest, ABatchThatCanNeverFitFailsAtOnceEvenWhenAskedToWait) {
+  QueueOptions o;
+  o.max_ready = 3;
+  auto q = open(o);
+  std::vector<std::string_view> four{"a", "b", "c", "d"};
+  uint64_t t0 = mono_ns();
+  auto r = q->send_batch(four, SendOptions{.wait_for_room = 5s});
+  EXPECT_EQ(r.status().code(), Code::kQueueFull);
+  EXPECT_NE(r.status().message().find("smaller batches"), std::string::npos);
+  EXPECT_LT(mono_ns() - t0, 1'000'000'000u);
+}
+
+TEST_F(BeyondTest, LimitsAreStoredWithTheQueue) {
+  QueueOptions o;
+  o.max_ready = 2;
+  o.max_bytes = 1000;
+  open(o).reset();
+  auto q = open();  // defaults passed: the stored limits win
+  EXPECT_EQ(q->options().max_ready, 2u);
+  EXPECT_EQ(q->options().max_bytes, 1000u);
+}
+
+TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByAnotherProcessAck) {
+  QueueOptions o;
+  o.max_ready = 1;
+  auto q = open(o);
+  ASSERT_TRUE(q->send("first").ok());
+  pid_t consumer = spawn([this] {
+    auto c = Queue::open(qdir());
+    if (!c.ok()) return 1;
+    std::this_thread::sleep_for(300ms);
+    auto m = (*c)->receive(1);
+    if (!m.ok()) return 2;
+    return (*c)->ack((*m)[0].receipt).ok() ? 0 : 3;
+  });
+  uint64_t t0 = mono_ns();
+  auto id = q->send("second", SendOptions{.wait_for_room = 10s});
+  uint64_t waited_ms = (mono_ns() - t0) / 1'000'000;
+  ASSERT_TRUE(id.ok()) << id.status().to_string();
+  EXPECT_GE(waited_ms, 250u);
+  EXPECT_LT(waited_ms, 2000u) << "woken by the consumer, not by a timeout";
+  EXPECT_EQ(wait_exit(consumer), 0);
+}
+
+TEST_F(BeyondTest, SenderGivesUpAfterItsWait) {
+  QueueOptions o;
+  o.max_ready = 1;
+  auto q = open(o);
+  ASSERT_TRUE(q->send("first").ok());
+  uint64_t t0 = mono_ns();
+  auto id = q->send("second", SendOptions{.wait_for_room = 300ms});
+  uint64_t waited_ms = (mono_ns() - t0) / 1'000'000;
+  EXPECT_EQ(id.status().code(), Code::kQueueFull);
+  EXPECT_GE(waited_ms, 290u);
+  EXPECT_LT(waited_ms, 1500u);
+}
+
+// ---- durability per call ---------------------------------------------------------------
+
+TEST_F(BeyondTest, SyncedSendRaisesTheDurableWatermarkOnAnIntervalQueue) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kInterval;
+  o.sync_interval = Millis(3600'000);  // the flusher will not get there during the test
+  auto q = open(o);
+  ASSERT_TRUE(q->send("warm-up").ok());  // the first sync of a fresh queue happens at once
+  auto lazy = q->send("lazy");
+  ASSERT_TRUE(lazy.ok());
+  EXPECT_LT(q->durable_id(), *lazy) << "an interval send must not wait for the disk";
+  auto durable = q->send("durable", SendOptions{.durability = Durability::kSync});
+  ASSERT_TRUE(durable.ok());
+  EXPECT_GE(q->durable_id(), *durable);
+  // Another process sees the same watermark.
+  auto other = open();
+  EXPECT_GE(other->durable_id(), *durable);
+  auto m = q->receive(1);
+  ASSERT_TRUE(m.ok());
+  EXPECT_TRUE(q->ack((*m)[0].receipt, Durability::kSync).ok());
+}
+
+// ---- instant release on death ----------------------------------------------------------
+
+TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyWithinASecond) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  std::string got = dir_ / "got";
+  pid_t worker = hold(got, [](Queue& w) {
+    return w.bind_leases().ok() && w.receive(1, Millis(60'000)).ok();
+  });
+  ASSERT_TRUE(wait_for_file(got, 10s));
+  ASSERT_EQ(q->stats()->in_flight, 1u);
+  kill9(worker);
+  uint64_t t0 = mono_ns();
+  auto m = q->receive(1, Millis(0), Millis(5000));
+  uint64_t ms = (mono_ns() - t0) / 1'000'000;
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_LT(ms, 1000u) << "the 60 s lease must not have to run out";
+  EXPECT_EQ((*m)[0].payload, "job");
+  EXPECT_EQ((*m)[0].receive_count, 2u);
+  EXPECT_EQ(q->check_index(), "");
+  auto report = q->verify(false);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
+TEST_F(BeyondTest, UnboundLeaseWaitsForItsTimeout) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  std::string got = dir_ / "got";
+  pid_t worker = hold(got, [](Queue& w) { return w.receive(1, Millis(60'000)).ok(); });
+  ASSERT_TRUE(wait_for_file(got, 10s));
+  kill9(worker);
+  EXPECT_EQ(q->receive(1, Millis(0), Millis(1500)).status().code(), Code::kEmpty);
+}
+
+TEST_F(BeyondTest, BindingOneReceiptReleasesOnlyThatLease) {
+  auto q = open();
+  ASSERT_TRUE(q->send("bound").ok());
+  ASSERT_TRUE(q->send("loose").ok());
+  std::string got = dir_ / "got";
+  pid_t worker = hold(got, [](Queue& w) {
+    auto m = w.receive(2, Millis(60'000));
+    return m.ok() && m->size() == 2 && w.bind((*m)[0].receipt).ok();
+  });
+  ASSERT_TRUE(wait_for_file(got, 10s));
+  kill9(worker);
+  auto m = q->receive(2, Millis(0), Millis(1500));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->size(), 1u);
+  EXPECT_EQ((*m)[0].payload, "bound");
+}
+
+TEST_F(BeyondTest, ALiveBindersLeasesStayWhenADeadOnesSlotIsReused) {
+  auto q = open();
+  ASSERT_TRUE(q->send("of-the-dead").ok());
+  std::string got_a = dir_ / "a", got_b = dir_ / "b";
+  pid_t a = hold(got_a, [](Queue& w) { return w.bind_leases().ok() && w.receive(1, Millis(60'000)).ok(); });
+  ASSERT_TRUE(wait_for_file(got_a, 10s));
+  kill9(a);
+  ASSERT_TRUE(q->send("of-the-living").ok());
+  // B most likely claims the slot A held, before or after anyone noticed A's death.
+  pid_t b = hold(got_b, [](Queue& w) {
+    if (!w.bind_leases().ok()) return false;
+    auto m = w.receive(1, Millis(60'000), Millis(5000));
+    return m.ok() && (*m)[0].payload == "of-the-living";
+  });
+  // If B's receive took the dead one's message instead, the check in hold() fails and no
+  // flag appears.
+  ASSERT_TRUE(wait_for_file(got_b, 10s));
+  auto m = q->receive(1, Millis(0), Millis(3000));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)[0].payload, "of-the-dead");
+  EXPECT_EQ(q->receive(1, Millis(0), Millis(1000)).status().code(), Code::kEmpty)
+      << "the living binder's lease was released";
+  kill9(b);
+}
+
+TEST_F(BeyondTest, AForkedChildDoesNotKeepItsParentsBindingAlive) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  std::string got = dir_ / "got", child_pid = dir_ / "child";
+  pid_t worker = hold(got, [&](Queue& w) {
+    if (!w.bind_leases().ok() || !w.receive(1, Millis(60'000)).ok()) return false;
+    pid_t c = ::fork();  // outlives its parent: no PDEATHSIG
+    if (c == 0) {
+      ::sleep(20);
+      ::_exit(0);
+    }
+    std::ofstream(child_pid) << c;
+    return true;
+  });
+  ASSERT_TRUE(wait_for_file(got, 10s));
+  pid_t orphan = 0;
+  std::ifstream(child_pid) >> orphan;
+  ASSERT_GT(orphan, 0);
+  kill9(worker);
+  auto m = q->receive(1, Millis(0), Millis(3000));
+  ::kill(orphan, SIGKILL);
+  ASSERT_TRUE(m.ok()) << "the child's copy of the descriptor kept the dead parent's lock";
+  EXPECT_EQ((*m)[0].payload, "job");
+}
+
+TEST_F(BeyondTest, ClosingABindingQueueReleasesItsLeasesAtOnce) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  {
+    auto w = open();
+    ASSERT_TRUE(w->bind_leases().ok());
+    ASSERT_TRUE(w->receive(1, Millis(60'000)).ok());
+  }
+  auto m = q->receive(1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)[0].receive_count, 2u);
+}
+
+// Two binders that are both PID 1, each in a PID namespace of its own: killing one releases
+// its lease and not the other's. (PIDs play no part; this proves it.)
+TEST_F(BeyondTest, PidNamespacesDoNotConfuseOwners) {
+  auto q = open();
+  ASSERT_TRUE(q->send("one").ok());
+  ASSERT_TRUE(q->send("two").ok());
+  auto in_namespace = [&](const std::string& name) {
+    return spawn([this, name] {
+      if (::unshare(CLONE_NEWPID) != 0) {
+        std::ofstream(dir_ / (name + ".eperm")) << std::strerror(errno);
+        return 1;
+      }
+      pid_t inner = ::fork();
+      if (inner == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        auto w = Queue::open(qdir());
+        if (::getpid() != 1 || !w.ok() || !(*w)->bind_leases().ok()) ::_exit(1);
+        auto m = (*w)->receive(1, Millis(60'000));
+        if (!m.ok()) ::_exit(2);
+        std::ofstream(dir_ / (name + ".payload")) << (*m)[0].payload;
+        for (;;) ::pause();
+      }
+      std::ofstream(dir_ / (name + ".pid")) << inner;
+      return wait_exit(inner);
+    });
+  };
+  pid_t a = in_namespace("a");
+  if (wait_for_file(dir_ / "a.eperm", 300ms)) {
+    wait_exit(a);
+    GTEST_SKIP() << "SKIPPED LOUDLY: cannot create a PID namespace here (unshare: EPERM)";
+  }
+  ASSERT_TRUE(wait_for_file(dir_ / "a.payload", 10s));
+  pid_t b = in_namespace("b");
+  ASSERT_TRUE(wait_for_file(dir_ / "b.payload", 10s));
+  pid_t a_inner = 0;
+  std::ifstream(dir_ / "a.pid") >> a_inner;
+  std::string a_payload;
+  std::ifstream(dir_ / "a.payload") >> a_payload;
+  ASSERT_GT(a_inner, 1);
+  ::kill(a_inner, SIGKILL);
+  EXPECT_EQ(wait_exit(a), 128 + SIGKILL);
+  auto m = q->receive(2, Millis(0), Millis(3000));
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_EQ(m->size(), 1u);
+  EXPECT_EQ((*m)[0].payload, a_payload);
+  ::kill(b, SIGKILL);
+  wait_exit(b);
+}
+
+}  // namespace
+}  // namespace spool
