@@ -277,6 +277,7 @@ struct E2eRow {
   SyncPolicy sync = SyncPolicy::kNever;
   int consumers = 1;
   bool batched = false;
+  bool bound = false;  // consumers bind their leases (instant release on death)
   uint64_t n = 0;
   bool ok = false;
   double seconds = 0, rate = 0, send_rate = 0;
@@ -345,6 +346,9 @@ void run_e2e(E2eRow& row, int serial) {
     pids.push_back(spawn(
         [&] {
           auto q = open_queue(dir, row.sync);
+          if (row.bound) {
+            if (Status s = q->bind_leases(); !s.ok()) child_fail("bind_leases", s);
+          }
           const size_t max = row.batched ? kBatch : 1;
           gate.child_wait();
           uint64_t last_progress = mono_ns();
@@ -427,6 +431,41 @@ void section_e2e(const std::vector<int>& consumer_counts, double scale, const st
         std::fflush(stdout);
       }
     }
+  }
+}
+
+// ---- 1b. the cost of bound leases --------------------------------------------------------------
+
+void section_bound(double scale) {
+  std::printf("\n== 1b. bound leases (instant release on death) vs plain leases, sync=interval, single mode ==\n");
+  std::printf("runs alternate plain / bound, 3 of each per consumer count; ratio = median bound / median plain\n\n");
+  std::printf("%-6s %12s %12s %7s\n", "procs", "plain msgs/s", "bound msgs/s", "ratio");
+  int serial = 1000;
+  for (int c : {1, 2}) {
+    std::vector<double> rate[2];
+    bool ok = true;
+    for (int round = 0; round < 3; ++round) {
+      for (bool bound : {false, true}) {
+        E2eRow row;
+        row.sync = SyncPolicy::kInterval;
+        row.consumers = c;
+        row.bound = bound;
+        row.n = e2e_count(SyncPolicy::kInterval, false, scale);
+        run_e2e(row, serial++);
+        ok = ok && row.ok && row.check == "ok";
+        rate[bound].push_back(row.rate);
+      }
+    }
+    for (auto& r : rate) std::sort(r.begin(), r.end());
+    char procs[16];
+    std::snprintf(procs, sizeof procs, "1P+%dC", c);
+    if (!ok) {
+      std::printf("%-6s FAILED\n", procs);
+      continue;
+    }
+    std::printf("%-6s %12s %12s %7.2f\n", procs, human(rate[0][1]).c_str(), human(rate[1][1]).c_str(),
+                rate[1][1] / rate[0][1]);
+    std::fflush(stdout);
   }
 }
 
@@ -820,7 +859,7 @@ void section_index(bool big) {
 int main(int argc, char** argv) {
   bool big = false;
   double scale = 1.0;
-  std::string only = "e2e,latency,index";
+  std::string only = "e2e,bound,latency,index";
   std::vector<int> consumers = {1, 2};
   std::vector<SyncPolicy> policies = {SyncPolicy::kAlways, SyncPolicy::kInterval, SyncPolicy::kNever};
   for (int i = 1; i < argc; ++i) {
@@ -841,9 +880,9 @@ int main(int argc, char** argv) {
       consumers = {std::atoi(a.c_str() + 12)};
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--big] [--only=e2e,latency,index] [--sync=P] [--consumers=N] [--scale=F]\n"
+                   "usage: %s [--big] [--only=e2e,bound,latency,index] [--sync=P] [--consumers=N] [--scale=F]\n"
                    "  --big        also measure 10M queued messages in the index section (slow)\n"
-                   "  --only       sections to run (default all three)\n"
+                   "  --only       sections to run (default all four)\n"
                    "  --sync       only this policy (always, interval, never) in the e2e and latency sections\n"
                    "  --consumers  consumer processes in the e2e section (default: 1 and 2)\n"
                    "  --scale      multiply the e2e message counts\n",
@@ -880,6 +919,7 @@ int main(int argc, char** argv) {
 
   uint64_t t0 = mono_ns();
   if (has("e2e")) section_e2e(consumers, scale, policies);
+  if (has("bound")) section_bound(scale);
   if (has("latency")) section_latency(policies);
   if (has("index")) section_index(big);
   std::printf("\ntotal %.1f s; load average at the end: %s\n", secs(mono_ns() - t0), loadavg().c_str());

@@ -169,6 +169,48 @@ TEST_F(BeyondTest, SyncedSendRaisesTheDurableWatermarkOnAnIntervalQueue) {
   EXPECT_TRUE(q->ack((*m)[0].receipt, Durability::kSync).ok());
 }
 
+// ---- zero-copy receive ------------------------------------------------------------------
+
+TEST_F(BeyondTest, ViewsPointIntoTheSegmentAndOutliveCompactionOfTheirFile) {
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  auto q = open(o);
+  std::string big(20000, 'a');
+  for (int i = 0; i < 12; ++i) {
+    big[0] = static_cast<char>('a' + i);
+    ASSERT_TRUE(q->send(big).ok());
+  }
+  auto views = q->receive_views(1, Millis(60'000));
+  ASSERT_TRUE(views.ok()) << views.status().to_string();
+  MessageView v = std::move((*views)[0]);
+  ASSERT_EQ(v.payload.size(), 20000u);
+  EXPECT_EQ(v.payload[0], 'a');
+  EXPECT_EQ(v.receive_count, 1u);
+  // The view is the mapping itself, not a copy: it lies inside the segment file's pages.
+  std::ifstream in("/proc/self/maps");
+  bool in_segment = false;
+  for (std::string line; std::getline(in, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (line.find("/segments/") == std::string::npos || std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) != 2) continue;
+    auto p = reinterpret_cast<unsigned long>(v.payload.data());
+    in_segment = in_segment || (p >= lo && p + v.payload.size() <= hi);
+  }
+  EXPECT_TRUE(in_segment) << "the payload is not inside a mapped segment";
+  // Ack everything (the viewed one too), so compaction removes the viewed segment's file.
+  ASSERT_TRUE(q->ack(v.receipt).ok());
+  while (true) {
+    auto rest = q->receive(4);
+    if (!rest.ok()) break;
+    for (auto& m : *rest) ASSERT_TRUE(q->ack(m.receipt).ok());
+  }
+  ASSERT_TRUE(q->send("head").ok());
+  auto c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_GE(c->segments_removed, 1u);
+  EXPECT_EQ(v.payload[0], 'a');
+  EXPECT_EQ(v.payload.substr(1), std::string(19999, 'a'));
+}
+
 // ---- instant release on death ----------------------------------------------------------
 
 TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyWithinASecond) {

@@ -15,6 +15,7 @@ if [[ $# -ne 1 || ! -x $1 ]]; then
   exit 2
 fi
 SPOOL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
 export LC_ALL=C
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-cli-test.XXXXXX")
@@ -690,9 +691,21 @@ t_stats_prometheus() {
   out_has 'spool_messages{queue="q",state="delayed"} 0'
   out_has 'spool_messages{queue="q",state="dead"} 0'
   out_has 'spool_sent_total{queue="q"} 3'
-  # Every sample line is NAME{LABELS} VALUE.
-  grep -v '^#' "$D/out" | grep -vqE '^spool_[a-z_]+\{[^}]*\} [0-9.e+-]+$' &&
-    fail "malformed sample: $(grep -v '^#' "$D/out" | grep -vE '^spool_[a-z_]+\{[^}]*\} [0-9.e+-]+$')"
+  out_has 'spool_bytes{queue="q"} 3'
+  # A nack and the counters it moves.
+  "$SPOOL" recv q >/dev/null 2>"$D/recv.err" || fail "recv"
+  "$SPOOL" nack q "$(sed -n 's/^receipt: //p' "$D/recv.err")" || fail "nack"
+  expect 0 "$SPOOL" stats q --prometheus
+  out_has 'spool_nacked_total{queue="q"} 1'
+  out_has '# TYPE spool_expired_total counter'
+  out_has '# TYPE spool_dead_lettered_total counter'
+  # The whole output passes a strict parser of the exposition format, also with a queue
+  # path that needs escaping in a label value.
+  python3 "$PROM_CHECK" <"$D/out" || fail "invalid exposition format: $(python3 "$PROM_CHECK" <"$D/out")"
+  mkdir 'odd"dir\' && "$SPOOL" init 'odd"dir\/q' >/dev/null || fail "init odd"
+  expect 0 "$SPOOL" stats 'odd"dir\/q' --prometheus
+  out_has 'queue="odd\"dir\\/q"'
+  python3 "$PROM_CHECK" <"$D/out" || fail "invalid exposition format: $(python3 "$PROM_CHECK" <"$D/out")"
   expect 0 "$SPOOL" stats q --prometheus --rate 1 --target 1s
   out_has 'spool_recommended_workers{queue="q"} 3'
 }
@@ -706,6 +719,10 @@ t_stats_watch_stops_on_sigint() {
   ((n >= 2)) || fail "stats --watch printed $n snapshots in 2 s: $(cat "$D/out")"
   expect 0 timeout --preserve-status -k 5 -s INT 0.5 "$SPOOL" stats q --watch
   out_has "ready"
+  # Rates between refreshes, while something sends.
+  bg bash -c "while :; do '$SPOOL' send q x >/dev/null; sleep 0.05; done"
+  expect 0 timeout --preserve-status -k 5 -s INT 2.5 "$SPOOL" stats q --watch
+  grep -qE '^rates +sent [1-9][0-9]*/s' "$D/out" || fail "no send rate shown: $(cat "$D/out")"
 }
 
 t_work_1000_exactly_once() {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <thread>
 
 #include "cli/output.h"
@@ -489,9 +490,13 @@ static int run(int argc, char** argv) {
       ::signal(SIGINT, on_interrupt);
       ::signal(SIGTERM, on_interrupt);
       bool tty = ::isatty(1);
+      std::optional<Stats> prev;
+      auto prev_at = std::chrono::steady_clock::now();
       do {
         auto st = q->stats();
         if (!st.ok()) return fail(st.status(), dir);
+        auto now = std::chrono::steady_clock::now();
+        double seconds = std::chrono::duration<double>(now - prev_at).count();
         std::string out;
         if (prom) {
           out = cli::prometheus(dir, *st);
@@ -505,9 +510,11 @@ static int run(int argc, char** argv) {
           if (rate > 0) j["recommended_workers"] = st->workers_needed(rate, target_s);
           out = j.dump() + "\n";
         } else {
-          out = cli::human_stats(dir, *st);
+          out = cli::human_stats(dir, *st, prev ? &*prev : nullptr, seconds);
           if (rate > 0) out += "workers needed " + std::to_string(st->workers_needed(rate, target_s)) + "\n";
         }
+        prev = *st;
+        prev_at = now;
         if (watch && tty) std::fputs("\033[H\033[2J", stdout);
         std::fputs(out.c_str(), stdout);
         if (!stdout_ok()) break;  // reported by main()

@@ -75,6 +75,18 @@ struct Message {
   std::string receipt;  // names this delivery's lease; empty for peek()
 };
 
+// A received message whose payload was not copied: a view into the queue's memory-mapped
+// segment file, valid for as long as this object lives (it keeps the segment mapped, also
+// after an ack, and after compaction removes the file). Read-only, like the mapping.
+struct MessageView {
+  uint64_t id = 0;
+  std::string_view payload;
+  uint32_t receive_count = 0;
+  std::chrono::system_clock::time_point enqueued;
+  std::string receipt;
+  std::shared_ptr<const void> keep;  // the mapping; not for use
+};
+
 // What list() tells about a message without reading its payload.
 struct MessageInfo {
   uint64_t id = 0;
@@ -93,6 +105,8 @@ struct Stats {
   uint64_t acked_total = 0;
   uint64_t dead_lettered_total = 0;
   uint64_t expired_total = 0;  // dropped by a retention limit
+  uint64_t nacked_total = 0;   // nacks (each returned a message to the queue)
+  uint64_t bytes = 0;          // payload bytes of the messages in the queue (leased included)
   uint64_t bytes_on_disk = 0;
   uint64_t segments = 0;
   uint64_t next_id = 0;
@@ -148,6 +162,11 @@ class Queue {
   // kEmpty when nothing was receivable in time.
   Result<std::vector<Message>> receive(size_t max = 1, Millis visibility = Millis{0},
                                        Millis wait = Millis{0});
+
+  // receive() without copying payloads (zero-copy): for large messages, or to hand a
+  // payload to write()/send() straight from the page cache.
+  Result<std::vector<MessageView>> receive_views(size_t max = 1, Millis visibility = Millis{0},
+                                                 Millis wait = Millis{0});
 
   // Leases the message `id` if it is receivable now: kNotFound if it is gone (or was just
   // dead-lettered), kEmpty if it is leased or delayed. For faces that name messages, like

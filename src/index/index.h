@@ -85,6 +85,7 @@ struct alignas(64) IndexHeader {
   uint64_t acked_total;
   uint64_t dead_total;
   uint64_t expired_total;  // dropped by a retention limit
+  uint64_t nacked_total;
   uint64_t bytes_live;
   uint64_t compacted_through;  // every segment <= this was removed by compaction
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners

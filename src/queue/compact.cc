@@ -148,7 +148,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   auto held = lock();
   if (!held.ok()) return held.status();
   storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
-                         h.next_id,        h.purged_through, h.expired_total};
+                         h.next_id,        h.purged_through, h.expired_total,
+                         h.nacked_total};
   std::string payload = storage::encode_checkpoint(cp);
   Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
   auto at = log->append(Pos::unpack(h.log_end), std::span(&rec, 1), h.next_id);

@@ -278,8 +278,10 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
   return ids;
 }
 
-Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Millis wait) {
-  Impl& q = *impl_;
+// receive() and receive_views(): with `mapped`, payloads are left in the segments and their
+// views returned there, one per message.
+static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Millis visibility, Millis wait,
+                                                 std::vector<Queue::Impl::Mapped>* mapped) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (max == 0) return Status(Code::kInvalidArgument, "receive of 0 messages");
   if (visibility.count() < 0 || wait.count() < 0) {
@@ -299,9 +301,12 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now;
       while (out.size() < max && !q.idx.heap_empty() && q.idx.heap_top().key <= now.boot) {
-        auto taken = q.take(q.idx.heap_top().slot, now, vis, &end);
+        Queue::Impl::Mapped m;
+        auto taken = q.take(q.idx.heap_top().slot, now, vis, &end, mapped != nullptr ? &m : nullptr);
         if (!taken.ok()) return taken.status();
-        if (*taken) out.push_back(std::move(**taken));
+        if (!*taken) continue;
+        out.push_back(std::move(**taken));
+        if (mapped != nullptr) mapped->push_back(std::move(m));
       }
       if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
       if (!q.idx.heap_empty()) next_key = q.idx.heap_top().key;
@@ -320,6 +325,24 @@ Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Milli
     sys::futex_wait(&h.wake_seq, seen, slice);
     h.waiters.fetch_sub(1);
   }
+}
+
+Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Millis wait) {
+  return receive_impl(*impl_, max, visibility, wait, nullptr);
+}
+
+Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibility, Millis wait) {
+  std::vector<Impl::Mapped> mapped;
+  auto msgs = receive_impl(*impl_, max, visibility, wait, &mapped);
+  if (!msgs.ok()) return msgs.status();
+  std::vector<MessageView> out;
+  out.reserve(msgs->size());
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    Message& m = (*msgs)[i];
+    out.push_back(MessageView{m.id, mapped[i].view, m.receive_count, m.enqueued, std::move(m.receipt),
+                              std::move(mapped[i].keep)});
+  }
+  return out;
 }
 
 Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
@@ -390,7 +413,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Entry& e = q.idx.entry(*slot);
     Clocks now;
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
-    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}};
+    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
@@ -405,6 +428,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
         break;
       case Change::kNack:
         if (was_leased) --h.leased;
+        ++h.nacked_total;
         e.state = State::kReady;
         q.idx.set_key(*slot, now.boot + ns);
         if (ns == 0) q.wake(1);
@@ -538,6 +562,8 @@ Result<Stats> Queue::stats() {
     st.acked_total = h.acked_total;
     st.dead_lettered_total = h.dead_total;
     st.expired_total = h.expired_total;
+    st.nacked_total = h.nacked_total;
+    st.bytes = h.bytes_live;
     st.next_id = h.next_id;
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {

@@ -184,7 +184,7 @@ struct Queue::Impl {
     if (Status s = x.reset(); !s.ok()) return s;
     h.next_id = 1;
     h.purged_through = 0;
-    h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.bytes_live = 0;
+    h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
     Clocks now;
     Status failed;
     auto drop = [&](int64_t slot) {
@@ -218,6 +218,7 @@ struct Queue::Impl {
           x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
           return;
         case RecordType::kRelease:
+          if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
           if (slot < 0) return;
           if (x.entry(slot).state == State::kLeased) --h.leased;
           x.entry(slot).state = State::kReady;
@@ -249,6 +250,7 @@ struct Queue::Impl {
           h.acked_total = cp->acked_total;
           h.dead_total = cp->dead_total;
           h.expired_total = cp->expired_total;
+          h.nacked_total = cp->nacked_total;
           h.next_id = std::max(h.next_id, cp->next_id);
           if (cp->purged_through > h.purged_through) {
             // The PURGE itself may have been compacted away: apply it here.
@@ -551,7 +553,16 @@ struct Queue::Impl {
     owner_slot = -1;
   }
 
-  Result<Message> load(const Entry& e) {
+  // A payload left in the mapped segment (zero-copy receive): the view, and the segment
+  // kept mapped for as long as the view is used (compaction may unlink the file meanwhile;
+  // the mapping stays valid, as the file is never truncated).
+  struct Mapped {
+    std::shared_ptr<storage::Segment> keep;
+    std::string_view view;
+  };
+
+  // The message in entry `e`, its payload copied, or with `mapped` left in the segment.
+  Result<Message> load(const Entry& e, Mapped* mapped = nullptr) {
     std::shared_ptr<storage::Segment> keep;
     auto r = log->read(Pos::unpack(e.loc), &keep);
     if (!r.ok()) return r.status();
@@ -560,7 +571,12 @@ struct Queue::Impl {
     }
     Message m;
     m.id = e.id;
-    m.payload.assign(r->payload);
+    if (mapped != nullptr) {
+      mapped->view = r->payload;
+      mapped->keep = std::move(keep);
+    } else {
+      m.payload.assign(r->payload);
+    }
     m.receive_count = e.count;
     m.enqueued = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(r->t1)));
@@ -616,10 +632,11 @@ struct Queue::Impl {
   // Takes the receivable message in `slot` (lock held). A message past max_receives, or
   // one whose record cannot be read, goes to the dead-letter queue (nullopt); otherwise it
   // is leased in the index and returned, and the caller logs the lease with log_leases().
-  Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end) {
+  Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end,
+                                      Mapped* mapped = nullptr) {
     auto& h = idx.hdr();
     Entry& e = idx.entry(slot);
-    auto msg = load(e);
+    auto msg = load(e, mapped);
     if (msg.ok() && cfg.opts.retention_max_age.count() > 0 &&
         std::chrono::system_clock::now() - msg->enqueued > cfg.opts.retention_max_age) {
       if (Status s = expire(slot); !s.ok()) return s;
@@ -628,7 +645,7 @@ struct Queue::Impl {
     }
     bool poison = cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives;
     if (poison || !msg.ok()) {
-      std::string body = msg.ok() ? std::move(msg->payload)
+      std::string body = msg.ok() ? (mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload))
                                   : "spool: message " + std::to_string(e.id) +
                                         " could not be read: " + msg.status().to_string();
       if (!msg.ok()) spool::log().error("spool: {}: {}", dir, body);

@@ -82,6 +82,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
   counter("acked total", h.acked_total, t.acked_total);
   counter("dead-lettered total", h.dead_total, t.dead_total);
   counter("expired total", h.expired_total, t.expired_total);
+  counter("nacked total", h.nacked_total, t.nacked_total);
   if (h.next_id < t.next_id) problem("next id " + std::to_string(h.next_id) + " would reuse ids up to " + std::to_string(t.next_id - 1));
   if (index_problems > 20) rep.problems.push_back("index: ... and " + std::to_string(index_problems - 20) + " more");
 

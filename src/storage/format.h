@@ -32,6 +32,7 @@ inline constexpr uint8_t kMaxRecordType = 7;
 // Record flags.
 inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not a new send
 inline constexpr uint8_t kFlagExpired = 2;  // ACK written by a retention limit, not a consumer
+inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's nack (counted)
 
 inline constexpr uint64_t align_up(uint64_t n) { return (n + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1}; }
 inline constexpr uint64_t record_size(uint64_t payload_len) {

@@ -209,7 +209,7 @@ void Segment::encode(const Record& r, std::string& out) const {
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {
-  std::string out(48, '\0');
+  std::string out(56, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   store<uint64_t>(p, c.sent_total);
   store<uint64_t>(p + 8, c.acked_total);
@@ -217,6 +217,7 @@ std::string encode_checkpoint(const Checkpoint& c) {
   store<uint64_t>(p + 24, c.next_id);
   store<uint64_t>(p + 32, c.purged_through);
   store<uint64_t>(p + 40, c.expired_total);
+  store<uint64_t>(p + 48, c.nacked_total);
   return out;
 }
 
@@ -225,7 +226,8 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
   auto* p = reinterpret_cast<const uint8_t*>(payload.data());
   return Checkpoint{load<uint64_t>(p),      load<uint64_t>(p + 8),  load<uint64_t>(p + 16),
                     load<uint64_t>(p + 24), load<uint64_t>(p + 32),
-                    payload.size() >= 48 ? load<uint64_t>(p + 40) : 0};
+                    payload.size() >= 48 ? load<uint64_t>(p + 40) : 0,
+                    payload.size() >= 56 ? load<uint64_t>(p + 48) : 0};
 }
 
 ScanResult scan(const Segment& seg, uint64_t from,

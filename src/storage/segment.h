@@ -115,6 +115,7 @@ struct Checkpoint {
   uint64_t next_id = 0;
   uint64_t purged_through = 0;
   uint64_t expired_total = 0;  // absent (0) in checkpoints written before retention existed
+  uint64_t nacked_total = 0;   // absent (0) in checkpoints written before it was counted
 };
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);

@@ -90,6 +90,8 @@ nlohmann::json stats_json(const Stats& s) {
           {"acked_total", s.acked_total},
           {"dead_lettered_total", s.dead_lettered_total},
           {"expired_total", s.expired_total},
+          {"nacked_total", s.nacked_total},
+          {"bytes", s.bytes},
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments}};
 }
@@ -119,15 +121,19 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   metric("spool_oldest_ready_age_seconds", "gauge", "Age of the oldest ready message.", s.oldest_ready_age_s);
   metric("spool_sent_total", "counter", "Messages sent.", s.sent_total);
   metric("spool_acked_total", "counter", "Messages acked.", s.acked_total);
+  metric("spool_nacked_total", "counter", "Nacks (messages returned to the queue by a consumer).",
+         s.nacked_total);
+  metric("spool_expired_total", "counter", "Messages dropped by a retention limit.", s.expired_total);
   metric("spool_dead_lettered_total", "counter", "Messages moved to the dead-letter queue.",
          s.dead_lettered_total);
+  metric("spool_bytes", "gauge", "Payload bytes of the messages in the queue.", s.bytes);
   metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
   metric("spool_segments", "gauge", "Segment files.", s.segments);
   return o.str();
 }
 
-std::string human_stats(const std::string& queue, const Stats& s) {
-  char buf[1024];
+std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev, double seconds) {
+  char buf[1536];
   std::snprintf(buf, sizeof buf,
                 "queue          %s\n"
                 "ready          %lu\n"
@@ -137,12 +143,26 @@ std::string human_stats(const std::string& queue, const Stats& s) {
                 "oldest ready   %.1fs\n"
                 "sent total     %lu\n"
                 "acked total    %lu\n"
+                "nacked total   %lu\n"
+                "expired total  %lu\n"
                 "dead-lettered  %lu\n"
+                "payload        %.1f MiB\n"
                 "segments       %lu (%.1f MiB on disk)\n",
                 queue.c_str(), s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s,
-                s.sent_total, s.acked_total, s.dead_lettered_total, s.segments,
+                s.sent_total, s.acked_total, s.nacked_total, s.expired_total, s.dead_lettered_total,
+                static_cast<double>(s.bytes) / (1 << 20), s.segments,
                 static_cast<double>(s.bytes_on_disk) / (1 << 20));
-  return buf;
+  std::string out = buf;
+  if (prev != nullptr && seconds > 0) {
+    auto rate = [&](uint64_t now, uint64_t before) {
+      return now >= before ? static_cast<double>(now - before) / seconds : 0.0;
+    };
+    std::snprintf(buf, sizeof buf, "rates          sent %.0f/s, acked %.0f/s, nacked %.0f/s, dead-lettered %.0f/s\n",
+                  rate(s.sent_total, prev->sent_total), rate(s.acked_total, prev->acked_total),
+                  rate(s.nacked_total, prev->nacked_total), rate(s.dead_lettered_total, prev->dead_lettered_total));
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace spool::cli

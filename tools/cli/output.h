@@ -17,6 +17,8 @@ std::string iso_time(std::chrono::system_clock::time_point t);
 nlohmann::json message_json(const Message& m);
 nlohmann::json stats_json(const Stats& s);
 std::string prometheus(const std::string& queue, const Stats& s);
-std::string human_stats(const std::string& queue, const Stats& s);
+// With `prev`, the stats of `seconds` ago, adds a line of rates (for --watch).
+std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev = nullptr,
+                        double seconds = 0);
 
 }  // namespace spool::cli
