@@ -950,7 +950,9 @@ t_progress_bar_only_on_a_terminal() {
   "$SPOOL" init q --segment-size 64K >/dev/null || fail "init"
   seq -f "%0100g" 1 3000 | "$SPOOL" send q --lines >/dev/null || fail "send"
   "$SPOOL" recv q -n 3000 --json >msgs || fail "recv"
-  sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' msgs | xargs "$SPOOL" ack q || fail "ack"
+  # Ack 70% of each segment: on-demand compaction (at most half live) then has work that
+  # the automatic one (at most a quarter live) left alone.
+  sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' msgs | awk -F. '$1 % 10 < 7' | xargs "$SPOOL" ack q || fail "ack"
   # Not a terminal: nothing on stderr.
   expect 0 "$SPOOL" verify q
   [[ ! -s $D/err ]] || fail "verify wrote to a non-terminal stderr: $(cat "$D/err")"

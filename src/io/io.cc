@@ -80,14 +80,22 @@ std::shared_ptr<Io> default_io() {
   static std::once_flag once;
   static std::shared_ptr<Io> io;
   std::call_once(once, [] {
+    // pwrite is the default: spool's appends are small buffered writes, which io_uring
+    // cannot complete inline on ext4 (no async buffered-write support there): each one is
+    // punted to an io-wq worker, two context switches per append. Measured on this project's
+    // VM (ext4, kernel 6.18) with bench_queue --only=e2e --sync=interval: send/receive/ack
+    // 65.4k msgs/s with pwrite vs 5.1k with io_uring (docs/performance.md).
+    // SPOOL_IO=io_uring selects it (for filesystems with nowait buffered writes, e.g. XFS).
     const char* forced = std::getenv("SPOOL_IO");
-    std::string why;
-    if (forced != nullptr && std::strcmp(forced, "pwrite") == 0) {
-      why = "SPOOL_IO=pwrite";
-    } else if (auto u = make_uring_io(&why)) {
-      io = std::move(u);
-      spool::log().info("spool: I/O backend io_uring");
-      return;
+    std::string why = "default";
+    if (forced != nullptr && std::strcmp(forced, "io_uring") == 0) {
+      if (auto u = make_uring_io(&why)) {
+        io = std::move(u);
+        spool::log().info("spool: I/O backend io_uring");
+        return;
+      }
+    } else if (forced != nullptr) {
+      why = std::string("SPOOL_IO=") + forced;
     }
     io = make_pwrite_io();
     spool::log().info("spool: I/O backend pwrite ({})", why);

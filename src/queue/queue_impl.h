@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cinttypes>
 #include <condition_variable>
@@ -363,26 +364,47 @@ struct Queue::Impl {
     return {};
   }
 
+  // "ID.GEN.TAG": the message, its delivery (the fence), and the low 32 bits of the queue's
+  // uid in 8 hex digits. Formatted and parsed with to_chars/from_chars: sscanf was 2% of an
+  // e2e profile.
   std::string receipt(uint64_t id, uint32_t gen) const {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%" PRIu64 ".%u.%08x", id, gen, static_cast<uint32_t>(cfg.uid));
-    return buf;
+    char buf[48];
+    char* p = std::to_chars(buf, buf + 20, id).ptr;
+    *p++ = '.';
+    p = std::to_chars(p, p + 10, gen).ptr;
+    *p++ = '.';
+    static constexpr char kHex[] = "0123456789abcdef";
+    uint32_t tag = static_cast<uint32_t>(cfg.uid);
+    for (int shift = 28; shift >= 0; shift -= 4) *p++ = kHex[(tag >> shift) & 0xf];
+    return std::string(buf, p);
   }
 
   Result<std::pair<uint64_t, uint32_t>> parse_receipt(std::string_view r) const {
-    uint64_t id = 0;
-    unsigned gen = 0, tag = 0;
-    int used = 0;
-    std::string s(r);
-    if (std::sscanf(s.c_str(), "%" SCNu64 ".%u.%8x%n", &id, &gen, &tag, &used) != 3 ||
-        used != static_cast<int>(s.size()) || id == 0 || gen == 0) {
+    auto malformed = [&] {
       return Status(Code::kInvalidArgument,
-                    "malformed receipt '" + s + "' (expected ID.GEN.TAG as printed by receive)");
+                    "malformed receipt '" + std::string(r) + "' (expected ID.GEN.TAG as printed by receive)");
+    };
+    uint64_t id = 0;
+    uint32_t gen = 0, tag = 0;
+    const char* p = r.data();
+    const char* end = r.data() + r.size();
+    auto num = [&](auto& out, int base) {
+      if (p == end || *p == '+' || *p == '-') return false;
+      auto res = std::from_chars(p, end, out, base);
+      if (res.ec != std::errc()) return false;
+      p = res.ptr;
+      return true;
+    };
+    auto dot = [&] { return p != end && *p++ == '.'; };
+    const char* tag_start = nullptr;
+    if (!num(id, 10) || !dot() || !num(gen, 10) || !dot() || (tag_start = p, !num(tag, 16)) || p != end ||
+        p - tag_start > 8 || id == 0 || gen == 0) {
+      return malformed();
     }
     if (tag != static_cast<uint32_t>(cfg.uid)) {
-      return Status(Code::kInvalidArgument, "receipt '" + s + "' belongs to another queue than " + dir);
+      return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir);
     }
-    return std::make_pair(id, static_cast<uint32_t>(gen));
+    return std::make_pair(id, gen);
   }
 
   // Finds the entry a receipt names and checks its fence. Lock held.
