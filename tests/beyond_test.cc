@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -154,7 +155,6 @@ TEST_F(BeyondTest, SyncedSendRaisesTheDurableWatermarkOnAnIntervalQueue) {
   o.sync = SyncPolicy::kInterval;
   o.sync_interval = Millis(3600'000);  // the flusher will not get there during the test
   auto q = open(o);
-  ASSERT_TRUE(q->send("warm-up").ok());  // the first sync of a fresh queue happens at once
   auto lazy = q->send("lazy");
   ASSERT_TRUE(lazy.ok());
   EXPECT_LT(q->durable_id(), *lazy) << "an interval send must not wait for the disk";
@@ -204,9 +204,10 @@ TEST_F(BeyondTest, ViewsPointIntoTheSegmentAndOutliveCompactionOfTheirFile) {
     for (auto& m : *rest) ASSERT_TRUE(q->ack(m.receipt).ok());
   }
   ASSERT_TRUE(q->send("head").ok());
-  auto c = q->compact();
+  auto c = q->compact();  // the background compactor may have got there first
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_GE(c->segments_removed, 1u);
+  EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"))
+      << "the viewed message's segment was not removed";
   EXPECT_EQ(v.payload[0], 'a');
   EXPECT_EQ(v.payload.substr(1), std::string(19999, 'a'));
 }

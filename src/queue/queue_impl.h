@@ -90,6 +90,8 @@ struct Queue::Impl {
   std::mutex flush_mu;
   std::condition_variable flush_cv;
   bool stopping = false;
+  std::atomic<bool> flush_failed{false};
+  Status flush_status;  // guarded by flush_mu
 
   // Instant release on death (bind_leases): this Queue's owner slot and the descriptor that
   // holds its liveness lock (or that probes others'; -1 in a fork child).
@@ -328,10 +330,15 @@ struct Queue::Impl {
       case SyncPolicy::kAlways:
         return sync_to(end);
       case SyncPolicy::kInterval:
-        if (sys::boot_ns() - idx.hdr().last_sync_ns.load() >= ms_to_ns(cfg.opts.sync_interval)) {
-          return sync_to(end);
-        }
+        // Never inline: a caller that ran into the interval used to pay a whole fdatasync
+        // (milliseconds; the p99 of every call). The flusher thread syncs within one interval;
+        // its failure is reported by every later write of this process (sticky, like
+        // the segment's own fsync error).
         start_flusher();
+        if (flush_failed.load(std::memory_order_relaxed)) {
+          std::lock_guard lock(flush_mu);
+          return flush_status;
+        }
         return {};
       case SyncPolicy::kNever:
         return {};
@@ -351,8 +358,13 @@ struct Queue::Impl {
         if (stopping) break;
         lk.unlock();
         uint64_t end = __atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE);
-        if (Status s = sync_to(end); !s.ok()) spool::log().error("spool: {}: {}", dir, s.to_string());
+        Status s = sync_to(end);
+        if (!s.ok()) spool::log().error("spool: {}: {}", dir, s.to_string());
         lk.lock();
+        if (!s.ok() && !flush_failed.load()) {
+          flush_status = Status(s.code(), "background sync failed: " + s.message());
+          flush_failed.store(true);
+        }
       }
     });
   }
