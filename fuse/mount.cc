@@ -1,0 +1,356 @@
+#include "mount.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "common.h"
+#include "inode.h"
+
+namespace spoolfs {
+
+using spool::Code;
+using spool::Queue;
+using spool::Status;
+
+namespace {
+
+// Root readdir cookies: ".", "..", then the queue of slot s at kCookieSlotBase + s.
+constexpr off_t kCookieDot = 1;
+constexpr off_t kCookieDotDot = 2;
+constexpr off_t kCookieSlotBase = 3;
+
+}  // namespace
+
+// A queue directory holds a spool.conf, which is written once, when the queue is made. So
+// its device, inode and mtime (in ns) tell one queue from another made later under the same
+// name, even if the file system reuses the inode number.
+struct Mount::QueueId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const QueueId&) const = default;
+};
+
+bool Mount::read_queue_id(const std::string& dir, QueueId* id) {
+  struct stat st {};
+  if (::stat((dir + "/spool.conf").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  *id = {st.st_dev, st.st_ino, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
+  return true;
+}
+
+// A queue of the mount and its two views. Slots are never removed, so that inode numbers
+// are never reused. In a --root mount, a queue that is removed, or replaced by another under
+// the same name, makes its slot gone (its inodes answer ENOENT; open files still work) and a
+// replacement gets a new slot: the mount never serves a new queue through the old one's
+// Queue object and inodes.
+struct Mount::Slot {
+  size_t index = 0;
+  std::string dir;
+  QueueId id;         // --root: which queue, when first seen
+  bool gone = false;  // guarded by Mount::mu_
+  std::unique_ptr<QueueView> view, dlq_view;
+
+  std::mutex mu;                 // guards the fields below
+  std::unique_ptr<Queue> queue;  // opened when first needed
+  Queue* dlq = nullptr;          // owned by queue; found when first needed
+
+  spool::Result<Queue*> open() {
+    std::lock_guard lock(mu);
+    if (!queue) {
+      spool::QueueOptions o;
+      o.create = false;
+      auto q = Queue::open(dir, o);
+      if (!q.ok()) return q.status();
+      queue = std::move(*q);
+      bind(*queue);
+    }
+    return queue.get();
+  }
+
+  // Takes `q`, just created in dir, unless the slot has opened the queue already.
+  void adopt(std::unique_ptr<Queue> q) {
+    std::lock_guard lock(mu);
+    if (queue) return;
+    queue = std::move(q);
+    bind(*queue);
+  }
+
+  // The dead-letter queue if it exists, else kNotFound: Queue::dead_letters() would
+  // create it, and looking at .dlq must change nothing.
+  spool::Result<Queue*> dead_letters() {
+    auto q = open();
+    if (!q.ok()) return q;
+    std::lock_guard lock(mu);
+    if (!dlq) {
+      if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0)
+        return Status(Code::kNotFound, "no dead letters yet");
+      auto d = (*q)->dead_letters();
+      if (!d.ok()) return d;
+      dlq = *d;
+      bind(*dlq);
+    }
+    return dlq;
+  }
+
+  // Binds the leases this mount takes to the spoolfs process: if it dies, or is unmounted,
+  // messages read and not yet removed come back at once instead of when their leases run
+  // out (docs/semantics.md). Without a binding they still come back, later.
+  static void bind(Queue& q) {
+    if (Status s = q.bind_leases(); !s.ok()) {
+      std::fprintf(stderr,
+                   "spoolfs: %s: leases not bound to spoolfs (%s); if it dies, they come back "
+                   "only when they run out\n",
+                   q.dir().c_str(), s.to_string().c_str());
+    }
+  }
+};
+
+Mount::Mount(Config cfg) : cfg_(std::move(cfg)) {
+  if (!cfg_.root_mode) {
+    std::lock_guard lock(mu_);
+    add_slot(cfg_.dir, QueueId{});
+  }
+}
+
+Mount::~Mount() = default;
+
+Status Mount::open_single() {
+  Slot* slot;
+  {
+    std::lock_guard lock(mu_);
+    slot = slots_.at(0).get();
+  }
+  auto q = slot->open();
+  return q.ok() ? Status() : q.status();
+}
+
+// mu_ held.
+Mount::Slot* Mount::add_slot(const std::string& dir, const QueueId& id) {
+  auto slot = std::make_unique<Slot>();
+  Slot* s = slot.get();
+  s->index = slots_.size();
+  s->dir = dir;
+  s->id = id;
+  // A single-queue mount shows the queue as the mount root; a --root mount, as a child of it.
+  fuse_ino_t dir_ino =
+      cfg_.root_mode ? ino::make(ino::queue_view(s->index), ino::kDir) : FUSE_ROOT_ID;
+  fuse_ino_t dlq_ino = ino::make(ino::dlq_view(s->index), ino::kDir);
+  s->view = std::make_unique<QueueView>(
+      QueueView::Config{QueueView::Kind::kQueue, ino::queue_view(s->index), dir_ino, FUSE_ROOT_ID,
+                        dlq_ino, dir, cfg_.visibility, cfg_.limit},
+      [s] { return s->open(); });
+  s->dlq_view = std::make_unique<QueueView>(
+      QueueView::Config{QueueView::Kind::kDeadLetters, ino::dlq_view(s->index), dlq_ino, dir_ino, 0,
+                        dir + "/dlq", cfg_.visibility, cfg_.limit},
+      [s] { return s->dead_letters(); });
+  slots_.push_back(std::move(slot));
+  return s;
+}
+
+Mount::Target Mount::resolve(fuse_ino_t ino) {
+  if (ino == FUSE_ROOT_ID && cfg_.root_mode) return {.root = true};
+  // A single-queue mount's root is the directory of slot 0's queue view.
+  uint64_t view = ino == FUSE_ROOT_ID ? ino::queue_view(0) : ino::view_of(ino);
+  uint64_t local = ino == FUSE_ROOT_ID ? ino::kDir : ino::local_of(ino);
+  if (view < ino::queue_view(0)) return {};
+  std::lock_guard lock(mu_);
+  size_t index = ino::slot_of(view);
+  if (index >= slots_.size() || slots_[index]->gone) return {};
+  Slot* s = slots_[index].get();
+  return {false, ino::is_dlq_view(view) ? s->dlq_view.get() : s->view.get(), local};
+}
+
+void Mount::dispatch(fuse_req_t req, fuse_ino_t ino,
+                     const std::function<void(QueueView&, uint64_t)>& on_view,
+                     const std::function<void()>& on_root) {
+  Target t = resolve(ino);
+  if (t.root) return on_root();
+  if (!t.view) return (void)fuse_reply_err(req, ENOENT);
+  on_view(*t.view, t.local);
+}
+
+// dispatch for operations on an entry of the directory `parent`.
+void Mount::dispatch_dir(fuse_req_t req, fuse_ino_t parent,
+                         const std::function<void(QueueView&)>& on_view,
+                         const std::function<void()>& on_root) {
+  dispatch(
+      req, parent,
+      [&](QueueView& v, uint64_t local) {
+        if (local != ino::kDir) return (void)fuse_reply_err(req, ENOTDIR);
+        on_view(v);
+      },
+      on_root);
+}
+
+// ------------------------------------------------------------------ operations
+
+void Mount::lookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  dispatch_dir(
+      req, parent, [&](QueueView& v) { v.lookup(req, name); }, [&] { root_lookup(req, name); });
+}
+
+void Mount::getattr(fuse_req_t req, fuse_ino_t ino) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.getattr(req, local); },
+      [&] {
+        struct stat st {};
+        fill_dir(&st, FUSE_ROOT_ID);
+        reply_attr(req, st);
+      });
+}
+
+void Mount::setattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+                    fuse_file_info* fi) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.setattr(req, local, attr, to_set, fi); },
+      [&] { fuse_reply_err(req, EPERM); });
+}
+
+void Mount::open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.open(req, local, fi); },
+      [&] { fuse_reply_err(req, EISDIR); });
+}
+
+// The root of a --root mount holds only queues: files are refused.
+void Mount::create(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_file_info* fi) {
+  dispatch_dir(
+      req, parent, [&](QueueView& v) { v.create(req, name, fi); },
+      [&] { fuse_reply_err(req, EPERM); });
+}
+
+void Mount::unlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  dispatch_dir(
+      req, parent, [&](QueueView& v) { v.unlink(req, name); }, [&] { fuse_reply_err(req, EPERM); });
+}
+
+// Queues hold only messages: mkdir works only in the root of a --root mount.
+void Mount::mkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  dispatch_dir(
+      req, parent, [&](QueueView&) { fuse_reply_err(req, EPERM); },
+      [&] { root_mkdir(req, name, mode); });
+}
+
+void Mount::opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.opendir(req, local, fi); },
+      [&] {
+        fi->fh = 0;
+        fi->cache_readdir = 0;
+        fuse_reply_open(req, fi);
+      });
+}
+
+void Mount::readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.readdir(req, local, size, off); },
+      [&] { root_readdir(req, size, off); });
+}
+
+void Mount::getxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.getxattr(req, local, name, size); },
+      [&] { fuse_reply_err(req, ENODATA); });
+}
+
+void Mount::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  dispatch(
+      req, ino, [&](QueueView& v, uint64_t local) { v.listxattr(req, local, size); },
+      [&] { reply_sized(req, "", size); });
+}
+
+// ------------------------------------------------------------------ the root of --root
+
+// The queue DIR/name (a directory holding a spool.conf), with its slot. Returns an errno.
+int Mount::find_queue(std::string_view name, Slot** out) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos)
+    return ENOENT;
+  std::string dir = cfg_.dir + "/" + std::string(name);
+  QueueId id;
+  bool is_queue = read_queue_id(dir, &id);
+  std::lock_guard lock(mu_);
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) {
+    Slot* s = it->second;
+    if (is_queue && s->id == id) {
+      *out = s;
+      return 0;
+    }
+    s->gone = true;  // removed, or replaced by another queue
+    by_name_.erase(it);
+  }
+  if (!is_queue) return ENOENT;
+  if (slots_.size() >= ino::kMaxSlots) return EMFILE;  // no view numbers left (inode.h)
+  Slot* s = add_slot(dir, id);
+  by_name_.emplace(std::string(name), s);
+  *out = s;
+  return 0;
+}
+
+void Mount::root_lookup(fuse_req_t req, std::string_view name) {
+  Slot* s;
+  if (int err = find_queue(name, &s)) return (void)fuse_reply_err(req, err);
+  struct stat st {};
+  fill_dir(&st, s->view->dir_ino());
+  reply_entry(req, st);
+}
+
+// Every queue in DIR now, with its slot number (new queues get one). Returns an errno.
+int Mount::scan_root(std::vector<std::pair<size_t, std::string>>* queues) {
+  DIR* d = ::opendir(cfg_.dir.c_str());
+  if (!d) return errno;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_type != DT_DIR && e->d_type != DT_LNK && e->d_type != DT_UNKNOWN) continue;
+    Slot* s;
+    if (find_queue(e->d_name, &s) == 0) queues->emplace_back(s->index, e->d_name);
+  }
+  ::closedir(d);
+  return 0;
+}
+
+// Queues are listed in slot order, the cookie of each naming its slot: a queue that appears
+// between two READDIRs has a higher slot than any listed, so none is skipped or repeated.
+void Mount::root_readdir(fuse_req_t req, size_t size, off_t off) {
+  std::vector<std::pair<size_t, std::string>> queues;
+  if (int err = scan_root(&queues)) return (void)fuse_reply_err(req, err);
+  std::sort(queues.begin(), queues.end());
+  DirBuffer buf(req, size);
+  if (off < kCookieDot) buf.add(".", FUSE_ROOT_ID, S_IFDIR, kCookieDot);
+  if (off < kCookieDotDot) buf.add("..", FUSE_ROOT_ID, S_IFDIR, kCookieDotDot);
+  for (const auto& [slot, name] : queues) {
+    off_t cookie = kCookieSlotBase + static_cast<off_t>(slot);
+    if (cookie <= off) continue;
+    if (!buf.add(name.c_str(), ino::make(ino::queue_view(slot), ino::kDir), S_IFDIR, cookie)) break;
+  }
+  buf.reply();
+}
+
+// mkdir MNT/name: creates the queue DIR/name, with the default settings (spool init makes
+// queues with others).
+void Mount::root_mkdir(fuse_req_t req, std::string_view name, mode_t mode) {
+  // Dot names are refused, like dot files in a queue: file managers make .Trash-UID.
+  if (name.empty() || name[0] == '.') return (void)fuse_reply_err(req, EPERM);
+  std::string dir = cfg_.dir + "/" + std::string(name);
+  // mkdir(2) first: it fails with EEXIST if anything has that name, so an existing
+  // directory is never turned into a queue, and of two racing mkdirs one wins.
+  if (::mkdir(dir.c_str(), (mode & 0777) | 0700) != 0) return (void)fuse_reply_err(req, errno);
+  spool::QueueOptions o;
+  o.create = true;
+  auto q = Queue::open(dir, o);
+  if (!q.ok()) {
+    ::rmdir(dir.c_str());  // best effort: fails, harmlessly, if the failed open left files
+    return (void)fuse_reply_err(req, errno_of(q.status()));
+  }
+  Slot* s;
+  if (int err = find_queue(name, &s)) return (void)fuse_reply_err(req, err);
+  s->adopt(std::move(*q));
+  struct stat st {};
+  fill_dir(&st, s->view->dir_ino());
+  reply_entry(req, st);
+}
+
+}  // namespace spoolfs

@@ -1,0 +1,637 @@
+#include "queue_view.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cli/output.h"
+#include "common.h"
+#include "inode.h"
+
+namespace spoolfs {
+
+using spool::Code;
+using spool::Queue;
+using spool::Status;
+using Clock = std::chrono::steady_clock;
+using SysClock = std::chrono::system_clock;
+
+namespace {
+
+// How long after its lease ran out a view still remembers a message it received (for a
+// late rm or touch).
+constexpr auto kHeldGrace = std::chrono::minutes(10);
+// How long a listing answers lookups before it is refreshed.
+constexpr auto kListingFresh = std::chrono::milliseconds(200);
+
+// Readdir cookies: fixed entries first, then message N at kCookieMsgBase + N.
+constexpr off_t kCookieDot = 1;
+constexpr off_t kCookieDotDot = 2;
+constexpr off_t kCookieStats = 3;
+constexpr off_t kCookieStatsJson = 4;
+constexpr off_t kCookieDlq = 5;
+constexpr off_t kCookieMsgBase = 5;
+
+// All-digit names are message names, reserved: a new file cannot take one. Returns false
+// for any other name; else true, with *id the message, or 0 if no message can have that
+// name (a leading zero, or an id past the inode range).
+bool message_name(std::string_view name, uint64_t* id) {
+  if (name.empty() || name.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  if (!parse_id(name, id) || *id > ino::kMaxMsgId) *id = 0;
+  return true;
+}
+
+uint64_t payload_limit(Queue* q) {
+  uint64_t max = q->options().max_payload;
+  return max ? max : (1u << 20);
+}
+
+}  // namespace
+
+// A file handle (fuse_file_info::fh). Owned by the kernel's open file: created at OPEN or
+// CREATE, deleted at RELEASE.
+struct QueueView::Handle {
+  enum class Kind { kMessage, kText, kNew } kind;
+  QueueView* view = nullptr;
+  uint64_t local = 0;
+  // kMessage: the payload received at OPEN; kText: the rendering at OPEN. Immutable, so
+  // READs need no lock; shared so that a READ keeps its bytes alive until its reply is
+  // written, even if the RELEASE that the reply lets happen runs first on another thread.
+  std::shared_ptr<const std::string> snapshot;
+  // kNew: where it goes (queues live as long as the mount) and how big it may grow.
+  Queue* q = nullptr;
+  uint64_t max_payload = 0;
+  std::string name;        // kNew: the name it was created under
+  std::mutex mu;           // kNew: guards the fields below
+  std::string data;        // kNew: the bytes written so far
+  bool sent = false;       // kNew: sent by FSYNC already; RELEASE does not send again
+  bool discarded = false;  // kNew: unlinked before release, or a write failed; never sent
+};
+
+QueueView::Handle* QueueView::handle_of(fuse_file_info* fi) {
+  return reinterpret_cast<Handle*>(fi->fh);
+}
+
+QueueView::QueueView(Config cfg, Source source)
+    : cfg_(std::move(cfg)), source_(std::move(source)) {}
+QueueView::~QueueView() = default;
+
+QueueView* QueueView::owner(fuse_file_info* fi) {
+  return handle_of(fi)->view;
+}
+
+spool::Millis QueueView::lease(Queue* q) const {
+  return cfg_.visibility.count() > 0 ? cfg_.visibility : q->options().visibility;
+}
+
+bool QueueView::is_fixed_name(std::string_view name) const {
+  if (has_stats() && (name == ".stats" || name == ".stats.json")) return true;
+  return cfg_.dlq_ino != 0 && name == ".dlq";
+}
+
+fuse_ino_t QueueView::ino(uint64_t local) const {
+  return local == ino::kDir ? cfg_.dir_ino : ino::make(cfg_.view, local);
+}
+
+// ------------------------------------------------------------------ directory entries
+
+void QueueView::lookup(fuse_req_t req, std::string_view name) {
+  struct stat st {};
+  if (int err = child_attr(name, &st)) return (void)fuse_reply_err(req, err);
+  reply_entry(req, st);
+}
+
+void QueueView::create(fuse_req_t req, std::string_view name, fuse_file_info* fi) {
+  // Dead letters come only from their queue.
+  if (cfg_.kind == Kind::kDeadLetters) return (void)fuse_reply_err(req, EPERM);
+  // Names of messages are reserved: creating one (touch of an acked message, say) is
+  // ENOENT if no such message is listed, EEXIST if it is.
+  if (uint64_t id; message_name(name, &id))
+    return (void)fuse_reply_err(req, id && exists(id) ? EEXIST : ENOENT);
+  if (is_fixed_name(name)) return (void)fuse_reply_err(req, EEXIST);
+  // Dot files are refused so that editors' swap and backup files are not sent.
+  if (name.empty() || name[0] == '.') return (void)fuse_reply_err(req, EPERM);
+  auto q = queue();
+  if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
+  // Even open(O_CREAT|O_RDONLY) makes a new file: an empty message on release.
+  auto h = std::make_unique<Handle>();
+  h->kind = Handle::Kind::kNew;
+  h->view = this;
+  h->local = ino::kNewBase + next_new_.fetch_add(1);
+  h->name = std::string(name);
+  h->q = *q;
+  h->max_payload = payload_limit(*q);
+  fuse_entry_param e{};
+  {
+    std::lock_guard lock(mu_);
+    new_files_[h->local] = h.get();
+    new_names_[h->name] = h.get();
+    fill_new_attr(h.get(), &e.attr);
+  }
+  e.ino = e.attr.st_ino;
+  e.generation = 1;
+  fi->direct_io = 1;
+  fi->keep_cache = 0;
+  fi->fh = reinterpret_cast<uint64_t>(h.release());
+  if (fuse_reply_create(req, &e, fi) != 0) {
+    // The kernel will not send RELEASE for an open it never saw (the caller was
+    // interrupted): drop the file unsent.
+    forget_new(handle_of(fi));
+    delete handle_of(fi);
+  }
+}
+
+void QueueView::unlink(fuse_req_t req, std::string_view name) {
+  if (is_fixed_name(name)) return (void)fuse_reply_err(req, EPERM);
+  uint64_t id;
+  if (!message_name(name, &id)) return discard_new(req, name);
+  if (id == 0) return (void)fuse_reply_err(req, ENOENT);
+  ack(req, id);
+}
+
+// rm of a file being written: it is discarded (nothing is sent at release).
+void QueueView::discard_new(fuse_req_t req, std::string_view name) {
+  std::lock_guard lock(mu_);
+  auto it = new_names_.find(std::string(name));
+  if (it == new_names_.end()) return (void)fuse_reply_err(req, ENOENT);
+  Handle* h = it->second;
+  new_names_.erase(it);
+  std::lock_guard hl(h->mu);
+  h->discarded = true;
+  fuse_reply_err(req, 0);
+}
+
+// rm of a message: acks it with the receipt of this view's receive.
+void QueueView::ack(fuse_req_t req, uint64_t id) {
+  std::string receipt = receipt_of(id);
+  // Not received through this mount: nothing to ack with.
+  if (receipt.empty()) return (void)fuse_reply_err(req, exists(id) ? EPERM : ENOENT);
+  auto q = queue();
+  if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
+  Status s = (*q)->ack(receipt);
+  {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it != held_.end() && it->second.receipt == receipt) held_.erase(it);
+    if (s.ok() || s.code() == Code::kNotFound) listing_.erase(id);
+  }
+  fuse_reply_err(req, errno_of(s));
+}
+
+// ------------------------------------------------------------------ inodes
+
+void QueueView::getattr(fuse_req_t req, uint64_t local) {
+  struct stat st {};
+  if (int err = attr_of(local, &st)) return (void)fuse_reply_err(req, err);
+  reply_attr(req, st);
+}
+
+void QueueView::setattr(fuse_req_t req, uint64_t local, struct stat* attr, int to_set,
+                        fuse_file_info* fi) {
+  constexpr int kTimes = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
+                         FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
+  if (local >= ino::kNewBase) {
+    // A file being written: truncation (the shell's `>` on a file just created) and times
+    // are fine; ownership and mode are not ours to change.
+    if (to_set & (FUSE_SET_ATTR_MODE | FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID))
+      return (void)fuse_reply_err(req, EPERM);
+    if (to_set & FUSE_SET_ATTR_SIZE) return truncate_new(req, local, attr->st_size, fi);
+    return getattr(req, local);
+  }
+  if (!ino::is_msg(local)) return (void)fuse_reply_err(req, EPERM);
+  if (to_set & FUSE_SET_ATTR_SIZE) return (void)fuse_reply_err(req, EACCES);
+  if ((to_set & ~kTimes) || !(to_set & kTimes)) return (void)fuse_reply_err(req, EPERM);
+  extend_lease(req, local);  // touch
+}
+
+void QueueView::truncate_new(fuse_req_t req, uint64_t local, off_t size, fuse_file_info* fi) {
+  struct stat st {};
+  int err = 0;
+  {
+    // Without a file handle the file may be released concurrently: find it and change it
+    // under mu_.
+    std::lock_guard lock(mu_);
+    Handle* h = fi ? handle_of(fi) : nullptr;
+    if (!h) {
+      auto it = new_files_.find(local);
+      h = it == new_files_.end() ? nullptr : it->second;
+    }
+    if (!h) {
+      err = ENOENT;
+    } else if (size < 0 || static_cast<uint64_t>(size) > h->max_payload) {
+      err = EFBIG;
+    } else {
+      {
+        std::lock_guard hl(h->mu);
+        h->data.resize(static_cast<size_t>(size));
+      }
+      fill_new_attr(h, &st);
+    }
+  }
+  if (err) return (void)fuse_reply_err(req, err);
+  reply_attr(req, st);
+}
+
+// touch of a message: extends the lease of a message this view holds.
+void QueueView::extend_lease(fuse_req_t req, uint64_t local) {
+  uint64_t id = ino::msg_id(local);
+  std::string receipt = receipt_of(id);
+  if (receipt.empty()) return (void)fuse_reply_err(req, exists(id) ? EPERM : ENOENT);
+  auto q = queue();
+  if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
+  Status s = (*q)->extend(receipt, lease(*q));
+  {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it != held_.end() && it->second.receipt == receipt) {
+      if (s.ok()) {
+        it->second.lease_end = Clock::now() + lease(*q);
+      } else {
+        held_.erase(it);  // gone or taken over: this view no longer holds it
+      }
+    }
+  }
+  if (!s.ok()) return (void)fuse_reply_err(req, errno_of(s));
+  getattr(req, local);
+}
+
+void QueueView::open(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
+  bool read_only = (fi->flags & O_ACCMODE) == O_RDONLY;
+  if (has_stats() && (local == ino::kStats || local == ino::kStatsJson)) {
+    if (!read_only) return (void)fuse_reply_err(req, EACCES);
+    return open_stats(req, local, fi);
+  }
+  if (local >= ino::kNewBase)
+    return (void)fuse_reply_err(req, EBUSY);  // being written by another open
+  if (local == ino::kDir) return (void)fuse_reply_err(req, EISDIR);
+  if (!ino::is_msg(local)) return (void)fuse_reply_err(req, ENOENT);
+  // Writing to a message is refused before anything is received.
+  if (!read_only || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EACCES);
+  uint64_t id = ino::msg_id(local);
+  {
+    // One open per delivery: a second reader on this mount (a competing worker, or the
+    // same one opening twice) would otherwise process the message concurrently.
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it != held_.end() && it->second.lease_end > Clock::now()) {
+      return (void)fuse_reply_err(req, EBUSY);
+    }
+  }
+  auto q = queue();
+  if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
+  // Lease exactly this message: kNotFound (ENOENT) if it is gone, kEmpty (EBUSY) if
+  // another consumer holds it or it is delayed.
+  spool::Millis vis = lease(*q);
+  auto m = (*q)->receive_id(id, vis);
+  if (!m.ok()) return (void)fuse_reply_err(req, errno_of(m.status()));
+  {
+    std::lock_guard lock(mu_);
+    held_[id] = Held{m->receipt, Meta{m->payload.size(), m->receive_count, m->enqueued, true},
+                     Clock::now() + vis};
+  }
+  auto h = std::make_unique<Handle>();
+  h->kind = Handle::Kind::kMessage;
+  h->local = local;
+  h->snapshot = std::make_shared<const std::string>(std::move(m->payload));
+  reply_open(req, fi, std::move(h));
+}
+
+void QueueView::open_stats(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
+  auto text = render_stats(local == ino::kStatsJson);
+  if (!text.ok()) return (void)fuse_reply_err(req, errno_of(text.status()));
+  auto h = std::make_unique<Handle>();
+  h->kind = Handle::Kind::kText;
+  h->local = local;
+  h->snapshot = std::make_shared<const std::string>(std::move(*text));
+  reply_open(req, fi, std::move(h));
+}
+
+void QueueView::opendir(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
+  if (local != ino::kDir) return (void)fuse_reply_err(req, ENOTDIR);
+  fi->fh = 0;
+  fi->cache_readdir = 0;
+  fuse_reply_open(req, fi);
+}
+
+void QueueView::readdir(fuse_req_t req, uint64_t local, size_t size, off_t off) {
+  if (local != ino::kDir) return (void)fuse_reply_err(req, ENOTDIR);
+  // Each READDIR lists afresh from the cookie on: entries are keyed by id, so a message
+  // acked in between is just absent, and none is repeated or skipped.
+  std::vector<uint64_t> ids;
+  uint64_t after = off > kCookieMsgBase ? static_cast<uint64_t>(off - kCookieMsgBase) : 0;
+  if (int err = listed_after(after, &ids)) return (void)fuse_reply_err(req, err);
+  DirBuffer buf(req, size);
+  if (off < kCookieDot) buf.add(".", cfg_.dir_ino, S_IFDIR, kCookieDot);
+  if (off < kCookieDotDot) buf.add("..", cfg_.parent_ino, S_IFDIR, kCookieDotDot);
+  if (has_stats() && off < kCookieStats) buf.add(".stats", ino(ino::kStats), S_IFREG, kCookieStats);
+  if (has_stats() && off < kCookieStatsJson)
+    buf.add(".stats.json", ino(ino::kStatsJson), S_IFREG, kCookieStatsJson);
+  if (cfg_.dlq_ino != 0 && off < kCookieDlq) buf.add(".dlq", cfg_.dlq_ino, S_IFDIR, kCookieDlq);
+  for (uint64_t id : ids) {
+    if (!buf.add(std::to_string(id).c_str(), ino(ino::msg_local(id)), S_IFREG,
+                 kCookieMsgBase + static_cast<off_t>(id)))
+      break;
+  }
+  buf.reply();
+}
+
+// The listed messages with ids above `after` that this view does not hold, in id order.
+int QueueView::listed_after(uint64_t after, std::vector<uint64_t>* ids) {
+  Status s = refresh();
+  if (s.code() == Code::kNotFound) return 0;  // no queue yet: an empty directory
+  if (!s.ok()) return errno_of(s);
+  std::lock_guard lock(mu_);
+  auto now = Clock::now();
+  for (auto it = listing_.upper_bound(after); it != listing_.end(); ++it) {
+    auto h = held_.find(it->first);
+    if (h != held_.end() && h->second.lease_end > now) continue;  // leased by us
+    ids->push_back(it->first);
+  }
+  return 0;
+}
+
+void QueueView::getxattr(fuse_req_t req, uint64_t local, const char* name, size_t size) {
+  std::string value;
+  if (int err = xattr_value(local, name, &value)) return (void)fuse_reply_err(req, err);
+  reply_sized(req, value, size);
+}
+
+void QueueView::listxattr(fuse_req_t req, uint64_t local, size_t size) {
+  std::string list;
+  if (ino::is_msg(local)) {
+    std::string v;
+    for (const char* n : {"user.spool.id", "user.spool.receive_count", "user.spool.enqueued_at",
+                          "user.spool.receipt"}) {
+      if (xattr_value(local, n, &v) == 0) list.append(n).push_back('\0');
+    }
+  }
+  reply_sized(req, list, size);
+}
+
+// ------------------------------------------------------------------ open files
+
+void QueueView::read(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* h = handle_of(fi);
+  if (h->kind == Handle::Kind::kNew) return (void)fuse_reply_err(req, EBADF);
+  if (off < 0) return (void)fuse_reply_err(req, EINVAL);
+  size_t o = static_cast<size_t>(off);
+  std::shared_ptr<const std::string> data = h->snapshot;
+  if (o >= data->size()) return (void)fuse_reply_buf(req, nullptr, 0);  // EOF
+  fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+}
+
+void QueueView::write(fuse_req_t req, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* h = handle_of(fi);
+  if (h->kind != Handle::Kind::kNew) return (void)fuse_reply_err(req, EBADF);
+  if (off < 0) return (void)fuse_reply_err(req, EINVAL);
+  uint64_t end = static_cast<uint64_t>(off) + size;
+  std::lock_guard lock(h->mu);
+  if (end > h->max_payload) {
+    // A message is all or nothing: after a refused write the file is never sent (dd and
+    // cp stop at the error, but the close that follows must not send the first part).
+    if (!h->discarded) {
+      h->discarded = true;
+      send_failures_.fetch_add(1);
+    }
+    return (void)fuse_reply_err(req, EFBIG);
+  }
+  if (h->discarded) return (void)fuse_reply_err(req, EIO);
+  if (h->sent) return (void)fuse_reply_err(req, EPERM);  // already sent by fsync
+  if (h->data.size() < end) h->data.resize(end);
+  std::memcpy(h->data.data() + off, buf, size);
+  fuse_reply_write(req, size);
+}
+
+// FSYNC of a new file sends it now (and makes the queue durable), so a writer that needs
+// the message queued when its command returns can have it (`dd conv=fsync`).
+void QueueView::fsync(fuse_req_t req, fuse_file_info* fi) {
+  Handle* h = handle_of(fi);
+  if (h->kind != Handle::Kind::kNew) return (void)fuse_reply_err(req, 0);
+  std::string data;
+  bool claimed = false;
+  {
+    // Claim the send under h->mu, send outside it (GETATTR takes h->mu under mu_).
+    std::lock_guard lock(h->mu);
+    if (!h->sent && !h->discarded) {
+      h->sent = claimed = true;
+      data = h->data;
+    }
+  }
+  if (claimed) {
+    if (int err = send(h, data)) {
+      std::lock_guard lock(h->mu);
+      h->sent = false;  // RELEASE tries again
+      return (void)fuse_reply_err(req, err);
+    }
+  }
+  fuse_reply_err(req, errno_of(h->q->sync()));
+}
+
+void QueueView::release(fuse_req_t req, fuse_file_info* fi) {
+  std::unique_ptr<Handle> h(handle_of(fi));
+  if (h->kind == Handle::Kind::kNew) {
+    // After forget_new no other request can reach h: the kernel sends nothing for this
+    // open after RELEASE, and lookups no longer find it.
+    forget_new(h.get());
+    // RELEASE comes once per open, after the last close of every duplicate; its reply
+    // goes nowhere, so a failure here can only be counted (.stats) and logged.
+    if (!h->sent && !h->discarded) (void)send(h.get(), h->data);
+  }
+  fuse_reply_err(req, 0);
+}
+
+// ------------------------------------------------------------------ helpers
+
+void QueueView::reply_open(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<Handle> h) {
+  h->view = this;
+  fi->direct_io = 1;  // every READ reaches us, whatever st_size says
+  fi->keep_cache = 0;
+  fi->fh = reinterpret_cast<uint64_t>(h.release());
+  if (fuse_reply_open(req, fi) != 0) delete handle_of(fi);  // interrupted: no RELEASE will come
+}
+
+std::string QueueView::receipt_of(uint64_t id) {
+  std::lock_guard lock(mu_);
+  auto it = held_.find(id);
+  return it == held_.end() ? std::string() : it->second.receipt;
+}
+
+// The attributes of the entry `name` of this directory, or an errno.
+int QueueView::child_attr(std::string_view name, struct stat* st) {
+  if (has_stats() && name == ".stats") return attr_of(ino::kStats, st);
+  if (has_stats() && name == ".stats.json") return attr_of(ino::kStatsJson, st);
+  if (cfg_.dlq_ino != 0 && name == ".dlq") {
+    fill_dir(st, cfg_.dlq_ino);
+    return 0;
+  }
+  if (uint64_t id; message_name(name, &id)) return id ? attr_of(ino::msg_local(id), st) : ENOENT;
+  std::lock_guard lock(mu_);
+  auto it = new_names_.find(std::string(name));
+  if (it == new_names_.end()) return ENOENT;
+  fill_new_attr(it->second, st);
+  return 0;
+}
+
+int QueueView::attr_of(uint64_t local, struct stat* st) {
+  if (local == ino::kDir) {
+    fill_dir(st, cfg_.dir_ino);
+    return 0;
+  }
+  if (has_stats() && (local == ino::kStats || local == ino::kStatsJson)) {
+    auto text = render_stats(local == ino::kStatsJson);
+    if (!text.ok()) return errno_of(text.status());
+    fill_reg(st, ino(local), 0444, text->size(), SysClock::now());
+    return 0;
+  }
+  if (local >= ino::kNewBase) {
+    std::lock_guard lock(mu_);
+    auto it = new_files_.find(local);
+    if (it == new_files_.end()) return ENOENT;
+    fill_new_attr(it->second, st);
+    return 0;
+  }
+  if (!ino::is_msg(local)) return ENOENT;
+  Meta meta;
+  if (int err = find(ino::msg_id(local), &meta)) return err;
+  fill_reg(st, ino(local), 0600, meta.size, meta.enqueued);
+  return 0;
+}
+
+// A message's metadata: held by us, or in the listing (refreshed when stale or missing).
+int QueueView::find(uint64_t id, Meta* out) {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    {
+      std::lock_guard lock(mu_);
+      auto h = held_.find(id);
+      if (h != held_.end()) {
+        *out = h->second.meta;
+        return 0;
+      }
+      bool fresh = Clock::now() - listed_at_ < kListingFresh;
+      auto it = listing_.find(id);
+      if (it != listing_.end() && fresh) {
+        *out = it->second;
+        return 0;
+      }
+      if (attempt == 1) return ENOENT;
+    }
+    if (Status s = refresh(); !s.ok()) return errno_of(s);
+  }
+  return ENOENT;
+}
+
+bool QueueView::exists(uint64_t id) {
+  Meta m;
+  return find(id, &m) == 0;
+}
+
+// Replaces the listing with the first cfg_.limit ready messages of the queue (leased and
+// delayed ones are not listed). Queue::list reads no payloads and tells no enqueue time;
+// such files show the time of the listing until this view receives them.
+Status QueueView::refresh() {
+  auto q = queue();
+  if (!q.ok()) return q.status();
+  auto msgs = (*q)->list(cfg_.limit, /*ready_only=*/true);
+  if (!msgs.ok()) return msgs.status();
+  auto now = SysClock::now();
+  std::map<uint64_t, Meta> fresh;
+  for (const spool::MessageInfo& m : *msgs) {
+    if (m.id > ino::kMaxMsgId) break;  // no inode for it (inode.h); ids only grow
+    fresh[m.id] = Meta{m.size, m.receive_count, now, false};
+  }
+  std::lock_guard lock(mu_);
+  listing_ = std::move(fresh);
+  listed_at_ = Clock::now();
+  // Forget messages held long past their lease, so a mount whose readers never rm does
+  // not grow without bound. (Until then a late rm still acks, if no one received the
+  // message since: the queue accepts an expired but unreplaced receipt.)
+  auto horizon = listed_at_ - kHeldGrace;
+  std::erase_if(held_, [&](const auto& kv) { return kv.second.lease_end < horizon; });
+  return {};
+}
+
+spool::Result<std::string> QueueView::render_stats(bool json) {
+  auto q = queue();
+  if (!q.ok()) return q.status();
+  auto st = (*q)->stats();
+  if (!st.ok()) return st.status();
+  size_t held;
+  {
+    std::lock_guard lock(mu_);
+    held = held_.size();
+  }
+  // The queue's part is the CLI's `spool stats` output; the mount adds its own counters.
+  if (json) {
+    auto j = spool::cli::stats_json(*st);
+    j["mount_held"] = held;
+    j["mount_sent"] = sent_.load();
+    j["mount_send_failures"] = send_failures_.load();
+    j["listing_limit"] = cfg_.limit;
+    return j.dump() + "\n";
+  }
+  return spool::cli::human_stats(cfg_.label, *st) + "mount: held " + std::to_string(held) +
+         ", sent " + std::to_string(sent_.load()) + ", send failures " +
+         std::to_string(send_failures_.load()) + ", listing limit " + std::to_string(cfg_.limit) +
+         "\n";
+}
+
+int QueueView::xattr_value(uint64_t local, std::string_view name, std::string* out) {
+  if (!ino::is_msg(local)) return ENODATA;
+  uint64_t id = ino::msg_id(local);
+  Meta meta;
+  std::string receipt;
+  {
+    std::lock_guard lock(mu_);
+    auto it = held_.find(id);
+    if (it != held_.end()) {
+      meta = it->second.meta;
+      receipt = it->second.receipt;
+    }
+  }
+  if (receipt.empty()) {
+    if (int err = find(id, &meta)) return err;
+  }
+  if (name == "user.spool.id") {
+    *out = std::to_string(id);
+  } else if (name == "user.spool.receive_count") {
+    *out = std::to_string(meta.receive_count);
+  } else if (name == "user.spool.enqueued_at" && meta.enqueued_known) {
+    *out = spool::cli::iso_time(meta.enqueued);
+  } else if (name == "user.spool.receipt" && !receipt.empty()) {
+    *out = receipt;
+  } else {
+    return ENODATA;
+  }
+  return 0;
+}
+
+// Sends the bytes of the new file `h`. Returns an errno.
+int QueueView::send(Handle* h, std::string_view data) {
+  auto id = h->q->send(data);
+  if (!id.ok()) {
+    send_failures_.fetch_add(1);
+    std::fprintf(stderr, "spoolfs: sending %s (%zu bytes) to %s failed: %s\n", h->name.c_str(),
+                 data.size(), cfg_.label.c_str(), id.status().to_string().c_str());
+    return errno_of(id.status());
+  }
+  sent_.fetch_add(1);
+  return 0;
+}
+
+void QueueView::forget_new(Handle* h) {
+  std::lock_guard lock(mu_);
+  new_files_.erase(h->local);
+  auto it = new_names_.find(h->name);
+  if (it != new_names_.end() && it->second == h) new_names_.erase(it);
+}
+
+void QueueView::fill_new_attr(Handle* h, struct stat* st) {
+  std::lock_guard lock(h->mu);
+  fill_reg(st, ino(h->local), 0600, h->data.size(), SysClock::now());
+}
+
+}  // namespace spoolfs

@@ -1,0 +1,154 @@
+// One queue as a directory of a spoolfs mount (docs/filesystem.md is the user's contract):
+//
+//   ls DIR              ready messages, one file per id (the first `limit` of them)
+//   cat DIR/ID          receives that message (lease); the payload is fixed at open
+//   rm DIR/ID           acks a message this mount received
+//   touch DIR/ID        extends the lease of a message this mount received
+//   echo x > DIR/name   sends one message when the file is released (last close)
+//   DIR/.stats(.json)   queue statistics
+//   DIR/.dlq            the dead-letter queue: a view of its own (Kind::kDeadLetters) that
+//                       has the same message files but takes no new files and has no
+//                       .stats or .dlq of its own
+//
+// Uses the public queue API only (include/spool/queue.h): Queue::list for listings (no
+// payloads, ready messages only), Queue::receive_id to lease the one message a reader
+// opened, then ack, extend, send and stats. Why each operation is answered the way it is
+// (what the kernel sends for each shell command) is in docs/filesystem.md ("How it works");
+// in short:
+//  - every open file is direct_io and entry/attr timeouts are 0: the kernel must neither
+//    serve a cached payload nor keep dentries of messages that are gone;
+//  - a message is sent on RELEASE (one per open), never on FLUSH (one per close() of any
+//    duplicate fd, possibly before any WRITE);
+//  - rm arrives as UNLINK(parent, name) with no file handle, so acks go by name through a
+//    map id -> receipt of the messages this view received;
+//  - readdir cookies are message ids, so entries acked between two READDIRs are neither
+//    skipped nor repeated.
+//
+// Threads: handlers run concurrently on fuse_session_loop_mt's workers. The Queue is
+// thread-safe; the view's own maps are guarded by mu_, never held across a queue call.
+#pragma once
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "spool/queue.h"
+
+namespace spoolfs {
+
+class QueueView {
+ public:
+  enum class Kind { kQueue, kDeadLetters };
+
+  // Where the view finds its queue, each time it needs it (the source opens it once).
+  // kNotFound means there is no queue yet, which the view shows as an empty directory: a
+  // dead-letter queue is created by the first dead letter, and spoolfs must not create it.
+  using Source = std::function<spool::Result<spool::Queue*>()>;
+
+  struct Config {
+    Kind kind = Kind::kQueue;
+    uint64_t view = 0;            // the view number of this view's inodes (inode.h)
+    fuse_ino_t dir_ino = 0;       // this directory
+    fuse_ino_t parent_ino = 0;    // its parent, for ".."
+    fuse_ino_t dlq_ino = 0;       // kQueue: the directory of its dead-letter queue's view
+    std::string label;            // the queue's path, for .stats
+    spool::Millis visibility{0};  // lease of a message opened for reading; 0: the queue's
+    size_t limit = 1000;          // list at most this many messages
+  };
+
+  QueueView(Config cfg, Source source);
+  ~QueueView();
+  QueueView(const QueueView&) = delete;
+  QueueView& operator=(const QueueView&) = delete;
+
+  fuse_ino_t dir_ino() const { return cfg_.dir_ino; }
+
+  // Entries of this view's directory.
+  void lookup(fuse_req_t req, std::string_view name);
+  void create(fuse_req_t req, std::string_view name, fuse_file_info* fi);
+  void unlink(fuse_req_t req, std::string_view name);
+  // Inodes of this view, by their local part (inode.h).
+  void getattr(fuse_req_t req, uint64_t local);
+  void setattr(fuse_req_t req, uint64_t local, struct stat* attr, int to_set, fuse_file_info* fi);
+  void open(fuse_req_t req, uint64_t local, fuse_file_info* fi);
+  void opendir(fuse_req_t req, uint64_t local, fuse_file_info* fi);
+  void readdir(fuse_req_t req, uint64_t local, size_t size, off_t off);
+  void getxattr(fuse_req_t req, uint64_t local, const char* name, size_t size);
+  void listxattr(fuse_req_t req, uint64_t local, size_t size);
+
+  // Files opened by this view's open or create: the view that made one, and operations on it.
+  static QueueView* owner(fuse_file_info* fi);
+  void read(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi);
+  void write(fuse_req_t req, const char* buf, size_t size, off_t off, fuse_file_info* fi);
+  void fsync(fuse_req_t req, fuse_file_info* fi);
+  void release(fuse_req_t req, fuse_file_info* fi);
+
+ private:
+  struct Handle;
+  // What a directory listing or GETATTR needs of a message.
+  struct Meta {
+    uint64_t size = 0;
+    uint32_t receive_count = 0;
+    std::chrono::system_clock::time_point enqueued;  // the listing's time unless enqueued_known
+    bool enqueued_known = false;
+  };
+  // A message this view received and has not acked: what rm, touch and the xattrs need.
+  struct Held {
+    std::string receipt;
+    Meta meta;
+    std::chrono::steady_clock::time_point lease_end;  // our estimate; the queue's clock decides
+  };
+
+  static Handle* handle_of(fuse_file_info* fi);
+  spool::Result<spool::Queue*> queue() { return source_(); }
+  spool::Millis lease(spool::Queue* q) const;
+  bool has_stats() const { return cfg_.kind == Kind::kQueue; }
+  bool is_fixed_name(std::string_view name) const;
+  fuse_ino_t ino(uint64_t local) const;
+
+  int child_attr(std::string_view name, struct stat* st);
+  int attr_of(uint64_t local, struct stat* st);
+  int find(uint64_t id, Meta* out);
+  bool exists(uint64_t id);
+  spool::Status refresh();
+  int listed_after(uint64_t after, std::vector<uint64_t>* ids);
+  std::string receipt_of(uint64_t id);
+  spool::Result<std::string> render_stats(bool json);
+  int xattr_value(uint64_t local, std::string_view name, std::string* out);
+
+  void open_stats(fuse_req_t req, uint64_t local, fuse_file_info* fi);
+  void extend_lease(fuse_req_t req, uint64_t local);
+  void truncate_new(fuse_req_t req, uint64_t local, off_t size, fuse_file_info* fi);
+  void discard_new(fuse_req_t req, std::string_view name);
+  void ack(fuse_req_t req, uint64_t id);
+  void reply_open(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<Handle> h);
+  int send(Handle* h, std::string_view data);
+  void forget_new(Handle* h);
+  void fill_new_attr(Handle* h, struct stat* st);
+
+  const Config cfg_;
+  const Source source_;
+
+  std::mutex mu_;
+  std::map<uint64_t, Meta> listing_;  // id -> meta, the first cfg_.limit ready messages
+  std::chrono::steady_clock::time_point listed_at_{};
+  std::unordered_map<uint64_t, Held> held_;          // received here, not acked
+  std::unordered_map<uint64_t, Handle*> new_files_;  // files being written, by local inode
+  std::map<std::string, Handle*> new_names_;         // ... and by name (the newest of a name)
+  std::atomic<uint64_t> next_new_{0};
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> send_failures_{0};
+};
+
+}  // namespace spoolfs
