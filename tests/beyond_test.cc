@@ -237,6 +237,33 @@ TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyWithinASecond) {
   EXPECT_TRUE(report->ok()) << report->problems.front();
 }
 
+// A binder killed while it holds the index lock: the repair rebuilds the index from the
+// log, which does not record bindings; they must survive it.
+TEST_F(BeyondTest, BindingSurvivesTheRepairAfterItsOwnerDiedHoldingTheLock) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  std::string park = dir_ / "park";
+  pid_t worker = spawn([&] {
+    auto w = Queue::open(qdir());
+    if (!w.ok() || !(*w)->bind_leases().ok() || !(*w)->receive(1, Millis(60'000)).ok()) return 1;
+    ::setenv("SPOOL_TEST_PARK_IN_LOCK", park.c_str(), 1);
+    auto parked = Queue::open(qdir());  // parks inside the lock at its first locked call
+    if (!parked.ok()) return 2;
+    (void)(*parked)->stats();
+    return 3;
+  });
+  ASSERT_TRUE(wait_for_file(park, 10s));
+  kill9(worker);
+  ::unlink(park.c_str());
+  uint64_t t0 = mono_ns();
+  auto m = q->receive(1, Millis(0), Millis(5000));
+  uint64_t ms = (mono_ns() - t0) / 1'000'000;
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_LT(ms, 1500u) << "the binding was lost in the repair";
+  EXPECT_EQ((*m)[0].receive_count, 2u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
 TEST_F(BeyondTest, UnboundLeaseWaitsForItsTimeout) {
   auto q = open();
   ASSERT_TRUE(q->send("job").ok());

@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli/forward.h"
 #include "cli/output.h"
 #include "cli/progress.h"
 #include "cli/units.h"
@@ -295,6 +296,9 @@ static int run(int argc, char** argv) {
                "SIGTERM/SIGINT: stop taking messages, wait for running commands; a second signal\n"
                "stops them too (SIGTERM, SIGKILL 5s later) and nacks their messages.\n"
                "Example: spool work /var/spool/jobs -j 4 -- sh -c 'convert - out/$SPOOL_MESSAGE_ID.png'");
+
+  cli::ForwardArgs forward_args;
+  auto* forward = cli::add_forward_command(app, dir, forward_args);
 
   // An unknown command is named (CLI11 would only say that a subcommand is required).
   bool known_command = true;
@@ -576,6 +580,11 @@ static int run(int argc, char** argv) {
                     r->messages, r->ok() ? ", ok" : "");
       }
       return r->ok() ? 0 : kExitError;
+    }
+    if (*forward) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      return cli::run_forward(*q, forward_args);
     }
     if (*work) {
       cli::WorkOptions o;

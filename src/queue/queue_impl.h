@@ -177,7 +177,34 @@ struct Queue::Impl {
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
 
-  Status rebuild() { return replay(idx); }
+  // Replays the log into the shared index. Lease bindings (instant release on death) are
+  // not in the log, so they are carried over from the old index for the leases it still
+  // agrees on (same id, same delivery): above all those of the process whose death caused
+  // this rebuild, which would otherwise wait out their timeouts. The old index is only
+  // read where its header is sound (a dying grow can leave it inconsistent).
+  Status rebuild() {
+    struct Owned {
+      uint64_t id;
+      uint32_t count;
+      uint16_t owner;
+    };
+    std::vector<Owned> owned;
+    if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
+      idx.for_each_entry([&](uint32_t, const Entry& e) {
+        if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
+          owned.push_back(Owned{e.id, e.count, e.owner});
+        }
+      });
+    }
+    if (Status s = replay(idx); !s.ok()) return s;
+    for (const Owned& o : owned) {
+      int64_t slot = idx.find(o.id);
+      if (slot < 0) continue;
+      Entry& e = idx.entry(static_cast<uint32_t>(slot));
+      if (e.state == State::kLeased && e.count == o.count) e.owner = o.owner;
+    }
+    return {};
+  }
 
   // Empties `x` and replays the whole log into it. Lock held (or `x` private).
   Status replay(index::SharedIndex& x) {
