@@ -54,8 +54,11 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     uint64_t want = kHeaderBytes + region_bytes(kMinCapacity);
     if (fresh) {
       // Only the first opener gets here, so nobody maps the file: shrinking it is safe.
-      if (::ftruncate(fd_, 0) != 0 || ::ftruncate(fd_, static_cast<off_t>(want)) != 0) {
-        return errno_status(errno, "size index " + path);
+      // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
+      // system is a SIGBUS at the first store through the mapping (grow() does the same).
+      if (::ftruncate(fd_, 0) != 0) return errno_status(errno, "size index " + path);
+      if (int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(want)); r != 0) {
+        return errno_status(r, "allocate index " + path);
       }
     } else if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
       return Status(Code::kCorrupt, path + ": index is truncated");
@@ -272,6 +275,9 @@ std::string SharedIndex::check_invariants() const {
     if (e.id == 0) continue;
     ++n;
     if (e.state == State::kLeased) ++leased;
+    if ((e.state != State::kReady && e.state != State::kLeased) || e.owner > kOwnerSlots) {
+      return "I6: entry " + std::to_string(e.id) + " has an invalid state or owner";
+    }
     if (e.id >= hdr_->next_id) return "I5: entry id " + std::to_string(e.id) + " >= next_id";
     if (find(e.id) != static_cast<int64_t>(s)) return "I5: id " + std::to_string(e.id) + " not findable";
     if (e.heap_pos >= hdr_->heap_size || heap_[e.heap_pos].slot != s) return "I2: heap back-pointer";

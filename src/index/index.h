@@ -17,6 +17,7 @@
 //  I3 the heap property holds on (key, tie).
 //  I4 leased == number of entries in state kLeased.
 //  I5 every entry's id < next_id; every entry can be found by its id.
+//  I6 every entry's state is kReady or kLeased, and its owner at most kOwnerSlots.
 // A process that dies inside the critical section may break any of them; the next locker
 // gets EOWNERDEAD and rebuilds the whole index from the log (the log is written before the
 // index in every operation, so the log always holds the truth).
@@ -122,6 +123,7 @@ class SharedIndex {
   bool reusable() const;
 
   IndexHeader& hdr() { return *hdr_; }
+  bool attached() const { return hdr_ != nullptr; }
   // Must be called with the lock held, before touching the region: remaps if it grew.
   Status refresh();
 

@@ -154,7 +154,12 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // Nobody else is attached: reuse the index only if it is intact, from this boot, and
     // not behind the log; otherwise start it afresh (this also re-creates the mutexes,
     // which after a reboot would be locked forever).
-    bool reuse = impl->idx.attach(index_path, false).ok();
+    // The entries are checked too, not only the header: a damaged region behind a sound
+    // header would otherwise be trusted (out-of-bounds slots, lost or invented messages).
+    // Nobody else is attached, so the mutexes are re-created rather than trusted.
+    bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok() &&
+                 impl->idx.check_invariants().empty() && impl->idx.hdr().mu.init() == 0 &&
+                 impl->idx.hdr().sync_mu.init() == 0;
     if (reuse) {
       auto held = impl->lock();
       reuse = held.ok() && !impl->log_ahead_of_index();

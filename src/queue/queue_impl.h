@@ -111,7 +111,10 @@ struct Queue::Impl {
       flush_cv.notify_all();
       flusher.join();
     }
-    if (log && !read_only && cfg.opts.sync != SyncPolicy::kNever) (void)sync_to(idx.hdr().log_end);
+    // An open that failed part-way may have a log but no index.
+    if (log && idx.attached() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
+      (void)sync_to(idx.hdr().log_end);
+    }
     if (lock_fd >= 0) ::close(lock_fd);
     if (gate_fd >= 0) ::close(gate_fd);
     sys::forget_in_fork_child(&owners_fd);
@@ -232,7 +235,15 @@ struct Queue::Impl {
                          : x.find(r.id);
       switch (r.type) {
         case RecordType::kMsg: {
-          if (r.id <= h.purged_through || x.find(r.id) >= 0) return;
+          if (r.id <= h.purged_through) return;
+          if (int64_t have = x.find(r.id); have >= 0) {
+            // A compaction copy of a live message: point at it, not at the original. The
+            // original's segment is about to go (a repair in the middle of a compaction must
+            // not leave the index pointing into it), and a copy that replay can read is
+            // complete; it was synced before any original was unlinked.
+            if ((r.flags & format::kFlagCopy) != 0) x.entry(static_cast<uint32_t>(have)).loc = pos.pack();
+            return;
+          }
           Entry e{r.id, pos.pack(), static_cast<uint32_t>(r.payload.size()), index::kNoPos, 0, State::kReady, 0, 0};
           auto ins = x.insert(e, now.to_key(r.t2));
           if (!ins.ok()) failed = ins.status();
@@ -550,7 +561,7 @@ struct Queue::Impl {
     Clocks now;
     std::vector<uint32_t> victims;
     idx.for_each_entry([&](uint32_t s, Entry& e) {
-      if (e.owner == 0 || !mine[e.owner]) return;
+      if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner] || e.heap_pos >= idx.heap_size()) return;
       if (e.state == State::kLeased && idx.heap_begin()[e.heap_pos].key > now.boot) {
         victims.push_back(s);
       } else {

@@ -26,6 +26,11 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
       continue;
     }
     auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {});
+    if (i + 1 < seqs->size()) {
+      for (const auto& c : storage::sealed_tail_damage(**seg, scan.end, q.cfg.opts.segment_size)) {
+        scan.corrupt.push_back(c);
+      }
+    }
     rep.records += scan.records;
     for (const auto& c : scan.corrupt) {
       rep.problems.push_back(q.log->segment_path(seq) + ": " + std::to_string(c.length) +

@@ -122,11 +122,25 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
   auto seqs = segments();
   if (!seqs.ok()) return seqs.status();
   Recovery rec;
-  for (uint64_t seq : *seqs) {
+  for (size_t i = 0; i < seqs->size(); ++i) {
+    const uint64_t seq = (*seqs)[i];
+    const bool sealed = i + 1 < seqs->size();
     auto seg = segment(seq);
-    if (!seg.ok()) return seg.status();
+    if (!seg.ok()) {
+      // A sealed segment whose header is damaged costs its own records, not the queue.
+      // (The active one is where appends go: that stays an error.)
+      if (!sealed || (seg.status().code() != Code::kCorrupt && seg.status().code() != Code::kNotAQueue)) {
+        return seg.status();
+      }
+      spool::log().error("spool: {}: skipped: {}", segment_path(seq), seg.status().message());
+      rec.corrupt.push_back(Corruption{seq, 0, opts_.segment_size});
+      continue;
+    }
     ScanResult r = scan(**seg, format::kSegmentHeaderSize,
                         [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); });
+    if (sealed) {
+      for (const auto& c : sealed_tail_damage(**seg, r.end, opts_.segment_size)) r.corrupt.push_back(c);
+    }
     for (const auto& c : r.corrupt) {
       spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);

@@ -230,6 +230,16 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
                     payload.size() >= 56 ? load<uint64_t>(p + 48) : 0};
 }
 
+std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size) {
+  std::vector<Corruption> out;
+  const uint64_t size = seg.info().size;
+  uint64_t last = size;
+  while (last > end && seg.data()[last - 1] == 0) --last;
+  if (last > end) out.push_back(Corruption{seg.info().seq, end, last - end});
+  if (size < segment_size) out.push_back(Corruption{seg.info().seq, size, segment_size - size});
+  return out;
+}
+
 ScanResult scan(const Segment& seg, uint64_t from,
                 const std::function<void(const RecordView&)>& visit) {
   ScanResult res;

@@ -102,6 +102,11 @@ struct ScanResult {
   std::vector<Corruption> corrupt;
 };
 
+// Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
+// valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
+// the zero-fill it was preallocated with), and a file shorter than `segment_size`.
+std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size);
+
 // Visits every valid record from `from` (a record boundary, >= 64) in offset order, skipping
 // and reporting corrupt regions, and finds the logical end.
 ScanResult scan(const Segment& seg, uint64_t from,
