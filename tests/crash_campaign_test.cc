@@ -1,0 +1,749 @@
+// Crash campaign (docs/reliability.md, campaign 1): real processes on one queue with 64 KiB
+// segments, so compaction really runs, killed with SIGKILL at random moments and restarted:
+//   P0, P1  producers (library send_batch), journaling each id after its send returned;
+//   C0, C1  consumers (library receive + ack / nack / extend); C1 binds its leases to its
+//           life (instant release on death), C0 does not;
+//   W0      `spool work` (the CLI binary, $SPOOL_CLI) running a shell command per message;
+//   K0      a compactor: Queue::compact in a loop.
+// A cycle is a run of random kills; then every process is killed, the queue is checked while
+// quiet (index invariants, verify, depth = recount, nothing lost, nothing acked came back),
+// and the next cycle starts. At the end the queue is drained and every delivery is
+// accounted for: each redelivery must be explained by a lease expiry (the timing is checked
+// against the lease deadline on CLOCK_BOOTTIME), a nack, or the death of its holder.
+//
+// Journals are plain files appended one line per write(2): the campaign kills processes,
+// not the machine, so the page cache keeps every line a process wrote before it died.
+//
+// Size: SPOOL_TEST_SCALE scales the kills (300 at scale 1); SPOOL_SOAK_SECONDS=N runs
+// cycles until N seconds have passed instead (see docs/reliability.md).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "proc_util.h"
+#include "spool/queue.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using namespace std::chrono_literals;
+using test::boot_ns;
+using test::TempDir;
+using test::wait_exit;
+namespace fs = std::filesystem;
+
+constexpr Millis kConsumerVis{1500};
+constexpr Millis kWorkVis{2000};
+constexpr uint64_t kSlackNs = 50'000'000;  // clock conversions, /proc/uptime's 10 ms steps
+
+std::string payload_for(const std::string& tag) {
+  uint64_t h = std::hash<std::string>{}(tag);
+  size_t len = 30 + h % 1800;
+  std::string s = tag + ":";
+  for (size_t i = 0; s.size() < len; ++i) s.push_back(static_cast<char>('A' + (h >> (i % 48)) % 26));
+  return s;
+}
+bool payload_ok(const std::string& p, std::string* tag) {
+  auto colon = p.find(':');
+  if (colon == std::string::npos) return false;
+  *tag = p.substr(0, colon);
+  return payload_for(*tag) == p;
+}
+
+QueueOptions campaign_options() {
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  o.visibility = kConsumerVis;
+  o.max_receives = 0;  // every redelivery stays visible to the campaign
+  return o;
+}
+
+// ---- the processes ---------------------------------------------------------------------------
+
+int producer(const std::string& q_dir, const std::string& journal, int slot, int inc, uint32_t seed) {
+  test::Journal j(journal);
+  auto q = Queue::open(q_dir, campaign_options());
+  if (!q.ok()) {
+    j.line("E open: " + q.status().to_string());
+    return 1;
+  }
+  std::mt19937 rng(seed);
+  for (int n = 0;; ) {
+    std::vector<std::string> tags, bodies;
+    for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) {
+      tags.push_back("p" + std::to_string(slot) + "." + std::to_string(inc) + "." + std::to_string(n++));
+      bodies.push_back(payload_for(tags.back()));
+      j.line("s " + tags.back());
+    }
+    std::vector<std::string_view> views(bodies.begin(), bodies.end());
+    auto ids = (*q)->send_batch(views);
+    if (!ids.ok()) {
+      j.line("E send: " + ids.status().to_string());
+      std::this_thread::sleep_for(10ms);
+      continue;
+    }
+    for (size_t i = 0; i < ids->size(); ++i) j.line("S " + std::to_string((*ids)[i]) + " " + tags[i]);
+    if (n % 64 < 3) {  // keep the backlog bounded
+      auto st = (*q)->stats();
+      if (st.ok() && st->ready > 3000) std::this_thread::sleep_for(50ms);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+  }
+}
+
+int consumer(const std::string& q_dir, const std::string& journal, bool bind, uint32_t seed) {
+  test::Journal j(journal);
+  auto q = Queue::open(q_dir, campaign_options());
+  if (!q.ok()) {
+    j.line("E open: " + q.status().to_string());
+    return 1;
+  }
+  if (bind) {
+    Status s = (*q)->bind_leases();
+    j.line(s.ok() ? "B ok" : "B " + s.to_string());
+  }
+  std::mt19937 rng(seed);
+  for (;;) {
+    uint64_t t0 = boot_ns();
+    auto got = (*q)->receive(1 + rng() % 4, kConsumerVis, 200ms);
+    uint64_t t1 = boot_ns();
+    if (!got.ok()) {
+      if (got.status().code() != Code::kEmpty) j.line("E receive: " + got.status().to_string());
+      continue;
+    }
+    for (auto& m : *got) {
+      std::string tag;
+      if (!payload_ok(m.payload, &tag)) j.line("E bad payload for " + std::to_string(m.id));
+      j.line("R " + std::to_string(m.id) + " " + std::to_string(m.receive_count) + " " + std::to_string(t0) + " " +
+             std::to_string(t1) + " " + std::to_string(kConsumerVis.count()) + " " + tag);
+    }
+    for (auto& m : *got) {
+      std::string key = std::to_string(m.id) + " " + std::to_string(m.receive_count);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));  // "work"
+      int r = static_cast<int>(rng() % 100);
+      if (r < 8) {
+        j.line("n " + key);
+        Status s = (*q)->nack(m.receipt, Millis(rng() % 200));
+        j.line(s.ok() ? "N " + key : "L " + key + " " + code_name(s.code()));
+        continue;
+      }
+      if (r < 13) {
+        uint64_t te = boot_ns();
+        Status s = (*q)->extend(m.receipt, 2000ms);
+        if (s.ok()) j.line("X " + key + " " + std::to_string(te) + " 2000");
+      }
+      j.line("a " + key);
+      Status s = (*q)->ack(m.receipt);
+      j.line(s.ok() ? "A " + key : "L " + key + " " + code_name(s.code()));
+    }
+  }
+}
+
+int compactor(const std::string& q_dir, const std::string& journal, uint32_t seed) {
+  test::Journal j(journal);
+  auto q = Queue::open(q_dir, campaign_options());
+  if (!q.ok()) {
+    j.line("E open: " + q.status().to_string());
+    return 1;
+  }
+  std::mt19937 rng(seed);
+  for (;;) {
+    auto r = (*q)->compact();
+    if (!r.ok()) j.line("E compact: " + r.status().to_string());
+    else if (r->segments_removed > 0) j.line("K " + std::to_string(r->segments_removed) + " " + std::to_string(r->messages_copied));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng() % 30));
+  }
+}
+
+// fork + exec of `spool work`; the command journals "id count uptime" per message and fails
+// (nack, 1 s backoff) the first delivery of every 17th id.
+pid_t start_work(const std::string& cli, const std::string& q_dir, const std::string& journal,
+                 const std::string& err_path) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int devnull = ::open("/dev/null", O_RDWR);
+    int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(devnull, 0);
+    ::dup2(devnull, 1);
+    ::dup2(err, 2);
+    ::setenv("J", journal.c_str(), 1);
+    const char* script =
+        "read up rest < /proc/uptime; echo \"$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $up\" >> \"$J\"; "
+        "[ $((SPOOL_MESSAGE_ID % 17)) -ne 0 ] || [ \"$SPOOL_RECEIVE_COUNT\" -gt 1 ]";
+    std::string vis = std::to_string(kWorkVis.count()) + "ms";
+    ::execl(cli.c_str(), cli.c_str(), "work", q_dir.c_str(), "--visibility", vis.c_str(), "--", "sh", "-c", script,
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// ---- the ledger ------------------------------------------------------------------------------
+
+struct Delivery {
+  uint64_t id = 0;
+  uint32_t count = 0;
+  std::string who;       // "C0.3" (role, slot, incarnation), "W0.2", "D" (the final drain)
+  uint64_t t0 = 0, t1 = 0;  // receive called / returned (CLOCK_BOOTTIME); W: t0 = 0
+  uint64_t vis_ns = 0;
+  uint64_t deadline = 0;  // lower bound of the lease deadline (extends included)
+  bool nack_tried = false, acked = false, ack_tried = false, lease_lost = false;
+  bool w_failed = false;  // spool work: the command failed, so it nacked
+  bool w_ack_known = false;  // spool work: a later message of the same process proves the ack returned
+};
+
+struct Incarnation {
+  char role;
+  int slot;
+  int inc;
+  pid_t pid = -1;
+  std::string journal, err;
+  uint64_t killed_at = 0;  // boot_ns of the SIGKILL
+  bool bound = false;      // leases bound to its life
+};
+
+struct Ledger {
+  std::set<std::string> attempted;           // tags a send was tried with
+  std::map<uint64_t, std::string> sent;      // send returned
+  std::map<std::pair<uint64_t, uint32_t>, Delivery> deliveries;
+  std::set<std::pair<uint64_t, uint32_t>> duplicate_deliveries;  // the same (id, count) twice
+  std::set<uint64_t> acked_ids;              // an ack returned (or spool work's ack is proven)
+  std::set<uint64_t> ack_tried_ids;          // an ack was attempted (may not have returned)
+  std::vector<std::string> errors;           // E lines
+  uint64_t sends = 0, acks = 0, nacks = 0, extends = 0, lease_lost = 0, compactions = 0, copied = 0;
+  uint64_t work_handled = 0, work_ack_failed = 0;
+
+  void add(Delivery d) {
+    auto key = std::make_pair(d.id, d.count);
+    if (deliveries.count(key)) {
+      duplicate_deliveries.insert(key);
+      return;
+    }
+    deliveries[key] = std::move(d);
+  }
+
+  void read_library(const Incarnation& in) {
+    std::string who = std::string(1, in.role) + std::to_string(in.slot) + "." + std::to_string(in.inc);
+    std::ifstream f(in.journal);
+    for (std::string line; std::getline(f, line);) {
+      std::istringstream s(line);
+      char kind = 0;
+      s >> kind;
+      uint64_t id = 0;
+      uint32_t c = 0;
+      std::string tag;
+      if (kind == 'E') {
+        errors.push_back(who + ": " + line);
+        continue;
+      }
+      if (kind == 's') {
+        s >> tag;
+        attempted.insert(tag);
+      } else if (kind == 'S') {
+        s >> id >> tag;
+        sent[id] = tag;
+        ++sends;
+      } else if (kind == 'K') {
+        uint64_t segs = 0, cp = 0;
+        s >> segs >> cp;
+        ++compactions;
+        copied += cp;
+      } else if (kind == 'R') {
+        Delivery d;
+        uint64_t vis_ms = 0;
+        s >> d.id >> d.count >> d.t0 >> d.t1 >> vis_ms >> tag;
+        d.who = who;
+        d.vis_ns = vis_ms * 1'000'000;
+        d.deadline = d.t0 + d.vis_ns;
+        add(d);
+      } else {
+        s >> id >> c;
+        auto it = deliveries.find({id, c});
+        if (it == deliveries.end()) continue;
+        Delivery& d = it->second;
+        switch (kind) {
+          case 'n': d.nack_tried = true; break;
+          case 'N': ++nacks; break;
+          case 'a': d.ack_tried = true; ack_tried_ids.insert(id); break;
+          case 'A': d.acked = true; acked_ids.insert(id); ++acks; break;
+          case 'L': d.lease_lost = true; ++lease_lost; break;
+          case 'X': {
+            uint64_t te = 0, vis_ms = 0;
+            s >> te >> vis_ms;
+            d.deadline = std::max(d.deadline, te + vis_ms * 1'000'000);
+            ++extends;
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  void read_work(const Incarnation& in) {
+    std::string who = "W" + std::to_string(in.slot) + "." + std::to_string(in.inc);
+    std::set<uint64_t> ack_failed;
+    {
+      std::ifstream e(in.err);
+      for (std::string line; std::getline(e, line);) {
+        uint64_t id = 0;
+        int end = 0;
+        if (std::sscanf(line.c_str(), "spool work: message %" SCNu64 ": ack failed%n", &id, &end) == 1 && end > 0) {
+          ack_failed.insert(id);
+          ++work_ack_failed;
+          if (std::getenv("CAMPAIGN_DEBUG")) std::printf("%s: %s\n", who.c_str(), line.c_str());
+        } else if (line.find("retry in") == std::string::npos && line.find("nack failed") == std::string::npos &&
+                   line.find("] [warning] ") == std::string::npos && line.find("] [info] ") == std::string::npos &&
+                   !line.empty()) {
+          errors.push_back(who + " stderr: " + line);
+        }
+      }
+    }
+    std::ifstream f(in.journal);
+    std::vector<std::pair<uint64_t, uint32_t>> order;
+    for (std::string line; std::getline(f, line);) {
+      std::istringstream s(line);
+      Delivery d;
+      double up = 0;
+      if (!(s >> d.id >> d.count >> up)) continue;
+      d.who = who;
+      d.t1 = static_cast<uint64_t>(up * 1e9);
+      d.w_failed = d.id % 17 == 0 && d.count == 1;
+      d.lease_lost = ack_failed.count(d.id) > 0;
+      order.emplace_back(d.id, d.count);
+      add(d);
+      ++work_handled;
+    }
+    // With -j 1 spool work receives the next message only after acking (or nacking) this
+    // one, so every entry but the last had its ack (or nack) return.
+    for (size_t i = 0; i + 1 < order.size(); ++i) {
+      auto it = deliveries.find(order[i]);
+      if (it == deliveries.end() || it->second.who != who) continue;
+      Delivery& d = it->second;
+      if (!d.w_failed && !d.lease_lost) {
+        d.w_ack_known = true;
+        d.acked = true;
+        acked_ids.insert(d.id);
+      }
+    }
+    for (auto& key : order) {
+      auto it = deliveries.find(key);
+      if (it != deliveries.end() && !it->second.w_failed) {
+        it->second.ack_tried = true;
+        ack_tried_ids.insert(key.first);
+      }
+    }
+  }
+};
+
+// ---- the campaign ----------------------------------------------------------------------------
+
+struct Figures {
+  int cycles = 0;
+  uint64_t kills = 0, cycle_end_kills = 0, restarts = 0;
+  uint64_t lost = 0, acked_came_back = 0, unexplained = 0, redeliveries = 0;
+  uint64_t duplicate = 0, bad_payload = 0, phantom = 0, check_failures = 0;
+  uint64_t known_bug_unreadable = 0, known_bug_symptoms = 0;
+  std::map<std::string, uint64_t> explained;
+};
+
+class Campaign {
+ public:
+  Campaign(std::string root, std::string cli, uint64_t seed)
+      : root_(std::move(root)), qdir_(root_ + "/q"), cli_(std::move(cli)), rng_(seed) {
+    fs::create_directories(root_ + "/j");
+    auto q = Queue::open(qdir_, campaign_options());
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+  }
+
+  void run(int cycles, int kills_per_cycle, int soak_seconds) {
+    auto start = std::chrono::steady_clock::now();
+    for (int c = 0;; ++c) {
+      if (soak_seconds > 0) {
+        if (std::chrono::steady_clock::now() - start > std::chrono::seconds(soak_seconds)) break;
+      } else if (c >= cycles) {
+        break;
+      }
+      cycle(kills_per_cycle);
+      if (::testing::Test::HasFatalFailure()) return;
+      ++fig_.cycles;
+    }
+    drain_and_account();
+  }
+
+  const Figures& figures() const { return fig_; }
+  const Ledger& ledger() const { return led_; }
+  bool work_enabled() const { return !cli_.empty(); }
+
+ private:
+  struct Slot {
+    char role;
+    int slot;
+  };
+
+  void start(Slot s) {
+    Incarnation in;
+    in.role = s.role;
+    in.slot = s.slot;
+    in.inc = next_inc_++;
+    std::string base = root_ + "/j/" + std::string(1, s.role) + std::to_string(s.slot) + "-" + std::to_string(in.inc);
+    in.journal = base + ".log";
+    in.err = base + ".err";
+    uint32_t seed = static_cast<uint32_t>(rng_());
+    std::string q = qdir_, j = in.journal;
+    int slot = s.slot, inc = in.inc;
+    switch (s.role) {
+      case 'P': in.pid = test::spawn([=] { return producer(q, j, slot, inc, seed); }); break;
+      case 'C':
+        in.bound = slot == 1;
+        in.pid = test::spawn([=] { return consumer(q, j, slot == 1, seed); });
+        break;
+      case 'K': in.pid = test::spawn([=] { return compactor(q, j, seed); }); break;
+      case 'W': in.pid = start_work(cli_, q, j, in.err); break;
+    }
+    running_.push_back(in);
+  }
+
+  void kill(size_t i, bool random) {
+    Incarnation in = running_[i];
+    running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+    in.killed_at = boot_ns();
+    ::kill(in.pid, SIGKILL);
+    int rc = wait_exit(in.pid);
+    if (rc != 128 + SIGKILL) {
+      ADD_FAILURE() << in.role << in.slot << "." << in.inc << " had exited by itself with " << rc
+                    << (in.role == 'W' ? "; stderr: " + test::slurp(in.err) : std::string());
+    }
+    if (in.bound) in.bound = test::slurp(in.journal).find("B ok\n") != std::string::npos;
+    (random ? fig_.kills : fig_.cycle_end_kills) += 1;
+    if (in.role == 'W') led_.read_work(in);
+    else led_.read_library(in);
+    for (const auto& e : led_.errors) {
+      if (known_bug_symptom(e)) {
+        ++fig_.known_bug_symptoms;
+        continue;
+      }
+      ADD_FAILURE() << e;
+    }
+    led_.errors.clear();
+    dead_.push_back(in);
+  }
+
+  void cycle(int kills) {
+    std::vector<Slot> slots = {{'P', 0}, {'P', 1}, {'C', 0}, {'C', 1}, {'K', 0}};
+    if (work_enabled()) slots.push_back({'W', 0});
+    for (Slot s : slots) start(s);
+    for (int k = 0; k < kills; ++k) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng_() % 115));
+      // Weighted: consumers and producers most, where the state changes are.
+      static const char roles[] = "PPPCCCCKKWW";
+      char role = roles[rng_() % (sizeof roles - 1)];
+      if (role == 'W' && !work_enabled()) role = 'C';
+      std::vector<size_t> of_role;
+      for (size_t i = 0; i < running_.size(); ++i)
+        if (running_[i].role == role) of_role.push_back(i);
+      size_t victim = of_role[rng_() % of_role.size()];
+      Slot s{running_[victim].role, running_[victim].slot};
+      kill(victim, true);
+      start(s);
+      ++fig_.restarts;
+    }
+    while (!running_.empty()) kill(running_.size() - 1, false);
+    check_quiet();
+    if (fig_.cycles % 3 == 2) fs::remove(qdir_ + "/index");  // the next cycle rebuilds from the log
+  }
+
+  // Everything is dead: the queue must hold exactly what the journals say.
+  void check_quiet() {
+    SCOPED_TRACE("after cycle " + std::to_string(fig_.cycles));
+    auto q = Queue::open(qdir_, campaign_options());
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    Queue& Q = **q;
+    std::string inv = Q.check_index();
+    if (!inv.empty()) {
+      ++fig_.check_failures;
+      ADD_FAILURE() << "check_index: " << inv;
+    }
+    auto v = Q.verify(false);
+    ASSERT_TRUE(v.ok()) << v.status().to_string();
+    if (!v->ok()) {
+      bool only_known = std::getenv("SPOOL_KNOWN_BUG_COMPACT_REPAIR") != nullptr &&
+                        std::all_of(v->problems.begin(), v->problems.end(), [](const std::string& p) {
+                          return p.find("points at a wrong or unreadable record") != std::string::npos;
+                        });
+      if (only_known) {
+        std::printf("*** KNOWN BUG SPOOL_KNOWN_BUG_COMPACT_REPAIR hit after cycle %d: %s; repairing ***\n",
+                    fig_.cycles, v->problems.front().c_str());
+        ++fig_.known_bug_unreadable;
+        (void)Q.verify(true);
+      } else {
+        ++fig_.check_failures;
+        ADD_FAILURE() << "verify: " << v->problems.size() << " problems, first: " << v->problems.front();
+      }
+    }
+    auto st = Q.stats();
+    auto all = Q.peek(SIZE_MAX);
+    ASSERT_TRUE(st.ok() && all.ok());
+    uint64_t depth = st->ready + st->in_flight + st->delayed;
+    if (depth != all->size() || depth != v->messages) {
+      ++fig_.check_failures;
+      ADD_FAILURE() << "depth " << depth << ", listed " << all->size() << ", in the log " << v->messages;
+    }
+    std::set<uint64_t> present;
+    for (auto& m : *all) {
+      present.insert(m.id);
+      std::string tag;
+      if (!payload_ok(m.payload, &tag)) {
+        ++fig_.bad_payload;
+        ADD_FAILURE() << "message " << m.id << " has a damaged payload";
+      } else if (!led_.attempted.count(tag)) {
+        ++fig_.phantom;
+        ADD_FAILURE() << "message " << m.id << " (" << tag << ") was never sent";
+      }
+    }
+    for (auto& [id, tag] : led_.sent) {
+      if (!present.count(id) && !led_.ack_tried_ids.count(id) && !known_unreadable(Q, id)) {
+        ++fig_.check_failures;
+        ADD_FAILURE() << "message " << id << " (" << tag << ") is gone, but nobody tried to ack it";
+      }
+    }
+    for (uint64_t id : led_.acked_ids) {
+      if (present.count(id)) {
+        ++fig_.check_failures;
+        ADD_FAILURE() << "message " << id << " is still queued after its ack returned";
+      }
+    }
+  }
+
+  // Errors that known bug COMPACT_REPAIR causes (an index pointing into a removed segment),
+  // tolerated only while SPOOL_KNOWN_BUG_COMPACT_REPAIR is set.
+  static bool known_bug_symptom(const std::string& e) {
+    return std::getenv("SPOOL_KNOWN_BUG_COMPACT_REPAIR") != nullptr &&
+           (e.find("could not be read") != std::string::npos ||
+            e.find("compaction stopped: open segment") != std::string::npos ||
+            e.find("compaction stopped: a message of the prefix was not copied") != std::string::npos);
+  }
+
+  // Whether the dead-letter queue holds message `id` as "could not be read" (known bug
+  // COMPACT_REPAIR), when that bug is declared known.
+  bool known_unreadable(Queue& q, uint64_t id) {
+    if (std::getenv("SPOOL_KNOWN_BUG_COMPACT_REPAIR") == nullptr) return false;
+    if (unreadable_.empty()) {
+      auto dlq = q.dead_letters();
+      if (dlq.ok()) {
+        auto dead = (*dlq)->peek(SIZE_MAX);
+        if (dead.ok()) {
+          for (auto& m : *dead) {
+            uint64_t n = 0;
+            int end = 0;
+            if (std::sscanf(m.payload.c_str(), "spool: message %" SCNu64 " could not be read%n", &n, &end) == 1 && end > 0) {
+              unreadable_.insert(n);
+            }
+          }
+        }
+      }
+    }
+    if (!unreadable_.count(id)) return false;
+    if (counted_unreadable_.insert(id).second) ++fig_.known_bug_unreadable;
+    return true;
+  }
+
+  void drain_and_account() {
+    auto q = Queue::open(qdir_, campaign_options());
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    Queue& Q = **q;
+    auto until = std::chrono::steady_clock::now() + 60s;
+    for (;;) {
+      auto st = Q.stats();
+      ASSERT_TRUE(st.ok());
+      if (st->ready + st->in_flight + st->delayed == 0) break;
+      ASSERT_LT(std::chrono::steady_clock::now(), until) << "the queue did not drain";
+      uint64_t t0 = boot_ns();
+      auto got = Q.receive(256, 60s, 500ms);
+      uint64_t t1 = boot_ns();
+      if (!got.ok()) continue;
+      for (auto& m : *got) {
+        Delivery d;
+        d.id = m.id;
+        d.count = m.receive_count;
+        d.who = "D";
+        d.t0 = t0;
+        d.t1 = t1;
+        d.vis_ns = 60'000'000'000ull;
+        d.deadline = t0 + d.vis_ns;
+        d.ack_tried = true;
+        std::string tag;
+        if (!payload_ok(m.payload, &tag)) {
+          ++fig_.bad_payload;
+          ADD_FAILURE() << "drained message " << m.id << " has a damaged payload";
+        } else if (!led_.attempted.count(tag)) {
+          ++fig_.phantom;
+          ADD_FAILURE() << "drained message " << m.id << " (" << tag << ") was never sent";
+        }
+        Status s = Q.ack(m.receipt);
+        EXPECT_TRUE(s.ok()) << s.to_string();
+        d.acked = s.ok();
+        led_.add(d);
+        drained_.insert(m.id);
+        led_.ack_tried_ids.insert(m.id);
+      }
+    }
+    EXPECT_EQ(Q.check_index(), "");
+    account(Q);
+  }
+
+  // Every send that returned was delivered and acked (or is in the drain); every
+  // redelivery has a reason.
+  void account(Queue& Q) {
+    std::map<std::string, const Incarnation*> by_who;
+    for (const auto& in : dead_) by_who[std::string(1, in.role) + std::to_string(in.slot) + "." + std::to_string(in.inc)] = &in;
+    for (auto& [id, tag] : led_.sent) {
+      if (!led_.ack_tried_ids.count(id) && !drained_.count(id) && !known_unreadable(Q, id)) {
+        if (++fig_.lost <= 10) ADD_FAILURE() << "message " << id << " (" << tag << ") lost";
+      }
+    }
+    fig_.duplicate = led_.duplicate_deliveries.size();
+    for (auto& key : led_.duplicate_deliveries) {
+      ADD_FAILURE() << "message " << key.first << " delivered twice with receive count " << key.second;
+    }
+    // Walk each message's deliveries in receive-count order.
+    const Delivery* prev = nullptr;
+    for (auto& [key, d] : led_.deliveries) {
+      if (prev != nullptr && prev->id != d.id) prev = nullptr;
+      const Delivery* before = prev;
+      prev = &d;
+      if (before != nullptr && before->acked) {
+        ++fig_.acked_came_back;
+        ADD_FAILURE() << "message " << d.id << " was acked by " << before->who << " (delivery " << before->count
+                      << ") and delivered again to " << d.who << " (delivery " << d.count << ")";
+        continue;
+      }
+      if (d.count == 1) continue;
+      ++fig_.redeliveries;
+      std::string why = explain(before, d, by_who);
+      if (why.empty()) {
+        if (++fig_.unexplained <= 10) {
+          ADD_FAILURE() << "unexplained redelivery of message " << d.id << " (delivery " << d.count << " to "
+                        << d.who << " at " << d.t1 << "; before: "
+                        << (before ? before->who + " delivery " + std::to_string(before->count) + " deadline " +
+                                         std::to_string(before->deadline)
+                                   : std::string("unobserved"))
+                        << ")";
+        }
+      } else {
+        ++fig_.explained[why];
+      }
+    }
+    // Deliveries no process lived to journal: bounded by the receiver kills.
+    uint64_t receiver_kills = 0;
+    for (const auto& in : dead_) receiver_kills += in.role == 'C' ? 4 : in.role == 'W' ? 1 : 0;
+    if (fig_.explained["receiver killed before it journaled the delivery"] > receiver_kills) {
+      ADD_FAILURE() << "more unjournaled deliveries than receivers killed could explain";
+    }
+  }
+
+  std::string explain(const Delivery* before, const Delivery& d,
+                      const std::map<std::string, const Incarnation*>& by_who) {
+    if (before == nullptr || before->count + 1 != d.count) {
+      return "receiver killed before it journaled the delivery";
+    }
+    if (before->nack_tried) return "nacked";
+    if (before->w_failed) return "spool work command failed (nack)";
+    auto it = by_who.find(before->who);
+    const Incarnation* holder = it == by_who.end() ? nullptr : it->second;
+    if (before->who.starts_with("W")) {
+      // The lease keeper renews while spool work lives; its acks are not journaled.
+      if (before->lease_lost) return "spool work's ack failed (lease lost)";
+      if (holder != nullptr && !before->w_ack_known) return "spool work killed before its ack returned";
+      return "";
+    }
+    // A library consumer's lease: redelivered only after its deadline, or at once after
+    // the death of a holder that bound its leases.
+    if (d.t1 + kSlackNs >= before->deadline) {
+      bool dead_by_then = holder != nullptr && holder->killed_at != 0 && holder->killed_at <= before->deadline;
+      if (before->ack_tried && !before->acked) return "lease expired; holder killed during its ack";
+      return dead_by_then ? "lease expired; holder killed mid-lease" : "lease expired; holder alive but late";
+    }
+    if (holder != nullptr && holder->bound && holder->killed_at != 0 && d.t1 + kSlackNs >= holder->killed_at) {
+      return "holder killed mid-lease; lease released at its death";
+    }
+    return "";
+  }
+
+  std::string root_, qdir_, cli_;
+  std::mt19937_64 rng_;
+  int next_inc_ = 0;
+  std::vector<Incarnation> running_, dead_;
+  Ledger led_;
+  Figures fig_;
+  std::set<uint64_t> drained_, unreadable_, counted_unreadable_;
+};
+
+TEST(CrashCampaign, KillNineAnyProcessAtAnyMomentLosesNothingAndExplainsEveryRedelivery) {
+  if (std::getenv("SPOOL_LOG") == nullptr) spdlog::set_level(spdlog::level::err);
+  const char* cli_env = std::getenv("SPOOL_CLI");
+  std::string cli = cli_env != nullptr && ::access(cli_env, X_OK) == 0 ? cli_env : "";
+  if (cli.empty()) {
+    std::printf("\n*** SPOOL_CLI is not set to the spool binary: the `spool work` consumer is LEFT OUT "
+                "of this run (tests/meson.build sets it) ***\n\n");
+  }
+  int soak = 0;
+  if (const char* s = std::getenv("SPOOL_SOAK_SECONDS")) soak = std::max(0, std::atoi(s));
+  const int kills_per_cycle = soak > 0 ? 200 : 60;
+  const int cycles = std::max(1, test::scaled(300) / 60);
+  const int per_cycle = soak > 0 ? kills_per_cycle : std::max(1, test::scaled(300) / cycles);
+  uint64_t seed = 1234567;
+  if (const char* s = std::getenv("SPOOL_CAMPAIGN_SEED")) seed = std::strtoull(s, nullptr, 10);
+  TempDir d;
+  Campaign c(d.path(), cli, seed);
+  auto t0 = std::chrono::steady_clock::now();
+  c.run(cycles, per_cycle, soak);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Figures& f = c.figures();
+  const Ledger& l = c.ledger();
+  std::printf("[figures] crash campaign (seed %" PRIu64 ", %.0f s%s): cycles=%d random_kills=%" PRIu64
+              " cycle_end_kills=%" PRIu64 " restarts=%" PRIu64 "\n",
+              seed, secs, c.work_enabled() ? "" : ", without spool work", f.cycles, f.kills, f.cycle_end_kills,
+              f.restarts);
+  std::printf("[figures]   sent=%" PRIu64 " (attempted %zu) acked=%" PRIu64 " nacked=%" PRIu64 " extended=%" PRIu64
+              " lease_lost=%" PRIu64 " spool_work_handled=%" PRIu64 " spool_work_ack_failed=%" PRIu64
+              " compactions=%" PRIu64 " copied=%" PRIu64 " deliveries=%zu\n",
+              l.sends, l.attempted.size(), l.acks, l.nacks, l.extends, l.lease_lost, l.work_handled,
+              l.work_ack_failed, l.compactions, l.copied, l.deliveries.size());
+  std::printf("[figures]   lost=%" PRIu64 " acked_came_back=%" PRIu64 " duplicate_deliveries=%" PRIu64
+              " bad_payloads=%" PRIu64 " phantoms=%" PRIu64 " failed_checks=%" PRIu64 " redeliveries=%" PRIu64
+              " unexplained_redeliveries=%" PRIu64 "\n",
+              f.lost, f.acked_came_back, f.duplicate, f.bad_payload, f.phantom, f.check_failures, f.redeliveries,
+              f.unexplained);
+  if (f.known_bug_unreadable + f.known_bug_symptoms > 0) {
+    std::printf("[figures]   *** KNOWN BUG SPOOL_KNOWN_BUG_COMPACT_REPAIR tolerated: %" PRIu64
+                " messages dead-lettered as unreadable or index entries repaired, %" PRIu64 " error lines ***\n",
+                f.known_bug_unreadable, f.known_bug_symptoms);
+  }
+  for (auto& [why, n] : f.explained) std::printf("[figures]   redelivered, %s: %" PRIu64 "\n", why.c_str(), n);
+  EXPECT_GE(f.kills, static_cast<uint64_t>(soak > 0 ? 1 : cycles * per_cycle));
+  EXPECT_GT(l.sends, 100u) << "the producers did no real work";
+  EXPECT_GT(l.acks, 50u) << "the consumers did no real work";
+  EXPECT_EQ(f.lost, 0u);
+  EXPECT_EQ(f.acked_came_back, 0u);
+  EXPECT_EQ(f.unexplained, 0u);
+}
+
+}  // namespace
+}  // namespace spool

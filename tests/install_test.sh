@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# What `meson install` ships, checked from the outside: a staged install of BUILD_DIR
+# (meson install --destdir, nothing touches the real /usr), then the C++ examples built
+# against the staged tree with nothing but `pkg-config --cflags --libs spool`, and run
+# against a temporary queue. Also the soname, the exported symbols (public API only,
+# src/libspool.map), the man pages and the installed `spool` binary with
+# examples/pipeline.sh.
+#
+#   bash tests/install_test.sh BUILD_DIR SOURCE_DIR MESON [SANITIZE]
+#
+# SANITIZE is the build's b_sanitize ("none", "address,undefined"...): the examples are
+# then compiled with the same -fsanitize flags, or they could not link the instrumented
+# library. SPOOL_CXX names the compiler (default c++). Output is TAP, as tests/cli_test.sh.
+set -u
+if [[ $# -lt 3 || ! -d $1 || ! -d $2 ]]; then
+  echo "usage: $0 BUILD_DIR SOURCE_DIR MESON [SANITIZE]" >&2
+  exit 2
+fi
+BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); MESON=$3; SANITIZE=${4:-none}
+CXX_CMD=${SPOOL_CXX:-c++}
+export LC_ALL=C
+
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-install-test.XXXXXX")
+trap 'rm -rf "$ROOT"' EXIT
+STAGE=$ROOT/stage
+n=0; failed=0
+echo "1..8"
+# check NAME CMD...: one TAP line; the command's output goes to the log shown on failure.
+check() {
+  local name=$1; shift
+  n=$((n + 1))
+  if "$@" >"$ROOT/log" 2>&1; then
+    echo "ok $n - $name"
+  else
+    echo "not ok $n - $name"; sed 's/^/# /' "$ROOT/log" | tail -n 40; failed=$((failed + 1))
+  fi
+}
+
+# ---------------------------------------------------------------- 1. the staged install
+
+stage_install() {
+  # meson test builds only what the tests depend on, so an installed target that no test
+  # needs (spool-dump, say) may not be built yet: build exactly the missing ones (a no-op
+  # when the tree is built), then install without a rebuild, so this test never races a
+  # build of the whole tree.
+  "$MESON" introspect "$BUILD" --installed >"$ROOT/installed.json" || return 1
+  mapfile -t missing < <(python3 - "$ROOT/installed.json" "$BUILD" <<'PY'
+import json, os, sys
+build = sys.argv[2]
+for src in json.load(open(sys.argv[1])):
+    if src.startswith(build + "/") and not os.path.exists(src):
+        print(os.path.relpath(src, build))
+PY
+)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "building ${missing[*]}"
+    ninja -C "$BUILD" "${missing[@]}" || return 1
+  fi
+  "$MESON" install -C "$BUILD" --destdir "$STAGE" --no-rebuild || return 1
+}
+check "meson install --destdir" stage_install
+
+# Where things went (the prefix and libdir of the build: /usr/local, lib/x86_64-linux-gnu...).
+PC=$(find "$STAGE" -name spool.pc -path '*/pkgconfig/*' | head -n1)
+LIBDIR=$(dirname "$(dirname "$PC")")
+PREFIX_DIR=$(dirname "$(find "$STAGE" -path '*/bin/spool' | head -n1)")/..
+
+layout() {
+  local f
+  for f in "$PC" "$LIBDIR/libspool.a" "$LIBDIR/libspool.so" "$LIBDIR/libspool.so.0" \
+           "$PREFIX_DIR/bin/spool" "$PREFIX_DIR/bin/spool-dump" \
+           "$PREFIX_DIR/share/man/man1/spool.1" "$PREFIX_DIR/share/man/man1/spool-dump.1" \
+           "$PREFIX_DIR/share/man/man3/libspool.3" \
+           "$PREFIX_DIR/include/spool/queue.h" "$PREFIX_DIR/include/spool/lease_keeper.h" \
+           "$PREFIX_DIR/include/spool/status.h"; do
+    [ -e "$f" ] || { echo "missing: $f"; return 1; }
+  done
+  if [ -x "$BUILD/fuse/spoolfs" ]; then
+    for f in "$PREFIX_DIR/bin/spoolfs" "$PREFIX_DIR/share/man/man1/spoolfs.1"; do
+      [ -e "$f" ] || { echo "missing: $f"; return 1; }
+    done
+  fi
+  # the shared library is libspool.so.0 -> libspool.so.0.X.Y, soname libspool.so.0
+  [ "$(readlink "$LIBDIR/libspool.so")" = libspool.so.0 ] || { echo "libspool.so -> $(readlink "$LIBDIR/libspool.so")"; return 1; }
+  readelf -d "$LIBDIR/libspool.so.0" | grep -q 'Library soname: \[libspool.so.0\]' ||
+    { readelf -d "$LIBDIR/libspool.so.0"; return 1; }
+  echo "prefix $PREFIX_DIR, libdir $LIBDIR"
+}
+check "headers, libspool.so.0 (soname), libspool.a, spool.pc, binaries, man pages" layout
+
+# ---------------------------------------------------------------- 2. the exported symbols
+
+symbols() {
+  nm -D --defined-only "$LIBDIR/libspool.so.0" | c++filt >"$ROOT/syms" || return 1
+  cat "$ROOT/syms"
+  # Every defined dynamic symbol is public API in version SPOOL_0 (plus the version node).
+  local bad
+  bad=$(grep -v ' A SPOOL_0$' "$ROOT/syms" | grep -v ' T spool::.*@@SPOOL_0$' || true)
+  [ -z "$bad" ] || { echo "not public API:"; echo "$bad"; return 1; }
+  ! grep -E 'spool::(storage|io|index|sys|queue|format|detail)::|Queue::Impl|spool::log\(' "$ROOT/syms" ||
+    { echo "internals exported"; return 1; }
+  grep -q 'spool::Queue::open(' "$ROOT/syms" && grep -q 'spool::LeaseKeeper::LeaseKeeper(' "$ROOT/syms"
+}
+check "libspool.so.0 exports only the public API (nm -D)" symbols
+
+# ---------------------------------------------------------------- 3. the examples, built outside
+
+export PKG_CONFIG_PATH=$(dirname "$PC")
+export PKG_CONFIG_SYSROOT_DIR=$STAGE  # the .pc names the real prefix; the files are under STAGE
+export LD_LIBRARY_PATH=$LIBDIR
+SAN_FLAGS=()
+[ "$SANITIZE" != none ] && [ -n "$SANITIZE" ] && SAN_FLAGS=("-fsanitize=$SANITIZE")
+
+build_examples() {
+  local flags
+  flags=$(pkg-config --cflags --libs spool) || return 1
+  echo "pkg-config --cflags --libs spool: $flags"
+  case $flags in *"$STAGE"*) ;; *) echo "flags do not point into the staged tree"; return 1 ;; esac
+  for ex in producer worker; do
+    # Copied out of the source tree first, so no include path of the tree can be picked up.
+    cp "$SRC/examples/$ex.cc" "$ROOT/$ex.cc"
+    # shellcheck disable=SC2086  # $CXX_CMD may be "ccache c++", $flags is a word list
+    $CXX_CMD -std=c++20 -Wall -Wextra -Werror "${SAN_FLAGS[@]}" "$ROOT/$ex.cc" $flags -o "$ROOT/$ex" ||
+      return 1
+  done
+  # They load the staged libspool.so.0, not one from the build tree or the system.
+  ldd "$ROOT/worker" | tee "$ROOT/ldd"
+  grep -q "libspool.so.0 => $LIBDIR/libspool.so.0" "$ROOT/ldd"
+}
+check "examples build with pkg-config --cflags --libs spool against the staged tree" build_examples
+
+run_examples() {
+  local q=$ROOT/q out=$ROOT/done.txt
+  "$ROOT/producer" "$q" 500 job || return 1
+  # Two competing workers; each exits once the queue has been idle for 2 s.
+  "$ROOT/worker" "$q" --idle-exit 2 --out "$out" & local w1=$!
+  "$ROOT/worker" "$q" --idle-exit 2 --out "$out" & local w2=$!
+  wait $w1 || return 1
+  wait $w2 || return 1
+  # Every message processed exactly once (no lease ran out: 500 quick jobs, 10 s leases).
+  [ "$(wc -l <"$out")" = 500 ] || { echo "$(wc -l <"$out") lines"; return 1; }
+  [ "$(cut -d' ' -f2 "$out" | sort -u | wc -l)" = 500 ] || { echo "duplicates or gaps"; return 1; }
+  [ "$(cut -d' ' -f2 "$out" | sort -t- -k2 -n | tail -n1)" = job-500 ] || return 1
+  "$PREFIX_DIR/bin/spool" stats "$q" --json | tee "$ROOT/stats"
+  grep -q '"ready":0' "$ROOT/stats" && grep -q '"in_flight":0' "$ROOT/stats" &&
+    grep -q '"acked_total":500' "$ROOT/stats" && grep -q '"sent_total":500' "$ROOT/stats"
+}
+check "producer sends 500, two LeaseKeeper workers process and ack all of them" run_examples
+
+# ---------------------------------------------------------------- 4. the installed tools
+
+tools() {
+  "$PREFIX_DIR/bin/spool" --help | grep -q 'work' || return 1
+  "$PREFIX_DIR/bin/spool" --version || return 1
+  if [ -x "$PREFIX_DIR/bin/spoolfs" ]; then "$PREFIX_DIR/bin/spoolfs" --help || return 1; fi
+  # The man pages are well-formed roff (groff warns on stderr otherwise).
+  if command -v groff >/dev/null; then
+    for m in "$PREFIX_DIR"/share/man/man*/*; do
+      groff -man -Tutf8 -ww -z "$m" 2>"$ROOT/groff" || return 1
+      [ ! -s "$ROOT/groff" ] || { echo "$m:"; cat "$ROOT/groff"; return 1; }
+    done
+  fi
+}
+check "installed spool, spoolfs --help; man pages render" tools
+
+pipeline() {
+  mkdir -p "$ROOT/files" && for i in $(seq 1 40); do echo "file $i" >"$ROOT/files/f$i"; done
+  (cd "$ROOT" && SPOOL="$PREFIX_DIR/bin/spool" sh "$SRC/examples/pipeline.sh" "$ROOT/files" "$ROOT/sums") ||
+    return 1
+  [ "$(wc -l <"$ROOT/sums")" = 40 ] && ! grep -q unreadable "$ROOT/sums"
+}
+check "examples/pipeline.sh with the installed spool (find | send --lines; work -j 4)" pipeline
+
+static_link() {
+  # libspool.a with `pkg-config --static`: the private requirements (liburing, libxxhash,
+  # spdlog) come along.
+  local flags
+  flags=$(pkg-config --cflags --libs --static spool) || return 1
+  echo "$flags"
+  # shellcheck disable=SC2086
+  $CXX_CMD -std=c++20 "${SAN_FLAGS[@]}" "$ROOT/producer.cc" $(pkg-config --cflags spool) \
+    "$LIBDIR/libspool.a" $(pkg-config --libs --static spool | sed 's/\(^\| \)-lspool\( \|$\)/ /') \
+    -o "$ROOT/producer-static" || return 1
+  ! ldd "$ROOT/producer-static" | grep -q libspool || return 1
+  "$ROOT/producer-static" "$ROOT/q2" 10 static
+}
+check "producer links libspool.a statically (pkg-config --static)" static_link
+
+[ "$failed" = 0 ]

@@ -1,0 +1,130 @@
+// Process helpers for the reliability tests (crash campaign, faults, corruption, bad input),
+// on top of spawn/wait_exit in test_util.h: a bounded wait, running a program with an exact
+// argv, CLOCK_BOOTTIME, one-line journals.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+extern char** environ;
+
+namespace spool::test {
+
+// Like wait_exit, but SIGKILLs the child after `limit` (then returns 128 + SIGKILL).
+inline int wait_exit_for(pid_t pid, std::chrono::milliseconds limit) {
+  auto until = std::chrono::steady_clock::now() + limit;
+  int st = 0;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGKILL);
+      return wait_exit(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// Whether `fd` becomes readable within `ms`.
+inline bool readable(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
+// CLOCK_BOOTTIME, the clock the queue orders leases on; comparable across processes.
+inline uint64_t boot_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct RunResult {
+  int code = -1;  // exit status, or 128 + signal
+  std::string out, err;
+};
+
+// Runs `argv` (no shell) with stdin from `input`, in `cwd` if given, with `env_add`
+// ("K=V") added to this process's environment; kills it after `limit`.
+inline RunResult run_program(const std::vector<std::string>& argv, const std::string& input = "",
+                             const std::string& cwd = "", const std::vector<std::string>& env_add = {},
+                             std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  char tmpl[] = "/tmp/spool-run-XXXXXX";
+  RunResult res;
+  if (::mkdtemp(tmpl) == nullptr) return res;
+  std::string dir = tmpl;
+  {
+    std::ofstream(dir + "/in", std::ios::binary) << input;
+  }
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int in = ::open((dir + "/in").c_str(), O_RDONLY);
+    int out = ::open((dir + "/out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int err = ::open((dir + "/err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(err, 2);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(126);
+    for (const auto& kv : env_add) ::putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  res.code = wait_exit_for(pid, limit);
+  res.out = slurp(dir + "/out");
+  res.err = slurp(dir + "/err");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return res;
+}
+
+// A whole-file append of one line, in one write(2): a process killed with SIGKILL leaves
+// either the whole line or none of it (the page cache survives the process).
+class Journal {
+ public:
+  explicit Journal(const std::string& path)
+      : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {}
+  ~Journal() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Journal(const Journal&) = delete;
+  Journal& operator=(const Journal&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  void line(const std::string& s) {
+    std::string l = s + "\n";
+    if (::write(fd_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::abort();
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace spool::test

@@ -1,0 +1,65 @@
+// System-call fault injection for queue-level tests (tests/faults_test.cc).
+//
+// Queue::open builds its log on io::default_io() and takes no Io of its own, so FaultIo
+// (src/io/fault_io.h) cannot be put under a whole queue. This file does the same job one
+// level down: the test executable defines pwritev64, fdatasync and posix_fallocate64
+// itself, which the static linker binds every call in libspool.a to (the pwrite backend
+// calls exactly these; run with SPOOL_IO=pwrite, because io_uring submissions bypass
+// them). Unarmed, each just makes the system call.
+//
+// Two uses:
+//  - injected errors: the N-th write / datasync / fallocate fails with an errno (once or
+//    sticky), or writes transfer at most K bytes per call (short writes);
+//  - simulated power loss, after LevelDB's fault_injection_test: while recording, every
+//    write first saves the bytes it overwrites into a shared-memory undo log, and every
+//    successful datasync marks that file's entries durable. The log lives in a
+//    MAP_SHARED mapping made before fork, so after a child is SIGKILLed the parent can
+//    undo the child's unsynced writes (newest first, optionally tearing the oldest undone
+//    write at a 512-byte boundary), which is what a power cut does to the page cache.
+//    Directory operations (create, rename, unlink) are not undone; spool fsyncs the
+//    directory right after each of them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+
+namespace spool::test::sysfaults {
+
+enum class Op { kWrite, kSync, kAllocate };
+
+// The `nth` (1-based, from now) call of `op` fails with errno `err`; with `sticky` every
+// later one too, until clear().
+void fail(Op op, int nth, int err, bool sticky = false);
+// Every write transfers at most `bytes` (0: no limit).
+void short_writes(size_t bytes);
+void clear();
+
+struct Counters {
+  uint64_t writes = 0, syncs = 0, allocates = 0;  // calls seen
+  uint64_t injected = 0;                          // calls failed on purpose
+  uint64_t shortened = 0;                         // writes cut short on purpose
+};
+Counters counters();
+
+// Maps the shared undo log (call before fork; `bytes` bounds what can be undone).
+void init_undo_log(size_t bytes);
+// Starts recording in this process (the child that will be "powered off").
+void start_recording();
+// Whether the undo log ran out of room (then the round proves nothing and is retried).
+bool undo_log_overflowed();
+
+struct CutReport {
+  size_t unsynced = 0;  // writes not covered by a datasync when the power went
+  size_t kept = 0;      // of those, how many reached the disk anyway (oldest first)
+  size_t undone = 0;    // rolled back
+  bool torn = false;    // the oldest rolled-back write was torn (its first part kept)
+  size_t missing = 0;   // undone writes whose file no longer exists (unlinked)
+};
+// Simulated power cut over the files under `root`: keeps a random prefix of the unsynced
+// writes and undoes the rest. Call in the parent after the recording child died. Empties
+// the undo log.
+CutReport power_cut(const std::string& root, std::mt19937_64& rng);
+
+}  // namespace spool::test::sysfaults
