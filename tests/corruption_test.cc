@@ -364,9 +364,10 @@ TEST(Corruption, ByteFlipsAndTruncationsNeverCrashAndSpareUndamagedMessages) {
     if (kind == 5 && std::getenv("SPOOL_KNOWN_BUG_INDEX_TRUSTED") != nullptr) {
       if (t < 7)
         std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_INDEX_TRUSTED: a closed queue's index with random byte "
-                    "flips but a valid header is reused by the first opener without checking its entries "
-                    "(out-of-bounds reads, SIGSEGV; lost or invented entries). Index-flip trials are SKIPPED; "
-                    "unset the variable to run them. ***\n\n");
+                    "flips but a valid header is reused by the first opener; entries damaged in a way the "
+                    "invariant check does not see (a record position, say) make intact messages "
+                    "undeliverable (dead-lettered as unreadable). Index-flip trials are SKIPPED; unset the "
+                    "variable to run them. ***\n\n");
       continue;
     }
     if (kind == 2 && t < 7 && std::getenv("SPOOL_KNOWN_BUG_SEALED_TAIL") != nullptr) {

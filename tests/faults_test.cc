@@ -106,9 +106,11 @@ const char* known_bug_text(const std::string& name) {
            "sync_to(idx.hdr().log_end) although the index was never attached) whenever open fails "
            "after the log was opened, e.g. when QUEUE/index cannot be opened";
   if (name == "INDEX_TRUSTED")
-    return "the first opener reuses an index whose header is valid for this boot without checking its "
-           "entries (src/queue/queue.cc, Queue::open, the `reuse` path): garbage entries are read out of "
-           "bounds (SIGSEGV in Queue::stats), a zeroed table hides every message, a reset next_id reuses ids";
+    return "the first opener reuses an index whose header is valid for this boot (src/queue/queue.cc, "
+           "Queue::open, the `reuse` path); it now checks the structural invariants first, but damaged "
+           "entries that still satisfy them (a flipped record position, length or receive count) are "
+           "trusted: such a message is dead-lettered as unreadable although its record is intact in the log. "
+           "(Originally also out-of-bounds reads, SIGSEGV in Queue::stats/list, from a garbage region.)";
   if (name == "STOPPED_HOLDER_HANG")
     return "this case hung once (meson test timeout) in a full-suite run beside other test runs, and "
            "passed alone; cause not yet found (a stopped holder, seven parked operations, SIGCONT)";
@@ -127,9 +129,11 @@ const char* known_bug_text(const std::string& name) {
            "file description, and O_CLOEXEC does not help without exec); while the child lives the lock "
            "stays held, so every later compaction of the queue, in the child or the parent, waits forever";
   if (name == "INDEX_SPARSE_SIGBUS")
-    return "a fresh index is sized with ftruncate (sparse; src/index/index.cc SharedIndex::attach, fresh "
-           "branch), so on a full file system the first store into an untouched index page raises SIGBUS "
-           "(seen in SharedIndex::insert from Queue::send_batch)";
+    return "when the index cannot grow on a full disk, send fails with kNoSpace but its record stays in the "
+           "log, and the repair it attempts (src/queue/queue.cc send_batch: (void)q.rebuild()) cannot grow the "
+           "index either, so the index lags the log (verify: 'message N is in the log but not in the index') "
+           "and the message reappears after a later rebuild although its send failed. (Originally: SIGBUS from "
+           "a sparse fresh index, since fixed with posix_fallocate.)";
   return "?";
 }
 
