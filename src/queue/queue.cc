@@ -156,13 +156,13 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // which after a reboot would be locked forever).
     // The entries are checked too, not only the header: a damaged region behind a sound
     // header would otherwise be trusted (out-of-bounds slots, lost or invented messages).
-    // Nobody else is attached, so the mutexes are re-created rather than trusted.
+    // The mutexes are kept: a lock holder that was killed left EOWNERDEAD in the index lock,
+    // and lock() below must see it and rebuild (re-creating them erased that state).
     // Decided before taking the lock: lock() releases dead processes' bound leases, which
     // appends to the log at the index's log end, and a stale index (log ahead of it) would
     // have those records overwrite newer ones.
     bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok() &&
-                 impl->idx.check_invariants().empty() && !impl->log_ahead_of_index() &&
-                 impl->idx.hdr().mu.init() == 0 && impl->idx.hdr().sync_mu.init() == 0;
+                 impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
     if (reuse) {
       auto held = impl->lock();
       reuse = held.ok();
