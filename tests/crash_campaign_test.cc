@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -230,10 +231,17 @@ struct Ledger {
   uint64_t sends = 0, acks = 0, nacks = 0, extends = 0, lease_lost = 0, compactions = 0, copied = 0;
   uint64_t work_handled = 0, work_ack_failed = 0;
 
+  std::vector<std::string> duplicate_details;
   void add(Delivery d) {
     auto key = std::make_pair(d.id, d.count);
-    if (deliveries.count(key)) {
+    if (auto it = deliveries.find(key); it != deliveries.end()) {
       duplicate_deliveries.insert(key);
+      const Delivery& o = it->second;
+      duplicate_details.push_back("message " + std::to_string(d.id) + " delivery " + std::to_string(d.count) +
+                                  ": first to " + o.who + " (receive " + std::to_string(o.t0) + ".." +
+                                  std::to_string(o.t1) + (o.acked ? ", acked" : "") + (o.nack_tried ? ", nacked" : "") +
+                                  "), again to " + d.who + " (receive " + std::to_string(d.t0) + ".." +
+                                  std::to_string(d.t1) + ")");
       return;
     }
     deliveries[key] = std::move(d);
@@ -466,12 +474,19 @@ class Campaign {
     }
     while (!running_.empty()) kill(running_.size() - 1, false);
     check_quiet();
-    if (fig_.cycles % 3 == 2) fs::remove(qdir_ + "/index");  // the next cycle rebuilds from the log
+    if (fig_.cycles % 3 == 2 || std::getenv("SPOOL_KNOWN_BUG_REUSE_AFTER_OWNER_DEATH") != nullptr) {
+      fs::remove(qdir_ + "/index");  // the next cycle rebuilds from the log
+    }
   }
 
   // Everything is dead: the queue must hold exactly what the journals say.
   void check_quiet() {
     SCOPED_TRACE("after cycle " + std::to_string(fig_.cycles));
+    // Known bug REUSE_AFTER_OWNER_DEATH: a first opener may reuse an index that a process
+    // killed inside the lock left half-updated. While it is declared known, every first
+    // open (this one, and the first child of the next cycle) starts from a deleted index.
+    wait_detached();
+    if (std::getenv("SPOOL_KNOWN_BUG_REUSE_AFTER_OWNER_DEATH") != nullptr) fs::remove(qdir_ + "/index");
     auto q = Queue::open(qdir_, campaign_options());
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     Queue& Q = **q;
@@ -531,6 +546,24 @@ class Campaign {
     }
   }
 
+  // Waits until no process is attached to the queue (QUEUE/lock can be taken exclusively),
+  // so the check below is a first opener. The children are dead, but a `spool work` killed
+  // between its fork and the exec of a command leaves that child holding copies of its
+  // descriptors, the lock's among them, until the parent-death signal reaches it.
+  void wait_detached() {
+    int fd = ::open((qdir_ + "/lock").c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    auto until = std::chrono::steady_clock::now() + 10s;
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ADD_FAILURE() << "a process still holds the queue 10 s after every process was killed";
+        break;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    ::close(fd);
+  }
+
   // Errors that known bug COMPACT_REPAIR causes (an index pointing into a removed segment),
   // tolerated only while SPOOL_KNOWN_BUG_COMPACT_REPAIR is set.
   static bool known_bug_symptom(const std::string& e) {
@@ -565,6 +598,8 @@ class Campaign {
   }
 
   void drain_and_account() {
+    wait_detached();
+    if (std::getenv("SPOOL_KNOWN_BUG_REUSE_AFTER_OWNER_DEATH") != nullptr) fs::remove(qdir_ + "/index");
     auto q = Queue::open(qdir_, campaign_options());
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     Queue& Q = **q;
@@ -619,9 +654,7 @@ class Campaign {
       }
     }
     fig_.duplicate = led_.duplicate_deliveries.size();
-    for (auto& key : led_.duplicate_deliveries) {
-      ADD_FAILURE() << "message " << key.first << " delivered twice with receive count " << key.second;
-    }
+    for (auto& detail : led_.duplicate_details) ADD_FAILURE() << "delivered twice with one receive count: " << detail;
     // Walk each message's deliveries in receive-count order.
     const Delivery* prev = nullptr;
     for (auto& [key, d] : led_.deliveries) {

@@ -123,6 +123,12 @@ const char* known_bug_text(const std::string& name) {
            "originals (replay keeps the first MSG of an id), which the compaction then unlinks "
            "(src/queue/compact.cc step 4 does not re-check); the messages turn unreadable and the next "
            "receive dead-letters them with an error text instead of their payload";
+  if (name == "REUSE_AFTER_OWNER_DEATH")
+    return "the first opener re-initialises the index mutexes before it locks (src/queue/queue.cc, "
+           "Queue::open, the `reuse` condition calls mu.init()), which erases the owner-died state a "
+           "process killed inside the lock left behind; an index that process left half-updated (for "
+           "instance in the middle of a rebuild) passes the invariant and log-end checks and is reused: "
+           "messages vanish from view, acked ones come back, and next_id goes back so ids are reused";
   if (name == "FORK_COMPACT_LOCK")
     return "a process fork()ed while one of its threads compacts inherits the fd through which "
            "compact.lock is flock()ed (src/queue/compact.cc, Impl::compact: the lock is held per open "
@@ -520,6 +526,83 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
   // the lock again before the waiter wakes. The ones with I/O between them can.
   std::printf("[figures] repair during compaction: repaired after the compactor's lock%s\n", arranged_at.c_str());
   EXPECT_GE(arranged, 2) << "could not arrange a repair inside the compaction";
+}
+
+// The first opener may reuse the index only if no process died while changing it. A
+// process killed inside the lock leaves the robust mutex owner-dead, which is what tells the
+// next locker to rebuild; the first opener must not wipe that out. Here a lock holder dies
+// (parked), the next locker starts the repair (a rebuild of a large index, with the header's
+// log end still pointing at the true end) and is killed in the middle of it; then every
+// process is gone, and the next opener must come up with exactly what the log holds.
+TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex) {
+  SKIP_IF_KNOWN_BUG("REUSE_AFTER_OWNER_DEATH");
+  TempDir d;
+  std::string dir = d / "q";
+  uint64_t live = 0;
+  {
+    QueueOptions o;
+    o.sync = SyncPolicy::kNever;
+    auto q = Queue::open(dir, o);
+    ASSERT_TRUE(q.ok());
+    std::vector<std::string> bodies(1000, "x");
+    std::vector<std::string_view> views(bodies.begin(), bodies.end());
+    for (int i = 0; i < test::scaled(200); ++i) ASSERT_TRUE((*q)->send_batch(views).ok());
+    auto got = (*q)->receive(test::scaled(200) * 400, 600s);
+    ASSERT_TRUE(got.ok());
+    for (auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
+    live = (*q)->stats()->ready;
+  }
+  std::mt19937 rng(7);
+  int broken = 0, rounds = 0;
+  const uint64_t window_us = static_cast<uint64_t>(100000 * std::min(1.0, test::scale()));
+  for (int round = 0; round < 20; ++round) {
+    std::string parked = d / "parked";
+    // K keeps the queue attached, so the others are not first openers.
+    int kfds[2];
+    ASSERT_EQ(::pipe(kfds), 0);
+    pid_t keeper = spawn([&] {
+      auto q = Queue::open(dir);
+      char c = q.ok() ? 'y' : 'n';
+      if (::write(kfds[1], &c, 1) != 1) return 1;
+      ::pause();
+      return 0;
+    });
+    ASSERT_TRUE(test::readable(kfds[0], 30000));
+    // D dies inside the lock.
+    pid_t dead = spawn([&] {
+      ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
+      auto q = Queue::open(dir);
+      return q.ok() && (*q)->stats().ok() ? 0 : 1;
+    });
+    ASSERT_TRUE(wait_for_file(parked, 10s));
+    ::kill(dead, SIGKILL);
+    wait_exit(dead);
+    ::unlink(parked.c_str());
+    // W takes the lock, gets EOWNERDEAD, rebuilds, and is killed somewhere in it.
+    pid_t repairer = spawn([&] {
+      auto q = Queue::open(dir);
+      return q.ok() && (*q)->stats().ok() ? 0 : 1;
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
+    ::kill(repairer, SIGKILL);
+    int rc = wait_exit(repairer);
+    ::kill(keeper, SIGKILL);
+    wait_exit(keeper);
+    ::close(kfds[0]);
+    ::close(kfds[1]);
+    if (rc == 0) continue;  // the repair finished before the kill
+    ++rounds;
+    auto q = Queue::open(dir);  // the first opener
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    std::string c = consistency(**q);
+    auto st = (*q)->stats();
+    if (!c.empty() || st->ready != live) {
+      ++broken;
+      ADD_FAILURE() << "after a repair was killed midway the next opener shows " << st->ready << " of " << live
+                    << " messages: " << c;
+    }
+  }
+  std::printf("[figures] repair killed midway: %d kills, %d reopened wrong\n", rounds, broken);
 }
 
 // A Queue's internal files must not leak into a fork()ed child. The documented way to use a
