@@ -19,23 +19,20 @@
 #include <thread>
 
 #include "spool/queue.h"
+#include "proc_util.h"
 #include "test_util.h"
 
 namespace spool {
 namespace {
 
 using test::mono_ns;
+using test::readable;
 using test::spawn;
 using test::TempDir;
 using test::wait_exit;
 using test::wait_for_file;
 using namespace std::chrono_literals;
 
-// Whether `fd` becomes readable within `ms`.
-bool readable(int fd, int ms) {
-  pollfd p{fd, POLLIN, 0};
-  return ::poll(&p, 1, ms) == 1;
-}
 
 class QueueProcessTest : public ::testing::Test {
  public:
