@@ -18,6 +18,7 @@
 
 #include "queue/crashpoint.h"
 #include "queue/queue_impl.h"
+#include "sys/ofd_lock.h"
 
 namespace spool {
 namespace {
@@ -30,10 +31,17 @@ constexpr uint64_t kAutoLiveDenominator = 4;
 constexpr uint64_t kOnDemandLiveDenominator = 2;
 constexpr size_t kCopyBatch = 256;  // messages copied per lock hold
 
-struct FdCloser {
-  int fd;
-  ~FdCloser() {
-    if (fd >= 0) ::close(fd);
+// compact.lock is flock()ed, a lock of the open file description: a child fork()ed while
+// this thread compacts would share it and keep it held for its whole life, blocking every
+// later compaction. So the child's copy of the descriptor is closed at fork.
+struct CompactLockFd {
+  std::atomic<int> fd;
+  bool registered;
+  explicit CompactLockFd(int f) : fd(f), registered(f >= 0 && sys::close_in_fork_child(&fd)) {}
+  ~CompactLockFd() {
+    int f = fd.exchange(-1);
+    if (registered) sys::forget_in_fork_child(&fd);
+    if (f >= 0) ::close(f);
   }
 };
 
@@ -43,9 +51,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   if (Status s = writable(); !s.ok()) return s;
   CompactResult res;
   std::string lock_path = dir + "/compact.lock";
-  FdCloser guard{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666)};
+  CompactLockFd guard(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
   if (guard.fd < 0) return errno_status(errno, "open " + lock_path);
-  while (::flock(guard.fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+  // Unregistered only past 256 guarded descriptors in one process: compaction still works,
+  // only a fork during it would keep the lock (logged).
+  if (guard.fd >= 0 && !guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);
+  while (::flock(guard.fd.load(), wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return res;  // another process is compacting
     if (errno != EINTR) return errno_status(errno, "lock " + lock_path);
   }
