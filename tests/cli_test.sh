@@ -718,7 +718,7 @@ t_stats_watch_stops_on_sigint() {
   local n
   n=$(grep -c '"ready":1' "$D/out")
   ((n >= 2)) || fail "stats --watch printed $n snapshots in 2 s: $(cat "$D/out")"
-  expect 0 timeout --preserve-status -k 5 -s INT 0.5 "$SPOOL" stats q --watch
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q --watch
   out_has "ready"
   # Rates between refreshes, while something sends.
   bg bash -c "while :; do '$SPOOL' send q x >/dev/null; sleep 0.05; done"

@@ -472,8 +472,14 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
     ::unlink(park_a.c_str());
     // b must get the lock before the compactor's next lock.
     auto until = std::chrono::steady_clock::now() + 10s;
+    int rc_a = -1;
+    auto reap_a = [&] {
+      int st = 0;
+      if (rc_a < 0 && ::waitpid(a, &st, WNOHANG) == a) rc_a = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return rc_a >= 0;
+    };
     while (std::chrono::steady_clock::now() < until && ::access(park_b.c_str(), F_OK) != 0 &&
-           ::access(park_a.c_str(), F_OK) != 0 && ::waitpid(a, nullptr, WNOHANG) == 0) {
+           ::access(park_a.c_str(), F_OK) != 0 && !reap_a()) {
       std::this_thread::sleep_for(1ms);
     }
     bool ok = ::access(park_b.c_str(), F_OK) == 0;
@@ -487,13 +493,10 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
     // Let everything finish: remove the park files until both are done.
     fs::remove(park_b);
     auto end = std::chrono::steady_clock::now() + 20s;
-    int rc_a = -1;
     while (std::chrono::steady_clock::now() < end) {
       ::unlink(park_a.c_str());
       ::unlink(park_b.c_str());
-      int st = 0;
-      if (rc_a < 0 && ::waitpid(a, &st, WNOHANG) == a) rc_a = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      if (rc_a >= 0) break;
+      if (reap_a()) break;
       std::this_thread::sleep_for(1ms);
     }
     if (!ok) {

@@ -170,6 +170,18 @@ class LogTest : public ::testing::Test {
     }
   }
 
+  // Payloads of every record recovery returns, checking there was no corruption.
+  static std::vector<std::string> recovered(Log& log, Pos* end = nullptr) {
+    std::vector<std::string> seen;
+    auto rec = log.recover([&](Pos, const RecordView& v) { seen.emplace_back(v.payload); });
+    EXPECT_TRUE(rec.ok()) << rec.status().to_string();
+    if (rec.ok()) {
+      EXPECT_TRUE(rec->corrupt.empty());
+      if (end != nullptr) *end = rec->end;
+    }
+    return seen;
+  }
+
   std::string dir() const { return dir_ / "segments"; }
   TempDir dir_;
 };
@@ -196,11 +208,9 @@ TEST_F(LogTest, RoundTripAcrossRollsAndReopen) {
   log.reset();
 
   auto again = open_log();
-  std::vector<std::string> seen;
-  auto rec = again->recover([&](Pos, const RecordView& v) { seen.emplace_back(v.payload); });
-  ASSERT_TRUE(rec.ok()) << rec.status().to_string();
-  EXPECT_TRUE(rec->corrupt.empty());
-  EXPECT_EQ(rec->end, end);
+  Pos recovered_end;
+  std::vector<std::string> seen = recovered(*again, &recovered_end);
+  EXPECT_EQ(recovered_end, end);
   ASSERT_EQ(seen.size(), written.size());
   for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], written[i].second) << i;
   for (auto& [pos, p] : written) {
@@ -209,6 +219,35 @@ TEST_F(LogTest, RoundTripAcrossRollsAndReopen) {
     ASSERT_TRUE(v.ok());
     EXPECT_EQ(v->payload, p);
   }
+}
+
+// Spare segments are taken by the next rolls, in place of new files, and the log reads
+// back the same across them; the append reports how many it took.
+TEST_F(LogTest, RollsTakeSpareSegmentsFirst) {
+  auto log = open_log();
+  ASSERT_TRUE(log->make_spare().ok());
+  ASSERT_TRUE(log->make_spare().ok());
+  EXPECT_EQ(*log->count_spares(), 2u);
+  Pos end;
+  uint64_t id = 1;
+  uint32_t taken = 0;
+  std::vector<std::string> payloads;
+  while (end.seq < 4) {
+    payloads.push_back(payload_for(id, 3000));
+    Record r{format::RecordType::kMsg, 0, id, 1, 2, payloads.back()};
+    auto res = log->append(end, std::span(&r, 1));
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    taken += res->spares_used;
+    end = res->end;
+    ++id;
+  }
+  // Segment 1 was new (the first append), 2 and 3 were the spares, 4 was allocated.
+  EXPECT_EQ(taken, 2u);
+  EXPECT_EQ(*log->count_spares(), 0u);
+  EXPECT_EQ(log->segments()->size(), 4u);
+  log.reset();
+  auto again = open_log();
+  EXPECT_EQ(recovered(*again), payloads);
 }
 
 TEST_F(LogTest, RecordLargerThanSegmentIsTooLargeAndWritesNothing) {

@@ -194,6 +194,13 @@ Status SharedIndex::grow() {
   return {};
 }
 
+Status SharedIndex::reserve(uint64_t more) {
+  while ((hdr_->count + more) * 4 > hdr_->capacity * 3) {
+    if (Status s = grow(); !s.ok()) return s;
+  }
+  return {};
+}
+
 Result<uint32_t> SharedIndex::insert(const Entry& in, uint64_t key) {
   if ((hdr_->count + 1) * 4 > hdr_->capacity * 3) {
     if (Status s = grow(); !s.ok()) return s;

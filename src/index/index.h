@@ -36,7 +36,7 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 2;  // 2: lease owners
+inline constexpr uint32_t kIndexVersion = 3;  // 2: lease owners; 3: spare segments
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kMinCapacity = 1024;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
@@ -89,6 +89,7 @@ struct alignas(64) IndexHeader {
   uint64_t nacked_total;
   uint64_t bytes_live;
   uint64_t compacted_through;  // every segment <= this was removed by compaction
+  uint64_t spares;             // spare segment files (Log::make_spare) on disk
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
   uint32_t owners_claimed;         // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
@@ -133,6 +134,8 @@ class SharedIndex {
   // Table and heap operations, lock held.
   int64_t find(uint64_t id) const;  // slot or -1
   Result<uint32_t> insert(const Entry& e, uint64_t key);  // may grow the region
+  // Grows the region now so that `more` inserts cannot fail.
+  Status reserve(uint64_t more);
   void erase(uint32_t slot);
   void set_key(uint32_t slot, uint64_t key);
   Entry& entry(uint32_t slot) { return slots_[slot]; }

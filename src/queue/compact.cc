@@ -131,9 +131,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
                             e.id, 0, rt, {}});
     }
-    auto at = log->append(Pos::unpack(h.log_end), recs, h.next_id);
+    uint64_t copy_bytes = 0;
+    for (const Record& r : recs) copy_bytes += format::record_size(r.payload.size());
+    if (Status s = ensure_room(0, copy_bytes); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
+    auto at = append_all(recs);
     if (!at.ok()) return at.status();
-    __atomic_store_n(&h.log_end, at->end.pack(), __ATOMIC_RELEASE);
     // Copying took no lock-free step, so the slots are still those of the same entries.
     for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
     res.messages_copied += slots.size();
@@ -163,9 +165,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
                          h.nacked_total};
   std::string payload = storage::encode_checkpoint(cp);
   Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
-  auto at = log->append(Pos::unpack(h.log_end), std::span(&rec, 1), h.next_id);
+  auto at = append_all(std::span(&rec, 1));
   if (!at.ok()) return at.status();
-  __atomic_store_n(&h.log_end, at->end.pack(), __ATOMIC_RELEASE);
   if (Status s = log->sync(at->end.seq); !s.ok()) return s;
   crashpoint("compact.after_checkpoint");
   for (uint64_t seq : prefix) {

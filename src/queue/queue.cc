@@ -245,32 +245,30 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
       h.room_waiters.fetch_sub(1);
       continue;
     }
+    // Room for the drain and the index slots first: a send fails before its records are
+    // written, never after.
+    uint64_t record_bytes = 0;
+    for (auto p : payloads) record_bytes += format::record_size(p.size());
+    if (Status s = q.ensure_room(payloads.size(), record_bytes); !s.ok()) return s;
+    if (Status s = q.idx.reserve(payloads.size()); !s.ok()) return s;
     Clocks now;
     std::vector<Record> recs;
     recs.reserve(payloads.size());
     for (size_t i = 0; i < payloads.size(); ++i) {
       recs.push_back(Record{RecordType::kMsg, 0, h.next_id + i, now.rt, now.rt + d, payloads[i]});
     }
-    auto res = q.log->append(Pos::unpack(h.log_end), recs, h.next_id);
+    auto res = q.append_all(recs);
     if (!res.ok()) return res.status();
     if (!q.park_append_path.empty()) Impl::park(q.park_append_path);
     for (size_t i = 0; i < recs.size(); ++i) {
       Entry e{recs[i].id, res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), index::kNoPos, 0,
               State::kReady, 0, 0};
-      if (auto ins = q.idx.insert(e, now.boot + d); !ins.ok()) {
-        // The log already holds the messages; only the index could not grow. Rebuilding
-        // from the log keeps the two in step (the messages stay queued).
-        __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
-        h.next_id += recs.size();
-        (void)q.rebuild();
-        return ins.status();
-      }
+      (void)q.idx.insert(e, now.boot + d);  // cannot fail: reserved above
       ids.push_back(recs[i].id);
       h.bytes_live += payloads[i].size();
     }
     h.next_id += recs.size();
     h.sent_total += recs.size();
-    __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
     h.sent_through.store(h.next_id - 1, std::memory_order_release);
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written).

@@ -200,6 +200,8 @@ struct Queue::Impl {
       });
     }
     if (Status s = replay(idx); !s.ok()) return s;
+    auto spares = log->count_spares();
+    idx.hdr().spares = spares.ok() ? *spares : 0;
     for (const Owned& o : owned) {
       int64_t slot = idx.find(o.id);
       if (slot < 0) continue;
@@ -474,11 +476,46 @@ struct Queue::Impl {
     return static_cast<uint32_t>(slot);
   }
 
-  Result<Pos> append(std::span<const Record> recs) {
-    auto res = log->append(Pos::unpack(idx.hdr().log_end), recs, idx.hdr().next_id);
+  // Appends at the log end and publishes the new end. Lock held.
+  Result<storage::AppendResult> append_all(std::span<const Record> recs) {
+    auto& h = idx.hdr();
+    auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!res.ok()) return res.status();
-    __atomic_store_n(&idx.hdr().log_end, res->end.pack(), __ATOMIC_RELEASE);
+    h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
+    __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+    return res;
+  }
+  Result<Pos> append(std::span<const Record> recs) {
+    auto res = append_all(recs);
+    if (!res.ok()) return res.status();
     return res->at.empty() ? res->end : res->at.front();
+  }
+
+  // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
+  // keeps room, in the active segment and in spare segments, for the two control records
+  // that drain it (LEASE, ACK), plus a checkpoint for compaction. Before a send or a
+  // compaction copy writes `bytes` of records that would eat into that room, another spare
+  // is preallocated; when the disk cannot give one, the write fails with kNoSpace and the
+  // room stays for the drain. (Nacks, extends and expiries are not reserved for.) Lock held.
+  Status ensure_room(uint64_t new_msgs, uint64_t bytes) {
+    constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
+    constexpr uint64_t kSlack = 4096;
+    auto& h = idx.hdr();
+    const uint64_t seg = cfg.opts.segment_size;
+    const uint64_t cap = seg - format::kSegmentHeaderSize;
+    Pos end = Pos::unpack(h.log_end);
+    uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + h.spares * cap;
+    // Twice the records: a roll wastes the tail of a segment the next record does not fit.
+    uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+    while (room < need) {
+      if (Status s = log->make_spare(); !s.ok()) {
+        return Status(s.code(), s.message() + "; the space left is kept so that the " + std::to_string(h.count) +
+                                    " queued messages can still be received and acked");
+      }
+      ++h.spares;
+      room += cap;
+    }
+    return {};
   }
 
   // `n` messages just became receivable: wake as many long-pollers, not all of them (a

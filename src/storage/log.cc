@@ -1,14 +1,18 @@
 #include "storage/log.h"
 
 #include <dirent.h>
-#include "logging.h"
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+
+#include "logging.h"
+#include "sys/clock.h"
 
 namespace spool::storage {
 namespace {
@@ -84,7 +88,9 @@ void Log::remove_leftovers() {
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
     // A segment whose creator crashed before the rename; it was never part of the log.
-    if (name.find(".seg.tmp.") != std::string::npos) (void)opts_.io->unlink(dir_ + "/" + name);
+    if (name.find(".seg.tmp.") != std::string::npos || name.starts_with("spare.tmp.")) {
+      (void)opts_.io->unlink(dir_ + "/" + name);
+    }
   }
   ::closedir(d);
 }
@@ -109,13 +115,63 @@ void Log::forget_below(uint64_t seq) {
   cache_.erase(cache_.begin(), cache_.lower_bound(seq));
 }
 
-Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id) {
+Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used) {
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
-  auto seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size);
+  Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
+  for (const std::string& spare : spares()) {
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare);
+    if (seg.ok()) {
+      ++*spares_used;
+      break;
+    }
+    // A spare that cannot serve (too small for this segment size, unreadable) is dropped;
+    // the count kept by the caller is re-read at the next repair.
+    spool::log().warn("spool: {}: spare segment not used: {}", dir_, seg.status().message());
+    if (opts_.io->unlink(spare) == 0) ++*spares_used;
+  }
+  if (!seg.ok()) seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size);
   if (!seg.ok()) return seg.status();
   std::lock_guard lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
   return *seg;
+}
+
+std::vector<std::string> Log::spares() const {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name.starts_with("spare-")) out.push_back(dir_ + "/" + name);
+    }
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<uint64_t> Log::count_spares() const {
+  if (::access(dir_.c_str(), R_OK) != 0) return errno_status(errno, "list " + dir_);
+  return spares().size();
+}
+
+Status Log::make_spare() {
+  if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
+  // Allocated under a temporary name and renamed, so a spare is never short; the name only
+  // has to be unique among spares.
+  std::string tmp = dir_ + "/spare.tmp." + std::to_string(::getpid());
+  (void)opts_.io->unlink(tmp);
+  int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
+  if (fd < 0) return errno_status(-fd, "create spare segment " + tmp);
+  int r = opts_.io->allocate(fd, 0, opts_.segment_size);
+  ::close(fd);
+  char name[64];
+  std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));
+  if (r == 0) r = opts_.io->rename(tmp, dir_ + name);
+  if (r < 0) {
+    (void)opts_.io->unlink(tmp);
+    return errno_status(-r, "preallocate a spare segment in " + dir_);
+  }
+  return {};
 }
 
 Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>& visit) {
@@ -161,9 +217,10 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
                                          std::to_string(opts_.segment_size) + " bytes");
     }
   }
+  AppendResult res;
   std::shared_ptr<Segment> seg;
   if (end.seq == 0) {
-    auto s = roll(1, recs.empty() ? base_id : recs.front().id);
+    auto s = roll(1, recs.empty() ? base_id : recs.front().id, &res.spares_used);
     if (!s.ok()) return s.status();
     seg = *s;
     end = {1, format::kSegmentHeaderSize};
@@ -172,7 +229,6 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     if (!s.ok()) return s.status();
     seg = *s;
   }
-  AppendResult res;
   res.at.reserve(recs.size());
   // Reused per thread: a fresh buffer per call made the allocator grow and shrink the heap
   // for every batch (page faults and TLB shootdowns, 3x slower for 32 x 4 KiB batches).
@@ -202,7 +258,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       if (opts_.sync_on_roll) {
         if (Status s = sync(end.seq); !s.ok()) return fail(s);
       }
-      auto next = roll(end.seq + 1, r.id);
+      auto next = roll(end.seq + 1, r.id, &res.spares_used);
       if (!next.ok()) return fail(next.status());
       seg = *next;
       end = {end.seq + 1, format::kSegmentHeaderSize};

@@ -46,6 +46,7 @@ struct LogOptions {
 struct AppendResult {
   std::vector<Pos> at;  // where each record went
   Pos end;              // the new end
+  uint32_t spares_used = 0;  // spare segments the rolls of this append took
 };
 
 struct Recovery {
@@ -77,6 +78,13 @@ class Log {
   // way may remain, empty. `base_id` is recorded in a new segment's header.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
 
+  // Spare segments: preallocated files, not part of the log, that the next rolls take
+  // instead of allocating. A queue keeps enough of them that the messages it holds can be
+  // drained (received and acked) when the disk is full. make_spare() adds one (kNoSpace
+  // when the disk is full); count_spares() lists them.
+  Status make_spare();
+  Result<uint64_t> count_spares() const;
+
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
   Status sync(uint64_t seq);
 
@@ -96,7 +104,8 @@ class Log {
 
  private:
   Log(std::string dir, LogOptions opts) : dir_(std::move(dir)), opts_(std::move(opts)) {}
-  Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id);
+  Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);
+  std::vector<std::string> spares() const;
 
   std::string dir_;
   LogOptions opts_;

@@ -96,17 +96,29 @@ Segment::~Segment() {
 }
 
 Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
-                                                 uint64_t base_id, uint64_t size) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
-  int fd = io.open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
-  if (fd < 0) return errno_status(-fd, "create segment " + tmp);
+                                                 uint64_t base_id, uint64_t size, const std::string* spare) {
+  std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
+  int fd;
+  if (spare != nullptr) {
+    fd = io.open(tmp, O_RDWR, 0);
+    if (fd < 0) return errno_status(-fd, "open spare segment " + tmp);
+  } else {
+    (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
+    fd = io.open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
+    if (fd < 0) return errno_status(-fd, "create segment " + tmp);
+  }
   auto fail = [&](int err, const char* what) {
     ::close(fd);
-    (void)io.unlink(tmp);
+    if (spare == nullptr) (void)io.unlink(tmp);
     return errno_status(-err, std::string(what) + " " + path);
   };
-  if (int r = io.allocate(fd, 0, size); r < 0) return fail(r, "preallocate segment");
+  if (spare != nullptr) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return fail(-errno, "stat spare for");
+    if (static_cast<uint64_t>(st.st_size) < size) return fail(-EINVAL, "spare segment too small for");
+  } else if (int r = io.allocate(fd, 0, size); r < 0) {
+    return fail(r, "preallocate segment");
+  }
   uint8_t h[kSegmentHeaderSize] = {};
   std::memcpy(h, format::kSegmentMagic, 8);
   store<uint32_t>(h + 8, format::kVersion);

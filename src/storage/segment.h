@@ -68,8 +68,11 @@ class Segment {
 
   // Creates `path` crash-safely (temp file, fallocate, header, fdatasync, rename, fsync dir).
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
+  // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
+  // new one; on failure it stays a spare.
   static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
-                                                 uint64_t base_id, uint64_t size);
+                                                 uint64_t base_id, uint64_t size,
+                                                 const std::string* spare = nullptr);
   // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
   // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
   static Result<std::shared_ptr<Segment>> open(io::Io& io, const std::string& path, bool writable);
