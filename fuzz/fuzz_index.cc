@@ -4,18 +4,18 @@
 // must show exactly what the log holds.
 //
 // Each input becomes the index of a closed queue (built once: messages sent, acked, leased,
-// nacked, in several segments), then the queue is opened and read. Two modes, picked by the
-// first byte:
+// nacked, in several segments), then the queue is opened and read. Three modes, picked by
+// the first byte:
 //  - raw: the input is the whole file;
 //  - header: a valid header of this build and boot (so the opener must judge it on its
 //    fields) whose counters and positions (capacity .. compacted_through, the lock-free
 //    words) come from the input, over the intact region of the real index. The robust
 //    mutexes are kept initialised: a garbage futex word would make the opener wait forever
 //    for an owner that is not there, which is not what this target is about.
-// With SPOOL_FUZZ_INDEX_REGION=1 a third mode keeps the whole valid header and writes the
-// input into the region (hash table and heap) at an offset the input picks. That reproduces known bug INDEX_TRUSTED (the opener
-// reuses such an index without checking its entries: out-of-bounds reads), so it is off by
-// default to keep CI green; turn it on to work on that bug.
+//  - region: the whole valid header (seal included) and the input written into the region
+//    (hash table and heap) at an offset the input picks: the seal the last close wrote must
+//    make the opener rebuild (this mode found INDEX_TRUSTED: entries that pass the
+//    invariants but point at the wrong record).
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -50,7 +50,6 @@ struct Env {
   std::map<uint64_t, std::string> payload;  // what the log holds
   size_t fields_begin = 0, fields_end = 0;  // fuzzed header fields in header mode
   size_t atomics_begin = 0, atomics_end = 0;
-  bool region_mode = false;
 };
 
 Env* g_env = nullptr;
@@ -82,7 +81,6 @@ Env& env() {
   auto* e = new Env;
   e->dir = tmpl;
   e->q = e->dir + "/q";
-  e->region_mode = std::getenv("SPOOL_FUZZ_INDEX_REGION") != nullptr;
   {
     spool::QueueOptions o;
     o.segment_size = 16 << 10;
@@ -128,8 +126,7 @@ Env& env() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Env& e = env();
   if (size == 0) return 0;
-  const int modes = e.region_mode ? 3 : 2;
-  const int mode = data[0] % modes;
+  const int mode = data[0] % 3;
   const char* in = reinterpret_cast<const char*>(data + 1);
   size_t n = size - 1;
   std::string file;

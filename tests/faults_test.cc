@@ -608,6 +608,31 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
   std::printf("[figures] repair killed midway: %d kills, %d reopened wrong\n", rounds, broken);
 }
 
+// A fork child that destroys the Queue it inherited (returning from main does) must not
+// touch the parent's locks: its descriptors share the parent's open file descriptions, and
+// the seal written by the last closer converts the `lock` flock to exclusive. Done by the
+// child, that would convert the parent's lock, and every later opener would wait forever.
+TEST(Fork, AChildDestroyingAnInheritedQueueLeavesTheParentsLocksAlone) {
+  TempDir d;
+  std::string dir = d / "q";
+  auto q = Queue::open(dir);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  ASSERT_TRUE((*q)->send("x").ok());
+  pid_t child = spawn([&] {
+    q->reset();  // the inherited copy
+    return 0;
+  });
+  ASSERT_EQ(wait_exit(child), 0);
+  pid_t opener = spawn([&] {
+    auto again = Queue::open(dir);
+    return again.ok() && (*again)->send("y").ok() ? 0 : 1;
+  });
+  int rc = test::wait_exit_for(opener, 10s);
+  EXPECT_EQ(rc, 0) << "a process opening the queue after the fork child exited did not get through in 10 s";
+  if (rc != 0) ::kill(opener, SIGKILL);
+  EXPECT_EQ((*q)->stats()->ready, 2u);
+}
+
 // A Queue's internal files must not leak into a fork()ed child. The documented way to use a
 // queue after fork is to open it again in the child; a compaction running in the parent at
 // the moment of the fork must not make that child's (or anyone's) compactions wait forever.

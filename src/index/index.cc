@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstring>
@@ -89,6 +90,30 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
                          "close every process using the queue so the next opener rebuilds it");
   }
   return {};
+}
+
+uint64_t SharedIndex::checksum() const {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  const char* first = reinterpret_cast<const char*>(&hdr_->capacity);
+  const char* last = reinterpret_cast<const char*>(&hdr_->owner_claimed[kOwnerSlots]);
+  XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
+  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity));
+  uint64_t sum = XXH3_64bits_digest(st) | 1;  // never 0, which means "not sealed"
+  XXH3_freeState(st);
+  return sum;
+}
+
+void SharedIndex::seal() {
+  if (region_ == nullptr || mapped_capacity_ != hdr_->capacity) return;
+  hdr_->seal = checksum();
+}
+
+bool SharedIndex::unseal() {
+  uint64_t want = hdr_->seal;
+  hdr_->seal = 0;
+  if (want == 0) return true;
+  return region_ != nullptr && mapped_capacity_ == hdr_->capacity && checksum() == want;
 }
 
 bool SharedIndex::reusable() const {

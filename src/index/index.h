@@ -36,7 +36,7 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 3;  // 2: lease owners; 3: spare segments
+inline constexpr uint32_t kIndexVersion = 3;  // 2: lease owners; 3: spare segments, seal
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kMinCapacity = 1024;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
@@ -71,6 +71,10 @@ struct alignas(64) IndexHeader {
   uint64_t format;    // format_word(): refuses builds with another ABI
   char boot_id[40];   // boot that built this index; another boot means rebuild
   uint64_t file_bytes;
+  // Written by the last process to detach: XXH3 of the fields guarded by mu and of the
+  // region, so the next first opener can tell a cleanly closed index from one damaged
+  // since (seal(), unseal()). 0 while any process is attached.
+  uint64_t seal;
   alignas(64) sys::RobustMutex mu;       // the index lock
   alignas(64) sys::RobustMutex sync_mu;  // group commit: one flusher at a time
   // Guarded by mu:
@@ -125,6 +129,12 @@ class SharedIndex {
 
   IndexHeader& hdr() { return *hdr_; }
   bool attached() const { return hdr_ != nullptr; }
+  // Clean close: the last process to detach seals the index (lock held, region mapped).
+  void seal();
+  // For the first opener: false when the index was sealed and has changed since (damage
+  // while nobody had it open). Clears the seal either way.
+  bool unseal();
+
   // Must be called with the lock held, before touching the region: remaps if it grew.
   Status refresh();
 
@@ -153,6 +163,7 @@ class SharedIndex {
 
  private:
   Status map_region();
+  uint64_t checksum() const;
   Status grow();
   void place(uint32_t slot, const Entry& e);
   void heap_swap(uint64_t a, uint64_t b);

@@ -161,8 +161,14 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // Decided before taking the lock: lock() releases dead processes' bound leases, which
     // appends to the log at the index's log end, and a stale index (log ahead of it) would
     // have those records overwrite newer ones.
-    bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok() &&
-                 impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
+    // A seal from the last clean close must still match: that catches damage the
+    // invariants cannot see (a flipped record position or receive count).
+    bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok();
+    if (reuse && !impl->idx.unseal()) {
+      spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
+      reuse = false;
+    }
+    reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
     if (reuse) {
       auto held = impl->lock();
       reuse = held.ok();
@@ -225,6 +231,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
   const uint64_t d = ms_to_ns(opts.delay);
   const uint64_t give_up = sys::boot_ns() + ms_to_ns(opts.wait_for_room);
   uint64_t end;
+  uint64_t woken = 0;
   std::vector<uint64_t> ids;
   for (;;) {
     auto held = q.lock();
@@ -277,9 +284,14 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
       if (Status s = q.expire(q.idx.heap_top().slot); !s.ok()) return s;
     }
     end = h.log_end;
-    if (d == 0) q.wake(recs.size());
+    woken = d == 0 ? recs.size() : 0;
     break;
   }
+  // Woken after the unlock: a consumer woken while the lock is still held runs straight
+  // into it, sleeps on the mutex and has to be woken a second time by the unlock (two
+  // context switches per message on the long-poll path). Waiters cannot miss the wake:
+  // they read wake_seq under the lock before they sleep, and it is bumped only now.
+  if (woken != 0) q.wake(woken);
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return ids;
 }
@@ -410,6 +422,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   if (!r.ok()) return r.status();
   auto [id, gen] = *r;
   uint64_t end;
+  bool wake = false;
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
@@ -437,7 +450,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
         ++h.nacked_total;
         e.state = State::kReady;
         q.idx.set_key(*slot, now.boot + ns);
-        if (ns == 0) q.wake(1);
+        wake = ns == 0;
         break;
       case Change::kExtend:
         if (!was_leased) ++h.leased;
@@ -447,6 +460,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
+  if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);
 }
 
