@@ -2,7 +2,9 @@
 # Builds the Debian packages and checks them without touching this machine's /usr:
 #   1. dpkg-buildpackage -us -uc -b in a copy of the tree (build dirs and .git left out),
 #      with DEB_BUILD_OPTIONS=nocheck: the suite is not run during the package build
-#      (SPOOL_DEB_CHECK=1 runs debian/rules' quick subset: queue, cli, install);
+#      (SPOOL_DEB_CHECK=1 runs debian/rules' quick subset: queue, cli, install); the build
+#      log, with its compiler warnings listed, is kept next to the .debs; then lintian on
+#      the .changes if lintian is installed (an error fails the check);
 #   2. the .debs extracted with dpkg-deb -x into a temporary root: the tools run from there,
 #      and the examples are built with `pkg-config --cflags --libs spool` against the
 #      extracted libspool-dev and run with LD_LIBRARY_PATH pointing into it;
@@ -14,7 +16,8 @@
 # and tools, then downloads for the chroot), so it is not part of scripts/test.sh.
 #
 #   bash scripts/deb-check.sh [--no-chroot] [OUT_DIR]     .debs are left in OUT_DIR
-#                                                         (default /tmp/spool-debs)
+#                                                         (default /tmp/spool-debs),
+#                                                         with build.log
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
@@ -38,7 +41,9 @@ cleanup() {
   if [ -n "$ROOT" ]; then
     for m in dev/pts dev proc sys; do $SUDO umount -l "$ROOT/$m" 2>/dev/null || true; done
   fi
-  rm -rf "$WORK"
+  # --one-file-system: should an unmount above have failed, never descend into the host's
+  # /dev, /proc or /sys through a bind mount left in the chroot.
+  rm -rf --one-file-system "$WORK"
 }
 trap cleanup EXIT
 
@@ -54,12 +59,23 @@ SECONDS=0
 echo "   built in ${SECONDS}s"
 mkdir -p "$OUT"
 rm -f "$OUT"/*.deb
-cp "$WORK"/src/*.deb "$OUT/"
+cp "$WORK"/src/*.deb "$WORK/build.log" "$OUT/"
+echo "   compiler warnings in the package build ($OUT/build.log): $(grep -c 'warning:' "$WORK/build.log" || true)"
+grep 'warning:' "$WORK/build.log" | sort -u | sed 's/^/     /' || true
 ls -l "$OUT"
 for d in "$OUT"/*.deb; do
-  echo "-- $(basename "$d")"
+  echo "-- $(basename "$d"): $(stat -c %s "$d") bytes, Installed-Size $(dpkg-deb -f "$d" Installed-Size) KiB"
+  echo "   Depends: $(dpkg-deb -f "$d" Depends)"
   dpkg-deb -c "$d" | awk '{print "   " $6 ($7 ? " " $7 " " $8 : "")}' | grep -v '/$' || true
 done
+# lintian (if installed; `apt-get install lintian`): errors fail the check, warnings and
+# the pedantic tags are only printed.
+if command -v lintian >/dev/null; then
+  echo "== lintian"
+  lintian --fail-on error --info "$WORK"/src/spool_"${version}"_*.changes || {
+    echo "lintian: errors (above)"; exit 1; }
+  echo "   lintian: no errors"
+fi
 lib=$(ls "$OUT"/libspool0_*.deb); dev=$(ls "$OUT"/libspool-dev_*.deb); tools=$(ls "$OUT"/spool-tools_*.deb)
 
 echo "== 2. extracted into a temporary root (dpkg-deb -x)"
@@ -119,6 +135,8 @@ apt-get install -y -qq --no-install-recommends /debs/*.deb g++ pkg-config man-db
   { tail -n 30 /tmp/apt.log; exit 1; }
 dpkg -l 'libspool*' 'spool-tools' | grep '^ii'
 spool --version
+spool --help >/dev/null
+spool-dump --help >/dev/null 2>&1 || [ $? = 2 ]
 spoolfs --version || spoolfs --help >/dev/null
 test -f /usr/share/man/man1/spool.1.gz && test -f /usr/share/man/man3/libspool.3.gz
 man -P cat spool >/dev/null 2>&1 || echo "(man: no output, the minbase image may exclude man pages)"

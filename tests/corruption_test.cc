@@ -161,7 +161,7 @@ void flip_byte(const std::string& path, uint64_t off, uint8_t mask) {
   uint8_t b = 0;
   if (::pread(fd, &b, 1, static_cast<off_t>(off)) == 1) {
     b ^= mask;
-    (void)::pwrite(fd, &b, 1, static_cast<off_t>(off));
+    EXPECT_GE(::pwrite(fd, &b, 1, static_cast<off_t>(off)), 0);
   }
   ::close(fd);
 }

@@ -825,7 +825,7 @@ void damage_index(const std::string& qdir, IndexAfterCut how, std::mt19937_64& r
       auto* h = reinterpret_cast<index::IndexHeader*>(buf);
       size_t off = static_cast<size_t>(h->boot_id - buf);
       const char other_boot[] = "00000000-0000-0000-0000-000000000000";
-      (void)::pwrite(fd, other_boot, sizeof other_boot, static_cast<off_t>(off));
+      EXPECT_GE(::pwrite(fd, other_boot, sizeof other_boot, static_cast<off_t>(off)), 0);
       ::close(fd);
       return;
     }
@@ -838,7 +838,9 @@ void damage_index(const std::string& qdir, IndexAfterCut how, std::mt19937_64& r
     }
     case IndexAfterCut::kTruncated: {
       struct stat st {};
-      if (::stat(path.c_str(), &st) == 0) (void)::truncate(path.c_str(), static_cast<off_t>(rng() % (st.st_size + 1)));
+      if (::stat(path.c_str(), &st) == 0) {
+        EXPECT_EQ(::truncate(path.c_str(), static_cast<off_t>(rng() % (st.st_size + 1))), 0);
+      }
       return;
     }
   }
@@ -1072,7 +1074,7 @@ template <class T>
 void poke(const std::string& path, size_t off, T v) {
   int fd = ::open(path.c_str(), O_WRONLY);
   if (fd < 0) return;
-  (void)::pwrite(fd, &v, sizeof v, static_cast<off_t>(off));
+  EXPECT_GE(::pwrite(fd, &v, sizeof v, static_cast<off_t>(off)), 0);
   ::close(fd);
 }
 size_t header_offset(uint64_t index::IndexHeader::*field) {
@@ -1084,9 +1086,9 @@ size_t header_offset(uint64_t index::IndexHeader::*field) {
 const std::vector<IndexDamage>& index_damages() {
   static const std::vector<IndexDamage> all = {
       {"empty file", [](const std::string& p, auto&) { write_file(p, ""); }, false},
-      {"cut inside the header", [](const std::string& p, auto&) { (void)::truncate(p.c_str(), 100); }, false},
+      {"cut inside the header", [](const std::string& p, auto&) { EXPECT_EQ(::truncate(p.c_str(), 100), 0); }, false},
       {"header only, region cut off",
-       [](const std::string& p, auto&) { (void)::truncate(p.c_str(), index::kHeaderBytes + 100); }, false},
+       [](const std::string& p, auto&) { EXPECT_EQ(::truncate(p.c_str(), index::kHeaderBytes + 100), 0); }, false},
       {"all garbage",
        [](const std::string& p, auto& rng) {
          struct stat st {};
@@ -1106,7 +1108,7 @@ const std::vector<IndexDamage>& index_damages() {
          ::stat(p.c_str(), &st);
          int fd = ::open(p.c_str(), O_WRONLY);
          std::string junk = random_bytes(static_cast<size_t>(st.st_size) - index::kHeaderBytes, rng);
-         (void)::pwrite(fd, junk.data(), junk.size(), index::kHeaderBytes);
+         EXPECT_GE(::pwrite(fd, junk.data(), junk.size(), index::kHeaderBytes), 0);
          ::close(fd);
        },
        true, "INDEX_TRUSTED"},
@@ -1116,7 +1118,7 @@ const std::vector<IndexDamage>& index_damages() {
          ::stat(p.c_str(), &st);
          int fd = ::open(p.c_str(), O_WRONLY);
          std::string zeros(static_cast<size_t>(st.st_size) - index::kHeaderBytes, '\0');
-         (void)::pwrite(fd, zeros.data(), zeros.size(), index::kHeaderBytes);
+         EXPECT_GE(::pwrite(fd, zeros.data(), zeros.size(), index::kHeaderBytes), 0);
          ::close(fd);
        },
        true, "INDEX_TRUSTED"},

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+
+#include "logging.h"
 
 namespace spool::io {
 
@@ -41,7 +44,9 @@ void FaultIo::drop_unsynced(size_t keep) {
   while (unsynced_.size() > keep) {
     Undo& u = unsynced_.back();
     // Straight to the file: restoring is the simulated disk, not an operation under test.
-    (void)::pwrite(u.fd, u.old.data(), u.old.size(), static_cast<off_t>(u.off));
+    if (::pwrite(u.fd, u.old.data(), u.old.size(), static_cast<off_t>(u.off)) < 0) {
+      spool::log().warn("spool: simulated power loss could not restore {} bytes: {}", u.old.size(), std::strerror(errno));
+    }
     unsynced_.pop_back();
   }
   unsynced_.clear();
