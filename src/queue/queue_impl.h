@@ -175,6 +175,10 @@ struct Queue::Impl {
         break;
       case sys::RobustMutex::LockResult::kOwnerDied: {
         spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+        // It may have died creating a segment or a spare (both happen under this lock
+        // only): its temp file would stay until the next first opener, which a queue with
+        // long-lived processes never sees (the hour soak found 258 of them, 15.7 MB).
+        log->remove_leftovers();
         Status s = rebuild();
         if (!s.ok()) {
           mu.unlock();

@@ -63,8 +63,9 @@ class Log {
   // Sequence numbers of the segment files present, ascending.
   Result<std::vector<uint64_t>> segments() const;
 
-  // Removes temp files of segment creations that crashed before their rename. Only when no
-  // other process can be creating a segment (the queue's first opener).
+  // Removes temp files of segment and spare creations that crashed before their rename.
+  // Only when no other process can be creating one: the queue's first opener, or the
+  // holder of the index lock (creations happen under it).
   void remove_leftovers();
 
   // Visits every valid record of every segment, in log order, and returns the end.
