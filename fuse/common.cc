@@ -4,6 +4,8 @@
 
 #include <cerrno>
 
+#include "inode.h"
+
 namespace spoolfs {
 
 using spool::Code;
@@ -19,6 +21,17 @@ bool parse_id(std::string_view text, uint64_t* out) {
   }
   *out = v;
   return true;
+}
+
+bool message_name(std::string_view name, uint64_t* id) {
+  if (name.empty() || name.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  if (!parse_id(name, id) || *id > ino::kMaxMsgId) *id = 0;
+  return true;
+}
+
+bool queue_name_ok(std::string_view name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
 }
 
 int errno_of(const spool::Status& s) {

@@ -14,8 +14,16 @@
 
 namespace spoolfs {
 
+// Names. These are all spoolfs decides about a name by itself, so fuzz/fuzz_fuse_names.cc
+// checks them against their definitions.
 // Canonical decimal number: no sign, no leading zero, no overflow (so "0" is not one).
 bool parse_id(std::string_view text, uint64_t* out);
+// All-digit names are message names, reserved: a new file cannot take one. Returns false
+// for any other name; else true, with *id the message, or 0 if no message can have that
+// name (a leading zero, or an id past the inode range).
+bool message_name(std::string_view name, uint64_t* id);
+// Whether `name` can name a queue in the root of a --root mount (a directory entry of DIR).
+bool queue_name_ok(std::string_view name);
 
 // The errno a FUSE reply gives for a failed queue call.
 int errno_of(const spool::Status& s);

@@ -267,8 +267,7 @@ void Mount::listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 // The queue DIR/name (a directory holding a spool.conf), with its slot. Returns an errno.
 int Mount::find_queue(std::string_view name, Slot** out) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos)
-    return ENOENT;
+  if (!queue_name_ok(name)) return ENOENT;
   std::string dir = cfg_.dir + "/" + std::string(name);
   QueueId id;
   bool is_queue = read_queue_id(dir, &id);

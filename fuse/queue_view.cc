@@ -36,15 +36,6 @@ constexpr off_t kCookieStatsJson = 4;
 constexpr off_t kCookieDlq = 5;
 constexpr off_t kCookieMsgBase = 5;
 
-// All-digit names are message names, reserved: a new file cannot take one. Returns false
-// for any other name; else true, with *id the message, or 0 if no message can have that
-// name (a leading zero, or an id past the inode range).
-bool message_name(std::string_view name, uint64_t* id) {
-  if (name.empty() || name.find_first_not_of("0123456789") != std::string_view::npos) return false;
-  if (!parse_id(name, id) || *id > ino::kMaxMsgId) *id = 0;
-  return true;
-}
-
 uint64_t payload_limit(Queue* q) {
   uint64_t max = q->options().max_payload;
   return max ? max : (1u << 20);
