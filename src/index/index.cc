@@ -208,7 +208,7 @@ Status SharedIndex::grow() {
     return s;
   }
   std::memset(static_cast<void*>(slots_), 0, cap * sizeof(Entry));
-  std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
+  if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   for (const Entry& e : entries) {
     uint64_t s = hash_id(e.id) & mask();
     while (slots_[s].id != 0) s = (s + 1) & mask();
