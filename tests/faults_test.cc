@@ -301,7 +301,6 @@ TEST(LockHolderDeath, KilledInsideTheLockDuringEachOperationChangesNothingAndWed
 // per operation, all stopped at once inside the lock; a second process's call on each queue
 // must not complete for a full second, then everything finishes after SIGCONT.
 TEST(LockHolderDeath, StoppedHolderIsNeverOverriddenInAnyOperation) {
-  SKIP_IF_KNOWN_BUG("STOPPED_HOLDER_HANG");
   struct Case {
     Op op;
     TempDir d;
@@ -434,7 +433,6 @@ TEST(LockHolderDeath, HolderKilledWhileStoppedReleasesTheWaiter) {
 // compactor; once the second process holds the lock it is killed, so the compactor's next
 // lock repairs the index in the middle of the compaction. Nothing may be lost, whichever k.
 TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
-  SKIP_IF_KNOWN_BUG("COMPACT_REPAIR");
   int arranged = 0;
   std::string arranged_at;
   for (int k = 1; k <= 12; ++k) {
@@ -540,7 +538,6 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
 // log end still pointing at the true end) and is killed in the middle of it; then every
 // process is gone, and the next opener must come up with exactly what the log holds.
 TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex) {
-  SKIP_IF_KNOWN_BUG("REUSE_AFTER_OWNER_DEATH");
   TempDir d;
   std::string dir = d / "q";
   uint64_t live = 0;
@@ -670,7 +667,6 @@ TEST(Fork, AChildDestroyingAnInheritedQueueLeavesTheParentsLocksAlone) {
 // compact.lock is flock()ed through an fd that the child inherits: while the child lives,
 // that lock stays held, so every later compaction, in the child and in the parent, blocks.
 TEST(Fork, AChildForkedDuringACompactionDoesNotInheritItsLock) {
-  SKIP_IF_KNOWN_BUG("FORK_COMPACT_LOCK");
   TempDir d;
   Prepared p = prepare(d / "q");
   ASSERT_NE(p.q, nullptr);  // stays open, so the next Queue is not a first opener (no lock at open)
@@ -1294,7 +1290,6 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
 // PRODUCT.md §4: on a full disk receive, ack and compaction keep working, so a full queue
 // can be drained, and then accepts sends again.
 TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
-  SKIP_IF_KNOWN_BUG("FULL_DISK_DRAIN");
   std::string filler = mnt_ + "/filler";
   fill(filler, 640 << 10);
   std::string qdir = mnt_ + "/q";
@@ -1340,7 +1335,6 @@ TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
 // Tiny messages into a large preallocated segment, so the log has room and only the index
 // needs more space.
 TEST_F(FullDisk, IndexGrowthOnAFullDiskIsAnErrorNotSigbus) {
-  SKIP_IF_KNOWN_BUG("INDEX_SPARSE_SIGBUS");
   std::string qdir = mnt_ + "/q";
   std::string filler = mnt_ + "/filler";
   in_child("index growth on a full disk", [&](Report& r) {
