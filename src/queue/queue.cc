@@ -17,7 +17,15 @@ namespace spool {
 // ---- Queue ---------------------------------------------------------------------------------
 
 Queue::Queue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Queue::~Queue() = default;
+Queue::~Queue() {
+  if (impl_ && impl_->opened_by != ::getpid()) {
+    // A fork child destroying the copy it inherited (returning from main does that). Its
+    // threads exist only in the parent: joining them, or destroying a condition variable
+    // they waited on, waits forever; and its descriptors share the parent's locks. The
+    // copy is left alone: only the child's memory, and the kernel closes the rest at exit.
+    (void)impl_.release();
+  }
+}
 const std::string& Queue::dir() const { return impl_->dir; }
 const QueueOptions& Queue::options() const { return impl_->cfg.opts; }
 

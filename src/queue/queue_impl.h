@@ -78,7 +78,7 @@ struct Queue::Impl {
   index::SharedIndex idx;
   int gate_fd = -1;
   int lock_fd = -1;
-  pid_t opened_by = ::getpid();  // a fork child shares gate_fd/lock_fd's locks: hands off
+  pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
   // Test hooks (crash tests): park inside the critical section, right after taking the
   // lock or right after a send's log append, until the named file is removed.
   std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK
@@ -102,16 +102,6 @@ struct Queue::Impl {
   std::atomic<bool> bind_all{false};
 
   ~Impl() {
-    if (opened_by != ::getpid()) {
-      // A fork child destroying the copy it inherited (returning from main does that). Its
-      // threads exist only in the parent, so joining them would wait forever, and its
-      // descriptors share the parent's locks: let go of memory and descriptors only.
-      if (flusher.joinable()) flusher.detach();
-      if (compactor.joinable()) compactor.detach();
-      if (lock_fd >= 0) ::close(lock_fd);
-      if (gate_fd >= 0) ::close(gate_fd);
-      return;
-    }
     release_own_slot();
     stop_compactor();
     if (flusher.joinable()) {
@@ -139,9 +129,6 @@ struct Queue::Impl {
   // opener the stronger check.
   void seal_if_last() {
     if (read_only || !idx.attached() || lock_fd < 0 || gate_fd < 0 || !park_path.empty()) return;
-    // In a fork child these descriptors share the parent's open file descriptions, and
-    // converting the lock would convert the parent's.
-    if (opened_by != ::getpid()) return;
     if (::flock(gate_fd, LOCK_EX) != 0) return;
     if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
       auto held = lock();
