@@ -636,6 +636,50 @@ TEST(LockHolderDeath, TheRepairRemovesTheTempFilesOfADeadSegmentCreator) {
   EXPECT_EQ(consistency(*p.q), "");
 }
 
+// Group commit under kAlways: one process syncs for everyone while the others sleep until
+// it is done. A leader killed inside its fdatasync wakes nobody; the others must notice
+// (robust sync mutex, bounded sleeps), sync themselves, and return.
+TEST(SyncLeaderDeath, AProducerKilledInsideItsSyncDoesNotStrandTheOthers) {
+  TempDir d;
+  std::string dir = d / "q";
+  QueueOptions o;
+  o.sync = SyncPolicy::kAlways;
+  auto q = Queue::open(dir, o);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  std::string parked = d / "parked";
+  pid_t leader = spawn([&] {
+    auto mine = Queue::open(dir, o);
+    if (!mine.ok()) return 3;
+    // The first send also creates the segment (synced under the index lock): not that one.
+    if (!(*mine)->send("warm-up").ok()) return 4;
+    sf::park_next_sync(parked);
+    return (*mine)->send("from the leader").ok() ? 0 : 1;
+  });
+  ASSERT_TRUE(wait_for_file(parked, 10s)) << "the leader never reached its fdatasync";
+  pid_t waiter = spawn([&] {
+    auto mine = Queue::open(dir, o);
+    if (!mine.ok()) return 3;
+    uint64_t before = sf::counters().syncs;
+    auto id = (*mine)->send("from the waiter");
+    if (!id.ok()) {
+      std::fprintf(stderr, "waiter: %s\n", id.status().to_string().c_str());
+      return 1;
+    }
+    // Nobody else completed a sync after its write: it must have synced itself.
+    return sf::counters().syncs > before ? 0 : 2;
+  });
+  // Arrangement only: by now the waiter has written and sleeps behind the parked leader
+  // (if it is slower, it meets the dead leader's mutex instead, which must work too).
+  std::this_thread::sleep_for(300ms);
+  ::kill(leader, SIGKILL);
+  EXPECT_EQ(wait_exit(leader), 128 + SIGKILL);
+  ::unlink(parked.c_str());
+  EXPECT_EQ(test::wait_exit_for(waiter, 30s), 0) << "the waiter failed, or hung behind the dead leader";
+  EXPECT_EQ(ids_of(**q).size(), 3u) << "the leader's record was written before its sync: it stays queued";
+  EXPECT_TRUE((*q)->send("after").ok());
+  EXPECT_EQ(consistency(**q), "");
+}
+
 // A fork child that destroys the Queue it inherited (returning from main does) must not
 // touch the parent's locks: its descriptors share the parent's open file descriptions, and
 // the seal written by the last closer converts the `lock` flock to exclusive. Done by the

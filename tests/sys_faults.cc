@@ -35,6 +35,7 @@ Fault g_faults[3];
 size_t g_short = 0;
 Counters g_counters;
 bool g_recording = false;
+std::string g_park_sync;
 
 // The undo log: a header, then entries back to back.
 struct Region {
@@ -135,6 +136,11 @@ void clear() {
   std::lock_guard lock(g_mu);
   for (Fault& f : g_faults) f = Fault{};
   g_short = 0;
+}
+
+void park_next_sync(const std::string& path) {
+  std::lock_guard lock(g_mu);
+  g_park_sync = path;
 }
 
 Counters counters() {
@@ -268,6 +274,7 @@ extern "C" ssize_t pwritev64(int fd, const struct iovec* iov, int iovcnt, off64_
 }
 
 extern "C" int fdatasync(int fd) {
+  std::string park;
   {
     std::lock_guard lock(g_mu);
     ++g_counters.syncs;
@@ -275,6 +282,12 @@ extern "C" int fdatasync(int fd) {
       errno = err;
       return -1;
     }
+    park = std::exchange(spool::test::sysfaults::g_park_sync, {});
+  }
+  if (!park.empty()) {
+    int pfd = ::open(park.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+    if (pfd >= 0) ::close(pfd);
+    while (::access(park.c_str(), F_OK) == 0) ::usleep(1000);
   }
   long r = ::syscall(SYS_fdatasync, fd);
   if (r == 0) {

@@ -35,6 +35,9 @@ void fail(Op op, int nth, int err, bool sticky = false);
 // Every write transfers at most `bytes` (0: no limit).
 void short_writes(size_t bytes);
 void clear();
+// The next datasync first creates the file `path`, then waits while it exists (the call
+// holds whatever the caller holds meanwhile: a test kills it there).
+void park_next_sync(const std::string& path);
 
 struct Counters {
   uint64_t writes = 0, syncs = 0, allocates = 0;  // calls seen

@@ -1,7 +1,7 @@
 // spool through its public API (include/spool/queue.h): send / send_batch, receive(1, 60 s,
 // wait) / ack. --sync=always|interval|never is QueueOptions::sync (interval: the default
-// 50 ms). The queue lives in DIR/TAG and is removed afterwards. With SPOOL_IO=pwrite in the
-// environment the library uses its pwrite backend, and the runs are labelled spool-pwrite.
+// 50 ms). The queue lives in DIR/TAG and is removed afterwards. With SPOOL_IO=io_uring in the
+// environment the library uses its io_uring backend, and the runs are labelled spool-uring.
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -102,9 +102,9 @@ class SpoolSystem : public cmp::System {
 
 int main(int argc, char** argv) {
   SpoolSystem sys;
-  // SPOOL_IO=pwrite selects the library's pwrite backend instead of io_uring: reported as a
-  // system of its own.
+  // SPOOL_IO=io_uring selects the library's io_uring backend instead of the default pwrite:
+  // reported as a system of its own.
   const char* io = std::getenv("SPOOL_IO");
-  bool pwrite = io != nullptr && std::string_view(io) == "pwrite";
-  return cmp::run(argc, argv, pwrite ? "spool-pwrite" : "spool", sys);
+  bool uring = io != nullptr && std::string_view(io) == "io_uring";
+  return cmp::run(argc, argv, uring ? "spool-uring" : "spool", sys);
 }

@@ -8,7 +8,7 @@
 import json
 import sys
 
-SYSTEMS = ["spool", "beanstalkd", "redis-streams", "sqlite-queue", "posix-mq", "spool-pwrite"]
+SYSTEMS = ["spool", "beanstalkd", "redis-streams", "sqlite-queue", "posix-mq", "spool-uring"]
 CASES = ["produce", "produce_batch", "e2e_1c", "e2e_2c", "produce_8p"]
 SYNCS = ["interval", "never", "always"]
 
@@ -187,26 +187,26 @@ def print_targets(rows):
         sp, mq = rate(rows, "spool", case, "interval"), rate(rows, "posix-mq", case, "none")
         if sp and mq:
             print(f"  ({case}: posix-mq/spool(interval) = {mq / sp:.2f}x)")
-    # The same ratios for spool on its pwrite backend (SPOOL_IO=pwrite), no targets.
-    pw = [r for r in rows if r["system"] == "spool-pwrite"]
+    # The same ratios for spool on its io_uring backend (SPOOL_IO=io_uring), no targets.
+    pw = [r for r in rows if r["system"] == "spool-uring"]
     if pw:
-        print("  With SPOOL_IO=pwrite (spool-pwrite), for comparison:")
+        print("  With SPOOL_IO=io_uring (spool-uring), for comparison:")
         for case in ["e2e_1c", "e2e_2c"]:
-            sp = rate(rows, "spool-pwrite", case, "interval")
+            sp = rate(rows, "spool-uring", case, "interval")
             parts = []
             for peer, sync in [("beanstalkd", "interval"), ("redis-streams", "interval"), ("posix-mq", "none")]:
                 v = ratio(sp, rate(rows, peer, case, sync))
                 parts.append(f"/{peer} {v:.2f}x" if v is not None else f"/{peer} n/a")
-            v = ratio(rate(rows, "spool-pwrite", case, "always"), rate(rows, "beanstalkd", case, "always"))
+            v = ratio(rate(rows, "spool-uring", case, "always"), rate(rows, "beanstalkd", case, "always"))
             parts.append(f"always /beanstalkd {v:.2f}x" if v is not None else "always /beanstalkd n/a")
             print(f"    {case}: interval " + ", ".join(parts))
-        lat = find(rows, "spool-pwrite", "latency", "interval")
+        lat = find(rows, "spool-uring", "latency", "interval")
         if lat and lat["check"] == "ok":
             print(f"    latency (interval): p50 {us(lat['p50_us'])} us, p99 {us(lat['p99_us'])} us")
-        p1, p8 = rate(rows, "spool-pwrite", "produce", "always"), rate(rows, "spool-pwrite", "produce_8p", "always")
+        p1, p8 = rate(rows, "spool-uring", "produce", "always"), rate(rows, "spool-uring", "produce_8p", "always")
         if p1 and p8:
             print(f"    sync=always produce 8 producers / 1 producer: {p8 / p1:.2f}x")
-        pr = rate(rows, "spool-pwrite", "produce", "interval")
+        pr = rate(rows, "spool-uring", "produce", "interval")
         if pr:
             print(f"    produce send() (interval): {human(pr)} msgs/s")
 

@@ -9,7 +9,7 @@
 #   --build DIR     meson build directory to use (default: build-compare at the repo root;
 #                   set up with --buildtype=release if missing)
 #   --systems LIST  comma-separated subset of spool,beanstalkd,redis-streams,sqlite-queue,posix-mq,
-#                   spool-pwrite (spool with SPOOL_IO=pwrite: its pwrite backend, not io_uring)
+#                   spool-uring (spool with SPOOL_IO=io_uring: its io_uring backend, not the default pwrite)
 #   --out FILE      also keep the JSON lines in FILE
 #   --n N / --n-large N / --n-always N   message counts (defaults below)
 #
@@ -21,7 +21,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 HERE="$ROOT/bench/compare"
 
 quick=0; json=0; build="$ROOT/build-compare"; out=""
-systems="spool,beanstalkd,redis-streams,sqlite-queue,posix-mq,spool-pwrite"
+systems="spool,beanstalkd,redis-streams,sqlite-queue,posix-mq,spool-uring"
 n=""; n_large=""; n_always=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -174,7 +174,7 @@ start_server() {
 
 driver() {
   case "$1" in
-    spool|spool-pwrite) echo "$bin/cmp_spool" ;; beanstalkd) echo "$bin/cmp_beanstalkd" ;;
+    spool|spool-uring) echo "$bin/cmp_spool" ;; beanstalkd) echo "$bin/cmp_beanstalkd" ;;
     redis-streams) echo "$bin/cmp_redis" ;; sqlite-queue) echo "$bin/cmp_sqlite" ;;
     posix-mq) echo "$bin/cmp_posixmq" ;;
   esac
@@ -190,7 +190,7 @@ run() {
   serial=$((serial + 1))
   local tag="cmp$serial-$$" port=0 line rc=0
   case "$sys" in beanstalkd|redis-streams) start_server "$sys" "$sync" || return 0 ;; esac
-  local io=""; [ "$sys" = spool-pwrite ] && io=pwrite
+  local io=""; [ "$sys" = spool-uring ] && io=io_uring
   line=$(SPOOL_IO=$io timeout 900 "$exe" --case="$kase" --sync="$sync" --size="$size" --n="$count" \
            --samples="$lat_samples" --dir="$work" --port="${port:-0}" --tag="$tag" "$@") || rc=$?
   stop_server
@@ -222,14 +222,14 @@ for size in $sizes; do
   for kase in produce e2e_1c e2e_2c; do run posix-mq none "$kase" "$size" "$count"; done
   [ "$size" = 100 ] && run posix-mq none latency "$size" "$count"
 done
-# spool with its pwrite I/O backend (SPOOL_IO=pwrite) instead of io_uring, for comparison.
+# spool with its io_uring I/O backend (SPOOL_IO=io_uring) instead of the default pwrite, for comparison.
 for sync in interval always; do
   c=$n; [ $sync = always ] && c=$n_always
-  for kase in produce e2e_1c e2e_2c; do run spool-pwrite "$sync" "$kase" 100 "$c"; done
-  if [ $sync = always ]; then run spool-pwrite "$sync" latency 100 "$c" --samples=$lat_always
-  else run spool-pwrite "$sync" latency 100 "$c"; fi
+  for kase in produce e2e_1c e2e_2c; do run spool-uring "$sync" "$kase" 100 "$c"; done
+  if [ $sync = always ]; then run spool-uring "$sync" latency 100 "$c" --samples=$lat_always
+  else run spool-uring "$sync" latency 100 "$c"; fi
 done
-run spool-pwrite always produce_mp 100 $((n_always * 4)) --producers=8
+run spool-uring always produce_mp 100 $((n_always * 4)) --producers=8
 # Group commit: sync=always with 8 producer processes vs 1 (the produce row above), and the
 # one-fdatasync-per-message loop.
 run spool always produce_mp 100 $((n_always * 4)) --producers=8

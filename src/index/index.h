@@ -36,7 +36,7 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 3;  // 2: lease owners; 3: spare segments, seal
+inline constexpr uint32_t kIndexVersion = 4;  // 2: lease owners; 3: spare segments, seal; 4: durable_seq
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kMinCapacity = 1024;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
@@ -106,6 +106,8 @@ struct alignas(64) IndexHeader {
   std::atomic<uint64_t> last_sync_ns;
   std::atomic<uint64_t> sent_through;  // highest id sent; stored after log_end (release)
   std::atomic<uint64_t> durable_id;    // every message with an id <= this is on disk
+  std::atomic<uint32_t> durable_seq;   // futex word: bumped after every sync attempt
+  std::atomic<uint32_t> durable_waiters;
 };
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 

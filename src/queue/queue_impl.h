@@ -49,6 +49,9 @@ inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex wai
 // leases come back.
 inline constexpr uint64_t kReapIntervalNs = 200'000'000;
 inline constexpr uint64_t kBoundWaitSliceNs = 250'000'000;
+// How long a caller waiting for another's sync sleeps at most before it looks whether
+// that leader died (a kill -9 mid-fdatasync costs the others this much).
+inline constexpr uint64_t kSyncWaitSliceNs = 20'000'000;
 
 inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull; }
 
@@ -178,6 +181,7 @@ struct Queue::Impl {
         return Status(Code::kCorrupt, dir + ": index lock is unrecoverable after a failed repair; "
                                             "close every process using the queue, then reopen");
       case sys::RobustMutex::LockResult::kError:
+      case sys::RobustMutex::LockResult::kBusy:
         return Status(Code::kIo, dir + ": cannot lock the index");
     }
     Locked held(this);
@@ -353,27 +357,53 @@ struct Queue::Impl {
 
   // ---- durability ----------------------------------------------------------------------
 
+  // Group commit. One caller at a time (the leader, holding sync_mu) syncs everything
+  // published so far; the others sleep on durable_seq, are all woken at once when it is
+  // done, and return if that sync covered them, or else one of them leads the next. They
+  // used to queue on sync_mu itself, which hands it over one wake-up at a time: on this VM
+  // that chain of wake-ups cost as much as the fdatasync, and 8 producers at kAlways got
+  // 1.2x the messages of one (docs/performance.md).
   Status sync_to(uint64_t end) {
     auto& h = idx.hdr();
-    if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
-    if (h.sync_mu.lock() == sys::RobustMutex::LockResult::kOwnerDied) {
-      h.sync_mu.mark_consistent();  // durable_end only ever moves after a successful sync
-    }
-    Status s;
-    if (h.durable_end.load(std::memory_order_acquire) < end) {
-      // Everything published up to now rides along: this is the group commit. sent_through
-      // is read first: it is stored after log_end, so the target covers every id up to it.
-      uint64_t ids = h.sent_through.load(std::memory_order_acquire);
-      uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-      s = log->sync(Pos::unpack(target).seq);
-      if (s.ok()) {
-        raise(h.durable_end, target);
-        raise(h.durable_id, ids);
-        h.last_sync_ns.store(sys::boot_ns());
+    for (;;) {
+      uint32_t seen = h.durable_seq.load(std::memory_order_acquire);
+      if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
+      switch (h.sync_mu.try_lock()) {
+        case sys::RobustMutex::LockResult::kOk:
+          break;
+        case sys::RobustMutex::LockResult::kOwnerDied:
+          h.sync_mu.mark_consistent();  // durable_end only ever moves after a successful sync
+          break;
+        case sys::RobustMutex::LockResult::kBusy:
+          // Sliced: a leader killed mid-sync never wakes anyone; try_lock then reports it.
+          h.durable_waiters.fetch_add(1);
+          sys::futex_wait(&h.durable_seq, seen, detail::kSyncWaitSliceNs);
+          h.durable_waiters.fetch_sub(1);
+          continue;
+        case sys::RobustMutex::LockResult::kUnrecoverable:
+        case sys::RobustMutex::LockResult::kError:
+          return Status(Code::kIo, dir + ": cannot lock the sync mutex");
       }
+      Status s;
+      if (h.durable_end.load(std::memory_order_acquire) < end) {
+        // Everything published up to now rides along. sent_through is read first: it is
+        // stored after log_end, so the target covers every id up to it.
+        uint64_t ids = h.sent_through.load(std::memory_order_acquire);
+        uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+        s = log->sync(Pos::unpack(target).seq);
+        if (s.ok()) {
+          raise(h.durable_end, target);
+          raise(h.durable_id, ids);
+          h.last_sync_ns.store(sys::boot_ns());
+        }
+      }
+      // Bumped before the waiter count is read, and waiters count themselves before they
+      // sleep on the old value: a waiter either is seen here or does not sleep.
+      h.durable_seq.fetch_add(1);
+      h.sync_mu.unlock();
+      if (h.durable_waiters.load() != 0) sys::futex_wake(&h.durable_seq, INT_MAX);
+      return s;
     }
-    h.sync_mu.unlock();
-    return s;
   }
 
   static void raise(std::atomic<uint64_t>& a, uint64_t v) {

@@ -13,12 +13,14 @@ namespace spool::sys {
 
 class RobustMutex {
  public:
-  enum class LockResult { kOk, kOwnerDied, kUnrecoverable, kError };
+  enum class LockResult { kOk, kOwnerDied, kUnrecoverable, kError, kBusy };
 
   // Initialises the mutex in place (shared memory); only when no process can be using it.
   // Returns 0 or an errno.
   int init();
   LockResult lock();
+  // Like lock(), but kBusy instead of waiting when another thread holds it.
+  LockResult try_lock();
   void mark_consistent();
   void unlock();
   pthread_mutex_t* native() { return &mu_; }
