@@ -36,7 +36,7 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 4;  // 2: lease owners; 3: spare segments, seal; 4: durable_seq
+inline constexpr uint32_t kIndexVersion = 5;  // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kMinCapacity = 1024;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
@@ -168,7 +168,8 @@ class SharedIndex {
   uint64_t checksum() const;
   Status grow();
   void place(uint32_t slot, const Entry& e);
-  void heap_swap(uint64_t a, uint64_t b);
+  static constexpr uint64_t kHeapArity = 4;
+  void move_item(uint64_t to, const HeapItem& it);
   void sift_up(uint64_t i);
   void sift_down(uint64_t i);
   bool less(const HeapItem& a, const HeapItem& b) const {
