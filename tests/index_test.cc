@@ -29,10 +29,6 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   std::unordered_map<uint64_t, uint64_t> key_of;
   std::vector<uint64_t> ids;  // live ids, for picking one at random
   uint64_t next_id = 1;
-  auto pick = [&](size_t* at) {
-    *at = static_cast<size_t>(rng() % ids.size());
-    return ids[*at];
-  };
   auto forget = [&](size_t at) {
     uint64_t id = ids[at];
     order.erase({key_of[id], static_cast<uint32_t>(id), id});
@@ -53,23 +49,22 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       ids.push_back(id);
       key_of[id] = key;
       order.insert({key, static_cast<uint32_t>(id), id});
-    } else if (op < 7) {
-      size_t at;
-      uint64_t id = pick(&at);
-      int64_t slot = x.find(id);
-      ASSERT_GE(slot, 0) << "id " << id << " lost";
-      x.set_key(static_cast<uint32_t>(slot), key);
-      order.erase({key_of[id], static_cast<uint32_t>(id), id});
-      key_of[id] = key;
-      order.insert({key, static_cast<uint32_t>(id), id});
     } else if (op < 9) {
-      size_t at;
-      uint64_t id = pick(&at);
+      // A lease, nack or extend moves the message (set_key); an ack erases it.
+      size_t at = static_cast<size_t>(rng() % ids.size());
+      uint64_t id = ids[at];
       int64_t slot = x.find(id);
       ASSERT_GE(slot, 0) << "id " << id << " lost";
-      x.erase(static_cast<uint32_t>(slot));
-      forget(at);
-      EXPECT_EQ(x.find(id), -1) << "erased id " << id << " still found";
+      if (op < 7) {
+        x.set_key(static_cast<uint32_t>(slot), key);
+        order.erase({key_of[id], static_cast<uint32_t>(id), id});
+        key_of[id] = key;
+        order.insert({key, static_cast<uint32_t>(id), id});
+      } else {
+        x.erase(static_cast<uint32_t>(slot));
+        forget(at);
+        EXPECT_EQ(x.find(id), -1) << "erased id " << id << " still found";
+      }
     } else {
       // What receive does: take the top.
       ASSERT_FALSE(x.heap_empty());
