@@ -208,6 +208,13 @@ Status SharedIndex::grow() {
     hdr_->capacity = old_cap;
     return s;
   }
+#ifdef MADV_POPULATE_WRITE
+  // The rehash below touches every page of the new region; faulting them in with one call
+  // instead of one exception each made send_batch(64) of 200,000 messages into a fresh queue
+  // 25-30% faster (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s;
+  // exceptions are dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
+  (void)::madvise(region_, region_len_, MADV_POPULATE_WRITE);
+#endif
   std::memset(static_cast<void*>(slots_), 0, cap * sizeof(Entry));
   if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   for (const Entry& e : entries) {
