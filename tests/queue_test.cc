@@ -14,23 +14,16 @@
 namespace spool {
 namespace {
 
-using test::TempDir;
 using namespace std::chrono_literals;
 
-class QueueTest : public ::testing::Test {
+class QueueTest : public test::QueueDirTest {
  protected:
-  std::unique_ptr<Queue> open(QueueOptions o = {}) {
-    auto q = Queue::open(dir_ / "q", o);
-    EXPECT_TRUE(q.ok()) << q.status().to_string();
-    return q.ok() ? std::move(q).value() : nullptr;
-  }
   static Message one(Queue& q, Millis vis = 0ms, Millis wait = 0ms) {
     auto m = q.receive(1, vis, wait);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     EXPECT_EQ(m->size(), 1u);
     return m->at(0);
   }
-  TempDir dir_;
 };
 
 TEST_F(QueueTest, SendReceiveAckRemovesTheMessage) {
@@ -215,6 +208,59 @@ TEST_F(QueueTest, PurgeRemovesEverythingDurably) {
   auto all = q->peek(100);
   ASSERT_EQ(all->size(), 1u);
   EXPECT_EQ(all->at(0).payload, "after");
+}
+
+// list, peek and stats read the heap array rather than every entry (queue.cc, lowest_ids):
+// the lowest ids first, in order, whatever state and heap position each message is in.
+TEST_F(QueueTest, ListPeekAndStatsSeeEveryStateInIdOrder) {
+  auto q = open();
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(*q->send("m" + std::to_string(i), i % 7 == 3 ? 1h : 0ms));
+  // Lease the first six (their heap items move to the lease deadline), nack one back with a
+  // delay, and ack one, so that the low ids sit in every state.
+  auto got = q->receive(6, 60s);
+  ASSERT_TRUE(got.ok() && got->size() == 6u);
+  ASSERT_TRUE(q->nack(got->at(1).receipt, 1h).ok());
+  ASSERT_TRUE(q->ack(got->at(2).receipt).ok());
+  std::set<uint64_t> leased{ids[0], ids[3], ids[4], ids[5], ids[6]}, delayed{ids[1]};
+  // ids[3] was sent delayed, so the six received are 0, 1, 2, 4, 5, 6.
+  leased.erase(ids[3]);
+  delayed.insert(ids[3]);
+  for (int i = 0; i < 40; ++i)
+    if (i % 7 == 3) delayed.insert(ids[i]);
+  std::vector<uint64_t> live;
+  for (uint64_t id : ids)
+    if (id != ids[2]) live.push_back(id);
+
+  auto all = q->list(12, false);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 12u);
+  for (size_t i = 0; i < all->size(); ++i) {
+    EXPECT_EQ(all->at(i).id, live[i]) << i;
+    bool ready = !leased.count(live[i]) && !delayed.count(live[i]);
+    EXPECT_EQ(all->at(i).ready, ready) << "id " << live[i];
+  }
+  std::vector<uint64_t> ready_ids;
+  for (uint64_t id : live)
+    if (!leased.count(id) && !delayed.count(id)) ready_ids.push_back(id);
+  auto ready = q->list(5, true);
+  ASSERT_TRUE(ready.ok());
+  ASSERT_EQ(ready->size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(ready->at(i).id, ready_ids[i]) << i;
+  EXPECT_EQ(q->list(1000, true)->size(), ready_ids.size());
+  EXPECT_EQ(q->list(1000, false)->size(), live.size());
+
+  auto peeked = q->peek(4);
+  ASSERT_TRUE(peeked.ok());
+  ASSERT_EQ(peeked->size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(peeked->at(i).id, live[i]) << i;
+  EXPECT_EQ(peeked->at(0).payload, "m0");
+
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready, ready_ids.size());
+  EXPECT_EQ(st->in_flight, leased.size());
+  EXPECT_EQ(st->delayed, delayed.size());
 }
 
 TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {

@@ -3,13 +3,14 @@
 //
 // File layout: a 4 KiB header page (IndexHeader), then the region: an open-addressing hash
 // table of `capacity` Entry slots keyed by message id (linear probing, backward-shift
-// deletion, load <= 3/4), then a binary min-heap of `capacity` HeapItems. The header page is
+// deletion, load <= 3/4), then a 4-ary min-heap of `capacity` HeapItems. The header page is
 // mapped once; the region is remapped when another process grew it (region_gen).
 //
 // One heap orders every live message by the time it can next be received: a ready message
 // by the time it became ready, a delayed one by its ready-at time, a leased one by its lease
 // deadline. So "next message to deliver" and "next lease to expire" are both the heap top,
-// O(log n), and an expired lease needs no sweeper: it is simply at the top.
+// O(log n) (4-ary: index.cc says why), and an expired lease needs no sweeper: it is simply
+// at the top.
 //
 // Invariants, true whenever the mutex is free (checked by check_invariants()):
 //  I1 count == number of non-empty slots; count <= capacity * 3/4.
