@@ -12,11 +12,8 @@
 // shows up as little CPU time. One iteration is one append call (1 or 32 records).
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
-#include <linux/magic.h>
-#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_util.h"
 #include "io/io.h"
 #include "storage/format.h"
 #include "storage/log.h"
@@ -77,16 +75,9 @@ class Scratch {
     static int serial = 0;
     path_ = g_root + "/" + std::to_string(serial++);
     fs::create_directories(path_);
-    int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      ::syncfs(fd);
-      ::close(fd);
-    }
+    spool::bench::sync_fs(path_);
   }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
+  ~Scratch() { spool::bench::remove_dir(path_); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   const std::string& path() const { return path_; }
@@ -279,28 +270,16 @@ std::string join(std::initializer_list<std::string_view> parts) {
   return s;
 }
 
-std::string make_root() {
-  const char* env = std::getenv("SPOOL_BENCH_DIR");
-  std::string tmpl = std::string(env != nullptr ? env : "/var/tmp") + "/spool-bench-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    std::perror(("bench_append: mkdtemp " + tmpl).c_str());
-    return {};
-  }
-  struct statfs sfs {};
-  if (::statfs(tmpl.c_str(), &sfs) == 0 && sfs.f_type == TMPFS_MAGIC) {
-    std::fprintf(stderr, "bench_append: warning: %s is tmpfs; sync figures will be meaningless\n",
-                 tmpl.c_str());
-  }
-  return tmpl;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  g_root = make_root();
+  g_root = spool::bench::make_root("spool-bench", "bench_append: ");
   if (g_root.empty()) return 1;
+  if (spool::bench::is_tmpfs(g_root)) {
+    std::fprintf(stderr, "bench_append: warning: %s is tmpfs; sync figures will be meaningless\n", g_root.c_str());
+  }
   benchmark::AddCustomContext("scratch_dir", g_root);
   benchmark::AddCustomContext("segment_size", std::to_string(kSegmentSize));
 
@@ -323,7 +302,6 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  std::error_code ec;
-  fs::remove_all(g_root, ec);
+  spool::bench::remove_dir(g_root);
   return 0;
 }

@@ -31,11 +31,7 @@
 // end (not when interrupted: remove /var/tmp/spool-bench-compact-* by hand then).
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/magic.h>
 #include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/statfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,8 +42,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <memory>
 #include <random>
 #include <span>
@@ -55,17 +49,20 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_util.h"
 #include "spool/queue.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using spool::Code;
 using spool::Millis;
 using spool::Queue;
 using spool::QueueOptions;
 using spool::Status;
 using spool::SyncPolicy;
+using namespace spool::bench;
+
+constexpr char kName[] = "bench_compact";  // in notes about children
 
 constexpr uint64_t kSegmentSize = 4ull << 20;
 constexpr uint64_t kMaxPayload = 4096;
@@ -76,13 +73,6 @@ constexpr Millis kVisibility{600000};  // no lease runs out during a run
 constexpr Millis kConsumerWait{50};
 constexpr uint64_t kWindow = 8192;     // section 2: most messages sent and not yet acked
 uint64_t g_e2e_segment = 4ull << 20;  // section 2: segment size of the current queue
-
-uint64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-double secs(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
 
 void atomic_max(std::atomic<uint64_t>& a, uint64_t v) {
   uint64_t cur = a.load(std::memory_order_relaxed);
@@ -126,116 +116,18 @@ std::unique_ptr<Queue> open_queue(const std::string& dir, uint64_t segment_size 
   return std::move(q).value();
 }
 
-// Children block here until the parent closes the write end of the start pipe.
-struct StartGate {
-  int fds[2] = {-1, -1};
-  StartGate() {
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      std::perror("pipe");
+// Opens the gate once `n` children are ready, or exits after a minute: a child that could
+// not open the queue never gets ready.
+uint64_t start_when_ready(StartGate& gate, size_t n) {
+  uint64_t give_up = mono_ns() + 60'000'000'000ull;
+  while (g_sh->ready.load() < n) {
+    if (mono_ns() > give_up) {
+      std::fprintf(stderr, "bench_compact: children did not get ready\n");
       std::exit(1);
     }
+    ::usleep(200);
   }
-  void child_side() { ::close(fds[1]); }
-  void child_wait() {
-    g_sh->ready.fetch_add(1);
-    char c;
-    while (::read(fds[0], &c, 1) < 0 && errno == EINTR) {
-    }
-    ::close(fds[0]);
-  }
-  uint64_t release(size_t n) {
-    ::close(fds[0]);
-    uint64_t give_up = mono_ns() + 60'000'000'000ull;
-    while (g_sh->ready.load() < n) {
-      if (mono_ns() > give_up) {
-        std::fprintf(stderr, "bench_compact: children did not get ready\n");
-        std::exit(1);
-      }
-      ::usleep(200);
-    }
-    uint64_t t = mono_ns();
-    ::close(fds[1]);
-    return t;
-  }
-};
-
-pid_t spawn(const std::function<int()>& body, StartGate* gate = nullptr) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t p = ::fork();
-  if (p < 0) {
-    std::perror("fork");
-    std::exit(1);
-  }
-  if (p == 0) {
-    if (gate != nullptr) gate->child_side();
-    int rc = body();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(rc);
-  }
-  return p;
-}
-
-bool wait_all(const std::vector<pid_t>& pids) {
-  bool ok = true;
-  for (pid_t p : pids) {
-    int st = 0;
-    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      ok = false;
-      if (WIFSIGNALED(st)) std::fprintf(stderr, "bench_compact: child %d killed by signal %d\n", p, WTERMSIG(st));
-    }
-  }
-  return ok;
-}
-
-void flush_fs() {
-  int fd = ::open(g_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::syncfs(fd);
-    ::close(fd);
-  }
-}
-
-std::string fresh_dir(const std::string& name) {
-  std::string d = g_root + "/" + name;
-  std::error_code ec;
-  fs::remove_all(d, ec);
-  return d;
-}
-
-void remove_dir(const std::string& d) {
-  std::error_code ec;
-  fs::remove_all(d, ec);
-}
-
-std::string make_payload(size_t n, uint64_t seed) {
-  std::string p(n, 'x');
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<char>('a' + (seed + i) % 26);
-  return p;
-}
-
-std::string loadavg() {
-  char b[64] = "?";
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fgets(b, sizeof b, f) == nullptr) std::strcpy(b, "?");
-    std::fclose(f);
-  }
-  std::string s = b;
-  for (int i = 0, sp = 0; i < static_cast<int>(s.size()); ++i) {
-    if (s[i] == ' ' && ++sp == 3) return s.substr(0, i);
-  }
-  return s;
-}
-
-std::string human(double v) {
-  char b[32];
-  if (v >= 1e6) std::snprintf(b, sizeof b, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(b, sizeof b, "%.1fk", v / 1e3);
-  else std::snprintf(b, sizeof b, "%.0f", v);
-  return b;
+  return gate.open();
 }
 
 // Highest segment sequence number among QUEUE/segments/*.seg (= segments ever created,
@@ -288,7 +180,7 @@ struct CompactRow {
 };
 
 void run_compact(CompactRow& row, uint64_t fill_bytes, int serial) {
-  std::string dir = fresh_dir("compact-" + std::to_string(serial));
+  std::string dir = fresh_dir(g_root, "compact-" + std::to_string(serial));
   const uint64_t n = fill_bytes / kBigPayload;
   row.n = n;
   row.acked = n * static_cast<uint64_t>(row.ack_pct) / 100;
@@ -298,7 +190,7 @@ void run_compact(CompactRow& row, uint64_t fill_bytes, int serial) {
   if (!wait_all({spawn([&] {
         open_queue(dir);
         return 0;
-      })}))
+      })}, kName))
     return;
   CompactionBlocker blocker(dir);
 
@@ -323,7 +215,7 @@ void run_compact(CompactRow& row, uint64_t fill_bytes, int serial) {
     g_sh->v[2] = last;
     return 0;
   });
-  if (!wait_all({p})) return;
+  if (!wait_all({p}, kName)) return;
   row.fill_s = secs(g_sh->v[0]);
   if (g_sh->v[1] != 1 || g_sh->v[2] != n) {
     row.check = "unexpected ids";
@@ -349,10 +241,10 @@ void run_compact(CompactRow& row, uint64_t fill_bytes, int serial) {
     g_sh->v[0] = mono_ns() - t0;
     return 0;
   });
-  if (!wait_all({p})) return;
+  if (!wait_all({p}, kName)) return;
   row.ack_s = secs(g_sh->v[0]);
   blocker.release();
-  flush_fs();
+  sync_fs(g_root);
 
   // Time one compact() in a fresh process.
   reset_shared();
@@ -381,7 +273,7 @@ void run_compact(CompactRow& row, uint64_t fill_bytes, int serial) {
     g_sh->v[12] = q->check_index().empty() ? 1 : 0;
     return 0;
   });
-  if (!wait_all({p})) return;
+  if (!wait_all({p}, kName)) return;
   row.ok = true;
   row.segs_before = g_sh->v[0];
   row.disk_before = g_sh->v[1];
@@ -451,10 +343,10 @@ struct E2eRow {
 };
 
 void run_e2e(E2eRow& row, double seconds, int serial) {
-  std::string dir = fresh_dir("e2e-" + std::to_string(serial));
-  flush_fs();
+  std::string dir = fresh_dir(g_root, "e2e-" + std::to_string(serial));
+  sync_fs(g_root);
   reset_shared();
-  StartGate gate;
+  StartGate gate(g_sh->ready);
   std::vector<pid_t> pids;
   pids.push_back(spawn(
       [&] {  // producer
@@ -477,8 +369,7 @@ void run_e2e(E2eRow& row, double seconds, int serial) {
         }
         g_sh->producer_done.store(1);
         return 0;
-      },
-      &gate));
+      }));
   pids.push_back(spawn(
       [&] {  // consumer: runs until the window ends, then drains what the producer sent
         auto q = open_queue(dir, g_e2e_segment);
@@ -502,8 +393,7 @@ void run_e2e(E2eRow& row, double seconds, int serial) {
           }
         }
         return 0;
-      },
-      &gate));
+      }));
   if (row.compactor) {
     pids.push_back(spawn(
         [&] {  // compactor
@@ -521,10 +411,9 @@ void run_e2e(E2eRow& row, double seconds, int serial) {
             g_sh->compact_copied.fetch_add(r->messages_copied, std::memory_order_relaxed);
           }
           return 0;
-        },
-        &gate));
+        }));
   }
-  uint64_t t0 = gate.release(pids.size());
+  uint64_t t0 = start_when_ready(gate, pids.size());
   uint64_t until = t0 + static_cast<uint64_t>(seconds * 1e9);
   for (uint64_t now = mono_ns(); now < until; now = mono_ns()) {
     uint64_t left = until - now;
@@ -533,7 +422,7 @@ void run_e2e(E2eRow& row, double seconds, int serial) {
   row.acked_in_window = g_sh->acked.load();
   uint64_t t1 = mono_ns();
   g_sh->stop.store(1);
-  row.ok = wait_all(pids);
+  row.ok = wait_all(pids, kName);
   row.window_s = secs(t1 - t0);
   row.rate = static_cast<double>(row.acked_in_window) / row.window_s;
   row.total = g_sh->sent.load();
@@ -568,7 +457,7 @@ void run_e2e(E2eRow& row, double seconds, int serial) {
     g_sh->v[4] = q->check_index().empty() ? 1 : 0;
     return 0;
   });
-  if (!wait_all({p})) {
+  if (!wait_all({p}, kName)) {
     row.check = "check failed";
   } else if (g_sh->v[0] != 0 || g_sh->v[1] != 0 || g_sh->v[2] != total || g_sh->v[3] != total ||
              g_sh->v[4] != 1) {
@@ -680,25 +569,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_compact: bad arguments\n");
     return 2;
   }
-  auto has = [&](const char* s) { return ("," + only + ",").find(std::string(",") + s + ",") != std::string::npos; };
+  g_sh = map_shared<Shared>();
+  g_root = make_root("spool-bench-compact", "");
+  if (g_root.empty()) return 1;
 
-  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    std::perror("mmap");
-    return 1;
-  }
-  g_sh = new (mem) Shared();
-
-  const char* base = std::getenv("SPOOL_BENCH_DIR");
-  std::string tmpl = std::string(base != nullptr ? base : "/var/tmp") + "/spool-bench-compact-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    std::perror(("mkdtemp " + tmpl).c_str());
-    return 1;
-  }
-  g_root = tmpl;
-
-  struct statfs sf {};
-  bool tmpfs = ::statfs(g_root.c_str(), &sf) == 0 && sf.f_type == TMPFS_MAGIC;
+  bool tmpfs = is_tmpfs(g_root);
   std::printf("bench_compact: dir %s%s, %ld CPUs\n", g_root.c_str(), tmpfs ? " (tmpfs!)" : "",
               ::sysconf(_SC_NPROCESSORS_ONLN));
   std::printf("load average at the start: %s (other processes on this machine skew every number)\n",
@@ -706,11 +581,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   uint64_t t0 = mono_ns();
-  if (has("compact")) section_compact(fill_mib);
-  if (has("e2e")) section_e2e(seconds, rounds, segment_kib);
+  if (selected(only, "compact")) section_compact(fill_mib);
+  if (selected(only, "e2e")) section_e2e(seconds, rounds, segment_kib);
   std::printf("\ntotal %.1f s; load average at the end: %s\n", secs(mono_ns() - t0), loadavg().c_str());
 
-  std::error_code ec;
-  fs::remove_all(g_root, ec);
+  remove_dir(g_root);
   return 0;
 }

@@ -25,46 +25,42 @@
 // SPOOL_IO=pwrite selects the pwrite backend (in every child, since they inherit the
 // environment).
 #include <fcntl.h>
-#include <linux/magic.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench_util.h"
 #include "io/io.h"
+#include "queue/config.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "storage/segment.h"
 
 namespace {
 
-namespace fs = std::filesystem;
 using spool::Code;
 using spool::Millis;
 using spool::Queue;
 using spool::QueueOptions;
 using spool::Status;
 using spool::SyncPolicy;
+using spool::queue::sync_name;
+using namespace spool::bench;
+
+constexpr char kName[] = "bench_queue";  // in notes about children
 
 constexpr size_t kPayload = 100;
 constexpr size_t kBatch = 64;
@@ -74,23 +70,8 @@ constexpr int kLatencyWarmup = 20;
 constexpr int kLatencySamples = 500;
 constexpr size_t kMaxSamples = 1024;
 
-uint64_t clock_ns(clockid_t c) {
-  timespec ts{};
-  ::clock_gettime(c, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-uint64_t mono_ns() { return clock_ns(CLOCK_MONOTONIC); }
 // CPU time of this process (all threads): robust against other load on the machine.
 uint64_t cpu_ns() { return clock_ns(CLOCK_PROCESS_CPUTIME_ID); }
-
-const char* policy_name(SyncPolicy p) {
-  switch (p) {
-    case SyncPolicy::kAlways: return "always";
-    case SyncPolicy::kInterval: return "interval";
-    case SyncPolicy::kNever: return "never";
-  }
-  return "?";
-}
 
 // ---- shared state between the parent and its children -----------------------------------
 
@@ -128,148 +109,19 @@ std::unique_ptr<Queue> open_queue(const std::string& dir, SyncPolicy sync) {
   return std::move(q).value();
 }
 
-pid_t spawn(const std::function<int()>& body, struct StartGate* gate = nullptr);
-bool wait_all(const std::vector<pid_t>& pids);
-
 // Creates the queue (fixing its sync policy) in a child of its own, before the workers
 // start: creation stays out of the timings, and the workers do not race to create it.
 void create_queue(const std::string& dir, SyncPolicy sync) {
   if (!wait_all({spawn([&] {
         open_queue(dir, sync);
         return 0;
-      })})) {
+      })}, kName)) {
     std::fprintf(stderr, "bench_queue: cannot create %s\n", dir.c_str());
     std::exit(1);
   }
 }
 
-// Children block here until the parent closes the write end of the start pipe.
-struct StartGate {
-  int fds[2] = {-1, -1};
-  StartGate() {
-    if (::pipe2(fds, O_CLOEXEC) != 0) {
-      std::perror("pipe");
-      std::exit(1);
-    }
-  }
-  void child_side() { ::close(fds[1]); }
-  void child_wait() {
-    g_sh->ready.fetch_add(1);
-    char c;
-    while (::read(fds[0], &c, 1) < 0 && errno == EINTR) {
-    }
-    ::close(fds[0]);
-  }
-  // Waits until every child in `pids` is ready, then starts them; returns the start time.
-  // If one of them exits first (it could not open the queue), kills the others and
-  // returns 0.
-  uint64_t release(const std::vector<pid_t>& pids) {
-    ::close(fds[0]);
-    while (g_sh->ready.load() < pids.size()) {
-      for (pid_t p : pids) {
-        int st = 0;
-        if (::waitpid(p, &st, WNOHANG) == p) {
-          std::fprintf(stderr, "bench_queue: child %d exited before the start; run abandoned\n", p);
-          for (pid_t q : pids)
-            if (q != p) ::kill(q, SIGKILL);
-          for (pid_t q : pids)
-            if (q != p) ::waitpid(q, &st, 0);
-          ::close(fds[1]);
-          return 0;
-        }
-      }
-      ::usleep(200);
-    }
-    uint64_t t = mono_ns();
-    ::close(fds[1]);
-    return t;
-  }
-};
-
-pid_t spawn(const std::function<int()>& body, StartGate* gate) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t p = ::fork();
-  if (p < 0) {
-    std::perror("fork");
-    std::exit(1);
-  }
-  if (p == 0) {
-    if (gate != nullptr) gate->child_side();
-    int rc = body();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(rc);  // no atexit handlers: they belong to the parent
-  }
-  return p;
-}
-
-bool wait_all(const std::vector<pid_t>& pids) {
-  bool ok = true;
-  for (pid_t p : pids) {
-    int st = 0;
-    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      ok = false;
-      if (WIFSIGNALED(st)) std::fprintf(stderr, "bench_queue: child %d killed by signal %d\n", p, WTERMSIG(st));
-    }
-  }
-  return ok;
-}
-
 std::string g_root;
-
-void flush_fs() {
-  int fd = ::open(g_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::syncfs(fd);
-    ::close(fd);
-  }
-}
-
-std::string fresh_dir(const std::string& name) {
-  std::string d = g_root + "/" + name;
-  std::error_code ec;
-  fs::remove_all(d, ec);
-  return d;
-}
-
-void remove_dir(const std::string& d) {
-  std::error_code ec;
-  fs::remove_all(d, ec);
-}
-
-std::string make_payload(uint64_t seed) {
-  std::string p(kPayload, 'x');
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<char>('a' + (seed + i) % 26);
-  return p;
-}
-
-std::string loadavg() {
-  char b[64] = "?";
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fgets(b, sizeof b, f) == nullptr) std::strcpy(b, "?");
-    std::fclose(f);
-  }
-  std::string s = b;
-  // "1.00 0.50 0.25 2/300 1234": keep the three averages.
-  int spaces = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == ' ' && ++spaces == 3) return s.substr(0, i);
-  }
-  return s;
-}
-
-double secs(uint64_t ns) { return static_cast<double>(ns) / 1e9; }
-
-std::string human(double v) {
-  char b[32];
-  if (v >= 1e6) std::snprintf(b, sizeof b, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(b, sizeof b, "%.1fk", v / 1e3);
-  else std::snprintf(b, sizeof b, "%.0f", v);
-  return b;
-}
 
 // ---- 1. end-to-end throughput --------------------------------------------------------------
 
@@ -299,7 +151,7 @@ std::string verify_empty(const std::string& dir, SyncPolicy sync, uint64_t n) {
     g_sh->v[4] = q->check_index().empty() ? 1 : 0;
     return 0;
   });
-  if (!wait_all({p})) return "verify failed";
+  if (!wait_all({p}, kName)) return "verify failed";
   if (g_sh->v[0] != 0 || g_sh->v[1] != 0 || g_sh->v[2] != n || g_sh->v[3] != n || g_sh->v[4] != 1) {
     char b[160];
     std::snprintf(b, sizeof b, "BAD ready=%" PRIu64 " inflight=%" PRIu64 " sent=%" PRIu64 " acked=%" PRIu64 " idx=%" PRIu64,
@@ -310,18 +162,18 @@ std::string verify_empty(const std::string& dir, SyncPolicy sync, uint64_t n) {
 }
 
 void run_e2e(E2eRow& row, int serial) {
-  std::string dir = fresh_dir("e2e-" + std::to_string(serial));
+  std::string dir = fresh_dir(g_root, "e2e-" + std::to_string(serial));
   create_queue(dir, row.sync);
-  flush_fs();
+  sync_fs(g_root);
   reset_shared();
   const uint64_t n = row.n;
-  StartGate gate;
+  StartGate gate(g_sh->ready);
   std::vector<pid_t> pids;
   // Producer.
   pids.push_back(spawn(
       [&] {
         auto q = open_queue(dir, row.sync);
-        std::string payload = make_payload(1);
+        std::string payload = make_payload(kPayload, 1);
         std::vector<std::string_view> batch(kBatch, payload);
         gate.child_wait();
         if (row.batched) {
@@ -339,8 +191,7 @@ void run_e2e(E2eRow& row, int serial) {
         }
         g_sh->t_prod_end = mono_ns();
         return 0;
-      },
-      &gate));
+      }));
   // Consumers.
   for (int c = 0; c < row.consumers; ++c) {
     pids.push_back(spawn(
@@ -369,11 +220,10 @@ void run_e2e(E2eRow& row, int serial) {
             }
           }
           return 0;
-        },
-        &gate));
+        }));
   }
-  uint64_t t0 = gate.release(pids);
-  row.ok = t0 != 0 && wait_all(pids);
+  uint64_t t0 = gate.release(pids, kName);
+  row.ok = t0 != 0 && wait_all(pids, kName);
   if (row.ok && g_sh->t_end.load() > t0) {
     uint64_t el = g_sh->t_end.load() - t0;
     row.seconds = secs(el);
@@ -421,11 +271,11 @@ void section_e2e(const std::vector<int>& consumer_counts, double scale, const st
         char procs[16];
         std::snprintf(procs, sizeof procs, "1P+%dC", c);
         if (row.ok) {
-          std::printf("%-9s %-6s %-8s %8" PRIu64 " %7.2f %10s %10s %7" PRIu64 "  %s\n", policy_name(p), procs,
+          std::printf("%-9s %-6s %-8s %8" PRIu64 " %7.2f %10s %10s %7" PRIu64 "  %s\n", sync_name(p), procs,
                       batched ? "batched" : "single", row.n, row.seconds, human(row.rate).c_str(),
                       human(row.send_rate).c_str(), row.redelivered, row.check.c_str());
         } else {
-          std::printf("%-9s %-6s %-8s %8" PRIu64 "  FAILED\n", policy_name(p), procs,
+          std::printf("%-9s %-6s %-8s %8" PRIu64 "  FAILED\n", sync_name(p), procs,
                       batched ? "batched" : "single", row.n);
         }
         std::fflush(stdout);
@@ -471,14 +321,6 @@ void section_bound(double scale) {
 
 // ---- 2. long-poll wake latency ----------------------------------------------------------------
 
-double pct(std::vector<uint64_t> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size()))) ;
-  i = std::clamp<size_t>(i, 1, v.size()) - 1;
-  return static_cast<double>(v[i]) / 1e3;  // µs
-}
-
 void section_latency(const std::vector<SyncPolicy>& policies) {
   std::printf("\n== 2. long-poll wake latency: consumer blocked in receive(1, 60 s, wait=5 s); producer sends one message ==\n");
   std::printf("sample = CLOCK_MONOTONIC before send() (carried in the payload) -> consumer's receive() returned;\n");
@@ -489,17 +331,14 @@ void section_latency(const std::vector<SyncPolicy>& policies) {
               "send p99", "send max", "timeouts");
  int serial = 0;
   for (SyncPolicy p : policies) {
-    std::string dir = fresh_dir("lat-" + std::to_string(serial++));
+    std::string dir = fresh_dir(g_root, "lat-" + std::to_string(serial++));
     create_queue(dir, p);
-    flush_fs();
+    sync_fs(g_root);
     reset_shared();
     int turn[2];  // consumer -> producer: "about to block in receive"
-    if (::pipe2(turn, O_CLOEXEC) != 0) {
-      std::perror("pipe");
-      std::exit(1);
-    }
+    if (::pipe2(turn, O_CLOEXEC) != 0) die("pipe");
     const int total = kLatencyWarmup + kLatencySamples;
-    StartGate gate;
+    StartGate gate(g_sh->ready);
     std::vector<pid_t> pids;
     pids.push_back(spawn(
         [&] {  // consumer
@@ -523,13 +362,12 @@ void section_latency(const std::vector<SyncPolicy>& policies) {
             if (Status s = q->ack(m.receipt); !s.ok()) child_fail("ack", s);
           }
           return 0;
-        },
-        &gate));
+        }));
     pids.push_back(spawn(
         [&] {  // producer
           ::close(turn[1]);
           auto q = open_queue(dir, p);
-          std::string payload = make_payload(7);
+          std::string payload = make_payload(kPayload, 7);
           gate.child_wait();
           uint64_t rnd = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(::getpid());
           for (int i = 0; i < total; ++i) {
@@ -547,19 +385,18 @@ void section_latency(const std::vector<SyncPolicy>& policies) {
             if (i >= kLatencyWarmup) g_sh->send[i - kLatencyWarmup] = done - ts;
           }
           return 0;
-        },
-        &gate));
+        }));
     ::close(turn[0]);
     ::close(turn[1]);
-    bool ok = gate.release(pids) != 0 && wait_all(pids);
+    bool ok = gate.release(pids, kName) != 0 && wait_all(pids, kName);
     if (!ok) {
-      std::printf("%-9s FAILED\n", policy_name(p));
+      std::printf("%-9s FAILED\n", sync_name(p));
     } else {
       std::vector<uint64_t> lat(g_sh->lat, g_sh->lat + kLatencySamples);
       std::vector<uint64_t> snd(g_sh->send, g_sh->send + kLatencySamples);
-      std::printf("%-9s %9.1f %9.1f %9.1f %9.1f   %9.1f %9.1f %9.1f  %" PRIu64 "\n", policy_name(p),
-                  pct(lat, 0.5), pct(lat, 0.9), pct(lat, 0.99), pct(lat, 1.0), pct(snd, 0.5), pct(snd, 0.99),
-                  pct(snd, 1.0), g_sh->timeouts.load());
+      std::printf("%-9s %9.1f %9.1f %9.1f %9.1f   %9.1f %9.1f %9.1f  %" PRIu64 "\n", sync_name(p),
+                  pct_us(lat, 0.5), pct_us(lat, 0.9), pct_us(lat, 0.99), pct_us(lat, 1.0), pct_us(snd, 0.5),
+                  pct_us(snd, 0.99), pct_us(snd, 1.0), g_sh->timeouts.load());
     }
     std::fflush(stdout);
     remove_dir(dir);
@@ -590,7 +427,7 @@ bool fill(const std::string& dir, uint64_t n, Sizes& out) {
   reset_shared();
   pid_t p = spawn([&] {
     auto q = open_queue(dir, SyncPolicy::kNever);
-    std::string payload = make_payload(3);
+    std::string payload = make_payload(kPayload, 3);
     std::vector<std::string_view> batch(1000, payload);
     uint64_t t0 = mono_ns(), worst = 0, worst_at = 0;
     for (uint64_t sent = 0; sent < n;) {
@@ -610,7 +447,7 @@ bool fill(const std::string& dir, uint64_t n, Sizes& out) {
     g_sh->v[2] = worst_at;
     return 0;
   });
-  if (!wait_all({p})) return false;
+  if (!wait_all({p}, kName)) return false;
   out.n = n;
   out.fill_rate = static_cast<double>(n) / secs(g_sh->v[0].load());
   out.worst_batch_ms = static_cast<double>(g_sh->v[1].load()) / 1e6;
@@ -648,7 +485,7 @@ bool fill(const std::string& dir, uint64_t n, Sizes& out) {
     g_sh->v[3] = seqs->size();
     return 0;
   });
-  if (!wait_all({p})) return false;
+  if (!wait_all({p}, kName)) return false;
   out.log_used = g_sh->v[0];
   out.log_size = g_sh->v[1];
   out.log_alloc = g_sh->v[2];
@@ -660,7 +497,7 @@ bool fill(const std::string& dir, uint64_t n, Sizes& out) {
 // stats() and peek(10) at this backlog, then receive(64)+ack of `n` messages.
 bool drain(const std::string& dir, uint64_t n, Drain& d) {
   reset_shared();
-  flush_fs();
+  sync_fs(g_root);
   pid_t p = spawn([&] {
     uint64_t t0 = mono_ns();
     auto q = open_queue(dir, SyncPolicy::kNever);
@@ -693,7 +530,7 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
     g_sh->v[5] = cpu_ns() - c0;
     return 0;
   });
-  if (!wait_all({p})) return false;
+  if (!wait_all({p}, kName)) return false;
   d.backlog = g_sh->v[4];
   d.drained = n;
   d.open_ms = static_cast<double>(g_sh->v[0]) / 1e6;
@@ -708,7 +545,7 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
 // Deletes the index (no process attached) and times the open that rebuilds it from the log.
 bool rebuild_time(const std::string& dir, Drain& d) {
   ::unlink((dir + "/index").c_str());
-  flush_fs();
+  sync_fs(g_root);
   reset_shared();
   pid_t p = spawn([&] {
     uint64_t t0 = mono_ns();
@@ -716,7 +553,7 @@ bool rebuild_time(const std::string& dir, Drain& d) {
     g_sh->v[0] = mono_ns() - t0;
     return 0;
   });
-  if (!wait_all({p})) return false;
+  if (!wait_all({p}, kName)) return false;
   d.rebuild_ms = static_cast<double>(g_sh->v[0]) / 1e6;
   return true;
 }
@@ -724,10 +561,10 @@ bool rebuild_time(const std::string& dir, Drain& d) {
 // Backlog of ~1k: repeated cycles of send_batch(1000) then timed drain of those 1000.
 bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
   reset_shared();
-  flush_fs();
+  sync_fs(g_root);
   pid_t p = spawn([&] {
     auto q = open_queue(dir, SyncPolicy::kNever);
-    std::string payload = make_payload(5);
+    std::string payload = make_payload(kPayload, 5);
     std::vector<std::string_view> batch(1000, payload);
     uint64_t total = 0, total_cpu = 0, stats_ns = 0, peek_ns = 0;
     for (uint64_t c = 0; c < cycles; ++c) {
@@ -761,7 +598,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
     g_sh->v[2] = peek_ns;
     return 0;
   });
-  if (!wait_all({p})) return false;
+  if (!wait_all({p}, kName)) return false;
   d.backlog = 1000;
   d.drained = cycles * 1000;
   d.rate = static_cast<double>(d.drained) / secs(g_sh->v[0]);
@@ -780,12 +617,12 @@ void section_index(bool big) {
 
   Drain small;
   {
-    std::string dir = fresh_dir("backlog-1k");
+    std::string dir = fresh_dir(g_root, "backlog-1k");
     small.ok = drain_small(dir, 200, small);
     remove_dir(dir);
   }
   for (uint64_t n : sizes) {
-    std::string dir = fresh_dir("backlog-" + std::to_string(n));
+    std::string dir = fresh_dir(g_root, "backlog-" + std::to_string(n));
     Sizes s;
     Drain d;
     std::printf("(filling %s messages ...)\n", human(static_cast<double>(n)).c_str());
@@ -890,25 +727,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto has = [&](const char* s) { return ("," + only + ",").find(std::string(",") + s + ",") != std::string::npos; };
+  g_sh = map_shared<Shared>();
+  g_root = make_root("spool-bench-queue", "");
+  if (g_root.empty()) return 1;
 
-  void* mem = ::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    std::perror("mmap");
-    return 1;
-  }
-  g_sh = new (mem) Shared();
-
-  const char* base = std::getenv("SPOOL_BENCH_DIR");
-  std::string tmpl = std::string(base != nullptr ? base : "/var/tmp") + "/spool-bench-queue-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    std::perror(("mkdtemp " + tmpl).c_str());
-    return 1;
-  }
-  g_root = tmpl;
-
-  struct statfs sf {};
-  bool tmpfs = ::statfs(g_root.c_str(), &sf) == 0 && sf.f_type == TMPFS_MAGIC;
+  bool tmpfs = is_tmpfs(g_root);
   // The parent never opens a queue; this only asks which backend the children will pick.
   const char* backend = spool::io::default_io()->name();
   std::printf("bench_queue: dir %s%s, I/O backend %s, %ld CPUs%s\n", g_root.c_str(), tmpfs ? " (tmpfs!)" : "",
@@ -918,13 +741,12 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   uint64_t t0 = mono_ns();
-  if (has("e2e")) section_e2e(consumers, scale, policies);
-  if (has("bound")) section_bound(scale);
-  if (has("latency")) section_latency(policies);
-  if (has("index")) section_index(big);
+  if (selected(only, "e2e")) section_e2e(consumers, scale, policies);
+  if (selected(only, "bound")) section_bound(scale);
+  if (selected(only, "latency")) section_latency(policies);
+  if (selected(only, "index")) section_index(big);
   std::printf("\ntotal %.1f s; load average at the end: %s\n", secs(mono_ns() - t0), loadavg().c_str());
 
-  std::error_code ec;
-  fs::remove_all(g_root, ec);
+  remove_dir(g_root);
   return 0;
 }

@@ -19,28 +19,26 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <vector>
+
+#include "../bench_util.h"
 
 namespace cmp {
 
-uint64_t mono_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
+using spool::bench::pct_us;
+using spool::bench::StartGate;
+using spool::bench::wait_all;
+
+uint64_t mono_ns() { return spool::bench::mono_ns(); }
 
 void fail(const std::string& what) {
   std::fprintf(stderr, "compare[%d]: %s\n", ::getpid(), what.c_str());
@@ -66,82 +64,14 @@ Shared* g_sh = nullptr;
 uint64_t* g_samples = nullptr;  // after Shared in the mapping: ns per call (produce) or per round trip (latency)
 size_t g_sh_size = 0;
 
-struct Gate {
-  int fds[2] = {-1, -1};
-  Gate() {
-    if (::pipe2(fds, O_CLOEXEC) != 0) fail("pipe");
-  }
-  void child_wait() {
-    ::close(fds[1]);
-    g_sh->ready.fetch_add(1);
-    char c;
-    while (::read(fds[0], &c, 1) < 0 && errno == EINTR) {
-    }
-    ::close(fds[0]);
-  }
-  // Waits for every child to be connected, then starts them: returns the start time, or 0
-  // if a child died first (it could not connect).
-  uint64_t release(const std::vector<pid_t>& pids) {
-    ::close(fds[0]);
-    while (g_sh->ready.load() < pids.size()) {
-      for (pid_t p : pids) {
-        int st = 0;
-        if (::waitpid(p, &st, WNOHANG) == p) {
-          for (pid_t q : pids)
-            if (q != p) ::kill(q, SIGKILL);
-          for (pid_t q : pids)
-            if (q != p) ::waitpid(q, &st, 0);
-          ::close(fds[1]);
-          return 0;
-        }
-      }
-      ::usleep(200);
-    }
-    uint64_t t = mono_ns();
-    ::close(fds[1]);
-    return t;
-  }
-};
-
 pid_t spawn(const std::function<int()>& body) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t p = ::fork();
-  if (p < 0) fail("fork");
-  if (p == 0) {
+  return spool::bench::spawn([&] {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int rc = body();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(rc);
-  }
-  return p;
+    return body();
+  });
 }
 
-bool wait_all(const std::vector<pid_t>& pids) {
-  bool ok = true;
-  for (pid_t p : pids) {
-    int st = 0;
-    while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
-  }
-  return ok;
-}
-
-std::string make_payload(size_t size) {
-  std::string p(std::max<size_t>(size, 8), 'x');
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<char>('a' + i % 26);
-  return p;
-}
-
-double pct_us(std::vector<uint64_t>& v, double q) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-  i = std::clamp<size_t>(i, 1, v.size()) - 1;
-  return static_cast<double>(v[i]) / 1e3;
-}
+std::string make_payload(size_t size) { return spool::bench::make_payload(std::max<size_t>(size, 8), 0); }
 
 void usage(const char* system) {
   std::fprintf(stderr,
@@ -185,7 +115,7 @@ struct Outcome {
 
 // One producer child: sends `count` messages (in batches of `batch` when batched), records
 // each call's duration at samples[first ..].
-pid_t producer(System& sys, const Args& a, Gate& gate, uint64_t count, size_t first, bool batched) {
+pid_t producer(System& sys, const Args& a, StartGate& gate, uint64_t count, size_t first, bool batched) {
   return spawn([&, count, first, batched] {
     auto c = sys.connect(a);
     std::string payload = make_payload(a.size);
@@ -218,7 +148,7 @@ pid_t producer(System& sys, const Args& a, Gate& gate, uint64_t count, size_t fi
 }
 
 // A consumer (ack = true) or drainer child: takes messages until `n` have been handled.
-pid_t consumer(System& sys, const Args& a, Gate& gate, uint64_t n, bool ack) {
+pid_t consumer(System& sys, const Args& a, StartGate& gate, uint64_t n, bool ack) {
   return spawn([&, n, ack] {
     auto c = sys.connect(a);
     gate.child_wait();
@@ -241,7 +171,7 @@ pid_t consumer(System& sys, const Args& a, Gate& gate, uint64_t n, bool ack) {
 
 Outcome run_produce(System& sys, const Args& a, bool batched, int nprod) {
   Outcome o;
-  Gate gate;
+  StartGate gate(g_sh->ready);
   std::vector<pid_t> pids;
   uint64_t per = a.n / static_cast<uint64_t>(nprod);
   o.count = per * static_cast<uint64_t>(nprod);
@@ -249,8 +179,8 @@ Outcome run_produce(System& sys, const Args& a, bool batched, int nprod) {
                          : static_cast<size_t>(per);
   for (int i = 0; i < nprod; ++i) pids.push_back(producer(sys, a, gate, per, static_cast<size_t>(i) * calls, batched));
   if (sys.produce_needs_drainer()) pids.push_back(consumer(sys, a, gate, o.count, false));
-  uint64_t t0 = gate.release(pids);
-  o.ok = t0 != 0 && wait_all(pids);
+  uint64_t t0 = gate.release(pids, nullptr);
+  o.ok = t0 != 0 && wait_all(pids, nullptr);
   if (!o.ok) return o;
   o.elapsed_ns = g_sh->prod_end.load() - t0;
   o.lat.assign(g_samples, g_samples + calls * static_cast<size_t>(nprod));
@@ -259,13 +189,13 @@ Outcome run_produce(System& sys, const Args& a, bool batched, int nprod) {
 
 Outcome run_e2e(System& sys, const Args& a, int consumers) {
   Outcome o;
-  Gate gate;
+  StartGate gate(g_sh->ready);
   std::vector<pid_t> pids;
   o.count = a.n;
   pids.push_back(producer(sys, a, gate, a.n, 0, false));
   for (int i = 0; i < consumers; ++i) pids.push_back(consumer(sys, a, gate, a.n, true));
-  uint64_t t0 = gate.release(pids);
-  o.ok = t0 != 0 && wait_all(pids);
+  uint64_t t0 = gate.release(pids, nullptr);
+  o.ok = t0 != 0 && wait_all(pids, nullptr);
   if (!o.ok) return o;
   o.elapsed_ns = g_sh->t_end.load() - t0;
   return o;
@@ -276,7 +206,7 @@ Outcome run_latency(System& sys, const Args& a) {
   int turn[2];  // consumer -> producer: "about to block in receive"
   if (::pipe2(turn, O_CLOEXEC) != 0) fail("pipe");
   const int total = a.warmup + a.samples;
-  Gate gate;
+  StartGate gate(g_sh->ready);
   std::vector<pid_t> pids;
   pids.push_back(spawn([&] {  // consumer
     ::close(turn[0]);
@@ -321,8 +251,8 @@ Outcome run_latency(System& sys, const Args& a) {
   }));
   ::close(turn[0]);
   ::close(turn[1]);
-  uint64_t t0 = gate.release(pids);
-  o.ok = t0 != 0 && wait_all(pids);
+  uint64_t t0 = gate.release(pids, nullptr);
+  o.ok = t0 != 0 && wait_all(pids, nullptr);
   if (!o.ok) return o;
   o.elapsed_ns = mono_ns() - t0;
   o.count = static_cast<uint64_t>(a.samples);
@@ -340,9 +270,10 @@ std::string num(double v, const char* fmt) {
 
 }  // namespace
 
-bool in_child(const std::function<int()>& body) { return wait_all({spawn(body)}); }
+bool in_child(const std::function<int()>& body) { return wait_all({spawn(body)}, nullptr); }
 
 int run(int argc, char** argv, const char* system, System& sys) {
+  spool::bench::g_fail = [](const char* what) { fail(what); };
   Args a;
   if (!parse(argc, argv, a)) {
     usage(system);
@@ -351,10 +282,8 @@ int run(int argc, char** argv, const char* system, System& sys) {
   if (a.tag.empty()) a.tag = std::string("cmp-") + std::to_string(::getpid());
   size_t slots = std::max<size_t>(static_cast<size_t>(a.n), static_cast<size_t>(a.samples)) + 16;
   g_sh_size = sizeof(Shared) + slots * sizeof(uint64_t);
-  void* m = ::mmap(nullptr, g_sh_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (m == MAP_FAILED) fail("mmap");
-  g_sh = new (m) Shared();
-  g_samples = reinterpret_cast<uint64_t*>(static_cast<char*>(m) + sizeof(Shared));
+  g_sh = spool::bench::map_shared<Shared>(slots * sizeof(uint64_t));
+  g_samples = reinterpret_cast<uint64_t*>(g_sh + 1);
 
   const std::string& k = a.kase;
   if ((k == "produce_batch" && !sys.has_batch())) {
@@ -393,7 +322,7 @@ int run(int argc, char** argv, const char* system, System& sys) {
       num(p99, "%.1f").c_str(), o.count, num(static_cast<double>(o.elapsed_ns) / 1e9, "%.3f").c_str(),
       check.c_str());
   std::fflush(stdout);
-  ::munmap(m, g_sh_size);
+  ::munmap(g_sh, g_sh_size);
   return o.ok && check == "ok" ? 0 : 1;
 }
 
