@@ -30,18 +30,15 @@
 #include <map>
 #include <string>
 
+#include "fuzz_util.h"
 #include "index/index.h"
 #include "spool/queue.h"
 
 namespace {
 
 using spool::Queue;
+using spool::fuzz::fail;
 using spool::index::IndexHeader;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "fuzz_index: %s\n", what.c_str());
-  std::abort();
-}
 
 struct Env {
   std::string dir;
@@ -73,13 +70,8 @@ void write_file(const std::string& path, const char* data, size_t size) {
 
 Env& env() {
   if (g_env != nullptr) return *g_env;
-  spdlog::set_level(spdlog::level::off);
-  std::string base = ::access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm")
-                                                     : std::filesystem::temp_directory_path().string();
-  std::string tmpl = base + "/spool-fuzz-index-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) fail("mkdtemp");
   auto* e = new Env;
-  e->dir = tmpl;
+  e->dir = spool::fuzz::run_dir("fuzz-index");
   e->q = e->dir + "/q";
   {
     spool::QueueOptions o;
@@ -114,10 +106,6 @@ Env& env() {
   e->atomics_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->wake_seq) - buf);
   e->atomics_end = sizeof(IndexHeader);
   g_env = e;
-  std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(g_env->dir, ec);
-  });
   return *e;
 }
 

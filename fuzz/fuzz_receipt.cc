@@ -19,17 +19,14 @@
 #include <memory>
 #include <string>
 
+#include "fuzz_util.h"
 #include "spool/queue.h"
 
 namespace {
 
 using spool::Code;
 using spool::Queue;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::fprintf(stderr, "fuzz_receipt: %s\n", what.c_str());
-  std::abort();
-}
+using spool::fuzz::fail;
 
 struct Env {
   std::string dir;
@@ -55,13 +52,8 @@ void restock(Env& e) {
 
 Env& env() {
   if (g_env != nullptr) return *g_env;
-  spdlog::set_level(spdlog::level::off);
-  std::string base = ::access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm")
-                                                     : std::filesystem::temp_directory_path().string();
-  std::string tmpl = base + "/spool-fuzz-receipt-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) fail("mkdtemp");
   auto* e = new Env;
-  e->dir = tmpl;
+  e->dir = spool::fuzz::run_dir("fuzz-receipt");
   spool::QueueOptions o;
   o.sync = spool::SyncPolicy::kNever;
   o.segment_size = 1 << 20;
@@ -71,11 +63,7 @@ Env& env() {
   restock(*e);
   e->tag = e->leased.receipt.substr(e->leased.receipt.rfind('.') + 1);
   g_env = e;
-  std::atexit([] {
-    g_env->q.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(g_env->dir, ec);
-  });
+  std::atexit([] { g_env->q.reset(); });  // before run_dir's removal
   return *e;
 }
 

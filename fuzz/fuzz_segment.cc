@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "fuzz_util.h"
 #include "io/io.h"
 #include "storage/format.h"
 #include "storage/log.h"
@@ -64,29 +65,12 @@ struct Env {
   std::shared_ptr<spool::io::Io> io;
 };
 
-void remove_env(Env* env) {
-  if (env->fd >= 0) ::close(env->fd);
-  std::error_code ec;
-  std::filesystem::remove_all(env->dir, ec);
-}
-
 Env* g_env = nullptr;
 
 Env& env() {
   if (g_env != nullptr) return *g_env;
-  // recover() warns about every corrupt region; at thousands of inputs a second that is
-  // noise that hides libFuzzer's own output and costs time.
-  spdlog::set_level(spdlog::level::off);
-  std::string base = ::access("/dev/shm", W_OK) == 0
-                         ? std::string("/dev/shm")
-                         : std::filesystem::temp_directory_path().string();
-  std::string tmpl = base + "/spool-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    std::perror("fuzz_segment: mkdtemp");
-    std::abort();
-  }
   auto* e = new Env;
-  e->dir = tmpl;
+  e->dir = spool::fuzz::run_dir("fuzz-segment");
   e->seg_path = e->dir + "/00000000000000000001.seg";
   e->fd = ::open(e->seg_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
   if (e->fd < 0) {
@@ -96,7 +80,7 @@ Env& env() {
   // The backend does not matter for reading; pwrite keeps it free of io_uring setup.
   e->io = spool::io::make_pwrite_io();
   g_env = e;
-  std::atexit([] { remove_env(g_env); });
+  std::atexit([] { ::close(g_env->fd); });  // before run_dir's removal
   return *e;
 }
 

@@ -28,6 +28,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::in_child;
+using test::open_queue;
 using test::Report;
 using test::TempDir;
 namespace fs = std::filesystem;
@@ -42,12 +43,6 @@ std::string cli() {
                                        "the CLI half of this test is NOT covered ***";          \
   } while (0)
 
-std::unique_ptr<Queue> open_q(const std::string& dir, QueueOptions o = {}) {
-  auto q = Queue::open(dir, o);
-  EXPECT_TRUE(q.ok()) << dir << ": " << q.status().to_string();
-  return q.ok() ? std::move(q).value() : nullptr;
-}
-
 // ---- payloads ------------------------------------------------------------------------------
 
 TEST(BadPayloads, EmptyBinaryAndNonUtf8PayloadsRoundTripExactlyAlsoAfterARebuild) {
@@ -55,7 +50,7 @@ TEST(BadPayloads, EmptyBinaryAndNonUtf8PayloadsRoundTripExactlyAlsoAfterARebuild
   QueueOptions o;
   o.segment_size = 64 << 10;
   o.max_payload = 4096;
-  auto q = open_q(d / "q", o);
+  auto q = open_queue(d / "q", o);
   ASSERT_NE(q, nullptr);
   std::string all256;
   for (int i = 0; i < 256; ++i) all256.push_back(static_cast<char>(i));
@@ -94,7 +89,7 @@ TEST(BadPayloads, EmptyBinaryAndNonUtf8PayloadsRoundTripExactlyAlsoAfterARebuild
   check(*q, "peek");
   q.reset();
   ::unlink((d / "q/index").c_str());
-  q = open_q(d / "q", o);
+  q = open_queue(d / "q", o);
   check(*q, "after a rebuild from the log");
   auto got = q->receive(100, 60s);
   ASSERT_TRUE(got.ok());
@@ -109,7 +104,7 @@ TEST(BadPayloads, EmptyBinaryAndNonUtf8PayloadsRoundTripExactlyAlsoAfterARebuild
 
 TEST(BadReceipts, MalformedForeignStaleAndAbsurdReceiptsChangeNothing) {
   TempDir d;
-  auto q = open_q(d / "q");
+  auto q = open_queue(d / "q");
   ASSERT_NE(q, nullptr);
   ASSERT_TRUE(q->send("target").ok());
   ASSERT_TRUE(q->send("other").ok());
@@ -202,7 +197,7 @@ TEST(BadPaths, OddCharactersInQueuePathsWorkThroughTheLibrary) {
     std::string dir = d / name;
     QueueOptions small;
     small.segment_size = 64 << 10;
-    auto q = open_q(dir, small);
+    auto q = open_queue(dir, small);
     ASSERT_NE(q, nullptr);
     ASSERT_TRUE(q->send("payload for " + name).ok());
     auto got = q->receive(1, 60s);
@@ -289,7 +284,7 @@ TEST_F(AsNobody, EveryChangingCallOnAQueueTheUserMayNotWriteIsReadOnly) {
   std::string dir = d_ / "q";
   std::string receipt;
   {
-    auto q = open_q(dir);
+    auto q = open_queue(dir);
     ASSERT_NE(q, nullptr);
     for (int i = 0; i < 5; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
     receipt = q->receive(1, 600s)->front().receipt;
@@ -317,7 +312,7 @@ TEST_F(AsNobody, EveryChangingCallOnAQueueTheUserMayNotWriteIsReadOnly) {
     auto l = Q.list(10, false);
     r.check(l.ok() && l->size() == 5, "list as nobody");
   });
-  auto q = open_q(dir);
+  auto q = open_queue(dir);
   EXPECT_EQ(q->stats()->ready, 4u) << "nothing changed";
   EXPECT_TRUE(q->ack(receipt).ok());
 }
@@ -356,7 +351,7 @@ TEST_F(AsNobody, WritableDirectoryWithAnIndexTheUserMayNotWriteIsAClearError) {
   }
   std::string dir = d_ / "q";
   {
-    auto q = open_q(dir);
+    auto q = open_queue(dir);
     ASSERT_NE(q, nullptr);
     ASSERT_TRUE(q->send("x").ok());
   }
@@ -380,7 +375,7 @@ TEST_F(AsNobody, WritableDirectoryWithAnIndexTheUserMayNotWriteIsAClearError) {
 TEST(NewerFormat, ANewerSpoolConfIsIncompatibleAndSaysUpgradeSpool) {
   TempDir d;
   std::string dir = d / "q";
-  { ASSERT_NE(open_q(dir), nullptr); }
+  { ASSERT_NE(open_queue(dir), nullptr); }
   std::string conf = test::slurp(dir + "/spool.conf");
   conf.replace(0, conf.find('\n'), "spool-queue 99");
   std::ofstream(dir + "/spool.conf", std::ios::trunc) << conf;
@@ -406,7 +401,7 @@ TEST(NewerFormat, ASegmentOfANewerVersionIsIncompatibleAndSaysUpgradeSpool) {
   TempDir d;
   std::string dir = d / "q";
   {
-    auto q = open_q(dir);
+    auto q = open_queue(dir);
     ASSERT_TRUE(q->send("x").ok());
   }
   ::unlink((dir + "/index").c_str());
@@ -430,7 +425,7 @@ TEST(NewerFormat, ASegmentOfANewerVersionIsIncompatibleAndSaysUpgradeSpool) {
 TEST(NewerFormat, AGarbledOrTruncatedSpoolConfIsAClearError) {
   TempDir d;
   std::string dir = d / "q";
-  { ASSERT_NE(open_q(dir), nullptr); }
+  { ASSERT_NE(open_queue(dir), nullptr); }
   std::string conf = test::slurp(dir + "/spool.conf");
   for (const std::string& bad : {std::string(""), std::string("spool-queue 1\n"), conf.substr(0, conf.size() / 2),
                                  std::string("spool-queue x\n"), std::string("\xff\xfe garbage"),

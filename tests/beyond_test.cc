@@ -22,18 +22,11 @@ namespace {
 using namespace std::chrono_literals;
 using test::mono_ns;
 using test::spawn;
-using test::TempDir;
 using test::wait_exit;
 using test::wait_for_file;
 
-class BeyondTest : public ::testing::Test {
+class BeyondTest : public test::QueueDirTest {
  public:
-  std::string qdir() const { return dir_ / "q"; }
-  std::unique_ptr<Queue> open(QueueOptions o = {}) {
-    auto q = Queue::open(qdir(), o);
-    EXPECT_TRUE(q.ok()) << q.status().to_string();
-    return q.ok() ? std::move(q).value() : nullptr;
-  }
   // Forks a process that opens the queue, runs `body` on it, then signals `flag` and
   // sleeps until killed.
   pid_t hold(const std::string& flag, const std::function<bool(Queue&)>& body) {
@@ -48,7 +41,6 @@ class BeyondTest : public ::testing::Test {
     ::kill(pid, SIGKILL);
     EXPECT_EQ(wait_exit(pid), 128 + SIGKILL);
   }
-  TempDir dir_;
 };
 
 // ---- back-pressure ---------------------------------------------------------------------

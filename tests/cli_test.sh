@@ -9,12 +9,13 @@
 # subshell and directory under one mktemp -d directory, removed at exit; background
 # processes a test starts are killed when the test ends, pass or fail.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
 if [[ $# -ne 1 || ! -x $1 ]]; then
   echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
   exit 2
 fi
-SPOOL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+SPOOL=$(abs "$1")
 PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
 export LC_ALL=C
 
@@ -24,11 +25,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- helpers (used in tests)
-
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
 
 # run CMD...: runs it with stdout in $D/out, stderr in $D/err, exit code in RC.
 run() {
@@ -68,9 +64,6 @@ one_line_err() {
   [[ $n == 1 ]] || fail "expected a one-line error, got $n lines: $(cat "$D/err")"
 }
 
-# eq WHAT GOT WANT
-eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
-
 # jget FIELD [FILE]: a number or string field of a one-line JSON object (no nesting).
 jget() {
   sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" "${2:-$D/out}" | head -n 1 | sed 's/^"\(.*\)"$/\1/'
@@ -82,17 +75,6 @@ stat_of() {
   jget "$1" "$D/stats.json"
 }
 
-# wait_for SECONDS COMMAND...: polls every 0.1 s (every $POLL s if set) until COMMAND
-# succeeds; fails on timeout.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
-    sleep "${POLL:-0.1}"
-  done
-}
-
 # lines FILE: its number of lines, without starting a process.
 lines() {
   local -a a=()
@@ -102,25 +84,6 @@ lines() {
 
 # receipt_of: the receipt a plain recv printed on stderr.
 receipt_of() { sed -n 's/^receipt: //p' "$D/err" | head -n 1; }
-
-# bg CMD...: starts CMD in the background; its pid is in BGPID and it is killed (SIGKILL) when
-# the test ends if still running.
-BGPIDS=()
-bg() {
-  "$@" &
-  BGPID=$!
-  BGPIDS+=("$BGPID")
-}
-kill_bg() {
-  local p
-  for p in "${BGPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-
-# alive PID: the process exists and is not a zombie.
-alive() {
-  [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
-}
 
 # wait_exit PID WHAT: waits up to 10 s for a background process; fails unless it exits 0.
 wait_exit() {
@@ -1042,31 +1005,4 @@ TESTS=(
   t_failed_open_leaves_directory_untouched
 )
 
-echo "1..${#TESTS[@]}"
-failed=0
-n=0
-for t in "${TESTS[@]}"; do
-  n=$((n + 1))
-  name=${t#t_}
-  D=$ROOT/$n-$name
-  mkdir -p "$D"
-  start=$SECONDS
-  (
-    trap kill_bg EXIT
-    cd "$D" || exit 1
-    "$t"
-  ) >"$ROOT/$n.log" 2>&1 </dev/null
-  rc=$?
-  if [[ $rc == 0 ]]; then
-    echo "ok $n - $name ($((SECONDS - start))s)"
-  else
-    failed=$((failed + 1))
-    echo "not ok $n - $name"
-    sed 's/^/# /' "$ROOT/$n.log"
-  fi
-done
-if ((failed > 0)); then
-  echo "# $failed of ${#TESTS[@]} tests failed"
-  exit 1
-fi
-exit 0
+run_tests kill_bg

@@ -20,27 +20,22 @@
 namespace spool {
 namespace {
 
-using test::TempDir;
 using namespace std::chrono_literals;
 
-class CompactTest : public ::testing::Test {
+class CompactTest : public test::QueueDirTest {
  public:
-  std::string qdir() const { return dir_ / "q"; }
   std::unique_ptr<Queue> open(uint64_t segment_size = 1 << 20, uint64_t max_payload = 4096) {
     QueueOptions o;
     o.segment_size = segment_size;
     o.max_payload = max_payload;
     o.max_receives = 0;  // nothing may move to the dead-letter queue in these tests
-    auto q = Queue::open(qdir(), o);
-    EXPECT_TRUE(q.ok()) << q.status().to_string();
-    return q.ok() ? std::move(q).value() : nullptr;
+    return QueueDirTest::open(o);
   }
   std::vector<std::string> segment_files() const {
     std::vector<std::string> out;
     for (auto& e : std::filesystem::directory_iterator(qdir() + "/segments")) out.push_back(e.path().filename());
     return out;
   }
-  TempDir dir_;
 };
 
 TEST_F(CompactTest, AckingAGibibyteLeavesAtMostOneSegment) {

@@ -57,6 +57,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using test::boot_ns;
+using test::Journal;
 using test::TempDir;
 using test::wait_exit;
 namespace fs = std::filesystem;
@@ -65,19 +66,7 @@ constexpr Millis kConsumerVis{1500};
 constexpr Millis kWorkVis{2000};
 constexpr uint64_t kSlackNs = 50'000'000;  // clock conversions, /proc/uptime's 10 ms steps
 
-std::string payload_for(const std::string& tag) {
-  uint64_t h = std::hash<std::string>{}(tag);
-  size_t len = 30 + h % 1800;
-  std::string s = tag + ":";
-  for (size_t i = 0; s.size() < len; ++i) s.push_back(static_cast<char>('A' + (h >> (i % 48)) % 26));
-  return s;
-}
-bool payload_ok(const std::string& p, std::string* tag) {
-  auto colon = p.find(':');
-  if (colon == std::string::npos) return false;
-  *tag = p.substr(0, colon);
-  return payload_for(*tag) == p;
-}
+constexpr test::TaggedPayloads kPayloads{30, 1800, 'A', 48};
 
 QueueOptions campaign_options() {
   QueueOptions o;
@@ -88,30 +77,6 @@ QueueOptions campaign_options() {
 }
 
 // ---- the processes ---------------------------------------------------------------------------
-
-// A journal whose file a survivor can switch between two lines (one write(2) per line, like
-// test::Journal).
-class CampaignJournal {
- public:
-  explicit CampaignJournal(const std::string& path) { switch_to(path); }
-  ~CampaignJournal() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  CampaignJournal(const CampaignJournal&) = delete;
-  CampaignJournal& operator=(const CampaignJournal&) = delete;
-  void switch_to(const std::string& path) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) std::abort();
-  }
-  void line(const std::string& s) {
-    std::string l = s + "\n";
-    if (::write(fd_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::abort();
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // Shared (MAP_SHARED before the fork) between the campaign and its survivors. To pause them,
 // the campaign bumps `epoch` and sets `pause`; each survivor, between two calls, switches to
@@ -132,7 +97,7 @@ struct SurvivorHook {
   SurvivorControl* ctl = nullptr;
   int index = 0;
   std::string base;  // journal path without ".<epoch>.log"
-  void maybe_pause(CampaignJournal& j) const {
+  void maybe_pause(Journal& j) const {
     if (ctl == nullptr || ctl->pause.load() == 0) return;
     uint32_t e = ctl->epoch.load();
     if (ctl->at[index].load() == e) return;
@@ -146,33 +111,24 @@ struct SurvivorHook {
 // depth stays bounded for an hour (the CI run only slows down a little there).
 int producer(const std::string& q_dir, const std::string& journal, int slot, int inc, uint32_t seed,
              bool hold_back = false, const SurvivorHook& hook = {}) {
-  CampaignJournal j(journal);
-  auto q = Queue::open(q_dir, campaign_options());
-  if (!q.ok()) {
-    j.line("E open: " + q.status().to_string());
-    return 1;
-  }
+  Journal j(journal);
+  auto q = test::open_journaled(j, q_dir, campaign_options());
+  if (q == nullptr) return 1;
   std::mt19937 rng(seed);
   for (int n = 0;; ) {
     hook.maybe_pause(j);
-    std::vector<std::string> tags, bodies;
+    std::vector<std::string> tags;
     for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) {
       tags.push_back("p" + std::to_string(slot) + "." + std::to_string(inc) + "." + std::to_string(n++));
-      bodies.push_back(payload_for(tags.back()));
-      j.line("s " + tags.back());
     }
-    std::vector<std::string_view> views(bodies.begin(), bodies.end());
-    auto ids = (*q)->send_batch(views);
-    if (!ids.ok()) {
-      j.line("E send: " + ids.status().to_string());
+    if (!test::send_journaled(*q, j, kPayloads, tags)) {
       std::this_thread::sleep_for(10ms);
       continue;
     }
-    for (size_t i = 0; i < ids->size(); ++i) j.line("S " + std::to_string((*ids)[i]) + " " + tags[i]);
     if (n % 64 < 3) {  // keep the backlog bounded
-      auto st = (*q)->stats();
+      auto st = q->stats();
       if (st.ok() && st->ready > 3000) std::this_thread::sleep_for(50ms);
-      for (; hold_back && st.ok() && st->ready > 3000; st = (*q)->stats()) {
+      for (; hold_back && st.ok() && st->ready > 3000; st = q->stats()) {
         hook.maybe_pause(j);
         std::this_thread::sleep_for(50ms);
       }
@@ -183,21 +139,18 @@ int producer(const std::string& q_dir, const std::string& journal, int slot, int
 
 int consumer(const std::string& q_dir, const std::string& journal, bool bind, uint32_t seed,
              const SurvivorHook& hook = {}) {
-  CampaignJournal j(journal);
-  auto q = Queue::open(q_dir, campaign_options());
-  if (!q.ok()) {
-    j.line("E open: " + q.status().to_string());
-    return 1;
-  }
+  Journal j(journal);
+  auto q = test::open_journaled(j, q_dir, campaign_options());
+  if (q == nullptr) return 1;
   if (bind) {
-    Status s = (*q)->bind_leases();
+    Status s = q->bind_leases();
     j.line(s.ok() ? "B ok" : "B " + s.to_string());
   }
   std::mt19937 rng(seed);
   for (;;) {
     hook.maybe_pause(j);
     uint64_t t0 = boot_ns();
-    auto got = (*q)->receive(1 + rng() % 4, kConsumerVis, 200ms);
+    auto got = q->receive(1 + rng() % 4, kConsumerVis, 200ms);
     uint64_t t1 = boot_ns();
     if (!got.ok()) {
       if (got.status().code() != Code::kEmpty) j.line("E receive: " + got.status().to_string());
@@ -205,7 +158,7 @@ int consumer(const std::string& q_dir, const std::string& journal, bool bind, ui
     }
     for (auto& m : *got) {
       std::string tag;
-      if (!payload_ok(m.payload, &tag)) j.line("E bad payload for " + std::to_string(m.id));
+      if (!kPayloads.check(m.payload, &tag)) j.line("E bad payload for " + std::to_string(m.id));
       j.line("R " + std::to_string(m.id) + " " + std::to_string(m.receive_count) + " " + std::to_string(t0) + " " +
              std::to_string(t1) + " " + std::to_string(kConsumerVis.count()) + " " + tag);
     }
@@ -215,17 +168,17 @@ int consumer(const std::string& q_dir, const std::string& journal, bool bind, ui
       int r = static_cast<int>(rng() % 100);
       if (r < 8) {
         j.line("n " + key);
-        Status s = (*q)->nack(m.receipt, Millis(rng() % 200));
+        Status s = q->nack(m.receipt, Millis(rng() % 200));
         j.line(s.ok() ? "N " + key : "L " + key + " " + code_name(s.code()));
         continue;
       }
       if (r < 13) {
         uint64_t te = boot_ns();
-        Status s = (*q)->extend(m.receipt, 2000ms);
+        Status s = q->extend(m.receipt, 2000ms);
         if (s.ok()) j.line("X " + key + " " + std::to_string(te) + " 2000");
       }
       j.line("a " + key);
-      Status s = (*q)->ack(m.receipt);
+      Status s = q->ack(m.receipt);
       j.line(s.ok() ? "A " + key : "L " + key + " " + code_name(s.code()));
     }
   }
@@ -234,16 +187,13 @@ int consumer(const std::string& q_dir, const std::string& journal, bool bind, ui
 // Compacts every 5-35 ms; a survivor compacts every `period` instead.
 int compactor(const std::string& q_dir, const std::string& journal, uint32_t seed, const SurvivorHook& hook = {},
               Millis period = Millis{0}) {
-  CampaignJournal j(journal);
-  auto q = Queue::open(q_dir, campaign_options());
-  if (!q.ok()) {
-    j.line("E open: " + q.status().to_string());
-    return 1;
-  }
+  Journal j(journal);
+  auto q = test::open_journaled(j, q_dir, campaign_options());
+  if (q == nullptr) return 1;
   std::mt19937 rng(seed);
   for (;;) {
     hook.maybe_pause(j);
-    auto r = (*q)->compact();
+    auto r = q->compact();
     if (!r.ok()) j.line("E compact: " + r.status().to_string());
     else if (r->segments_removed > 0) j.line("K " + std::to_string(r->segments_removed) + " " + std::to_string(r->messages_copied));
     std::this_thread::sleep_for(period.count() > 0 ? period : std::chrono::milliseconds(5 + rng() % 30));
@@ -862,7 +812,7 @@ class Campaign {
     for (auto& m : *all) {
       present.insert(m.id);
       std::string tag;
-      if (!payload_ok(m.payload, &tag)) {
+      if (!kPayloads.check(m.payload, &tag)) {
         ++fig_.bad_payload;
         ADD_FAILURE() << "message " << m.id << " has a damaged payload";
       } else if (!led_.attempted.count(tag)) {
@@ -962,7 +912,7 @@ class Campaign {
         d.deadline = t0 + d.vis_ns;
         d.ack_tried = true;
         std::string tag;
-        if (!payload_ok(m.payload, &tag)) {
+        if (!kPayloads.check(m.payload, &tag)) {
           ++fig_.bad_payload;
           ADD_FAILURE() << "drained message " << m.id << " has a damaged payload";
         } else if (!led_.attempted.count(tag)) {

@@ -766,21 +766,8 @@ TEST(Fork, AChildForkedDuringACompactionDoesNotInheritItsLock) {
 
 // ---- 3. Power loss -------------------------------------------------------------------------
 
-// Payloads name themselves ("tag:filler", the filler a function of the tag), so whatever
-// comes back after a cut can be checked byte for byte.
-std::string payload_for(const std::string& tag) {
-  uint64_t h = std::hash<std::string>{}(tag);
-  size_t len = 20 + h % 2500;
-  std::string s = tag + ":";
-  for (size_t i = 0; s.size() < len; ++i) s.push_back(static_cast<char>('a' + (h >> (i % 40)) % 26));
-  return s;
-}
-bool payload_ok(const std::string& p, std::string* tag) {
-  auto colon = p.find(':');
-  if (colon == std::string::npos) return false;
-  *tag = p.substr(0, colon);
-  return payload_for(*tag) == p;
-}
+// Whatever comes back after a cut can be checked byte for byte.
+constexpr test::TaggedPayloads kPayloads{20, 2500, 'a', 40};
 
 // One "machine" between two power cuts: three threads doing random sends, receives, acks,
 // nacks, extends and compactions on one Queue (so syncs are shared and writes overlap), each
@@ -793,11 +780,8 @@ int power_child(const std::string& dir, const std::string& journal, int round, u
   o.sync = sync;
   o.segment_size = 64 << 10;
   o.max_receives = 0;
-  auto q = Queue::open(dir, o);
-  if (!q.ok()) {
-    j.line("E open: " + q.status().to_string());
-    return 1;
-  }
+  auto q = test::open_journaled(j, dir, o);
+  if (q == nullptr) return 1;
   auto work = [&](int t) {
     std::mt19937 rng(seed + static_cast<uint32_t>(t));
     std::vector<Message> held;
@@ -805,25 +789,17 @@ int power_child(const std::string& dir, const std::string& journal, int round, u
     for (;;) {
       int r = static_cast<int>(rng() % 100);
       if (r < 35) {
-        std::vector<std::string> tags, bodies;
+        std::vector<std::string> tags;
         for (int k = 1 + static_cast<int>(rng() % 4); k > 0; --k) {
           tags.push_back("r" + std::to_string(round) + "." + std::to_string(t) + "." + std::to_string(n++));
-          bodies.push_back(payload_for(tags.back()));
-          j.line("s " + tags.back());
         }
-        std::vector<std::string_view> views(bodies.begin(), bodies.end());
-        auto ids = (*q)->send_batch(views);
-        if (!ids.ok()) {
-          j.line("E send: " + ids.status().to_string());
-          continue;
-        }
-        for (size_t i = 0; i < ids->size(); ++i) j.line("S " + std::to_string((*ids)[i]) + " " + tags[i]);
+        (void)test::send_journaled(*q, j, kPayloads, tags);
       } else if (r < 60) {
-        auto got = (*q)->receive(1 + rng() % 4, Millis(200 + rng() % 2000));
+        auto got = q->receive(1 + rng() % 4, Millis(200 + rng() % 2000));
         if (!got.ok()) continue;
         for (auto& m : *got) {
           std::string tag;
-          if (!payload_ok(m.payload, &tag)) j.line("E bad payload for " + std::to_string(m.id));
+          if (!kPayloads.check(m.payload, &tag)) j.line("E bad payload for " + std::to_string(m.id));
           j.line("R " + std::to_string(m.id) + " " + std::to_string(m.receive_count));
           held.push_back(std::move(m));
         }
@@ -832,16 +808,16 @@ int power_child(const std::string& dir, const std::string& journal, int round, u
         Message m = held.back();
         held.pop_back();
         j.line("a " + std::to_string(m.id));
-        Status s = (*q)->ack(m.receipt);
+        Status s = q->ack(m.receipt);
         if (s.ok()) j.line("A " + std::to_string(m.id));
       } else if (r < 92 && !held.empty()) {
         Message m = held.back();
         held.pop_back();
-        (void)(*q)->nack(m.receipt, Millis(rng() % 300));
+        (void)q->nack(m.receipt, Millis(rng() % 300));
       } else if (r < 96 && !held.empty()) {
-        (void)(*q)->extend(held.front().receipt, Millis(500 + rng() % 2000));
+        (void)q->extend(held.front().receipt, Millis(500 + rng() % 2000));
       } else {
-        (void)(*q)->compact();
+        (void)q->compact();
       }
     }
   };
@@ -969,7 +945,7 @@ void power_campaign(const std::string& qdir, const std::string& jdir, int rounds
     for (auto& m : *info) present[m.id] = m.receive_count;
     for (auto& m : *all) {
       std::string tag;
-      if (!payload_ok(m.payload, &tag)) {
+      if (!kPayloads.check(m.payload, &tag)) {
         ++fig.bad_payloads;
         ADD_FAILURE() << "message " << m.id << " came back with a wrong payload";
       } else if (!led.attempted.count(tag)) {
@@ -1066,7 +1042,7 @@ Expected make_reference_queue(const std::string& dir) {
   auto q = Queue::open(dir, o);
   EXPECT_TRUE(q.ok());
   for (int i = 1; i <= 300; ++i) {
-    std::string body = payload_for("ref" + std::to_string(i));
+    std::string body = kPayloads.make("ref" + std::to_string(i));
     auto id = (*q)->send(body);
     EXPECT_TRUE(id.ok());
     e.payload[*id] = body;
@@ -1275,6 +1251,22 @@ class FullDisk : public ::testing::Test {
     std::string chunk(bytes, 'f');
     std::ofstream(path, std::ios::binary) << chunk;
   }
+  std::string filler() const { return mnt_ + "/filler"; }
+  std::string qdir() const { return mnt_ + "/q"; }
+  // Runs `body` in a child on a queue in the mount (128 KiB segments, 4 KiB payloads), with
+  // 640 KiB of the 2 MiB taken by filler(): a file not the queue's, so that removing it
+  // frees space.
+  void in_child_on_queue(const std::string& what, const std::function<void(Report&, Queue&)>& body) {
+    fill(filler(), 640 << 10);
+    in_child(what, [&](Report& r) {
+      QueueOptions o;
+      o.segment_size = 128 << 10;
+      o.max_payload = 4096;
+      auto q = Queue::open(qdir(), o);
+      if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+      body(r, **q);
+    });
+  }
   TempDir dir_;
   std::string mnt_;
   bool mounted_ = false;
@@ -1283,16 +1275,7 @@ class FullDisk : public ::testing::Test {
 // Sends fail with kNoSpace and a message that says so, again and again without harm;
 // nothing acknowledged is lost; after space that is not the queue's frees, sends work again.
 TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
-  std::string filler = mnt_ + "/filler";
-  fill(filler, 640 << 10);
-  std::string qdir = mnt_ + "/q";
-  in_child("full disk", [&](Report& r) {
-    QueueOptions o;
-    o.segment_size = 128 << 10;
-    o.max_payload = 4096;
-    auto q = Queue::open(qdir, o);
-    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
-    Queue& Q = **q;
+  in_child_on_queue("full disk", [&](Report& r, Queue& Q) {
     std::set<uint64_t> sent;
     Status full;
     for (int i = 0; i < 100000; ++i) {
@@ -1314,7 +1297,7 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
     r.check(ids_of(Q) == sent, "every send that returned is still queued");
     std::string c = consistency(Q);
     r.check(c.empty(), "while full: " + c);
-    r.check(::unlink(filler.c_str()) == 0, "remove the filler");
+    r.check(::unlink(filler().c_str()) == 0, "remove the filler");
     for (int i = 0; i < 50; ++i) {
       auto id = Q.send(std::string(1000, 'y'));
       if (!r.check(id.ok(), "send after freeing space: " + id.status().to_string())) break;
@@ -1325,8 +1308,8 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
     r.check(c.empty(), "at the end: " + c);
   });
   // And from the log alone, after every process closed it.
-  ::unlink((qdir + "/index").c_str());
-  auto q = Queue::open(qdir);
+  ::unlink((qdir() + "/index").c_str());
+  auto q = Queue::open(qdir());
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   EXPECT_EQ(consistency(**q), "");
 }
@@ -1334,16 +1317,7 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
 // PRODUCT.md §4: on a full disk receive, ack and compaction keep working, so a full queue
 // can be drained, and then accepts sends again.
 TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
-  std::string filler = mnt_ + "/filler";
-  fill(filler, 640 << 10);
-  std::string qdir = mnt_ + "/q";
-  in_child("drain a full disk", [&](Report& r) {
-    QueueOptions o;
-    o.segment_size = 128 << 10;
-    o.max_payload = 4096;
-    auto q = Queue::open(qdir, o);
-    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
-    Queue& Q = **q;
+  in_child_on_queue("drain a full disk", [&](Report& r, Queue& Q) {
     std::set<uint64_t> sent;
     for (int i = 0; i < 100000; ++i) {
       auto id = Q.send(std::string(1000, 'a'));
@@ -1379,23 +1353,21 @@ TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
 // Tiny messages into a large preallocated segment, so the log has room and only the index
 // needs more space.
 TEST_F(FullDisk, IndexGrowthOnAFullDiskIsAnErrorNotSigbus) {
-  std::string qdir = mnt_ + "/q";
-  std::string filler = mnt_ + "/filler";
   in_child("index growth on a full disk", [&](Report& r) {
     QueueOptions o;
     o.segment_size = 1 << 20;
-    auto q = Queue::open(qdir, o);
+    auto q = Queue::open(qdir(), o);
     if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
     Queue& Q = **q;
     r.check(Q.send("first").ok(), "first send");  // the segment is allocated now
     // Fill every byte that is left.
     {
-      std::ofstream f(filler, std::ios::binary);
+      std::ofstream f(filler(), std::ios::binary);
       std::string chunk(4096, 'f');
       while (f.write(chunk.data(), chunk.size())) {
       }
     }
-    std::ofstream(filler + "2", std::ios::binary) << std::string(1, 'f');
+    std::ofstream(filler() + "2", std::ios::binary) << std::string(1, 'f');
     std::set<uint64_t> sent = ids_of(Q);
     Status err;
     for (int i = 0; i < 15000; ++i) {
@@ -1409,8 +1381,8 @@ TEST_F(FullDisk, IndexGrowthOnAFullDiskIsAnErrorNotSigbus) {
     r.info(err.ok() ? "all 15000 tiny sends fitted" : "stopped after " + std::to_string(sent.size()) + ": " + err.to_string());
     if (!err.ok()) r.check(err.code() == Code::kNoSpace, "error on a full disk: " + err.to_string());
     r.check(ids_of(Q) == sent, "every send that returned is queued");
-    ::unlink(filler.c_str());
-    ::unlink((filler + "2").c_str());
+    ::unlink(filler().c_str());
+    ::unlink((filler() + "2").c_str());
     for (int i = 0; i < 2000; ++i) {
       auto id = Q.send("u" + std::to_string(i));
       if (!r.check(id.ok(), "send after freeing: " + id.status().to_string())) break;
@@ -1487,7 +1459,7 @@ TEST(IoErrors, ShortWritesStillStoreEveryByte) {
   for (size_t limit : {1, 7, 48, 511, 4096}) {
     sf::short_writes(limit);
     for (int i = 0; i < test::scaled(40); ++i) {
-      std::string body = payload_for("short" + std::to_string(limit) + "." + std::to_string(i));
+      std::string body = kPayloads.make("short" + std::to_string(limit) + "." + std::to_string(i));
       auto id = (*q)->send(body);
       ASSERT_TRUE(id.ok()) << id.status().to_string();
       sent[*id] = body;

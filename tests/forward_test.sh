@@ -9,12 +9,12 @@
 # Output is TAP, as tests/cli_test.sh. Each test runs in a subshell in its own directory;
 # the processes it starts are killed when it ends, pass or fail.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
 if [[ $# -ne 3 || ! -x $1 || ! -x $2 || ! -x $3 ]]; then
   echo "usage: $0 PATH_TO_SPOOL PATH_TO_NATS_DRAIN PATH_TO_NATS_SERVER" >&2
   exit 2
 fi
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
 SPOOL=$(abs "$1")
 DRAIN=$(abs "$2")
 NATS_SERVER=$(abs "$3")
@@ -26,41 +26,12 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- helpers
 
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
-eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
-
-# wait_for SECONDS COMMAND...: polls every 0.1 s until COMMAND succeeds; fails on timeout.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
-    sleep 0.1
-  done
-}
-
-# bg CMD...: runs CMD in the background (pid in BGPID), killed when the test ends.
-BGPIDS=()
-bg() {
-  "$@" &
-  BGPID=$!
-  BGPIDS+=("$BGPID")
-}
-kill_bg() {
-  local p
-  for p in "${BGPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-
 # stop PID WHAT: SIGTERM, then fails unless it exits 0 within 15 s.
 stop() {
   kill -TERM "$1" || fail "$2 is not running"
   local i
   for ((i = 0; i < 150; i++)); do
-    [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null || break
+    alive "$1" || break
     sleep 0.1
   done
   wait "$1"
@@ -310,34 +281,11 @@ TESTS=(
   t_errors_are_one_line
 )
 
-echo "1..${#TESTS[@]}"
-failed=0
-n=0
-for t in "${TESTS[@]}"; do
-  n=$((n + 1))
-  name=${t#t_}
-  D=$ROOT/$n-$name
-  mkdir -p "$D"
-  start=$SECONDS
-  (
-    trap kill_bg EXIT
-    cd "$D" || exit 1
-    PORT=$(free_port)
-    URL=nats://127.0.0.1:$PORT
-    "$t"
-  ) >"$ROOT/$n.log" 2>&1 </dev/null
-  rc=$?
-  if [[ $rc == 0 ]]; then
-    echo "ok $n - $name ($((SECONDS - start))s)"
-    grep '^# ' "$ROOT/$n.log"
-  else
-    failed=$((failed + 1))
-    echo "not ok $n - $name"
-    sed 's/^/# /' "$ROOT/$n.log"
-  fi
-done
-if ((failed > 0)); then
-  echo "# $failed of ${#TESTS[@]} tests failed"
-  exit 1
-fi
-exit 0
+# Each test gets its own server address, kept across the restarts it does.
+tap_before_each() {
+  PORT=$(free_port)
+  URL=nats://127.0.0.1:$PORT
+}
+# A passing test's "# " lines (its figures) are shown too.
+tap_after_pass() { grep '^# ' "$ROOT/$1.log"; }
+run_tests kill_bg

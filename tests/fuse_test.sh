@@ -14,12 +14,12 @@
 # when the test ends, pass or fail, every mount it made is unmounted (fusermount3 -u, then
 # -u -z) and every daemon it started is killed and reaped.
 set -u
+source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
 if [[ $# -ne 2 || ! -x $1 || ! -x $2 ]]; then
   echo "usage: $0 PATH_TO_SPOOLFS PATH_TO_SPOOL_CLI" >&2
   exit 2
 fi
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
 SPOOLFS=$(abs "$1")
 SPOOL=$(abs "$2")
 export LC_ALL=C
@@ -61,23 +61,8 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- helpers (used in tests)
 
-fail() {
-  echo "FAIL: $*"
-  exit 1
-}
-eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
-
-# wait_for SECONDS COMMAND...: polls every 0.05 s until COMMAND succeeds; fails on timeout.
-wait_for() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
-    sleep 0.05
-  done
-}
-
-alive() { [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null; }
+# wait_for polls every 0.05 s: mounts and FUSE answers are quick.
+POLL=0.05
 
 # mount_fs QUEUE MNT [SPOOLFS ARGS...]: mounts in the foreground mode (-f) as a background
 # job, so that the test knows the daemon's pid (in PID, and in PIDS for teardown); waits up to
@@ -714,32 +699,8 @@ if [[ -n ${FUSE_TEST_ONLY:-} ]]; then
   TESTS=("${TESTS[@]}")
 fi
 
-echo "1..${#TESTS[@]}"
-failed=0
-n=0
-for t in "${TESTS[@]}"; do
-  n=$((n + 1))
-  name=${t#t_}
-  D=$ROOT/$n-$name
-  mkdir -p "$D"
-  start=$SECONDS
-  (
-    trap teardown EXIT
-    cd "$D" || exit 1
-    "$t"
-  ) >"$ROOT/$n.log" 2>&1 </dev/null
-  rc=$?
-  if [[ $rc == 0 ]]; then
-    echo "ok $n - $name ($((SECONDS - start))s)"
-  else
-    failed=$((failed + 1))
-    echo "not ok $n - $name"
-    sed 's/^/# /' "$ROOT/$n.log"
-    [[ -s $D/spoolfs.err ]] && sed 's/^/# spoolfs: /' "$D/spoolfs.err"
-  fi
-done
-if ((failed > 0)); then
-  echo "# $failed of ${#TESTS[@]} tests failed"
-  exit 1
-fi
-exit 0
+# A failed test's daemon stderr is shown after its log.
+tap_after_fail() {
+  [[ -s $D/spoolfs.err ]] && sed 's/^/# spoolfs: /' "$D/spoolfs.err"
+}
+run_tests teardown

@@ -1,6 +1,6 @@
 // Process helpers for the reliability tests (crash campaign, faults, corruption, bad input),
 // on top of spawn/wait_exit in test_util.h: a bounded wait, running a program with an exact
-// argv, CLOCK_BOOTTIME, one-line journals.
+// argv, CLOCK_BOOTTIME, one-line journals and the journaled sends of self-checking payloads.
 #pragma once
 
 #include <fcntl.h>
@@ -18,10 +18,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
+
+#include "spool/queue.h"
 
 #include "test_util.h"
 
@@ -107,24 +111,82 @@ inline RunResult run_program(const std::vector<std::string>& argv, const std::st
 }
 
 // A whole-file append of one line, in one write(2): a process killed with SIGKILL leaves
-// either the whole line or none of it (the page cache survives the process).
+// either the whole line or none of it (the page cache survives the process). A journal that
+// cannot be written aborts the process: its ledger would be silently incomplete.
 class Journal {
  public:
-  explicit Journal(const std::string& path)
-      : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {}
+  explicit Journal(const std::string& path) { switch_to(path); }
   ~Journal() {
     if (fd_ >= 0) ::close(fd_);
   }
   Journal(const Journal&) = delete;
   Journal& operator=(const Journal&) = delete;
-  bool ok() const { return fd_ >= 0; }
+  // Later lines go to `path`: a long-lived process can hand over its journal in chunks.
+  void switch_to(const std::string& path) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) std::abort();
+  }
   void line(const std::string& s) {
     std::string l = s + "\n";
     if (::write(fd_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) std::abort();
   }
 
  private:
-  int fd_;
+  int fd_ = -1;
 };
+
+// Payloads that name themselves ("tag:filler", the filler a function of the tag), so whatever
+// comes back can be checked byte for byte and traced to the journaled send of its tag. Each
+// campaign keeps its own lengths and filler.
+struct TaggedPayloads {
+  size_t min_len, spread;  // lengths min_len .. min_len + spread - 1
+  char first_letter;       // the filler: letters from here, picked by the tag's hash
+  unsigned shifts;         // ... shifted right by 0 .. shifts - 1 bits
+  std::string make(const std::string& tag) const {
+    uint64_t h = std::hash<std::string>{}(tag);
+    size_t len = min_len + h % spread;
+    std::string s = tag + ":";
+    for (size_t i = 0; s.size() < len; ++i) s.push_back(static_cast<char>(first_letter + (h >> (i % shifts)) % 26));
+    return s;
+  }
+  // Whether `p` is exactly what make() gives for its tag; the tag in `tag`.
+  bool check(const std::string& p, std::string* tag) const {
+    auto colon = p.find(':');
+    if (colon == std::string::npos) return false;
+    *tag = p.substr(0, colon);
+    return make(*tag) == p;
+  }
+};
+
+// Queue::open in a journaling child: a failure is journaled ("E open: ...") and gives nullptr.
+inline std::unique_ptr<Queue> open_journaled(Journal& j, const std::string& dir, const QueueOptions& o) {
+  auto q = Queue::open(dir, o);
+  if (!q.ok()) {
+    j.line("E open: " + q.status().to_string());
+    return nullptr;
+  }
+  return std::move(q).value();
+}
+
+// Sends the payloads of `tags` in one batch. Each tag is journaled before the call ("s TAG":
+// a process killed inside it may or may not have sent it) and each id after it returned
+// ("S ID TAG"), or the error ("E send: ..."); false then.
+inline bool send_journaled(Queue& q, Journal& j, const TaggedPayloads& payloads,
+                           const std::vector<std::string>& tags) {
+  std::vector<std::string> bodies;
+  for (const auto& t : tags) {
+    bodies.push_back(payloads.make(t));
+    j.line("s " + t);
+  }
+  std::vector<std::string_view> views(bodies.begin(), bodies.end());
+  auto ids = q.send_batch(views);
+  if (!ids.ok()) {
+    j.line("E send: " + ids.status().to_string());
+    return false;
+  }
+  for (size_t i = 0; i < ids->size(); ++i) j.line("S " + std::to_string((*ids)[i]) + " " + tags[i]);
+  return true;
+}
 
 }  // namespace spool::test

@@ -28,22 +28,12 @@ namespace {
 using test::mono_ns;
 using test::readable;
 using test::spawn;
-using test::TempDir;
 using test::wait_exit;
 using test::wait_for_file;
 using namespace std::chrono_literals;
 
 
-class QueueProcessTest : public ::testing::Test {
- public:
-  std::string qdir() const { return dir_ / "q"; }
-  std::unique_ptr<Queue> open(QueueOptions o = {}) {
-    auto q = Queue::open(qdir(), o);
-    EXPECT_TRUE(q.ok()) << q.status().to_string();
-    return q.ok() ? std::move(q).value() : nullptr;
-  }
-  TempDir dir_;
-};
+using QueueProcessTest = test::QueueDirTest;
 
 TEST_F(QueueProcessTest, TwoProducersFourConsumersAckEveryMessageExactlyOnce) {
   constexpr int kPerProducer = 50000;

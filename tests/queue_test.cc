@@ -14,23 +14,16 @@
 namespace spool {
 namespace {
 
-using test::TempDir;
 using namespace std::chrono_literals;
 
-class QueueTest : public ::testing::Test {
+class QueueTest : public test::QueueDirTest {
  protected:
-  std::unique_ptr<Queue> open(QueueOptions o = {}) {
-    auto q = Queue::open(dir_ / "q", o);
-    EXPECT_TRUE(q.ok()) << q.status().to_string();
-    return q.ok() ? std::move(q).value() : nullptr;
-  }
   static Message one(Queue& q, Millis vis = 0ms, Millis wait = 0ms) {
     auto m = q.receive(1, vis, wait);
     EXPECT_TRUE(m.ok()) << m.status().to_string();
     EXPECT_EQ(m->size(), 1u);
     return m->at(0);
   }
-  TempDir dir_;
 };
 
 TEST_F(QueueTest, SendReceiveAckRemovesTheMessage) {

@@ -27,6 +27,12 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
+std::unique_ptr<Queue> open_queue(const std::string& dir, const QueueOptions& o) {
+  auto q = Queue::open(dir, o);
+  EXPECT_TRUE(q.ok()) << dir << ": " << q.status().to_string();
+  return q.ok() ? std::move(q).value() : nullptr;
+}
+
 }  // namespace spool::test
 
 namespace spool::test {

@@ -1,13 +1,18 @@
-// Helpers shared by the tests: a temporary directory that removes itself.
+// Helpers shared by the tests: a temporary directory that removes itself, a queue opened in
+// one.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+
+#include "spool/queue.h"
 
 namespace spool::test {
 
@@ -22,6 +27,18 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// Queue::open for a test: a failure is a test failure (EXPECT, so the caller decides whether
+// to go on) and gives nullptr.
+std::unique_ptr<Queue> open_queue(const std::string& dir, const QueueOptions& o = {});
+
+// A fixture whose queue lives in a fresh directory of its own (dir_/q).
+class QueueDirTest : public ::testing::Test {
+ public:
+  std::string qdir() const { return dir_ / "q"; }
+  std::unique_ptr<Queue> open(const QueueOptions& o = {}) { return open_queue(qdir(), o); }
+  TempDir dir_;
 };
 
 }  // namespace spool::test

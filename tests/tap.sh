@@ -1,0 +1,87 @@
+# shellcheck shell=bash
+# The harness of the TAP shell tests (cli_test.sh, forward_test.sh, fuse_test.sh), which
+# source it:
+#   source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
+# Not a test itself. Output is TAP: "1..N", then "ok N - name" or "not ok N - name" followed
+# by the failed test's log as "# ..." lines.
+
+# abs PATH: PATH made absolute (tests cd into their own directories).
+abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+
+# eq WHAT GOT WANT
+eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
+
+# wait_for SECONDS COMMAND...: polls every 0.1 s (every $POLL s if set) until COMMAND
+# succeeds; fails on timeout.
+wait_for() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || fail "timed out waiting for: $*"
+    sleep "${POLL:-0.1}"
+  done
+}
+
+# alive PID: the process exists and is not a zombie.
+alive() {
+  [[ -e /proc/$1 ]] && ! grep -q '^State:.*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# bg CMD...: starts CMD in the background; its pid is in BGPID and it is killed (SIGKILL) when
+# the test ends (run_tests TEARDOWN kill_bg) if still running.
+BGPIDS=()
+bg() {
+  "$@" &
+  BGPID=$!
+  BGPIDS+=("$BGPID")
+}
+kill_bg() {
+  local p
+  for p in "${BGPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+
+# run_tests TEARDOWN: runs the functions named in TESTS (t_NAME, reported as NAME), each in
+# its own subshell with its own directory D=$ROOT/N-NAME as working directory, stdin from
+# /dev/null and its output in $ROOT/N.log; TEARDOWN runs when the subshell exits, pass or
+# fail. A script may define hooks: tap_before_each (in the subshell, before the test),
+# tap_after_pass N and tap_after_fail N (after the TAP line). Exits 0 only if every test
+# passed.
+run_tests() {
+  local teardown=$1 failed=0 n=0 t name start rc
+  echo "1..${#TESTS[@]}"
+  for t in "${TESTS[@]}"; do
+    n=$((n + 1))
+    name=${t#t_}
+    D=$ROOT/$n-$name
+    mkdir -p "$D"
+    start=$SECONDS
+    (
+      # shellcheck disable=SC2064
+      trap "$teardown" EXIT
+      cd "$D" || exit 1
+      if declare -F tap_before_each >/dev/null; then tap_before_each; fi
+      "$t"
+    ) >"$ROOT/$n.log" 2>&1 </dev/null
+    rc=$?
+    if [[ $rc == 0 ]]; then
+      echo "ok $n - $name ($((SECONDS - start))s)"
+      if declare -F tap_after_pass >/dev/null; then tap_after_pass "$n"; fi
+    else
+      failed=$((failed + 1))
+      echo "not ok $n - $name"
+      sed 's/^/# /' "$ROOT/$n.log"
+      if declare -F tap_after_fail >/dev/null; then tap_after_fail "$n"; fi
+    fi
+  done
+  if ((failed > 0)); then
+    echo "# $failed of ${#TESTS[@]} tests failed"
+    exit 1
+  fi
+  exit 0
+}
