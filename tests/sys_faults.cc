@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "queue/crashpoint.h"
+
 namespace spool::test::sysfaults {
 namespace {
 
@@ -284,11 +286,7 @@ extern "C" int fdatasync(int fd) {
     }
     park = std::exchange(spool::test::sysfaults::g_park_sync, {});
   }
-  if (!park.empty()) {
-    int pfd = ::open(park.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
-    if (pfd >= 0) ::close(pfd);
-    while (::access(park.c_str(), F_OK) == 0) ::usleep(1000);
-  }
+  if (!park.empty()) spool::park(park);
   long r = ::syscall(SYS_fdatasync, fd);
   if (r == 0) {
     std::lock_guard lock(g_mu);

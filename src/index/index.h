@@ -155,6 +155,12 @@ class SharedIndex {
   bool heap_empty() const { return hdr_->heap_size == 0; }
   const HeapItem& heap_top() const { return heap_[0]; }
   const HeapItem* heap_begin() const { return heap_; }
+  // The id of a heap item's message. While every id fits 32 bits it is the item's tie, so a
+  // scan of the heap array (stats, list, peek) reads no entry: at 10M queued, reading them
+  // (random slots of a 768 MiB index) held the lock for 211 ms in stats(), seconds in peek().
+  uint64_t item_id(const HeapItem& it) const {
+    return hdr_->next_id <= (uint64_t{1} << 32) ? it.tie : slots_[it.slot].id;
+  }
   uint64_t heap_size() const { return hdr_->heap_size; }
   template <class F>
   void for_each_entry(F&& f) {

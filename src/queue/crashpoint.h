@@ -1,8 +1,10 @@
-// Named crash points for crash tests: SPOOL_CRASHPOINT=NAME or NAME:N makes the process
-// SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
-// getenv per process when unset.
+// Hooks for crash tests. Named crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
+// process SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
+// getenv per process when unset. park(): hold the process where it is until a test lets
+// it go (or kills it there).
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,6 +24,13 @@ inline void crashpoint(const char* name) {
   if (s.substr(0, colon) != name) return;
   int n = colon == std::string::npos ? 1 : std::atoi(s.c_str() + colon + 1);
   if (++hits >= n) ::kill(::getpid(), SIGKILL);
+}
+
+// Creates the file `path`, then waits while it exists.
+inline void park(const std::string& path) {
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+  if (fd >= 0) ::close(fd);
+  while (::access(path.c_str(), F_OK) == 0) ::usleep(1000);
 }
 
 }  // namespace spool

@@ -274,7 +274,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     }
     auto res = q.append_all(recs);
     if (!res.ok()) return res.status();
-    if (!q.park_append_path.empty()) Impl::park(q.park_append_path);
+    if (!q.park_append_path.empty()) park(q.park_append_path);
     for (size_t i = 0; i < recs.size(); ++i) {
       Entry e{recs[i].id, res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), index::kNoPos, 0,
               State::kReady, 0, 0};
@@ -403,18 +403,15 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
 }
 
 // The heap slots of the `max` lowest ids (of the ready messages only, with `ready_before`
-// != 0: key <= it), lowest first. Lock held. It walks the heap array, which is sequential
-// memory, and reads an entry only where the heap item's tie (the id's low 32 bits) is not
-// the whole id: at 10M queued, going through every hash slot (a 768 MiB index, random
-// accesses) held the lock for seconds in peek() (bench_queue --only=index --big).
+// != 0: key <= it), lowest first. Lock held. It walks the heap array, sequential memory,
+// instead of every hash slot (SharedIndex::item_id).
 static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, uint64_t ready_before) {
-  const bool tie_is_id = q.idx.hdr().next_id <= (uint64_t{1} << 32);
+  if (max == 0) return {};
   const index::HeapItem* items = q.idx.heap_begin();
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
-  if (max == 0) return {};
   for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
     if (ready_before != 0 && items[i].key > ready_before) continue;
-    uint64_t id = tie_is_id ? items[i].tie : q.idx.entry(items[i].slot).id;
+    uint64_t id = q.idx.item_id(items[i]);
     if (best.size() == max && id >= best.front().first) continue;
     if (best.size() == max) {
       std::pop_heap(best.begin(), best.end());
@@ -585,14 +582,12 @@ Result<Stats> Queue::stats() {
     uint64_t now = sys::boot_ns();
     uint64_t oldest_id = UINT64_MAX;
     uint32_t oldest_slot = 0;
-    // Ready messages are counted from the heap array alone while their ids fit the tie
-    // (see lowest_ids): reading every entry held the lock 211 ms at 10M queued.
-    const bool tie_is_id = h.next_id <= (uint64_t{1} << 32);
+    // Ready messages are counted from the heap array alone (SharedIndex::item_id).
     const index::HeapItem* items = q.idx.heap_begin();
     for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
       if (items[i].key <= now) {
         ++st.ready;
-        uint64_t id = tie_is_id ? items[i].tie : q.idx.entry(items[i].slot).id;
+        uint64_t id = q.idx.item_id(items[i]);
         if (id < oldest_id) {
           oldest_id = id;
           oldest_slot = items[i].slot;

@@ -27,6 +27,7 @@
 #include "index/index.h"
 #include "logging.h"
 #include "queue/config.h"
+#include "queue/crashpoint.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "sys/clock.h"
@@ -192,14 +193,8 @@ struct Queue::Impl {
       log->forget_below(forgotten_through + 1);
     }
     reap_dead_owners();
-    if (!park_path.empty()) park(park_path);
+    if (!park_path.empty()) spool::park(park_path);
     return held;
-  }
-
-  static void park(const std::string& path) {
-    int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
-    if (fd >= 0) ::close(fd);
-    while (::access(path.c_str(), F_OK) == 0) ::usleep(1000);
   }
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
