@@ -638,7 +638,7 @@ void section_index(bool big) {
   }
 
   std::printf("\n== 3. bytes per queued message (100 B payloads, send_batch(1000), sync=never) ==\n");
-  std::printf("index = QUEUE/index (4 KiB header + 48 B x power-of-two capacity); log = segment files\n");
+  std::printf("index = QUEUE/index (4 KiB header + 24 B window slots, 1-1.25x the backlog, + heap and overflow); log = segment files\n");
   std::printf("(64 MiB, preallocated); log used = segment headers + records, found by scanning.\n\n");
   std::printf("fill/s = send_batch(1000) rate; worst batch = slowest send_batch(1000) call and the backlog\n");
   std::printf("when it started (the index doubles, O(n) under the lock, when it passes 3/4 full).\n\n");

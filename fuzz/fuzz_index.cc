@@ -13,7 +13,7 @@
 //    mutexes are kept initialised: a garbage futex word would make the opener wait forever
 //    for an owner that is not there, which is not what this target is about.
 //  - region: the whole valid header (seal included) and the input written into the region
-//    (hash table and heap) at an offset the input picks: the seal the last close wrote must
+//    (window, heap and overflow table) at an offset the input picks: the seal the last close wrote must
 //    make the opener rebuild (this mode found INDEX_TRUSTED: entries that pass the
 //    invariants but point at the wrong record).
 #include <fcntl.h>

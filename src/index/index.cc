@@ -18,16 +18,19 @@ namespace spool::index {
 namespace {
 
 constexpr uint64_t kCacheLine = 64;
-constexpr uint64_t region_bytes(uint64_t capacity) {
-  return capacity * (sizeof(Entry) + sizeof(HeapItem));
+constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
+  return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry);
 }
-// Mixes the id so that ids sent in a row do not form one long probe run.
+// Mixes the id so that neighbouring ids do not form one long probe run.
 inline uint64_t hash_id(uint64_t id) {
   id ^= id >> 33;
   id *= 0xff51afd7ed558ccdull;
   id ^= id >> 33;
   return id;
 }
+// A queued entry keeps its key in heap_pos and key_hi, in units of 1024 ns: 48 bits last
+// 9 years of uptime.
+constexpr int kQueuedKeyShift = 10;
 
 }  // namespace
 
@@ -53,7 +56,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
-    uint64_t want = kHeaderBytes + region_bytes(kMinCapacity);
+    uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Only the first opener gets here, so nobody maps the file: shrinking it is safe.
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
@@ -74,10 +77,14 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     new (hdr_) IndexHeader();
     if (int r = hdr_->mu.init(); r != 0) return errno_status(r, "init index mutex");
     if (int r = hdr_->sync_mu.init(); r != 0) return errno_status(r, "init sync mutex");
-    hdr_->capacity = kMinCapacity;
+    hdr_->capacity = kMinWindow;
+    hdr_->heap_cap = kMinHeap;
+    hdr_->ovf_cap = kMinOverflow;
     hdr_->region_gen = 1;
     hdr_->next_id = 1;
-    hdr_->file_bytes = kHeaderBytes + region_bytes(kMinCapacity);
+    hdr_->low_id = 1;
+    hdr_->cursor = 1;
+    hdr_->file_bytes = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     std::string boot = sys::boot_id();
     std::strncpy(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id - 1);
     hdr_->format = format_word();
@@ -99,14 +106,14 @@ uint64_t SharedIndex::checksum() const {
   const char* first = reinterpret_cast<const char*>(&hdr_->capacity);
   const char* last = reinterpret_cast<const char*>(&hdr_->owner_claimed[kOwnerSlots]);
   XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
-  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity));
+  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap));
   uint64_t sum = XXH3_64bits_digest(st) | 1;  // never 0, which means "not sealed"
   XXH3_freeState(st);
   return sum;
 }
 
 void SharedIndex::seal() {
-  if (region_ == nullptr || mapped_capacity_ != hdr_->capacity) return;
+  if (region_ == nullptr || !mapped_current()) return;
   hdr_->seal = checksum();
 }
 
@@ -114,29 +121,40 @@ bool SharedIndex::unseal() {
   uint64_t want = hdr_->seal;
   hdr_->seal = 0;
   if (want == 0) return true;
-  return region_ != nullptr && mapped_capacity_ == hdr_->capacity && checksum() == want;
+  return region_ != nullptr && mapped_current() && checksum() == want;
+}
+
+bool SharedIndex::mapped_current() const {
+  return mapped_gen_ == hdr_->region_gen && wcap_ == hdr_->capacity && hcap_ == hdr_->heap_cap &&
+         ocap_ == hdr_->ovf_cap;
 }
 
 bool SharedIndex::reusable() const {
   if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
-  struct stat st {};
-  if (anonymous_) {
-    st.st_size = static_cast<off_t>(kHeaderBytes + region_bytes(hdr_->capacity));
-  } else if (::fstat(fd_, &st) != 0) {
+  const IndexHeader& h = *hdr_;
+  auto pow2 = [](uint64_t v) { return (v & (v - 1)) == 0; };
+  // Bounds: a damaged or hostile file must not make us map or index out of range, nor
+  // probe the overflow table forever. Slots are 32-bit: window + overflow < 2^32.
+  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) || h.heap_cap < kMinHeap ||
+      !pow2(h.heap_cap) || h.heap_cap > (1ull << 31) || h.ovf_cap < kMinOverflow || !pow2(h.ovf_cap) ||
+      h.ovf_cap > (1ull << 30)) {
     return false;
   }
-  uint64_t cap = hdr_->capacity;
-  // Bounds: a damaged or hostile file must not make us map or index out of range.
-  return cap >= kMinCapacity && (cap & (cap - 1)) == 0 && cap < (1ull << 36) &&
-         kHeaderBytes + region_bytes(cap) <= static_cast<uint64_t>(st.st_size) &&
-         hdr_->count <= cap && hdr_->heap_size <= cap;
+  if (h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
+      h.queued > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id) {
+    return false;
+  }
+  struct stat st {};
+  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap);
+  if (anonymous_) return true;
+  return ::fstat(fd_, &st) == 0 && need <= static_cast<uint64_t>(st.st_size);
 }
 
 Status SharedIndex::map_region() {
-  uint64_t cap = hdr_->capacity;
-  uint64_t len = region_bytes(cap);
+  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap;
+  uint64_t len = region_bytes(w, hc, oc);
   void* p;
   if (anonymous_) {
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -152,146 +170,367 @@ Status SharedIndex::map_region() {
   if (region_ != nullptr) ::munmap(region_, region_len_);
   region_ = p;
   region_len_ = len;
-  slots_ = static_cast<Entry*>(p);
-  heap_ = reinterpret_cast<HeapItem*>(static_cast<char*>(p) + cap * sizeof(Entry));
+  win_ = static_cast<Entry*>(p);
+  heap_ = reinterpret_cast<HeapItem*>(static_cast<char*>(p) + w * sizeof(Entry));
+  ovf_ = reinterpret_cast<OvfEntry*>(static_cast<char*>(p) + w * sizeof(Entry) + hc * sizeof(HeapItem));
   mapped_gen_ = hdr_->region_gen;
-  mapped_capacity_ = cap;
+  wcap_ = w;
+  hcap_ = hc;
+  ocap_ = oc;
   return {};
 }
 
 Status SharedIndex::refresh() {
-  if (mapped_gen_ == hdr_->region_gen && mapped_capacity_ == hdr_->capacity) return {};
+  if (mapped_current()) return {};
   if (!reusable()) return Status(Code::kCorrupt, "index header failed validation");
   return map_region();
 }
 
 Status SharedIndex::reset() {
-  hdr_->count = 0;
-  hdr_->heap_size = 0;
-  hdr_->leased = 0;
-  std::memset(static_cast<void*>(slots_), 0, hdr_->capacity * sizeof(Entry));
+  auto& h = *hdr_;
+  h.count = h.ovf_count = h.queued = h.heap_size = h.leased = 0;
+  h.low_id = h.cursor = std::max<uint64_t>(h.next_id, 1);
+  std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
+  std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
   return {};
 }
 
+uint64_t SharedIndex::id_of(uint32_t slot) const {
+  if (slot >= wcap_) return ovf_[slot - wcap_].id;
+  uint64_t base = hdr_->low_id % wcap_;
+  return hdr_->low_id + (slot >= base ? slot - base : slot + wcap_ - base);
+}
+
 int64_t SharedIndex::find(uint64_t id) const {
+  const uint64_t low = hdr_->low_id;
   if (id == 0) return -1;
-  for (uint64_t s = hash_id(id) & mask();; s = (s + 1) & mask()) {
-    if (slots_[s].id == id) return static_cast<int64_t>(s);
-    if (slots_[s].id == 0) return -1;
+  if (id >= low) {
+    if (id - low >= wcap_) return -1;
+    uint64_t s = id % wcap_;
+    return win_[s].state == State::kEmpty ? -1 : static_cast<int64_t>(s);
+  }
+  const uint64_t m = ocap_ - 1;
+  for (uint64_t s = hash_id(id) & m;; s = (s + 1) & m) {
+    if (ovf_[s].id == id) return static_cast<int64_t>(wcap_ + s);
+    if (ovf_[s].id == 0) return -1;
   }
 }
 
-void SharedIndex::place(uint32_t slot, const Entry& e) {
-  slots_[slot] = e;
-  if (e.heap_pos != kNoPos) heap_[e.heap_pos].slot = slot;
+Entry& SharedIndex::entry_of(uint64_t id) { return entry(static_cast<uint32_t>(find(id))); }
+
+uint64_t SharedIndex::key(uint32_t slot) const {
+  const Entry& e = slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e;
+  if (e.state == State::kQueued) return ((uint64_t{e.key_hi} << 32) | e.heap_pos) << kQueuedKeyShift;
+  return heap_[e.heap_pos].key;
 }
 
-Status SharedIndex::grow() {
-  // Copy the live state aside: old and new regions overlap in the file.
-  std::vector<Entry> entries;
-  entries.reserve(hdr_->count);
-  std::vector<HeapItem> items(heap_, heap_ + hdr_->heap_size);
-  for (uint64_t s = 0; s < hdr_->capacity; ++s)
-    if (slots_[s].id != 0) entries.push_back(slots_[s]);
-  uint64_t cap = hdr_->capacity * 2;
-  uint64_t bytes = kHeaderBytes + region_bytes(cap);
+// The region is laid out window, heap, overflow table. The window is copied only when it
+// grows (its slots are id % capacity); a heap or overflow resize leaves the window and the
+// heap where they are in the file, so growing the heap under a backlog of 10M does not
+// rewrite 240 MB. The overflow table is small and always rewritten; its slots survive
+// unless it grows itself.
+Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
+  const bool same_win = wcap == wcap_, same_ovf = ocap == ocap_;
+  std::vector<std::pair<uint64_t, Entry>> wins;
+  std::vector<HeapItem> items;
+  if (!same_win) {
+    // Old and new layouts overlap in the file: copy the live state aside.
+    wins.reserve(hdr_->count - hdr_->ovf_count);
+    for (uint64_t s = 0; s < wcap_; ++s)
+      if (win_[s].state != State::kEmpty) wins.emplace_back(id_of(static_cast<uint32_t>(s)), win_[s]);
+    items.assign(heap_, heap_ + hdr_->heap_size);
+  }
+  std::vector<OvfEntry> ovs;
+  if (same_ovf) {
+    ovs.assign(ovf_, ovf_ + ocap_);
+  } else {
+    ovs.reserve(hdr_->ovf_count);
+    for (uint64_t s = 0; s < ocap_; ++s)
+      if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
+  }
+  uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap);
   if (!anonymous_) {
-    // Only ever grows: other processes may still map the old, shorter range.
+    // Only ever grows: other processes may still map the old range.
     if (int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)); r != 0) {
       return errno_status(r, "grow index");
     }
   }
-  uint64_t old_cap = hdr_->capacity;
-  hdr_->capacity = cap;
-  hdr_->file_bytes = bytes;
+  auto& h = *hdr_;
+  const uint64_t old[3] = {h.capacity, h.heap_cap, h.ovf_cap};
+  h.capacity = wcap;
+  h.heap_cap = hcap;
+  h.ovf_cap = ocap;
+  h.file_bytes = std::max(h.file_bytes, bytes);
+  ++h.region_gen;
+  if (anonymous_ && same_win) {
+    // A private mapping does not keep its contents across a remap: copy like a grow.
+    wins.reserve(h.count - h.ovf_count);
+    for (uint64_t s = 0; s < wcap_; ++s)
+      if (win_[s].state != State::kEmpty) wins.emplace_back(id_of(static_cast<uint32_t>(s)), win_[s]);
+    items.assign(heap_, heap_ + h.heap_size);
+  }
+  const bool rewrite_win = !same_win || anonymous_;
   if (Status s = map_region(); !s.ok()) {
-    hdr_->capacity = old_cap;
+    h.capacity = old[0];
+    h.heap_cap = old[1];
+    h.ovf_cap = old[2];
     return s;
   }
 #ifdef MADV_POPULATE_WRITE
-  // The rehash below touches every page of the new region; faulting them in with one call
+  // The copy below touches every page of the new region; faulting them in with one call
   // instead of one exception each made send_batch(64) of 200,000 messages into a fresh queue
   // 25-30% faster (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s;
   // exceptions are dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
-  (void)::madvise(region_, region_len_, MADV_POPULATE_WRITE);
+  if (rewrite_win) (void)::madvise(region_, region_len_, MADV_POPULATE_WRITE);
 #endif
-  std::memset(static_cast<void*>(slots_), 0, cap * sizeof(Entry));
-  if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
-  for (const Entry& e : entries) {
-    uint64_t s = hash_id(e.id) & mask();
-    while (slots_[s].id != 0) s = (s + 1) & mask();
-    place(static_cast<uint32_t>(s), e);
+  if (rewrite_win) {
+    std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
+    for (const auto& [id, e] : wins) win_[id % wcap_] = e;
+    if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   }
-  ++hdr_->region_gen;
-  mapped_gen_ = hdr_->region_gen;
-  return {};
-}
-
-Status SharedIndex::reserve(uint64_t more) {
-  while ((hdr_->count + more) * 4 > hdr_->capacity * 3) {
-    if (Status s = grow(); !s.ok()) return s;
+  if (same_ovf) {
+    std::memcpy(static_cast<void*>(ovf_), ovs.data(), ocap_ * sizeof(OvfEntry));
+  } else {
+    std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
+    for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
   }
   return {};
 }
 
-Result<uint32_t> SharedIndex::insert(const Entry& in, uint64_t key) {
-  if ((hdr_->count + 1) * 4 > hdr_->capacity * 3) {
-    if (Status s = grow(); !s.ok()) return s;
-  }
-  uint64_t s = hash_id(in.id) & mask();
-  while (slots_[s].id != 0) s = (s + 1) & mask();
-  Entry e = in;
-  e.heap_pos = static_cast<uint32_t>(hdr_->heap_size);
-  heap_[hdr_->heap_size] = HeapItem{key, static_cast<uint32_t>(s), static_cast<uint32_t>(in.id)};
-  ++hdr_->heap_size;
-  place(static_cast<uint32_t>(s), e);
-  ++hdr_->count;
-  sift_up(e.heap_pos);
-  return static_cast<uint32_t>(s);
+Status SharedIndex::reserve_heap(uint64_t more) {
+  uint64_t need = hdr_->heap_size + more;
+  if (need <= hcap_) return {};
+  uint64_t hc = hcap_;
+  while (hc < need) hc *= 2;
+  if (hc > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
+  return resize(wcap_, hc, ocap_);
 }
 
-void SharedIndex::erase(uint32_t slot) {
-  // Heap removal: move the last item into the hole, then restore order both ways.
-  uint64_t pos = slots_[slot].heap_pos;
-  uint64_t last = --hdr_->heap_size;
-  if (pos != last) {
-    move_item(pos, heap_[last]);
-    sift_down(pos);
-    sift_up(pos);
-  }
+Status SharedIndex::ovf_reserve(uint64_t more) {
+  uint64_t oc = ocap_;
+  while ((hdr_->ovf_count + more) * 4 > oc * 3) oc *= 2;
+  if (oc == ocap_) return {};
+  if (oc > (1ull << 30)) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
+  return resize(wcap_, hcap_, oc);
+}
+
+uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
+  const uint64_t m = ocap_ - 1;
+  uint64_t s = hash_id(id) & m;
+  while (ovf_[s].id != 0) s = (s + 1) & m;
+  ovf_[s] = OvfEntry{id, e};
+  return static_cast<uint32_t>(wcap_ + s);
+}
+
+void SharedIndex::ovf_erase(uint64_t hole) {
   // Backward-shift deletion keeps linear probing free of tombstones.
-  uint64_t hole = slot;
-  for (uint64_t s = (hole + 1) & mask(); slots_[s].id != 0; s = (s + 1) & mask()) {
-    uint64_t home = hash_id(slots_[s].id) & mask();
+  const uint64_t m = ocap_ - 1;
+  for (uint64_t s = (hole + 1) & m; ovf_[s].id != 0; s = (s + 1) & m) {
+    uint64_t home = hash_id(ovf_[s].id) & m;
     // Move s into the hole unless its home lies cyclically in (hole, s].
     bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
     if (!stays) {
-      place(static_cast<uint32_t>(hole), slots_[s]);
+      ovf_[hole] = ovf_[s];
       hole = s;
     }
   }
-  slots_[hole] = Entry{};
-  --hdr_->count;
+  ovf_[hole] = OvfEntry{};
 }
 
-void SharedIndex::set_key(uint32_t slot, uint64_t key) {
-  uint64_t pos = slots_[slot].heap_pos;
+void SharedIndex::advance_low() {
+  auto& h = *hdr_;
+  if (h.count == h.ovf_count) {
+    h.low_id = std::max(h.low_id, h.next_id);
+  } else {
+    while (win_[h.low_id % wcap_].state == State::kEmpty) ++h.low_id;
+  }
+  h.cursor = std::max(h.cursor, h.low_id);
+}
+
+// The window grows while it would stay at least half full; otherwise the live messages at
+// its low end move to the overflow table (a message held back for hours must not make the
+// window span everything sent since). Growth is by a quarter, not doubling, so that a
+// backlog's window is at most 1.25x its size: 24-30 B per message.
+Status SharedIndex::fit(uint64_t id) {
+  auto& h = *hdr_;
+  while (id - h.low_id >= wcap_) {
+    const uint64_t live = h.count - h.ovf_count;
+    const uint64_t span = id - h.low_id + 1;
+    if (live == 0) {
+      h.low_id = id;
+      h.cursor = std::max(h.cursor, id);
+      return {};
+    }
+    if (live * 2 >= span) {
+      uint64_t w = std::max(span, wcap_ + wcap_ / 4);
+      w = (w + 7) / 8 * 8;
+      if (w > (1ull << 31)) return Status(Code::kQueueFull, "index window would exceed 2^31 messages");
+      if (Status s = resize(w, hcap_, ocap_); !s.ok()) return s;
+      continue;
+    }
+    // Evict [low_id, new_low): afterwards `id` fits with a quarter of the window above it.
+    const uint64_t new_low = id + 1 + wcap_ / 4 - wcap_;
+    const uint64_t stop = std::min(new_low, h.low_id + wcap_);
+    uint64_t moving = 0, queued = 0;
+    for (uint64_t x = h.low_id; x < stop; ++x) {
+      const Entry& e = win_[x % wcap_];
+      if (e.state == State::kEmpty) continue;
+      ++moving;
+      if (e.state == State::kQueued) ++queued;
+    }
+    if (Status s = ovf_reserve(moving); !s.ok()) return s;
+    if (Status s = reserve_heap(queued); !s.ok()) return s;
+    for (uint64_t x = h.low_id; x < stop; ++x) {
+      const auto s = static_cast<uint32_t>(x % wcap_);
+      if (win_[s].state == State::kEmpty) continue;
+      if (win_[s].state == State::kQueued) {
+        // The overflow table has no queue order: the message waits in the heap instead.
+        uint64_t k = key(s);
+        --h.queued;
+        win_[s].state = State::kReady;
+        push_heap(s, x, k);
+      }
+      ovf_place(x, win_[s]);
+      win_[s] = Entry{};
+      ++h.ovf_count;
+    }
+    h.low_id = new_low;
+    advance_low();
+  }
+  return {};
+}
+
+Status SharedIndex::reserve(uint64_t more, bool delayed) {
+  if (more == 0) return {};
+  if (delayed) {
+    if (Status s = reserve_heap(more); !s.ok()) return s;
+  }
+  uint64_t last = hdr_->next_id + more - 1;
+  if (last < hdr_->low_id) return {};
+  return fit(last);
+}
+
+Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key, uint64_t now) {
+  auto& h = *hdr_;
+  Entry e = in;
+  e.owner = 0;
+  uint32_t slot;
+  if (id < h.low_id) {
+    // Replay only: a compaction copy whose original went with its segment.
+    if (Status s = ovf_reserve(1); !s.ok()) return s;
+    if (Status s = reserve_heap(1); !s.ok()) return s;
+    e.state = State::kReady;
+    slot = ovf_place(id, e);
+    ++h.ovf_count;
+    push_heap(slot, id, key);
+  } else {
+    if (Status s = fit(id); !s.ok()) return s;
+    slot = static_cast<uint32_t>(id % wcap_);
+    if (key <= now) {
+      uint64_t k = key >> kQueuedKeyShift;
+      e.state = State::kQueued;
+      e.heap_pos = static_cast<uint32_t>(k);
+      e.key_hi = static_cast<uint16_t>(k >> 32);
+      win_[slot] = e;
+      ++h.queued;
+      h.cursor = std::min(h.cursor, id);
+    } else {
+      if (Status s = reserve_heap(1); !s.ok()) return s;
+      slot = static_cast<uint32_t>(id % wcap_);
+      e.state = State::kReady;
+      win_[slot] = e;
+      push_heap(slot, id, key);
+    }
+  }
+  ++h.count;
+  return slot;
+}
+
+Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
+  const State was = entry(slot).state;
+  if (was == State::kQueued) {
+    const uint64_t id = id_of(slot);
+    if (Status s = reserve_heap(1); !s.ok()) return s;  // slot survives: ids keep theirs
+    --hdr_->queued;
+    entry(slot).state = state;
+    hdr_->leased += state == State::kLeased;
+    push_heap(slot, id, key);
+    return {};
+  }
+  Entry& e = entry(slot);
+  e.state = state;
+  hdr_->leased += (state == State::kLeased) - (was == State::kLeased);
+  uint64_t pos = e.heap_pos;
   heap_[pos].key = key;
   sift_down(pos);
   sift_up(pos);
+  return {};
 }
 
-// The heap is 4-ary and sifts move a hole instead of swapping. Every receive moves the top
-// message to its lease deadline, which is nearly always the largest key: a sift through the
-// whole depth, and every level writes the moved item's back-pointer into the hash table, a
-// cache (and TLB) miss at a random slot. A binary heap with swaps paid two such misses a
-// level, 20 levels at 1M queued. bench_queue --only=index, receive+ack at 1M queued as a
-// share of the rate at 1k: binary with swaps 0.28x (heap_swap the top symbol of the
-// profile); 4-ary 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x (two or three runs each).
-// Four children are 64 B, one cache line when aligned.
+void SharedIndex::erase(uint32_t slot) {
+  auto& h = *hdr_;
+  Entry& e = entry(slot);
+  const uint64_t id = id_of(slot);
+  if (e.state == State::kLeased) --h.leased;
+  if (e.state == State::kQueued) {
+    --h.queued;
+  } else {
+    // Heap removal: move the last item into the hole, then restore order both ways.
+    uint64_t pos = e.heap_pos;
+    uint64_t last = --h.heap_size;
+    if (pos != last) {
+      move_item(pos, heap_[last]);
+      sift_down(pos);
+      sift_up(pos);
+    }
+  }
+  --h.count;
+  if (slot >= wcap_) {
+    ovf_erase(slot - wcap_);
+    --h.ovf_count;
+    return;
+  }
+  win_[slot] = Entry{};
+  if (id == h.low_id) advance_low();
+}
+
+int64_t SharedIndex::queue_head() {
+  auto& h = *hdr_;
+  if (h.queued == 0) return -1;
+  const uint64_t end = h.low_id + wcap_;
+  while (h.cursor < end && win_[h.cursor % wcap_].state != State::kQueued) ++h.cursor;
+  return h.cursor < end ? static_cast<int64_t>(h.cursor % wcap_) : -1;
+}
+
+int64_t SharedIndex::next(uint64_t now) {
+  const bool heap_ready = hdr_->heap_size != 0 && heap_[0].key <= now;
+  if (int64_t q = queue_head(); q >= 0) {
+    if (!heap_ready || less(HeapItem{key(static_cast<uint32_t>(q)), hdr_->cursor}, heap_[0])) return q;
+  }
+  return heap_ready ? find(heap_[0].id) : -1;
+}
+
+uint64_t SharedIndex::next_key() {
+  uint64_t k = hdr_->heap_size != 0 ? heap_[0].key : UINT64_MAX;
+  if (int64_t q = queue_head(); q >= 0) k = std::min(k, key(static_cast<uint32_t>(q)));
+  return k;
+}
+
+void SharedIndex::push_heap(uint32_t slot, uint64_t id, uint64_t key) {
+  uint64_t pos = hdr_->heap_size++;
+  heap_[pos] = HeapItem{key, id};
+  entry(slot).heap_pos = static_cast<uint32_t>(pos);
+  sift_up(pos);
+}
+
+// The heap is 4-ary and sifts move a hole instead of swapping: every level writes the moved
+// item's back-pointer into its entry, a cache miss. In the hash-table index that held every
+// message, a binary heap with swaps paid two such misses a level (bench_queue --only=index,
+// receive+ack at 1M queued as a share of the rate at 1k: binary with swaps 0.28x; 4-ary
+// 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x). Four children are 64 B, one cache line.
 void SharedIndex::move_item(uint64_t to, const HeapItem& it) {
   heap_[to] = it;
-  slots_[it.slot].heap_pos = static_cast<uint32_t>(to);
+  entry_of(it.id).heap_pos = static_cast<uint32_t>(to);
 }
 
 void SharedIndex::sift_up(uint64_t i) {
@@ -324,23 +563,50 @@ void SharedIndex::sift_down(uint64_t i) {
 }
 
 std::string SharedIndex::check_invariants() const {
-  uint64_t n = 0, leased = 0;
-  for (uint64_t s = 0; s < hdr_->capacity; ++s) {
-    const Entry& e = slots_[s];
-    if (e.id == 0) continue;
-    ++n;
-    if (e.state == State::kLeased) ++leased;
-    if ((e.state != State::kReady && e.state != State::kLeased) || e.owner > kOwnerSlots) {
-      return "I6: entry " + std::to_string(e.id) + " has an invalid state or owner";
-    }
-    if (e.id >= hdr_->next_id) return "I5: entry id " + std::to_string(e.id) + " >= next_id";
-    if (find(e.id) != static_cast<int64_t>(s)) return "I5: id " + std::to_string(e.id) + " not findable";
-    if (e.heap_pos >= hdr_->heap_size || heap_[e.heap_pos].slot != s) return "I2: heap back-pointer";
+  const IndexHeader& h = *hdr_;
+  if (!mapped_current()) return "mapping is stale";
+  if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id)) {
+    return "I5: low_id " + std::to_string(h.low_id) + ", cursor " + std::to_string(h.cursor) + ", next_id " +
+           std::to_string(h.next_id);
   }
-  if (n != hdr_->count || n * 4 > hdr_->capacity * 3) return "I1: count";
-  if (hdr_->heap_size != n) return "I2: heap size";
-  if (leased != hdr_->leased) return "I4: leased count";
-  for (uint64_t i = 1; i < hdr_->heap_size; ++i)
+  if (h.heap_size > hcap_) return "I2: heap size";
+  // The overflow table's load first: every probe below relies on an empty slot.
+  uint64_t on = 0;
+  for (uint64_t s = 0; s < ocap_; ++s) on += ovf_[s].id != 0;
+  if (on != h.ovf_count || on * 4 > ocap_ * 3) return "I1: overflow count";
+  uint64_t n = on, queued = 0, leased = 0;
+  auto check = [&](const Entry& e, uint64_t id) -> std::string {
+    if (e.state != State::kReady && e.state != State::kLeased && e.state != State::kQueued) {
+      return "I6: entry " + std::to_string(id) + " has an invalid state";
+    }
+    if (e.owner > kOwnerSlots) return "I6: entry " + std::to_string(id) + " has an invalid owner";
+    if (id >= h.next_id) return "I5: entry id " + std::to_string(id) + " >= next_id";
+    if (e.state == State::kLeased) ++leased;
+    if (e.state == State::kQueued) {
+      ++queued;
+      if (id < h.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
+    } else if (e.heap_pos >= h.heap_size || heap_[e.heap_pos].id != id) {
+      return "I2: heap back-pointer of " + std::to_string(id);
+    }
+    return "";
+  };
+  for (uint64_t s = 0; s < wcap_; ++s) {
+    if (win_[s].state == State::kEmpty) continue;
+    ++n;
+    if (std::string p = check(win_[s], id_of(static_cast<uint32_t>(s))); !p.empty()) return p;
+  }
+  for (uint64_t s = 0; s < ocap_; ++s) {
+    const OvfEntry& o = ovf_[s];
+    if (o.id == 0) continue;
+    if (o.id >= h.low_id) return "I5: overflow id " + std::to_string(o.id) + " is in the window's range";
+    if (o.e.state == State::kQueued) return "I6: overflow entry " + std::to_string(o.id) + " is queued";
+    if (find(o.id) != static_cast<int64_t>(wcap_ + s)) return "I5: id " + std::to_string(o.id) + " not findable";
+    if (std::string p = check(o.e, o.id); !p.empty()) return p;
+  }
+  if (n != h.count) return "I1: count";
+  if (queued != h.queued || h.heap_size != n - queued) return "I2: heap size";
+  if (leased != h.leased) return "I4: leased count";
+  for (uint64_t i = 1; i < h.heap_size; ++i)
     if (less(heap_[i], heap_[(i - 1) / kHeapArity])) return "I3: heap order at " + std::to_string(i);
   return "";
 }

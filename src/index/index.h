@@ -1,31 +1,42 @@
 // The shared index: a rebuildable cache of the queue's state in an mmap'd file that every
 // attached process maps MAP_SHARED, guarded by one robust process-shared mutex.
 //
-// File layout: a 4 KiB header page (IndexHeader), then the region: an open-addressing hash
-// table of `capacity` Entry slots keyed by message id (linear probing, backward-shift
-// deletion, load <= 3/4), then a 4-ary min-heap of `capacity` HeapItems. The header page is
-// mapped once; the region is remapped when another process grew it (region_gen).
+// File layout: a 4 KiB header page (IndexHeader), then the region: the window, `capacity`
+// Entry slots; the heap, `heap_cap` HeapItems; the overflow table, `ovf_cap` OvfEntries. The
+// header page is mapped once; the region is remapped when another process grew it
+// (region_gen). docs/format.md, "The shared index", says why it is shaped so.
 //
-// One heap orders every live message by the time it can next be received: a ready message
-// by the time it became ready, a delayed one by its ready-at time, a leased one by its lease
-// deadline. So "next message to deliver" and "next lease to expire" are both the heap top,
-// O(log n) (4-ary: index.cc says why), and an expired lease needs no sweeper: it is simply
-// at the top.
+// The window holds every live message with an id in [low_id, low_id + capacity), message id
+// in slot id % capacity, so a lookup is one division and one cache line, and a slot needs
+// no id or hash-table slack: 24 B. Ids are handed out in order and mostly acked in order, so
+// low_id follows the oldest live message and the window stays about as large as the queue.
+// A live message that holds low_id back while the window would have to grow past twice the
+// live count (a long delay, a lease extended for hours) moves to the overflow table, an
+// open-addressing hash table (linear probing, backward-shift deletion, load <= 3/4).
+//
+// A message that has been ready since it was sent and was never received is "queued": it is
+// in no heap. Queued messages are delivered in id order, found by a cursor that only moves
+// forward. Every other message (leased, delayed, nacked, released) has an item in one 4-ary
+// min-heap ordered by (the time it can next be received, id): a leased message by its lease
+// deadline, a delayed one by its ready-at time. The heap is as large as the messages in
+// flight, not the backlog, so a receive from a backlog of 10M costs what it costs at 1k.
+// The next message to deliver is the earlier of the queue head and the heap top.
 //
 // Invariants, true whenever the mutex is free (checked by check_invariants()):
-//  I1 count == number of non-empty slots; count <= capacity * 3/4.
-//  I2 heap_size == count; for every slot s, heap[entry(s).heap_pos].slot == s.
-//  I3 the heap property holds on (key, tie).
+//  I1 count == live window slots + ovf_count; ovf_count <= ovf_cap * 3/4.
+//  I2 heap_size == count - queued; every non-queued entry's heap_pos names its heap item.
+//  I3 the heap property holds on (key, id).
 //  I4 leased == number of entries in state kLeased.
-//  I5 every entry's id < next_id; every entry can be found by its id.
-//  I6 every entry's state is kReady or kLeased, and its owner at most kOwnerSlots.
+//  I5 every id < next_id; window ids are in [low_id, low_id + capacity), overflow ids are
+//     below low_id and findable; 1 <= low_id <= cursor <= next_id; queued entries >= cursor.
+//  I6 every entry's state is valid, its owner at most kOwnerSlots; overflow holds no
+//     queued entry.
 // A process that dies inside the critical section may break any of them; the next locker
 // gets EOWNERDEAD and rebuilds the whole index from the log (the log is written before the
 // index in every operation, so the log always holds the truth).
-//
-// Memory: 32 B per slot + 16 B per heap item, at load 3/8..3/4: 64-128 B per queued message.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -37,35 +48,44 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-inline constexpr uint32_t kIndexVersion = 5;  // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap
+// 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window
+inline constexpr uint32_t kIndexVersion = 6;
 inline constexpr uint64_t kHeaderBytes = 4096;
-inline constexpr uint64_t kMinCapacity = 1024;
+inline constexpr uint64_t kMinWindow = 1024;
+inline constexpr uint64_t kMinHeap = 256;
+inline constexpr uint64_t kMinOverflow = 64;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
 
-enum class State : uint8_t { kReady = 1, kLeased = 2 };
+// kQueued: ready since it was sent, never received: no heap item (see above). kReady: ready
+// or delayed, in the heap. kLeased: in the heap by its lease deadline.
+enum class State : uint8_t { kEmpty = 0, kReady = 1, kLeased = 2, kQueued = 3 };
 
 // Processes that bind their leases (Queue::bind_leases) each claim one owner slot; at most
 // this many at once.
 inline constexpr uint32_t kOwnerSlots = 128;
 
 struct Entry {
-  uint64_t id;        // 0: empty slot
   uint64_t loc;       // storage::Pos::pack() of the MSG record
   uint32_t len;       // payload length
-  uint32_t heap_pos;  // where this entry's item sits in the heap
   uint32_t count;     // receive count == lease generation
+  uint32_t heap_pos;  // where this entry's item sits in the heap; kQueued: key bits (key())
+  uint16_t key_hi;    // kQueued: more key bits
   State state;
-  uint8_t reserved;
-  uint16_t owner;     // 1 + owner slot of the process the lease is bound to; 0: unbound
+  uint8_t owner;      // 1 + owner slot of the process the lease is bound to; 0: unbound
 };
-static_assert(sizeof(Entry) == 32);
+static_assert(sizeof(Entry) == 24);
 
 struct HeapItem {
   uint64_t key;  // CLOCK_BOOTTIME ns when the message can next be received
-  uint32_t slot;
-  uint32_t tie;  // low bits of the id: FIFO among equal keys
+  uint64_t id;   // also the tie-break: FIFO among equal keys
 };
 static_assert(sizeof(HeapItem) == 16);
+
+struct OvfEntry {
+  uint64_t id;  // 0: empty slot
+  Entry e;
+};
+static_assert(sizeof(OvfEntry) == 32);
 
 struct alignas(64) IndexHeader {
   uint64_t magic;
@@ -79,10 +99,16 @@ struct alignas(64) IndexHeader {
   alignas(64) sys::RobustMutex mu;       // the index lock
   alignas(64) sys::RobustMutex sync_mu;  // group commit: one flusher at a time
   // Guarded by mu:
-  alignas(64) uint64_t capacity;
+  alignas(64) uint64_t capacity;  // window slots
+  uint64_t heap_cap;
+  uint64_t ovf_cap;
   uint64_t region_gen;
-  uint64_t count;
+  uint64_t count;      // live messages
+  uint64_t ovf_count;  // of them in the overflow table
+  uint64_t queued;     // of them in state kQueued
   uint64_t heap_size;
+  uint64_t low_id;     // the window's first id
+  uint64_t cursor;     // no queued message has a lower id
   uint64_t leased;
   uint64_t next_id;
   uint64_t log_end;  // storage::Pos::pack() of where the next record goes
@@ -141,48 +167,86 @@ class SharedIndex {
   // Must be called with the lock held, before touching the region: remaps if it grew.
   Status refresh();
 
-  // Empties the region (counts to zero); the caller then replays the log. Lock held.
+  // Empties the region (counts to zero, the window starting at next_id); the caller then
+  // replays the log or has purged everything. Lock held.
   Status reset();
 
-  // Table and heap operations, lock held.
+  // The operations below need the lock. A slot names a live message until the next
+  // insert, erase or set(); insert, set and reserve may grow (remap) the region, which
+  // invalidates every Entry reference.
   int64_t find(uint64_t id) const;  // slot or -1
-  Result<uint32_t> insert(const Entry& e, uint64_t key);  // may grow the region
-  // Grows the region now so that `more` inserts cannot fail.
-  Status reserve(uint64_t more);
+  uint64_t id_of(uint32_t slot) const;
+  Entry& entry(uint32_t slot) { return slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e; }
+  // When the message can next be received (a queued one's key is rounded down to 1 us).
+  uint64_t key(uint32_t slot) const;
+  // Adds message `id` (not present), queued if `key` <= `now`, else ready at `key`.
+  Result<uint32_t> insert(uint64_t id, const Entry& e, uint64_t key, uint64_t now);
+  // Makes room now so that inserting the ids next_id .. next_id + more - 1 (ready at a later
+  // time when `delayed`) cannot fail.
+  Status reserve(uint64_t more, bool delayed);
+  // Gives the message in `slot` state kReady or kLeased and the time it can next be
+  // received; a queued message moves into the heap.
+  Status set(uint32_t slot, State state, uint64_t key);
   void erase(uint32_t slot);
-  void set_key(uint32_t slot, uint64_t key);
-  Entry& entry(uint32_t slot) { return slots_[slot]; }
-  bool heap_empty() const { return hdr_->heap_size == 0; }
-  const HeapItem& heap_top() const { return heap_[0]; }
+  // The message to deliver next if one can be received at `now`: the earlier of the queue
+  // head and the heap top; -1 if none. Moves the cursor.
+  int64_t next(uint64_t now);
+  // The earliest time anything can be received (UINT64_MAX: nothing is queued).
+  uint64_t next_key();
+  // Grows the heap now so that `more` messages can leave the queue without a remap.
+  Status reserve_heap(uint64_t more);
+
+  // For stats, list and peek: heap items (in heap order) and the queued messages from the
+  // cursor on (in id order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
-  // The id of a heap item's message. While every id fits 32 bits it is the item's tie, so a
-  // scan of the heap array (stats, list, peek) reads no entry: at 10M queued, reading them
-  // (random slots of a 768 MiB index) held the lock for 211 ms in stats(), seconds in peek().
-  uint64_t item_id(const HeapItem& it) const {
-    return hdr_->next_id <= (uint64_t{1} << 32) ? it.tie : slots_[it.slot].id;
-  }
   uint64_t heap_size() const { return hdr_->heap_size; }
   template <class F>
+  void for_each_queued(F&& f) {
+    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
+    for (uint64_t id = hdr_->cursor, left = hdr_->queued; id < end && left != 0; ++id) {
+      auto s = static_cast<uint32_t>(id % wcap_);
+      if (win_[s].state != State::kQueued) continue;
+      --left;
+      if (!f(s, id)) return;
+    }
+  }
+  // Every live message: the overflow table, then the window in id order.
+  template <class F>
   void for_each_entry(F&& f) {
-    for (uint64_t s = 0; s < hdr_->capacity; ++s)
-      if (slots_[s].id != 0) f(static_cast<uint32_t>(s), slots_[s]);
+    for (uint64_t s = 0; s < ocap_; ++s)
+      if (ovf_[s].id != 0) f(static_cast<uint32_t>(wcap_ + s), ovf_[s].id, ovf_[s].e);
+    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
+    for (uint64_t id = hdr_->low_id; id < end; ++id) {
+      auto s = static_cast<uint32_t>(id % wcap_);
+      if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
+    }
   }
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;
 
  private:
   Status map_region();
+  bool mapped_current() const;
   uint64_t checksum() const;
-  Status grow();
-  void place(uint32_t slot, const Entry& e);
+  int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
+  // Re-lays the region out with the given capacities, keeping every entry.
+  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap);
+  // Makes `id` (>= low_id) fit in the window: grows it, or moves the oldest messages to
+  // the overflow table when the window is mostly holes.
+  Status fit(uint64_t id);
+  Status ovf_reserve(uint64_t more);
+  uint32_t ovf_place(uint64_t id, const Entry& e);
+  void ovf_erase(uint64_t s);
+  Entry& entry_of(uint64_t id);
+  void push_heap(uint32_t slot, uint64_t id, uint64_t key);
+  void advance_low();
   static constexpr uint64_t kHeapArity = 4;
   void move_item(uint64_t to, const HeapItem& it);
   void sift_up(uint64_t i);
   void sift_down(uint64_t i);
-  bool less(const HeapItem& a, const HeapItem& b) const {
-    return a.key < b.key || (a.key == b.key && a.tie < b.tie);
+  static bool less(const HeapItem& a, const HeapItem& b) {
+    return a.key < b.key || (a.key == b.key && a.id < b.id);
   }
-  uint64_t mask() const { return hdr_->capacity - 1; }
 
   int fd_ = -1;
   bool anonymous_ = false;
@@ -190,9 +254,11 @@ class SharedIndex {
   void* region_ = nullptr;
   uint64_t region_len_ = 0;
   uint64_t mapped_gen_ = UINT64_MAX;
-  uint64_t mapped_capacity_ = 0;
-  Entry* slots_ = nullptr;
+  // The capacities the mapping was laid out with (the header's may be newer).
+  uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0;
+  Entry* win_ = nullptr;
   HeapItem* heap_ = nullptr;
+  OvfEntry* ovf_ = nullptr;
 };
 
 }  // namespace spool::index

@@ -74,7 +74,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     uint64_t active = Pos::unpack(h.log_end).seq;
     std::map<uint64_t, uint64_t> live;
     idx.for_each_entry(
-        [&](uint32_t, const Entry& e) { live[Pos::unpack(e.loc).seq] += format::record_size(e.len); });
+        [&](uint32_t, uint64_t, const Entry& e) { live[Pos::unpack(e.loc).seq] += format::record_size(e.len); });
     uint64_t cum_live = 0, cum_size = 0;
     for (uint64_t seq : *seqs) {
       if (seq >= active) break;
@@ -95,8 +95,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     auto held = lock();
     if (!held.ok()) return held.status();
-    idx.for_each_entry([&](uint32_t, const Entry& e) {
-      if (Pos::unpack(e.loc).seq <= last) ids.push_back(e.id);
+    idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+      if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
   }
   // Progress counts messages to copy, then segments to remove.
@@ -125,11 +125,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
         // Never drop what cannot be copied: the prefix stays until verify/repair decides.
         return Status(v.status().code(), "compaction stopped: " + v.status().message());
       }
-      uint64_t key = idx.heap_begin()[e.heap_pos].key;
+      uint64_t key = idx.key(slots[i]);
       uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
-      recs.push_back(Record{RecordType::kMsg, 0, e.id, v->t1, v->t2, v->payload, format::kFlagCopy});
+      const uint64_t id = idx.id_of(slots[i]);
+      recs.push_back(Record{RecordType::kMsg, 0, id, v->t1, v->t2, v->payload, format::kFlagCopy});
       recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
-                            e.id, 0, rt, {}});
+                            id, 0, rt, {}});
     }
     uint64_t copy_bytes = 0;
     for (const Record& r : recs) copy_bytes += format::record_size(r.payload.size());
@@ -145,7 +146,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     auto held = lock();
     if (!held.ok()) return held.status();
     bool left = false;
-    idx.for_each_entry([&](uint32_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
+    idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
     if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
   }
   crashpoint("compact.after_copy");

@@ -265,7 +265,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     uint64_t record_bytes = 0;
     for (auto p : payloads) record_bytes += format::record_size(p.size());
     if (Status s = q.ensure_room(payloads.size(), record_bytes); !s.ok()) return s;
-    if (Status s = q.idx.reserve(payloads.size()); !s.ok()) return s;
+    if (Status s = q.idx.reserve(payloads.size(), d != 0); !s.ok()) return s;
     Clocks now;
     std::vector<Record> recs;
     recs.reserve(payloads.size());
@@ -276,9 +276,8 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     if (!res.ok()) return res.status();
     if (!q.park_append_path.empty()) park(q.park_append_path);
     for (size_t i = 0; i < recs.size(); ++i) {
-      Entry e{recs[i].id, res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), index::kNoPos, 0,
-              State::kReady, 0, 0};
-      (void)q.idx.insert(e, now.boot + d);  // cannot fail: reserved above
+      Entry e{res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), 0, index::kNoPos, 0, State::kReady, 0};
+      (void)q.idx.insert(recs[i].id, e, now.boot + d, now.boot);  // cannot fail: reserved above
       ids.push_back(recs[i].id);
       h.bytes_live += payloads[i].size();
     }
@@ -287,9 +286,10 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     h.sent_through.store(h.next_id - 1, std::memory_order_release);
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written).
-    while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes &&
-           !q.idx.heap_empty() && q.idx.heap_top().key <= now.boot) {
-      if (Status s = q.expire(q.idx.heap_top().slot); !s.ok()) return s;
+    while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes) {
+      int64_t oldest = q.idx.next(now.boot);
+      if (oldest < 0) break;
+      if (Status s = q.expire(static_cast<uint32_t>(oldest)); !s.ok()) return s;
     }
     end = h.log_end;
     woken = d == 0 ? recs.size() : 0;
@@ -326,16 +326,19 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
       if (!held.ok()) return held.status();
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now;
-      while (out.size() < max && !q.idx.heap_empty() && q.idx.heap_top().key <= now.boot) {
+      // Every message taken gets a heap item: room for them first, so that taking one
+      // cannot fail halfway.
+      if (Status s = q.idx.reserve_heap(max); !s.ok()) return s;
+      for (int64_t slot; out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
-        auto taken = q.take(q.idx.heap_top().slot, now, vis, &end, mapped != nullptr ? &m : nullptr);
+        auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
         if (!taken.ok()) return taken.status();
         if (!*taken) continue;
         out.push_back(std::move(**taken));
         if (mapped != nullptr) mapped->push_back(std::move(m));
       }
       if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
-      if (!q.idx.heap_empty()) next_key = q.idx.heap_top().key;
+      next_key = q.idx.next_key();
     }
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
@@ -381,11 +384,12 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
+    if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
     Clocks now;
     const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
-    if (q.idx.heap_begin()[e.heap_pos].key > now.boot) {
+    if (q.idx.key(static_cast<uint32_t>(slot)) > now.boot) {
       return Status(Code::kEmpty, "message " + std::to_string(id) +
                                       (e.state == State::kLeased ? " is leased" : " is delayed"));
     }
@@ -402,24 +406,32 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   return std::move(out.front());
 }
 
-// The heap slots of the `max` lowest ids (of the ready messages only, with `ready_before`
-// != 0: key <= it), lowest first. Lock held. It walks the heap array, sequential memory,
-// instead of every hash slot (SharedIndex::item_id).
+// The slots of the `max` lowest ids (of the ready messages only, with `ready_before` != 0:
+// key <= it), lowest first. Lock held. Queued messages are in id order from the cursor on,
+// so only the first `max` of them are read; the heap (messages in flight, delayed or
+// redelivered) is read whole, sequential memory.
 static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, uint64_t ready_before) {
   if (max == 0) return {};
-  const index::HeapItem* items = q.idx.heap_begin();
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
-  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
-    if (ready_before != 0 && items[i].key > ready_before) continue;
-    uint64_t id = q.idx.item_id(items[i]);
-    if (best.size() == max && id >= best.front().first) continue;
+  auto offer = [&](uint64_t id, uint32_t slot) {
+    if (best.size() == max && id >= best.front().first) return;
     if (best.size() == max) {
       std::pop_heap(best.begin(), best.end());
       best.pop_back();
     }
-    best.emplace_back(id, items[i].slot);
+    best.emplace_back(id, slot);
     std::push_heap(best.begin(), best.end());
+  };
+  const index::HeapItem* items = q.idx.heap_begin();
+  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+    if (ready_before != 0 && items[i].key > ready_before) continue;
+    offer(items[i].id, static_cast<uint32_t>(q.idx.find(items[i].id)));
   }
+  size_t seen = 0;
+  q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+    offer(id, slot);
+    return ++seen < max;
+  });
   std::sort_heap(best.begin(), best.end());
   std::vector<uint32_t> slots;
   slots.reserve(best.size());
@@ -435,7 +447,7 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, bool ready_only) {
   std::vector<MessageInfo> out;
   for (uint32_t slot : lowest_ids(q, max, ready_only ? now : 0)) {
     const Entry& e = q.idx.entry(slot);
-    out.push_back(MessageInfo{e.id, e.len, e.count, q.idx.heap_begin()[e.heap_pos].key <= now});
+    out.push_back(MessageInfo{q.idx.id_of(slot), e.len, e.count, q.idx.key(slot) <= now});
   }
   return out;
 }
@@ -465,26 +477,22 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
-    bool was_leased = e.state == State::kLeased;
     switch (what) {
       case Change::kAck:
-        if (was_leased) --h.leased;
         h.bytes_live -= e.len;
         ++h.acked_total;
         q.idx.erase(*slot);
         q.room();
         break;
+      // A fenced message has been received (its count is the receipt's, at least 1), so
+      // it is in the heap already and set() cannot remap.
       case Change::kNack:
-        if (was_leased) --h.leased;
         ++h.nacked_total;
-        e.state = State::kReady;
-        q.idx.set_key(*slot, now.boot + ns);
+        (void)q.idx.set(*slot, State::kReady, now.boot + ns);
         wake = ns == 0;
         break;
       case Change::kExtend:
-        if (!was_leased) ++h.leased;
-        e.state = State::kLeased;
-        q.idx.set_key(*slot, now.boot + ns);
+        (void)q.idx.set(*slot, State::kLeased, now.boot + ns);
         break;
     }
     end = h.log_end;
@@ -519,7 +527,7 @@ Status Queue::bind(std::string_view receipt) {
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
   Entry& e = q.idx.entry(*slot);
   if (e.state != State::kLeased) {
-    return Status(Code::kLeaseLost, "message " + std::to_string(e.id) + " is not leased (it was nacked)");
+    return Status(Code::kLeaseLost, "message " + std::to_string(r->first) + " is not leased (it was nacked)");
   }
   e.owner = static_cast<uint16_t>(q.owner_slot + 1);
   return {};
@@ -540,7 +548,7 @@ Result<std::vector<Message>> Queue::peek(size_t max) {
   if (!held.ok()) return held.status();
   std::vector<Message> out;
   for (uint32_t slot : lowest_ids(q, max, 0)) {
-    auto m = q.load(q.idx.entry(slot));
+    auto m = q.load(slot);
     if (!m.ok()) return m.status();
     out.push_back(std::move(*m));
   }
@@ -561,10 +569,8 @@ Result<uint64_t> Queue::purge() {
     if (!at.ok()) return at.status();
     n = h.count;
     h.purged_through = h.next_id - 1;
-    h.leased = 0;
     h.bytes_live = 0;
     if (Status s = q.idx.reset(); !s.ok()) return s;
-    h.heap_size = 0;
     end = h.log_end;
     q.room();
   }
@@ -580,26 +586,22 @@ Result<Stats> Queue::stats() {
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
     uint64_t now = sys::boot_ns();
-    uint64_t oldest_id = UINT64_MAX;
-    uint32_t oldest_slot = 0;
-    // Ready messages are counted from the heap array alone (SharedIndex::item_id).
+    // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
+    // redelivered: not the backlog).
+    st.ready = h.queued;
+    auto head = lowest_ids(q, 1, now);
     const index::HeapItem* items = q.idx.heap_begin();
     for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
       if (items[i].key <= now) {
         ++st.ready;
-        uint64_t id = q.idx.item_id(items[i]);
-        if (id < oldest_id) {
-          oldest_id = id;
-          oldest_slot = items[i].slot;
-        }
-      } else if (q.idx.entry(items[i].slot).state == State::kLeased) {
+      } else if (q.idx.entry(static_cast<uint32_t>(q.idx.find(items[i].id))).state == State::kLeased) {
         ++st.in_flight;
       } else {
         ++st.delayed;
       }
     }
-    if (oldest_id != UINT64_MAX) {
-      if (auto m = q.load(q.idx.entry(oldest_slot)); m.ok()) {
+    if (!head.empty()) {
+      if (auto m = q.load(head.front()); m.ok()) {
         st.oldest_ready_age_s = std::max(0.0, std::chrono::duration<double>(
                                                   std::chrono::system_clock::now() - m->enqueued).count());
       }

@@ -212,9 +212,9 @@ struct Queue::Impl {
     };
     std::vector<Owned> owned;
     if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
-      idx.for_each_entry([&](uint32_t, const Entry& e) {
+      idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
         if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
-          owned.push_back(Owned{e.id, e.count, e.owner});
+          owned.push_back(Owned{id, e.count, e.owner});
         }
       });
     }
@@ -235,15 +235,14 @@ struct Queue::Impl {
     auto& h = x.hdr();
     ++h.region_gen;  // forces every process (and us) to remap before the next access
     if (Status s = x.refresh(); !s.ok()) return s;
-    if (Status s = x.reset(); !s.ok()) return s;
     h.next_id = 1;
+    if (Status s = x.reset(); !s.ok()) return s;
     h.purged_through = 0;
     h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
     Clocks now;
     Status failed;
     auto drop = [&](int64_t slot) {
       Entry& e = x.entry(static_cast<uint32_t>(slot));
-      if (e.state == State::kLeased) --h.leased;
       h.bytes_live -= e.len;
       x.erase(static_cast<uint32_t>(slot));
     };
@@ -265,8 +264,8 @@ struct Queue::Impl {
             if ((r.flags & format::kFlagCopy) != 0) x.entry(static_cast<uint32_t>(have)).loc = pos.pack();
             return;
           }
-          Entry e{r.id, pos.pack(), static_cast<uint32_t>(r.payload.size()), index::kNoPos, 0, State::kReady, 0, 0};
-          auto ins = x.insert(e, now.to_key(r.t2));
+          Entry e{pos.pack(), static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
+          auto ins = x.insert(r.id, e, now.to_key(r.t2), now.boot);
           if (!ins.ok()) failed = ins.status();
           if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
           h.bytes_live += r.payload.size();
@@ -274,18 +273,14 @@ struct Queue::Impl {
         }
         case RecordType::kLease:
           if (slot < 0) return;
-          if (x.entry(slot).state != State::kLeased) ++h.leased;
-          x.entry(slot).state = State::kLeased;
           x.entry(slot).count = r.count;
-          x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
+          if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, now.to_key(r.t2)); !s.ok()) failed = s;
           return;
         case RecordType::kRelease:
           if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
           if (slot < 0) return;
-          if (x.entry(slot).state == State::kLeased) --h.leased;
-          x.entry(slot).state = State::kReady;
           x.entry(slot).count = r.count;
-          x.set_key(static_cast<uint32_t>(slot), now.to_key(r.t2));
+          if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, now.to_key(r.t2)); !s.ok()) failed = s;
           return;
         case RecordType::kAck:
           ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
@@ -297,8 +292,8 @@ struct Queue::Impl {
           return;
         case RecordType::kPurge: {
           std::vector<uint64_t> ids;
-          x.for_each_entry([&](uint32_t, const Entry& e) {
-            if (e.id <= r.id) ids.push_back(e.id);
+          x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+            if (id <= r.id) ids.push_back(id);
           });
           for (uint64_t id : ids) drop(x.find(id));
           h.purged_through = std::max(h.purged_through, r.id);
@@ -317,8 +312,8 @@ struct Queue::Impl {
           if (cp->purged_through > h.purged_through) {
             // The PURGE itself may have been compacted away: apply it here.
             std::vector<uint64_t> ids;
-            x.for_each_entry([&](uint32_t, const Entry& e) {
-              if (e.id <= cp->purged_through) ids.push_back(e.id);
+            x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+              if (id <= cp->purged_through) ids.push_back(id);
             });
             for (uint64_t id : ids) drop(x.find(id));
             h.purged_through = cp->purged_through;
@@ -642,9 +637,9 @@ struct Queue::Impl {
     for (uint32_t k : ks) mine[k + 1] = true;
     Clocks now;
     std::vector<uint32_t> victims;
-    idx.for_each_entry([&](uint32_t s, Entry& e) {
-      if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner] || e.heap_pos >= idx.heap_size()) return;
-      if (e.state == State::kLeased && idx.heap_begin()[e.heap_pos].key > now.boot) {
+    idx.for_each_entry([&](uint32_t s, uint64_t, Entry& e) {
+      if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner]) return;
+      if (e.state == State::kLeased && idx.key(s) > now.boot) {
         victims.push_back(s);
       } else {
         e.owner = 0;
@@ -654,16 +649,14 @@ struct Queue::Impl {
       std::vector<Record> recs;
       for (uint32_t s : victims) {
         const Entry& e = idx.entry(s);
-        recs.push_back(Record{RecordType::kRelease, e.count, e.id, 0, now.rt, {}});
+        recs.push_back(Record{RecordType::kRelease, e.count, idx.id_of(s), 0, now.rt, {}});
       }
       bool logged = append(recs).ok();  // if not, the leases simply run out as usual
       for (uint32_t s : victims) {
         Entry& e = idx.entry(s);
         e.owner = 0;
         if (!logged) continue;
-        e.state = State::kReady;
-        --h.leased;
-        idx.set_key(s, now.boot);
+        (void)idx.set(s, State::kReady, now.boot);  // leased: in the heap already, no remap
       }
       if (logged) wake(victims.size());
       spool::log().info("spool: {}: released {} lease(s) of a process that is gone", dir, victims.size());
@@ -715,16 +708,18 @@ struct Queue::Impl {
     std::string_view view;
   };
 
-  // The message in entry `e`, its payload copied, or with `mapped` left in the segment.
-  Result<Message> load(const Entry& e, Mapped* mapped = nullptr) {
+  // The message in `slot`, its payload copied, or with `mapped` left in the segment.
+  Result<Message> load(uint32_t slot, Mapped* mapped = nullptr) {
+    const Entry& e = idx.entry(slot);
+    const uint64_t id = idx.id_of(slot);
     std::shared_ptr<storage::Segment> keep;
     auto r = log->read(Pos::unpack(e.loc), &keep);
     if (!r.ok()) return r.status();
-    if (r->id != e.id || r->type != RecordType::kMsg) {
-      return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(e.id));
+    if (r->id != id || r->type != RecordType::kMsg) {
+      return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(id));
     }
     Message m;
-    m.id = e.id;
+    m.id = id;
     if (mapped != nullptr) {
       mapped->view = r->payload;
       mapped->keep = std::move(keep);
@@ -789,44 +784,42 @@ struct Queue::Impl {
   Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end,
                                       Mapped* mapped = nullptr) {
     auto& h = idx.hdr();
-    Entry& e = idx.entry(slot);
-    auto msg = load(e, mapped);
+    const uint64_t id = idx.id_of(slot);
+    auto msg = load(slot, mapped);
     if (msg.ok() && cfg.opts.retention_max_age.count() > 0 &&
         std::chrono::system_clock::now() - msg->enqueued > cfg.opts.retention_max_age) {
       if (Status s = expire(slot); !s.ok()) return s;
       *end = h.log_end;
       return std::optional<Message>();
     }
+    Entry& e = idx.entry(slot);
     bool poison = cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives;
     if (poison || !msg.ok()) {
       std::string body = msg.ok() ? (mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload))
-                                  : "spool: message " + std::to_string(e.id) +
+                                  : "spool: message " + std::to_string(id) +
                                         " could not be read: " + msg.status().to_string();
       if (!msg.ok()) spool::log().error("spool: {}: {}", dir, body);
       auto dead_q = dead_letters();
       if (!dead_q.ok()) return dead_q.status();
       if (auto sent = (*dead_q)->send(body); !sent.ok()) return sent.status();
-      Record dead{RecordType::kDead, e.count, e.id, 0, 0, {}};
+      Entry& d = idx.entry(slot);  // the dead-letter send took no lock of ours; still this one
+      Record dead{RecordType::kDead, d.count, id, 0, 0, {}};
       auto at = append(std::span(&dead, 1));
       if (!at.ok()) return at.status();
-      if (e.state == State::kLeased) --h.leased;
-      h.bytes_live -= e.len;
+      h.bytes_live -= d.len;
       ++h.dead_total;
       idx.erase(slot);
       room();
       *end = h.log_end;
       return std::optional<Message>();
     }
-    if (e.state != State::kLeased) {
-      ++h.leased;
-      room();
-    }
-    e.state = State::kLeased;
-    e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint16_t>(owner_slot + 1) : 0;
-    ++e.count;
-    idx.set_key(slot, now.boot + vis);
-    msg->receive_count = e.count;
-    msg->receipt = receipt(e.id, e.count);
+    if (e.state != State::kLeased) room();  // leased ones do not count against max_ready
+    e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint8_t>(owner_slot + 1) : 0;
+    const uint32_t count = ++e.count;
+    // The caller reserved heap room for every message it takes: set() cannot remap.
+    if (Status s = idx.set(slot, State::kLeased, now.boot + vis); !s.ok()) return s;
+    msg->receive_count = count;
+    msg->receipt = receipt(id, count);
     return std::optional<Message>(std::move(*msg));
   }
 
@@ -835,11 +828,11 @@ struct Queue::Impl {
   Status expire(uint32_t slot) {
     auto& h = idx.hdr();
     Entry& e = idx.entry(slot);
-    Record rec{RecordType::kAck, e.count, e.id, 0, 0, {}, format::kFlagExpired};
+    const uint64_t id = idx.id_of(slot);
+    Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
     auto at = append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
-    spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, e.id, e.len);
-    if (e.state == State::kLeased) --h.leased;
+    spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, e.len);
     h.bytes_live -= e.len;
     ++h.expired_total;
     idx.erase(slot);

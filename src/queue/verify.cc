@@ -57,26 +57,30 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
     if (index_problems <= 20) rep.problems.push_back("index: " + std::move(p));
   };
   if (std::string inv = q.idx.check_invariants(); !inv.empty()) problem("broken invariant " + inv);
-  q.idx.for_each_entry([&](uint32_t, const Entry& e) {
-    int64_t ts = truth.find(e.id);
+  q.idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+    int64_t ts = truth.find(id);
     if (ts < 0) {
-      problem("message " + std::to_string(e.id) + " is not in the log (acked or never sent)");
+      problem("message " + std::to_string(id) + " is not in the log (acked or never sent)");
       return;
     }
     const Entry& te = truth.entry(static_cast<uint32_t>(ts));
     if (te.count != e.count) {
-      problem("message " + std::to_string(e.id) + " has receive count " + std::to_string(e.count) +
+      problem("message " + std::to_string(id) + " has receive count " + std::to_string(e.count) +
               ", the log says " + std::to_string(te.count));
     }
-    if (te.state != e.state) problem("message " + std::to_string(e.id) + " has the wrong state");
+    // Queued or ready in the heap is placement, not state: a delayed message whose delay
+    // has passed is queued in a replay.
+    if ((te.state == State::kLeased) != (e.state == State::kLeased)) {
+      problem("message " + std::to_string(id) + " has the wrong state");
+    }
     std::shared_ptr<storage::Segment> keep;
     auto rec = q.log->read(Pos::unpack(e.loc), &keep);
-    if (!rec.ok() || rec->id != e.id || rec->payload.size() != e.len) {
-      problem("message " + std::to_string(e.id) + " points at a wrong or unreadable record");
+    if (!rec.ok() || rec->id != id || rec->payload.size() != e.len) {
+      problem("message " + std::to_string(id) + " points at a wrong or unreadable record");
     }
   });
-  truth.for_each_entry([&](uint32_t, const Entry& e) {
-    if (q.idx.find(e.id) < 0) problem("message " + std::to_string(e.id) + " is in the log but not in the index");
+  truth.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+    if (q.idx.find(id) < 0) problem("message " + std::to_string(id) + " is in the log but not in the index");
   });
   auto counter = [&](const char* name, uint64_t have, uint64_t want) {
     if (have != want) problem(std::string(name) + " is " + std::to_string(have) + ", a recount gives " + std::to_string(want));
