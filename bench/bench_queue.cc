@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -420,8 +421,28 @@ struct Drain {
   double rate = 0;      // per wall-clock second
   double cpu_rate = 0;  // per CPU second of the consumer (user + system)
   double open_ms = 0, stats_cold_ms = 0, stats_ms = 0, peek_ms = 0, rebuild_ms = 0;
+  uint64_t rss_kb = 0, anon_kb = 0, file_kb = 0;  // the consumer's, when it was done
   bool ok = false;
 };
+
+// VmRSS, RssAnon and RssFile of this process, into g_sh->v[7..9].
+void record_rss() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto field = [&](const char* name, int at) {
+      if (line.rfind(name, 0) == 0) g_sh->v[at] = std::strtoull(line.c_str() + std::strlen(name), nullptr, 10);
+    };
+    field("VmRSS:", 7);
+    field("RssAnon:", 8);
+    field("RssFile:", 9);
+  }
+}
+void take_rss(Drain& d) {
+  d.rss_kb = g_sh->v[7];
+  d.anon_kb = g_sh->v[8];
+  d.file_kb = g_sh->v[9];
+}
 
 bool fill(const std::string& dir, uint64_t n, Sizes& out) {
   reset_shared();
@@ -528,6 +549,7 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
     }
     g_sh->v[3] = mono_ns() - t0;
     g_sh->v[5] = cpu_ns() - c0;
+    record_rss();
     return 0;
   });
   if (!wait_all({p}, kName)) return false;
@@ -539,6 +561,7 @@ bool drain(const std::string& dir, uint64_t n, Drain& d) {
   d.peek_ms = static_cast<double>(g_sh->v[2]) / 1e6;
   d.rate = static_cast<double>(n) / secs(g_sh->v[3]);
   d.cpu_rate = static_cast<double>(n) / secs(g_sh->v[5]);
+  take_rss(d);
   return true;
 }
 
@@ -596,6 +619,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
     g_sh->v[3] = total_cpu;
     g_sh->v[1] = stats_ns;
     g_sh->v[2] = peek_ns;
+    record_rss();
     return 0;
   });
   if (!wait_all({p}, kName)) return false;
@@ -605,6 +629,7 @@ bool drain_small(const std::string& dir, uint64_t cycles, Drain& d) {
   d.cpu_rate = static_cast<double>(d.drained) / secs(g_sh->v[3]);
   d.stats_ms = static_cast<double>(g_sh->v[1]) / 1e6;
   d.peek_ms = static_cast<double>(g_sh->v[2]) / 1e6;
+  take_rss(d);
   return true;
 }
 
@@ -641,7 +666,7 @@ void section_index(bool big) {
   std::printf("index = QUEUE/index (4 KiB header + 24 B window slots, 1-1.25x the backlog, + heap and overflow); log = segment files\n");
   std::printf("(64 MiB, preallocated); log used = segment headers + records, found by scanning.\n\n");
   std::printf("fill/s = send_batch(1000) rate; worst batch = slowest send_batch(1000) call and the backlog\n");
-  std::printf("when it started (the index doubles, O(n) under the lock, when it passes 3/4 full).\n\n");
+  std::printf("when it started (the index window grows by a quarter, O(n) under the lock, when it is full).\n\n");
   std::printf("%10s %10s %12s %12s %12s %11s %11s %11s %11s %5s %16s\n", "messages", "fill/s", "index size",
               "index B/msg", "idx alloc/msg", "log B/msg", "log alloc/msg", "log used", "log alloc", "segs",
               "worst batch");
@@ -669,9 +694,12 @@ void section_index(bool big) {
   std::printf("open = first open reusing the index; 1st stats = the first stats() after that open (faults the\n");
   std::printf("index mapping in); stats / peek = one more stats(), then peek(10): each holds the index lock.\n");
   std::printf("rebuild = open after deleting QUEUE/index (replays the whole log).\n");
-  std::printf("per CPU-s = messages per second of the consumer's own CPU time (less sensitive to other load).\n\n");
-  std::printf("%8s %8s %11s %6s %10s %6s %8s %10s %9s %8s %10s\n", "backlog", "drained", "recv+ack/s", "vs 1k",
-              "per CPU-s", "vs 1k", "open ms", "1st stats", "stats ms", "peek ms", "rebuild ms");
+  std::printf("per CPU-s = messages per second of the consumer's own CPU time (less sensitive to other load).\n");
+  std::printf("RSS = the consumer's VmRSS when done, MiB, and of it RssAnon / RssFile (the index and segment\n");
+  std::printf("pages it has mapped in); the 1k consumer is also the producer.\n\n");
+  std::printf("%8s %8s %11s %6s %10s %6s %8s %10s %9s %8s %10s %7s %13s\n", "backlog", "drained", "recv+ack/s",
+              "vs 1k", "per CPU-s", "vs 1k", "open ms", "1st stats", "stats ms", "peek ms", "rebuild ms", "RSS",
+              "anon / file");
   auto line = [&](const Drain& d) {
     if (!d.ok) {
       std::printf("%10s FAILED\n", human(static_cast<double>(d.backlog)).c_str());
@@ -681,11 +709,12 @@ void section_index(bool big) {
     if (d.open_ms > 0) std::snprintf(open, sizeof open, "%.1f", d.open_ms);
     if (d.rebuild_ms > 0) std::snprintf(reb, sizeof reb, "%.0f", d.rebuild_ms);
     if (d.stats_cold_ms > 0) std::snprintf(cold, sizeof cold, "%.1f", d.stats_cold_ms);
-    std::printf("%8s %8s %11s %5.2fx %10s %5.2fx %8s %10s %9.2f %8.2f %10s\n",
+    std::printf("%8s %8s %11s %5.2fx %10s %5.2fx %8s %10s %9.2f %8.2f %10s %7.1f %6.1f/%6.1f\n",
                 human(static_cast<double>(d.backlog)).c_str(), human(static_cast<double>(d.drained)).c_str(),
                 human(d.rate).c_str(), small.ok && small.rate > 0 ? d.rate / small.rate : 0.0,
                 human(d.cpu_rate).c_str(), small.ok && small.cpu_rate > 0 ? d.cpu_rate / small.cpu_rate : 0.0, open,
-                cold, d.stats_ms, d.peek_ms, reb);
+                cold, d.stats_ms, d.peek_ms, reb, static_cast<double>(d.rss_kb) / 1024,
+                static_cast<double>(d.anon_kb) / 1024, static_cast<double>(d.file_kb) / 1024);
   };
   line(small);
   for (const Drain& d : drains) line(d);

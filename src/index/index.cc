@@ -92,7 +92,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     hdr_->magic = kIndexMagic;  // last: a half-initialised file never looks valid
     return map_region();
   }
-  if (!reusable()) {
+  if (!sound(false)) {
     return Status(Code::kIncompatible,
                   path + ": index was built by an incompatible spool build or another boot; "
                          "close every process using the queue so the next opener rebuilds it");
@@ -129,7 +129,9 @@ bool SharedIndex::mapped_current() const {
          ocap_ == hdr_->ovf_cap;
 }
 
-bool SharedIndex::reusable() const {
+bool SharedIndex::reusable() const { return sound(true); }
+
+bool SharedIndex::sound(bool counters) const {
   if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
@@ -142,8 +144,9 @@ bool SharedIndex::reusable() const {
       h.ovf_cap > (1ull << 30)) {
     return false;
   }
-  if (h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
-      h.queued > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id) {
+  // The counters change under the lock only; an attaching process reads them without it.
+  if (counters && (h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
+      h.win_offset >= h.capacity || h.queued > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
     return false;
   }
   struct stat st {};
@@ -180,9 +183,16 @@ Status SharedIndex::map_region() {
   return {};
 }
 
+void SharedIndex::drop_resident() {
+  // A shared file mapping refaults from the file: nothing is lost. A private one would be.
+  if (!anonymous_ && region_ != nullptr) (void)::madvise(region_, region_len_, MADV_DONTNEED);
+}
+
 Status SharedIndex::refresh() {
   if (mapped_current()) return {};
-  if (!reusable()) return Status(Code::kCorrupt, "index header failed validation");
+  // Geometry only: a holder killed in the middle of an operation leaves counters that the
+  // repair (replay) must still be able to map and reset.
+  if (!sound(false)) return Status(Code::kCorrupt, "index header failed validation");
   return map_region();
 }
 
@@ -197,7 +207,7 @@ Status SharedIndex::reset() {
 
 uint64_t SharedIndex::id_of(uint32_t slot) const {
   if (slot >= wcap_) return ovf_[slot - wcap_].id;
-  uint64_t base = hdr_->low_id % wcap_;
+  uint64_t base = wslot(hdr_->low_id);
   return hdr_->low_id + (slot >= base ? slot - base : slot + wcap_ - base);
 }
 
@@ -206,7 +216,7 @@ int64_t SharedIndex::find(uint64_t id) const {
   if (id == 0) return -1;
   if (id >= low) {
     if (id - low >= wcap_) return -1;
-    uint64_t s = id % wcap_;
+    uint64_t s = wslot(id);
     return win_[s].state == State::kEmpty ? -1 : static_cast<int64_t>(s);
   }
   const uint64_t m = ocap_ - 1;
@@ -224,70 +234,82 @@ uint64_t SharedIndex::key(uint32_t slot) const {
   return heap_[e.heap_pos].key;
 }
 
-// The region is laid out window, heap, overflow table. The window is copied only when it
-// grows (its slots are id % capacity); a heap or overflow resize leaves the window and the
-// heap where they are in the file, so growing the heap under a backlog of 10M does not
-// rewrite 240 MB. The overflow table is small and always rewritten; its slots survive
-// unless it grows itself.
+// The region is laid out window, heap, overflow table, and the file only ever grows (other
+// processes may still map the old range). Growing the window keeps its entries where they
+// are in the file: the ring's two runs (the ids from low_id up to the end of the array, and
+// the ones that wrapped to its start) stay in order if one of them moves, by one memmove, to
+// the other side of the new slots; win_offset then names the new position. Copying the
+// window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
+// 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
+// table are small and are copied aside; the overflow table's slots survive unless it grows.
 Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
-  const bool same_win = wcap == wcap_, same_ovf = ocap == ocap_;
-  std::vector<std::pair<uint64_t, Entry>> wins;
+  auto& h = *hdr_;
+  const uint64_t old_w = wcap_;
+  const bool same_win = wcap == old_w, same_ovf = ocap == ocap_;
+  const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
   std::vector<HeapItem> items;
-  if (!same_win) {
-    // Old and new layouts overlap in the file: copy the live state aside.
-    wins.reserve(hdr_->count - hdr_->ovf_count);
-    for (uint64_t s = 0; s < wcap_; ++s)
-      if (win_[s].state != State::kEmpty) wins.emplace_back(id_of(static_cast<uint32_t>(s)), win_[s]);
-    items.assign(heap_, heap_ + hdr_->heap_size);
-  }
+  std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
+  if (!same_win || anonymous_) items.assign(heap_, heap_ + h.heap_size);
+  if (anonymous_) raw.assign(win_, win_ + old_w);
   std::vector<OvfEntry> ovs;
   if (same_ovf) {
     ovs.assign(ovf_, ovf_ + ocap_);
   } else {
-    ovs.reserve(hdr_->ovf_count);
+    ovs.reserve(h.ovf_count);
     for (uint64_t s = 0; s < ocap_; ++s)
       if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
   }
   uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap);
   if (!anonymous_) {
-    // Only ever grows: other processes may still map the old range.
-    if (int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)); r != 0) {
-      return errno_status(r, "grow index");
+    if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)); rc != 0) {
+      return errno_status(rc, "grow index");
     }
   }
-  auto& h = *hdr_;
   const uint64_t old[3] = {h.capacity, h.heap_cap, h.ovf_cap};
   h.capacity = wcap;
   h.heap_cap = hcap;
   h.ovf_cap = ocap;
   h.file_bytes = std::max(h.file_bytes, bytes);
   ++h.region_gen;
-  if (anonymous_ && same_win) {
-    // A private mapping does not keep its contents across a remap: copy like a grow.
-    wins.reserve(h.count - h.ovf_count);
-    for (uint64_t s = 0; s < wcap_; ++s)
-      if (win_[s].state != State::kEmpty) wins.emplace_back(id_of(static_cast<uint32_t>(s)), win_[s]);
-    items.assign(heap_, heap_ + h.heap_size);
-  }
-  const bool rewrite_win = !same_win || anonymous_;
   if (Status s = map_region(); !s.ok()) {
     h.capacity = old[0];
     h.heap_cap = old[1];
     h.ovf_cap = old[2];
     return s;
   }
+  auto populate = [&](void* from, uint64_t len) {
 #ifdef MADV_POPULATE_WRITE
-  // The copy below touches every page of the new region; faulting them in with one call
-  // instead of one exception each made send_batch(64) of 200,000 messages into a fresh queue
-  // 25-30% faster (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s;
-  // exceptions are dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
-  if (rewrite_win) (void)::madvise(region_, region_len_, MADV_POPULATE_WRITE);
+    // Faulting the pages about to be written in with one call instead of one exception
+    // each made send_batch(64) of 200,000 messages into a fresh queue 25-30% faster
+    // (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s; exceptions are
+    // dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
+    auto at = reinterpret_cast<uintptr_t>(from) & ~uintptr_t{4095};
+    (void)::madvise(reinterpret_cast<void*>(at), len + (reinterpret_cast<uintptr_t>(from) - at), MADV_POPULATE_WRITE);
+#else
+    (void)from, (void)len;
 #endif
-  if (rewrite_win) {
-    std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
-    for (const auto& [id, e] : wins) win_[id % wcap_] = e;
-    if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
+  };
+  char* const region_end = static_cast<char*>(region_) + region_len_;
+  if (anonymous_) std::memcpy(static_cast<void*>(win_), raw.data(), old_w * sizeof(Entry));
+  if (!same_win) {
+    const uint64_t grow = wcap - old_w;
+    if (r <= grow) {
+      populate(win_, r * sizeof(Entry));
+      populate(win_ + old_w, static_cast<uint64_t>(region_end - reinterpret_cast<char*>(win_ + old_w)));
+      // Slots beyond the old array held the old heap and overflow table, or nothing.
+      std::memset(static_cast<void*>(win_ + old_w), 0, grow * sizeof(Entry));
+      std::memcpy(static_cast<void*>(win_ + old_w), win_, r * sizeof(Entry));  // the wrapped run
+      std::memset(static_cast<void*>(win_), 0, r * sizeof(Entry));
+      h.win_offset = (r + wcap - h.low_id % wcap) % wcap;
+    } else {
+      populate(win_ + r, static_cast<uint64_t>(region_end - reinterpret_cast<char*>(win_ + r)));
+      std::memset(static_cast<void*>(win_ + old_w), 0, grow * sizeof(Entry));
+      std::memmove(static_cast<void*>(win_ + r + grow), win_ + r, (old_w - r) * sizeof(Entry));  // the first run
+      std::memset(static_cast<void*>(win_ + r), 0, grow * sizeof(Entry));
+      h.win_offset = (r + grow + wcap - h.low_id % wcap) % wcap;
+    }
   }
+  if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   if (same_ovf) {
     std::memcpy(static_cast<void*>(ovf_), ovs.data(), ocap_ * sizeof(OvfEntry));
   } else {
@@ -342,7 +364,7 @@ void SharedIndex::advance_low() {
   if (h.count == h.ovf_count) {
     h.low_id = std::max(h.low_id, h.next_id);
   } else {
-    while (win_[h.low_id % wcap_].state == State::kEmpty) ++h.low_id;
+    while (win_[wslot(h.low_id)].state == State::kEmpty) ++h.low_id;
   }
   h.cursor = std::max(h.cursor, h.low_id);
 }
@@ -373,7 +395,7 @@ Status SharedIndex::fit(uint64_t id) {
     const uint64_t stop = std::min(new_low, h.low_id + wcap_);
     uint64_t moving = 0, queued = 0;
     for (uint64_t x = h.low_id; x < stop; ++x) {
-      const Entry& e = win_[x % wcap_];
+      const Entry& e = win_[wslot(x)];
       if (e.state == State::kEmpty) continue;
       ++moving;
       if (e.state == State::kQueued) ++queued;
@@ -381,7 +403,7 @@ Status SharedIndex::fit(uint64_t id) {
     if (Status s = ovf_reserve(moving); !s.ok()) return s;
     if (Status s = reserve_heap(queued); !s.ok()) return s;
     for (uint64_t x = h.low_id; x < stop; ++x) {
-      const auto s = static_cast<uint32_t>(x % wcap_);
+      const auto s = wslot(x);
       if (win_[s].state == State::kEmpty) continue;
       if (win_[s].state == State::kQueued) {
         // The overflow table has no queue order: the message waits in the heap instead.
@@ -425,7 +447,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
     push_heap(slot, id, key);
   } else {
     if (Status s = fit(id); !s.ok()) return s;
-    slot = static_cast<uint32_t>(id % wcap_);
+    slot = wslot(id);
     if (key <= now) {
       uint64_t k = key >> kQueuedKeyShift;
       e.state = State::kQueued;
@@ -436,7 +458,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
       h.cursor = std::min(h.cursor, id);
     } else {
       if (Status s = reserve_heap(1); !s.ok()) return s;
-      slot = static_cast<uint32_t>(id % wcap_);
+      slot = wslot(id);
       e.state = State::kReady;
       win_[slot] = e;
       push_heap(slot, id, key);
@@ -498,8 +520,8 @@ int64_t SharedIndex::queue_head() {
   auto& h = *hdr_;
   if (h.queued == 0) return -1;
   const uint64_t end = h.low_id + wcap_;
-  while (h.cursor < end && win_[h.cursor % wcap_].state != State::kQueued) ++h.cursor;
-  return h.cursor < end ? static_cast<int64_t>(h.cursor % wcap_) : -1;
+  while (h.cursor < end && win_[wslot(h.cursor)].state != State::kQueued) ++h.cursor;
+  return h.cursor < end ? static_cast<int64_t>(wslot(h.cursor)) : -1;
 }
 
 int64_t SharedIndex::next(uint64_t now) {

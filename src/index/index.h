@@ -7,8 +7,8 @@
 // (region_gen). docs/format.md, "The shared index", says why it is shaped so.
 //
 // The window holds every live message with an id in [low_id, low_id + capacity), message id
-// in slot id % capacity, so a lookup is one division and one cache line, and a slot needs
-// no id or hash-table slack: 24 B. Ids are handed out in order and mostly acked in order, so
+// in slot (id + win_offset) % capacity, so a lookup is one division and one cache line, and
+// a slot needs no id or hash-table slack: 24 B. Ids are handed out in order and mostly acked in order, so
 // low_id follows the oldest live message and the window stays about as large as the queue.
 // A live message that holds low_id back while the window would have to grow past twice the
 // live count (a long delay, a lease extended for hours) moves to the overflow table, an
@@ -100,6 +100,7 @@ struct alignas(64) IndexHeader {
   alignas(64) sys::RobustMutex sync_mu;  // group commit: one flusher at a time
   // Guarded by mu:
   alignas(64) uint64_t capacity;  // window slots
+  uint64_t win_offset;            // message id sits in window slot (id + win_offset) % capacity
   uint64_t heap_cap;
   uint64_t ovf_cap;
   uint64_t region_gen;
@@ -164,6 +165,10 @@ class SharedIndex {
   // while nobody had it open). Clears the seal either way.
   bool unseal();
 
+  // Unmaps the region's pages from this process (they stay in the file and the page cache):
+  // the first opener reads all of it to validate it, and a consumer's RSS must not keep the
+  // whole backlog's index for that.
+  void drop_resident();
   // Must be called with the lock held, before touching the region: remaps if it grew.
   Status refresh();
 
@@ -204,7 +209,7 @@ class SharedIndex {
   void for_each_queued(F&& f) {
     uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
     for (uint64_t id = hdr_->cursor, left = hdr_->queued; id < end && left != 0; ++id) {
-      auto s = static_cast<uint32_t>(id % wcap_);
+      auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
       if (!f(s, id)) return;
@@ -217,7 +222,7 @@ class SharedIndex {
       if (ovf_[s].id != 0) f(static_cast<uint32_t>(wcap_ + s), ovf_[s].id, ovf_[s].e);
     uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
     for (uint64_t id = hdr_->low_id; id < end; ++id) {
-      auto s = static_cast<uint32_t>(id % wcap_);
+      auto s = wslot(id);
       if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
     }
   }
@@ -227,6 +232,9 @@ class SharedIndex {
  private:
   Status map_region();
   bool mapped_current() const;
+  // Identity (magic, format word, boot) and geometry within the file; with `counters`, the
+  // counts and positions too, which need the lock to be read consistently.
+  bool sound(bool counters) const;
   uint64_t checksum() const;
   int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
   // Re-lays the region out with the given capacities, keeping every entry.
@@ -247,6 +255,8 @@ class SharedIndex {
   static bool less(const HeapItem& a, const HeapItem& b) {
     return a.key < b.key || (a.key == b.key && a.id < b.id);
   }
+
+  uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
 
   int fd_ = -1;
   bool anonymous_ = false;

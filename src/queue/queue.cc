@@ -189,6 +189,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (!held.ok()) return held.status();
       if (Status s = impl->rebuild(); !s.ok()) return s;
     }
+    impl->idx.drop_resident();
   } else {
     while (::flock(impl->lock_fd, LOCK_SH) != 0) {
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/lock");
