@@ -327,9 +327,9 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
       if (!held.ok()) return held.status();
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now;
-      // Every message taken gets a heap item: room for them first, so that taking one
-      // cannot fail halfway.
-      if (Status s = q.idx.reserve_heap(max); !s.ok()) return s;
+      // Every queued message taken gets a heap item: room for them first, so that taking
+      // one cannot fail halfway (the others have theirs).
+      if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.queued)); !s.ok()) return s;
       for (int64_t slot; out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
