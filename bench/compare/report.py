@@ -144,8 +144,10 @@ def targets(rows):
     ok = lat is not None and lat["check"] == "ok"
     out.append(("latency p50 spool (sync=interval)", lat["p50_us"] if ok else None, 20, "max", "us"))
     out.append(("latency p99 spool (sync=interval)", lat["p99_us"] if ok else None, 200, "max", "us"))
-    out.append(("produce spool send() (sync=interval)", rate(rows, "spool", "produce", "interval"), 1e6, "min", "msgs/s"))
-    out.append(("produce spool send_batch(64) (sync=interval)", rate(rows, "spool", "produce_batch", "interval"), 3e6, "min", "msgs/s"))
+    # Issue 7 states the produce targets at sync never; the interval figures are printed as
+    # context below (print_targets).
+    out.append(("produce spool send() (sync=never)", rate(rows, "spool", "produce", "never"), 1e6, "min", "msgs/s"))
+    out.append(("produce spool send_batch(64) (sync=never)", rate(rows, "spool", "produce_batch", "never"), 3e6, "min", "msgs/s"))
     base = find(rows, "fdatasync-loop", "produce", "always")
     p8 = rate(rows, "spool", "produce_8p", "always")
     out.append(("group commit: spool sync=always 8 producers / 1 producer", ratio(p8, rate(rows, "spool", "produce", "always")),
@@ -183,6 +185,9 @@ def print_targets(rows):
     base = find(rows, "fdatasync-loop", "produce", "always")
     if p1 and base:
         print(f"  (spool sync=always, 1 producer / one fdatasync per message: {p1 / base['msgs_per_s']:.2f}x)")
+    pi, bi = rate(rows, "spool", "produce", "interval"), rate(rows, "spool", "produce_batch", "interval")
+    if pi and bi:
+        print(f"  (at sync=interval: send() {human(pi)} msgs/s, send_batch(64) {human(bi)} msgs/s)")
     for case in ["e2e_1c", "e2e_2c"]:
         sp, mq = rate(rows, "spool", case, "interval"), rate(rows, "posix-mq", case, "none")
         if sp and mq:
