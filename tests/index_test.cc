@@ -228,5 +228,76 @@ TEST(SharedIndex, AStragglerDoesNotStretchTheWindow) {
   EXPECT_EQ(x.check_invariants(), "");
 }
 
+// An eviction moves a leased message (heap item, late key) and then a queued one, whose new
+// heap item (early key) sifts up past the first one's: that sift must still find the first
+// one's entry to update its back-pointer.
+TEST(SharedIndex, AnEvictionKeepsTheHeapBackPointers) {
+  SharedIndex x;
+  ASSERT_TRUE(x.attach("", true, true).ok());
+  ASSERT_TRUE(x.refresh().ok());
+  x.hdr().next_id = 3;
+  auto one = x.insert(1, Entry{64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
+  ASSERT_TRUE(one.ok());
+  ASSERT_TRUE(x.set(*one, State::kLeased, 1'000'000'000).ok());
+  ASSERT_TRUE(x.insert(2, Entry{128, 1, 0, index::kNoPos, 0, State::kReady, 0}, 0, 10).ok());
+  for (uint64_t id = 3; x.hdr().ovf_count == 0; ++id) {
+    ASSERT_LT(id, 100000u) << "no eviction";
+    x.hdr().next_id = id + 1;
+    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
+    ASSERT_TRUE(s.ok());
+    x.erase(*s);
+  }
+  EXPECT_EQ(x.check_invariants(), "");
+  int64_t two = x.next(10);
+  ASSERT_GE(two, 0);
+  EXPECT_EQ(x.id_of(static_cast<uint32_t>(two)), 2u);
+  EXPECT_EQ(x.key(static_cast<uint32_t>(x.find(1))), 1'000'000'000u);
+}
+
+// send_batch reserves room for the whole batch first. A batch bigger than the window, sent
+// while one old message holds the window's low end, must grow the window (the batch is
+// about to be live), not push the batch's own ids out to the overflow table.
+TEST(SharedIndex, ABatchBiggerThanTheWindowGrowsIt) {
+  SharedIndex x;
+  ASSERT_TRUE(x.attach("", true, true).ok());
+  ASSERT_TRUE(x.refresh().ok());
+  x.hdr().next_id = 2;
+  auto first = x.insert(1, Entry{64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(x.set(*first, State::kLeased, 1000).ok());
+  for (uint64_t id = 2; id <= 1000; ++id) {
+    x.hdr().next_id = id + 1;
+    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
+    ASSERT_TRUE(s.ok());
+    x.erase(*s);
+  }
+  const uint64_t batch = 5000, from = x.hdr().next_id;
+  ASSERT_TRUE(x.reserve(batch, false).ok());
+  for (uint64_t id = from; id < from + batch; ++id) {
+    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+  }
+  x.hdr().next_id = from + batch;
+  EXPECT_GE(x.hdr().capacity, batch);
+  EXPECT_EQ(x.hdr().ovf_count, 0u) << "the batch went to the overflow table";
+  EXPECT_EQ(x.hdr().queued, batch);
+  EXPECT_EQ(x.check_invariants(), "");
+}
+
+// The same batch into a fresh, empty index.
+TEST(SharedIndex, ABatchBiggerThanAnEmptyWindowGrowsIt) {
+  SharedIndex x;
+  ASSERT_TRUE(x.attach("", true, true).ok());
+  ASSERT_TRUE(x.refresh().ok());
+  const uint64_t batch = 5000;
+  ASSERT_TRUE(x.reserve(batch, false).ok());
+  for (uint64_t id = 1; id <= batch; ++id) {
+    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+  }
+  x.hdr().next_id = batch + 1;
+  EXPECT_GE(x.hdr().capacity, batch);
+  EXPECT_EQ(x.hdr().ovf_count, 0u);
+  EXPECT_EQ(x.check_invariants(), "");
+}
+
 }  // namespace
 }  // namespace spool

@@ -359,30 +359,31 @@ void SharedIndex::ovf_erase(uint64_t hole) {
   ovf_[hole] = OvfEntry{};
 }
 
-void SharedIndex::advance_low() {
+void SharedIndex::advance_low(uint64_t limit) {
   auto& h = *hdr_;
   if (h.count == h.ovf_count) {
-    h.low_id = std::max(h.low_id, h.next_id);
+    h.low_id = std::max(h.low_id, limit);
   } else {
-    while (win_[wslot(h.low_id)].state == State::kEmpty) ++h.low_id;
+    while (h.low_id < limit && win_[wslot(h.low_id)].state == State::kEmpty) ++h.low_id;
   }
   h.cursor = std::max(h.cursor, h.low_id);
 }
 
-// The window grows while it would stay at least half full; otherwise the live messages at
-// its low end move to the overflow table (a message held back for hours must not make the
-// window span everything sent since). Growth is by a quarter, not doubling, so that a
-// backlog's window is at most 1.25x its size: 24-30 B per message.
-Status SharedIndex::fit(uint64_t id) {
+// The window grows while it would stay at least half full, counting the ids about to come;
+// otherwise the live messages at its low end move to the overflow table (a message held
+// back for hours must not make the window span everything sent since). Growth is by a
+// quarter, not doubling, so that a backlog's window is at most 1.25x its size: 24-30 B per
+// message.
+Status SharedIndex::fit(uint64_t first, uint64_t last) {
   auto& h = *hdr_;
-  while (id - h.low_id >= wcap_) {
-    const uint64_t live = h.count - h.ovf_count;
-    const uint64_t span = id - h.low_id + 1;
-    if (live == 0) {
-      h.low_id = id;
-      h.cursor = std::max(h.cursor, id);
-      return {};
+  while (last - h.low_id >= wcap_) {
+    if (h.count == h.ovf_count) {  // nothing in the window: start it at `first`
+      h.low_id = first;
+      h.cursor = std::max(h.cursor, first);
+      if (last - first < wcap_) break;  // else the batch alone outgrows it: grow below
     }
+    const uint64_t live = h.count - h.ovf_count + (last - first + 1);
+    const uint64_t span = last - h.low_id + 1;
     if (live * 2 >= span) {
       uint64_t w = std::max(span, wcap_ + wcap_ / 4);
       w = (w + 7) / 8 * 8;
@@ -390,8 +391,10 @@ Status SharedIndex::fit(uint64_t id) {
       if (Status s = resize(w, hcap_, ocap_); !s.ok()) return s;
       continue;
     }
-    // Evict [low_id, new_low): afterwards `id` fits with a quarter of the window above it.
-    const uint64_t new_low = id + 1 + wcap_ / 4 - wcap_;
+    // Evict [low_id, new_low): afterwards `last` fits with a quarter of the window above
+    // it. The window is at most half full here, so the batch itself is less than half of
+    // the span and first > low_id: this moves.
+    const uint64_t new_low = std::min(first, last + 1 + wcap_ / 4 - wcap_);
     const uint64_t stop = std::min(new_low, h.low_id + wcap_);
     uint64_t moving = 0, queued = 0;
     for (uint64_t x = h.low_id; x < stop; ++x) {
@@ -402,22 +405,26 @@ Status SharedIndex::fit(uint64_t id) {
     }
     if (Status s = ovf_reserve(moving); !s.ok()) return s;
     if (Status s = reserve_heap(queued); !s.ok()) return s;
+    // Two passes: heap items first, while every entry is where find() looks for it (a
+    // sift moves other items and writes their entries' back-pointers), then the moves.
+    for (uint64_t x = h.low_id; x < stop; ++x) {
+      const auto s = wslot(x);
+      if (win_[s].state != State::kQueued) continue;
+      // The overflow table has no queue order: the message waits in the heap instead.
+      uint64_t k = key(s);
+      --h.queued;
+      win_[s].state = State::kReady;
+      push_heap(s, x, k);
+    }
     for (uint64_t x = h.low_id; x < stop; ++x) {
       const auto s = wslot(x);
       if (win_[s].state == State::kEmpty) continue;
-      if (win_[s].state == State::kQueued) {
-        // The overflow table has no queue order: the message waits in the heap instead.
-        uint64_t k = key(s);
-        --h.queued;
-        win_[s].state = State::kReady;
-        push_heap(s, x, k);
-      }
       ovf_place(x, win_[s]);
       win_[s] = Entry{};
       ++h.ovf_count;
     }
     h.low_id = new_low;
-    advance_low();
+    advance_low(first);
   }
   return {};
 }
@@ -427,9 +434,8 @@ Status SharedIndex::reserve(uint64_t more, bool delayed) {
   if (delayed) {
     if (Status s = reserve_heap(more); !s.ok()) return s;
   }
-  uint64_t last = hdr_->next_id + more - 1;
-  if (last < hdr_->low_id) return {};
-  return fit(last);
+  const uint64_t first = std::max(hdr_->next_id, hdr_->low_id), last = hdr_->next_id + more - 1;
+  return last < first ? Status() : fit(first, last);
 }
 
 Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key, uint64_t now) {
@@ -446,7 +452,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
     ++h.ovf_count;
     push_heap(slot, id, key);
   } else {
-    if (Status s = fit(id); !s.ok()) return s;
+    if (Status s = fit(id, id); !s.ok()) return s;
     slot = wslot(id);
     if (key <= now) {
       uint64_t k = key >> kQueuedKeyShift;
@@ -513,7 +519,7 @@ void SharedIndex::erase(uint32_t slot) {
     return;
   }
   win_[slot] = Entry{};
-  if (id == h.low_id) advance_low();
+  if (id == h.low_id) advance_low(h.next_id);
 }
 
 int64_t SharedIndex::queue_head() {

@@ -239,15 +239,15 @@ class SharedIndex {
   int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
   // Re-lays the region out with the given capacities, keeping every entry.
   Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap);
-  // Makes `id` (>= low_id) fit in the window: grows it, or moves the oldest messages to
-  // the overflow table when the window is mostly holes.
-  Status fit(uint64_t id);
+  // Makes the ids first..last (first >= low_id, none present yet) fit in the window: grows
+  // it, or moves the oldest messages to the overflow table when it is mostly holes.
+  Status fit(uint64_t first, uint64_t last);
   Status ovf_reserve(uint64_t more);
   uint32_t ovf_place(uint64_t id, const Entry& e);
   void ovf_erase(uint64_t s);
   Entry& entry_of(uint64_t id);
   void push_heap(uint32_t slot, uint64_t id, uint64_t key);
-  void advance_low();
+  void advance_low(uint64_t limit);  // past empty slots, never past `limit`
   static constexpr uint64_t kHeapArity = 4;
   void move_item(uint64_t to, const HeapItem& it);
   void sift_up(uint64_t i);
