@@ -180,16 +180,57 @@ TEST(SharedIndex, RandomOperationsOnAFileMapping) {
   random_operations(x, 4, test::scaled(40000));
 }
 
+// The window's own cases, on a private index.
+class IndexWindow : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(x.attach("", true, true).ok());
+    ASSERT_TRUE(x.refresh().ok());
+  }
+  // Message `id` at record position id * 64, queued (key 5 <= now 10) unless `key` > 10.
+  uint32_t add(uint64_t id, uint64_t key = 5) {
+    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, key, 10);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    return s.ok() ? *s : 0;
+  }
+  // One more message sent and acked at once, behind whatever is held back.
+  void send_and_ack(uint64_t id) {
+    x.hdr().next_id = id + 1;
+    x.erase(add(id));
+  }
+  // A message leased until `deadline`, as the oldest in the queue.
+  void lease_first(uint64_t deadline) {
+    x.hdr().next_id = 2;
+    ASSERT_TRUE(x.set(add(1), State::kLeased, deadline).ok());
+  }
+  // send_batch reserves room for the whole batch first. A batch bigger than the window must
+  // grow it (the batch is about to be live), not push the batch's own ids out to the
+  // overflow table: sent while one old message holds the window's low end (`held`), or
+  // into a fresh, empty index.
+  void send_a_big_batch(bool held) {
+    if (held) {
+      lease_first(1000);
+      for (uint64_t id = 2; id <= 1000; ++id) send_and_ack(id);
+    }
+    const uint64_t batch = 5000, from = x.hdr().next_id;
+    ASSERT_TRUE(x.reserve(batch, false).ok());
+    for (uint64_t id = from; id < from + batch; ++id) add(id);
+    x.hdr().next_id = from + batch;
+    EXPECT_GE(x.hdr().capacity, batch);
+    EXPECT_EQ(x.hdr().ovf_count, 0u) << "the batch went to the overflow table";
+    EXPECT_EQ(x.hdr().queued, batch);
+    EXPECT_EQ(x.check_invariants(), "");
+  }
+  SharedIndex x;
+};
+
 // A backlog sent in order and drained in order keeps the window dense: 24 B a slot and at
 // most 1.25x the backlog, with nothing in the heap or the overflow table.
-TEST(SharedIndex, AnInOrderBacklogNeedsAboutOneWindowSlotPerMessage) {
-  SharedIndex x;
-  ASSERT_TRUE(x.attach("", true, true).ok());
-  ASSERT_TRUE(x.refresh().ok());
+TEST_F(IndexWindow, AnInOrderBacklogNeedsAboutOneWindowSlotPerMessage) {
   const uint64_t n = 200000;
   for (uint64_t id = 1; id <= n; ++id) {
     x.hdr().next_id = id + 1;
-    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+    add(id);
   }
   EXPECT_LE(x.hdr().capacity, n + n / 4 + 8);
   EXPECT_EQ(x.hdr().heap_size, 0u);
@@ -206,20 +247,9 @@ TEST(SharedIndex, AnInOrderBacklogNeedsAboutOneWindowSlotPerMessage) {
 
 // One message held back (leased for hours) while a million are sent and acked after it:
 // it moves to the overflow table instead of stretching the window over everything since.
-TEST(SharedIndex, AStragglerDoesNotStretchTheWindow) {
-  SharedIndex x;
-  ASSERT_TRUE(x.attach("", true, true).ok());
-  ASSERT_TRUE(x.refresh().ok());
-  x.hdr().next_id = 2;
-  auto first = x.insert(1, Entry{64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-  ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(x.set(*first, State::kLeased, UINT64_MAX / 4).ok());
-  for (uint64_t id = 2; id <= 1000000; ++id) {
-    x.hdr().next_id = id + 1;
-    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-    ASSERT_TRUE(s.ok());
-    x.erase(*s);
-  }
+TEST_F(IndexWindow, AStragglerDoesNotStretchTheWindow) {
+  lease_first(UINT64_MAX / 4);
+  for (uint64_t id = 2; id <= 1000000; ++id) send_and_ack(id);
   EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
   EXPECT_EQ(x.hdr().ovf_count, 1u);
   int64_t s = x.find(1);
@@ -231,21 +261,13 @@ TEST(SharedIndex, AStragglerDoesNotStretchTheWindow) {
 // An eviction moves a leased message (heap item, late key) and then a queued one, whose new
 // heap item (early key) sifts up past the first one's: that sift must still find the first
 // one's entry to update its back-pointer.
-TEST(SharedIndex, AnEvictionKeepsTheHeapBackPointers) {
-  SharedIndex x;
-  ASSERT_TRUE(x.attach("", true, true).ok());
-  ASSERT_TRUE(x.refresh().ok());
+TEST_F(IndexWindow, AnEvictionKeepsTheHeapBackPointers) {
+  lease_first(1'000'000'000);
   x.hdr().next_id = 3;
-  auto one = x.insert(1, Entry{64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-  ASSERT_TRUE(one.ok());
-  ASSERT_TRUE(x.set(*one, State::kLeased, 1'000'000'000).ok());
-  ASSERT_TRUE(x.insert(2, Entry{128, 1, 0, index::kNoPos, 0, State::kReady, 0}, 0, 10).ok());
+  add(2, 0);
   for (uint64_t id = 3; x.hdr().ovf_count == 0; ++id) {
     ASSERT_LT(id, 100000u) << "no eviction";
-    x.hdr().next_id = id + 1;
-    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-    ASSERT_TRUE(s.ok());
-    x.erase(*s);
+    send_and_ack(id);
   }
   EXPECT_EQ(x.check_invariants(), "");
   int64_t two = x.next(10);
@@ -254,50 +276,8 @@ TEST(SharedIndex, AnEvictionKeepsTheHeapBackPointers) {
   EXPECT_EQ(x.key(static_cast<uint32_t>(x.find(1))), 1'000'000'000u);
 }
 
-// send_batch reserves room for the whole batch first. A batch bigger than the window, sent
-// while one old message holds the window's low end, must grow the window (the batch is
-// about to be live), not push the batch's own ids out to the overflow table.
-TEST(SharedIndex, ABatchBiggerThanTheWindowGrowsIt) {
-  SharedIndex x;
-  ASSERT_TRUE(x.attach("", true, true).ok());
-  ASSERT_TRUE(x.refresh().ok());
-  x.hdr().next_id = 2;
-  auto first = x.insert(1, Entry{64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-  ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(x.set(*first, State::kLeased, 1000).ok());
-  for (uint64_t id = 2; id <= 1000; ++id) {
-    x.hdr().next_id = id + 1;
-    auto s = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10);
-    ASSERT_TRUE(s.ok());
-    x.erase(*s);
-  }
-  const uint64_t batch = 5000, from = x.hdr().next_id;
-  ASSERT_TRUE(x.reserve(batch, false).ok());
-  for (uint64_t id = from; id < from + batch; ++id) {
-    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
-  }
-  x.hdr().next_id = from + batch;
-  EXPECT_GE(x.hdr().capacity, batch);
-  EXPECT_EQ(x.hdr().ovf_count, 0u) << "the batch went to the overflow table";
-  EXPECT_EQ(x.hdr().queued, batch);
-  EXPECT_EQ(x.check_invariants(), "");
-}
-
-// The same batch into a fresh, empty index.
-TEST(SharedIndex, ABatchBiggerThanAnEmptyWindowGrowsIt) {
-  SharedIndex x;
-  ASSERT_TRUE(x.attach("", true, true).ok());
-  ASSERT_TRUE(x.refresh().ok());
-  const uint64_t batch = 5000;
-  ASSERT_TRUE(x.reserve(batch, false).ok());
-  for (uint64_t id = 1; id <= batch; ++id) {
-    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
-  }
-  x.hdr().next_id = batch + 1;
-  EXPECT_GE(x.hdr().capacity, batch);
-  EXPECT_EQ(x.hdr().ovf_count, 0u);
-  EXPECT_EQ(x.check_invariants(), "");
-}
+TEST_F(IndexWindow, ABatchBiggerThanTheWindowGrowsIt) { send_a_big_batch(true); }
+TEST_F(IndexWindow, ABatchBiggerThanAnEmptyWindowGrowsIt) { send_a_big_batch(false); }
 
 }  // namespace
 }  // namespace spool
