@@ -6,6 +6,7 @@
 // how the index is laid out is an optimisation that must not change any of it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -160,8 +161,12 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   EXPECT_EQ(x.check_invariants(), "");
 }
 
+// Fewer steps than this never grow the window or evict (the run checks that it did), so
+// the sanitizer builds' smaller SPOOL_TEST_SCALE stops here.
+constexpr int kMinSteps = 25000;
+
 TEST(SharedIndex, RandomOperationsMatchTheModel) {
-  int steps = test::scaled(60000);
+  int steps = std::max(kMinSteps, test::scaled(60000));
   for (uint64_t seed : {1u, 2u, 3u}) {
     SCOPED_TRACE(seed);
     SharedIndex x;
@@ -177,7 +182,7 @@ TEST(SharedIndex, RandomOperationsOnAFileMapping) {
   SharedIndex x;
   ASSERT_TRUE(x.attach(d / "index", true).ok());
   ASSERT_TRUE(x.refresh().ok());
-  random_operations(x, 4, test::scaled(40000));
+  random_operations(x, 4, std::max(kMinSteps, test::scaled(40000)));
 }
 
 // The window's own cases, on a private index.
