@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace {
 
 struct Sample {
@@ -50,16 +52,13 @@ struct Sample {
 
 Sample sample(pid_t pid) {
   Sample s;
-  std::ifstream st("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(st, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) s.rss_kb = std::atol(line.c_str() + 6);
-    if (line.rfind("VmHWM:", 0) == 0) s.hwm_kb = std::atol(line.c_str() + 6);
-    if (line.rfind("RssAnon:", 0) == 0) s.anon_kb = std::atol(line.c_str() + 8);
-    if (line.rfind("RssFile:", 0) == 0) s.file_kb = std::atol(line.c_str() + 8);
-    if (line.rfind("RssShmem:", 0) == 0) s.shmem_kb = std::atol(line.c_str() + 9);
-    if (line.rfind("Threads:", 0) == 0) s.threads = std::atol(line.c_str() + 8);
-  }
+  auto st = spool::bench::proc_status(pid);
+  s.rss_kb = st["VmRSS"];
+  s.hwm_kb = st["VmHWM"];
+  s.anon_kb = st["RssAnon"];
+  s.file_kb = st["RssFile"];
+  s.shmem_kb = st["RssShmem"];
+  s.threads = st["Threads"];
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   if (auto p = all.rfind(')'); p != std::string::npos) {

@@ -36,7 +36,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -427,16 +426,10 @@ struct Drain {
 
 // VmRSS, RssAnon and RssFile of this process, into g_sh->v[7..9].
 void record_rss() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto field = [&](const char* name, int at) {
-      if (line.rfind(name, 0) == 0) g_sh->v[at] = std::strtoull(line.c_str() + std::strlen(name), nullptr, 10);
-    };
-    field("VmRSS:", 7);
-    field("RssAnon:", 8);
-    field("RssFile:", 9);
-  }
+  auto st = proc_status();
+  g_sh->v[7] = static_cast<uint64_t>(st["VmRSS"]);
+  g_sh->v[8] = static_cast<uint64_t>(st["RssAnon"]);
+  g_sh->v[9] = static_cast<uint64_t>(st["RssFile"]);
 }
 void take_rss(Drain& d) {
   d.rss_kb = g_sh->v[7];

@@ -21,7 +21,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <new>
 #include <string>
 #include <vector>
@@ -225,5 +227,18 @@ class StartGate {
   std::atomic<uint64_t>& ready_;
   int fds_[2] = {-1, -1};
 };
+
+// The "Key:   value kB" lines of /proc/PID/status (pid 0: this process), value in kB (or
+// the count, for Threads).
+inline std::map<std::string, long> proc_status(pid_t pid = 0) {
+  std::map<std::string, long> out;
+  std::ifstream f(pid == 0 ? std::string("/proc/self/status") : "/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);) {
+    if (auto colon = line.find(':'); colon != std::string::npos) {
+      out[line.substr(0, colon)] = std::atol(line.c_str() + colon + 1);
+    }
+  }
+  return out;
+}
 
 }  // namespace spool::bench

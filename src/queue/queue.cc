@@ -530,7 +530,7 @@ Status Queue::bind(std::string_view receipt) {
   if (e.state != State::kLeased) {
     return Status(Code::kLeaseLost, "message " + std::to_string(r->first) + " is not leased (it was nacked)");
   }
-  e.owner = static_cast<uint16_t>(q.owner_slot + 1);
+  e.owner = static_cast<uint8_t>(q.owner_slot + 1);
   return {};
 }
 

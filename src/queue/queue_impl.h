@@ -802,11 +802,10 @@ struct Queue::Impl {
       auto dead_q = dead_letters();
       if (!dead_q.ok()) return dead_q.status();
       if (auto sent = (*dead_q)->send(body); !sent.ok()) return sent.status();
-      Entry& d = idx.entry(slot);  // the dead-letter send took no lock of ours; still this one
-      Record dead{RecordType::kDead, d.count, id, 0, 0, {}};
+      Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
       auto at = append(std::span(&dead, 1));
       if (!at.ok()) return at.status();
-      h.bytes_live -= d.len;
+      h.bytes_live -= e.len;
       ++h.dead_total;
       idx.erase(slot);
       room();
