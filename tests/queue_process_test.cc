@@ -216,6 +216,75 @@ TEST_F(QueueProcessTest, ConsumersKilledMidLeaseLoseNothing) {
   EXPECT_EQ(q->check_index(), "");
 }
 
+// Write-behind (src/queue/write_behind.h): a consumer's ACK record is written after the
+// index lock is released. A consumer killed between the two leaves the index saying "acked"
+// and the log without the record; whoever comes next must write it from the index's copy.
+// The ack never returned, so both outcomes would be allowed, but the index and the log must
+// agree: the message must not be gone from the index and back after a rebuild.
+namespace write_behind_case {
+
+// The CLI ($SPOOL_CLI) acks `receipt` and is killed with its ACK staged but not written: a
+// fresh process, because a crash point is read once per process.
+void ack_and_die(const std::string& dir, const std::string& receipt) {
+  const char* cli = std::getenv("SPOOL_CLI");
+  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
+  auto r = test::run_program({cli, "ack", dir, receipt}, "", "", {"SPOOL_CRASHPOINT=write_behind.staged"});
+  EXPECT_EQ(r.code, 128 + SIGKILL) << "the ack was not killed at its staged write: " << r.err;
+}
+
+// The log alone (the index deleted, so rebuilt from it) must hold the ack: two of three left.
+void expect_log_has_the_ack(const std::string& dir, uint64_t acked) {
+  std::filesystem::remove(dir + "/index");
+  auto q = test::open_queue(dir);
+  ASSERT_NE(q, nullptr);
+  auto left = q->peek(10);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 2u);
+  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back from the log";
+  EXPECT_EQ(q->check_index(), "");
+  auto rep = q->verify(false);
+  ASSERT_TRUE(rep.ok());
+  EXPECT_TRUE(rep->ok()) << rep->problems.front();
+}
+
+}  // namespace write_behind_case
+
+TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByTheNextOpener) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;  // so that no sync, not even at close, writes it instead
+  uint64_t acked;
+  {
+    auto q = open(o);
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+    auto got = q->receive(1, 60s);
+    ASSERT_TRUE(got.ok() && got->size() == 1u);
+    acked = got->at(0).id;
+    q.reset();  // closed, so that the next open below is the first opener
+    write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  }
+  {
+    auto q = open(o);  // the first opener: reuses the index and writes the staged ACK
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->peek(10)->size(), 2u);
+  }
+  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+}
+
+TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByAProcessStillRunning) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;  // so that no sync finishes it: only the lock holders' check
+  auto q = open(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  auto got = q->receive(1, 60s);
+  ASSERT_TRUE(got.ok() && got->size() == 1u);
+  uint64_t acked = got->at(0).id;
+  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  std::this_thread::sleep_for(300ms);  // past write_behind::kStaleNs
+  ASSERT_TRUE(q->stats().ok());        // takes the lock, which finishes stale staged writes
+  q.reset();
+  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+}
+
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {
   auto q = open();
   for (int round = 0; round < 3; ++round) {

@@ -48,9 +48,9 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-// 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window
-inline constexpr uint32_t kIndexVersion = 6;
-inline constexpr uint64_t kHeaderBytes = 4096;
+// 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
+// 7: write-behind slots
+inline constexpr uint32_t kIndexVersion = 7;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -136,8 +136,27 @@ struct alignas(64) IndexHeader {
   std::atomic<uint64_t> durable_id;    // every message with an id <= this is on disk
   std::atomic<uint32_t> durable_seq;   // futex word: bumped after every sync attempt
   std::atomic<uint32_t> durable_waiters;
+  std::atomic<uint32_t> pending_writes;  // write-behind slots in use
 };
-static_assert(sizeof(IndexHeader) <= kHeaderBytes);
+
+// A control record written behind the lock (queue/write_behind.h): its log range was
+// reserved and the index changed under the lock, and its writer writes it after the unlock.
+// The copy here lets any lock holder finish the write if the writer dies or stalls first.
+inline constexpr uint32_t kPendingSlots = 16;
+inline constexpr uint32_t kPendingBytes = 960;  // 20 control records
+struct PendingWrite {
+  std::atomic<uint64_t> at;  // storage::Pos::pack() of the range; 0: the slot is free
+  uint64_t staged_ns;        // CLOCK_BOOTTIME when it was staged
+  uint32_t len;
+  char pad[44];
+  char bytes[kPendingBytes];
+};
+static_assert(sizeof(PendingWrite) == 1024);
+
+// The header page, then the write-behind slots; the region follows.
+inline constexpr uint64_t kPendingOffset = 4096;
+inline constexpr uint64_t kHeaderBytes = kPendingOffset + kPendingSlots * sizeof(PendingWrite);
+static_assert(sizeof(IndexHeader) <= kPendingOffset);
 
 // version | sizeof(pthread_mutex_t) | cache line | sizeof(IndexHeader), as LMDB does.
 uint64_t format_word();
@@ -158,6 +177,9 @@ class SharedIndex {
   bool reusable() const;
 
   IndexHeader& hdr() { return *hdr_; }
+  PendingWrite& pending(uint32_t k) {
+    return reinterpret_cast<PendingWrite*>(reinterpret_cast<char*>(hdr_) + kPendingOffset)[k];
+  }
   bool attached() const { return hdr_ != nullptr; }
   // Clean close: the last process to detach seals the index (lock held, region mapped).
   void seal();

@@ -172,6 +172,13 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // A seal from the last clean close must still match: that catches damage the
     // invariants cannot see (a flipped record position or receive count).
     bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok();
+    // Writes that processes of this boot staged and died before making (write_behind.h):
+    // into the log before anything reads it or appends after them.
+    if (reuse && impl->idx.reusable()) {
+      if (Status s = write_behind::settle(impl->idx, *impl->log, UINT64_MAX, UINT64_MAX); !s.ok()) {
+        spool::log().warn("spool: {}: {}", dir, s.to_string());
+      }
+    }
     if (reuse && !impl->idx.unseal()) {
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
@@ -322,6 +329,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     uint64_t end = 0;
     uint64_t next_key = UINT64_MAX;
     uint32_t seen;
+    std::optional<write_behind::Staged> behind;
     {
       auto held = q.lock();
       if (!held.ok()) return held.status();
@@ -338,9 +346,10 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
         out.push_back(std::move(**taken));
         if (mapped != nullptr) mapped->push_back(std::move(m));
       }
-      if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
+      if (Status s = q.log_leases(out, now, vis, &end, &behind); !s.ok()) return s;
       next_key = q.idx.next_key();
     }
+    if (Status s = q.write_staged(behind); !s.ok()) return s;
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
     }
@@ -465,6 +474,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   auto [id, gen] = *r;
   uint64_t end;
   bool wake = false;
+  std::optional<write_behind::Staged> behind;
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
@@ -476,8 +486,11 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
+    behind = q.stage(std::span(&rec, 1), durability, now);
+    if (!behind) {
+      auto at = q.append(std::span(&rec, 1));
+      if (!at.ok()) return at.status();
+    }
     switch (what) {
       case Change::kAck:
         h.bytes_live -= e.len;
@@ -498,6 +511,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
+  if (Status s = q.write_staged(behind); !s.ok()) return s;
   if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);
 }

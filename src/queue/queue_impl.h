@@ -4,7 +4,9 @@
 // Every state change follows one order, under the index lock: append the record to the log,
 // then update the index, then (outside the lock) sync per policy. So a process that dies at
 // any point leaves the log holding every change the index shows, and the repair after
-// EOWNERDEAD is simply "rebuild the index from the log".
+// EOWNERDEAD is simply "rebuild the index from the log". Control records may instead be
+// staged under the lock and written after it (queue/write_behind.h); every reader of the
+// log finishes staged writes first, so the same holds for what it reads.
 #pragma once
 
 #include <dirent.h>
@@ -28,6 +30,7 @@
 #include "logging.h"
 #include "queue/config.h"
 #include "queue/crashpoint.h"
+#include "queue/write_behind.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "sys/clock.h"
@@ -193,6 +196,10 @@ struct Queue::Impl {
       log->forget_below(forgotten_through + 1);
     }
     reap_dead_owners();
+    if (idx.hdr().pending_writes.load(std::memory_order_relaxed) != 0 && !read_only) {
+      uint64_t t = sys::boot_ns();
+      (void)write_behind::settle(idx, *log, 0, t > write_behind::kStaleNs ? t - write_behind::kStaleNs : 0);
+    }
     if (!park_path.empty()) spool::park(park_path);
     return held;
   }
@@ -211,6 +218,9 @@ struct Queue::Impl {
       uint16_t owner;
     };
     std::vector<Owned> owned;
+    // Writers of staged records may be alive and about to write them: write them first, or
+    // the replay would miss changes whose calls return success.
+    if (!read_only && idx.reusable()) (void)write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX);
     if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
       idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
         if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
@@ -380,7 +390,13 @@ struct Queue::Impl {
         // stored after log_end, so the target covers every id up to it.
         uint64_t ids = h.sent_through.load(std::memory_order_acquire);
         uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-        s = log->sync(Pos::unpack(target).seq);
+        // A staged write below the target is finished here, not waited for: its writer
+        // may be dead. (No lock holder waits for sync_mu, so taking the lock here is safe.)
+        if (write_behind::lowest(idx) < target) {
+          auto held = lock();
+          s = held.ok() ? write_behind::settle(idx, *log, target, 0) : held.status();
+        }
+        if (s.ok()) s = log->sync(Pos::unpack(target).seq);
         if (s.ok()) {
           raise(h.durable_end, target);
           raise(h.durable_id, ids);
@@ -519,6 +535,15 @@ struct Queue::Impl {
   // Appends at the log end and publishes the new end. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs) {
     auto& h = idx.hdr();
+    if (h.pending_writes.load(std::memory_order_relaxed) != 0) {
+      // A roll syncs the segment it leaves, and durability is tracked in the active
+      // segment alone: staged writes into it must be there by then.
+      uint64_t bytes = 0;
+      for (const auto& r : recs) bytes += format::record_size(r.payload.size());
+      if (Pos::unpack(h.log_end).off + bytes > cfg.opts.segment_size) {
+        if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
+      }
+    }
     auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!res.ok()) return res.status();
     h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
@@ -529,6 +554,26 @@ struct Queue::Impl {
     auto res = append_all(recs);
     if (!res.ok()) return res.status();
     return res->at.empty() ? res->end : res->at.front();
+  }
+
+  // Stages `recs` to be written after the unlock (queue/write_behind.h), unless they must be
+  // synced at once. Lock held.
+  std::optional<write_behind::Staged> stage(std::span<const Record> recs, Durability d, const Clocks& now) {
+    if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return std::nullopt;
+    return write_behind::stage(idx, *log, recs, now.boot);
+  }
+  // Writes what stage() staged, after the unlock. If that fails, the change is undone as
+  // a failed append would have left it: never made (PRODUCT.md §4, the call changes nothing).
+  Status write_staged(const std::optional<write_behind::Staged>& s) {
+    if (!s) return {};
+    crashpoint("write_behind.staged");
+    Status st = write_behind::finish(idx, *log, *s);
+    if (st.ok()) return st;
+    auto held = lock();
+    if (!held.ok()) return st;
+    if (!write_behind::withdraw(idx, *log, *s)) return {};  // another process wrote it: done
+    if (Status r = rebuild(); !r.ok()) spool::log().error("spool: {}: {}", dir, r.to_string());
+    return st;
   }
 
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
@@ -841,10 +886,15 @@ struct Queue::Impl {
 
   // Writes the LEASE records of messages just taken, in one batch (lock held). If the
   // write fails the index is rebuilt from the log, which undoes the leases.
-  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end) {
+  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end,
+                    std::optional<write_behind::Staged>* behind = nullptr) {
     if (taken.empty()) return {};
     std::vector<Record> recs;
     for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
+    if (behind != nullptr && (*behind = stage(recs, Durability::kQueuePolicy, now))) {
+      *end = idx.hdr().log_end;
+      return {};
+    }
     auto at = append(recs);
     if (!at.ok()) {
       (void)rebuild();

@@ -201,7 +201,12 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
       spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);
     }
+    if (r.unwritten != 0) {
+      spool::log().info("spool: {}: skipped {} bytes of control records staged and never written "
+                        "(a crash of the system)", segment_path(seq), r.unwritten);
+    }
     rec.records += r.records;
+    rec.unwritten += r.unwritten;
     rec.corrupt.insert(rec.corrupt.end(), r.corrupt.begin(), r.corrupt.end());
     rec.end = Pos{seq, r.end};
   }
@@ -269,6 +274,49 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   if (Status s = flush(); !s.ok()) return fail(s);
   res.end = end;
   return res;
+}
+
+std::optional<Pos> Log::place(Pos end, std::span<const Record> recs, std::string& out) {
+  if (end.seq == 0) return std::nullopt;
+  auto seg = segment(end.seq);
+  if (!seg.ok()) return std::nullopt;
+  uint64_t bytes = 0;
+  for (const auto& r : recs) bytes += format::record_size(r.payload.size());
+  if (end.off + bytes > (*seg)->info().size) return std::nullopt;
+  out.clear();
+  for (const auto& r : recs) (*seg)->encode(r, out);
+  return Pos{end.seq, end.off + bytes};
+}
+
+Status Log::write_placed(Pos at, std::string_view bytes, bool repair) {
+  auto seg = segment(at.seq);
+  if (!seg.ok()) {
+    if (repair && ::access(segment_path(at.seq).c_str(), F_OK) != 0 && errno == ENOENT) return {};
+    return seg.status();
+  }
+  const Segment& s = **seg;
+  if (repair) {
+    if (!s.encodes_records(at.off, bytes)) {
+      return Status(Code::kCorrupt, "a staged write for " + s.path() + " at offset " + std::to_string(at.off) +
+                                        " does not hold valid records; not written");
+    }
+    const uint8_t* have = s.data() + at.off;
+    bool same = true;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      auto b = static_cast<uint8_t>(bytes[i]);
+      if (have[i] != 0 && have[i] != b) {
+        return Status(Code::kCorrupt, s.path() + " at offset " + std::to_string(at.off) +
+                                          " holds other data than a staged write; not overwritten");
+      }
+      same = same && have[i] == b;
+    }
+    if (same) return {};
+  }
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  if (int r = opts_.io->write_all(s.fd(), &iov, 1, at.off); r < 0) {
+    return errno_status(-r, "append to " + s.path());
+  }
+  return {};
 }
 
 Status Log::sync(uint64_t seq) {

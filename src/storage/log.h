@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ struct Recovery {
   Pos end;  // where the next append goes
   uint64_t records = 0;
   std::vector<Corruption> corrupt;
+  uint64_t unwritten = 0;  // bytes of zero gaps left by staged control records (ScanResult)
 };
 
 class Log {
@@ -78,6 +80,16 @@ class Log {
   // is zeroed again (best effort), so recover() does not return it; a segment created on the
   // way may remain, empty. `base_id` is recorded in a new segment's header.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
+
+  // Write-behind (queue/write_behind.h). place() encodes `recs` for the segment at `end`
+  // into `out` without writing them and returns the end after them, when they all fit in
+  // that segment; nullopt when they would roll (the caller then uses append()).
+  std::optional<Pos> place(Pos end, std::span<const Record> recs, std::string& out);
+  // Writes `bytes`, records place() encoded, at `at`. With `repair` (one process finishing
+  // another's write), only when they are valid records for that segment and every byte of
+  // the range is either still zero or already the same: it never overwrites anything else.
+  // A segment compaction has removed since needs no write.
+  Status write_placed(Pos at, std::string_view bytes, bool repair);
 
   // Spare segments: preallocated files, not part of the log, that the next rolls take
   // instead of allocating. A queue keeps enough of them that the messages it holds can be

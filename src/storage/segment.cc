@@ -8,6 +8,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -163,22 +164,16 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   return seg;
 }
 
-std::optional<RecordView> Segment::record_at(uint64_t off) const {
-  const uint64_t size = info_.size;
-  if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > size ||
-      size - off < kRecordHeaderSize) {
-    return std::nullopt;
-  }
-  const uint8_t* h = base_ + off;
-  if (load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
+namespace {
+// The valid record at `h`, with `avail` bytes from there to the end of the segment.
+std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_t salt, uint64_t off) {
+  if (avail < kRecordHeaderSize || load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
   uint8_t type = h[8];
   if (type == 0 || type > format::kMaxRecordType || load<uint16_t>(h + 10) != 0) return std::nullopt;
   uint64_t len = load<uint32_t>(h + 4);
-  if (len > size - off - kRecordHeaderSize) return std::nullopt;
+  if (len > avail - kRecordHeaderSize) return std::nullopt;
   std::string_view payload(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
-  if (record_checksum(h, payload, info_.salt) != load<uint64_t>(h + format::kChecksumOffset)) {
-    return std::nullopt;
-  }
+  if (record_checksum(h, payload, salt) != load<uint64_t>(h + format::kChecksumOffset)) return std::nullopt;
   return RecordView{static_cast<format::RecordType>(type),
                     h[9],
                     load<uint32_t>(h + 12),
@@ -187,7 +182,28 @@ std::optional<RecordView> Segment::record_at(uint64_t off) const {
                     load<uint64_t>(h + 32),
                     payload,
                     off,
-                    std::min<uint64_t>(format::record_size(len), size - off)};
+                    std::min<uint64_t>(format::record_size(len), avail)};
+}
+}  // namespace
+
+std::optional<RecordView> Segment::record_at(uint64_t off) const {
+  const uint64_t size = info_.size;
+  if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > size) return std::nullopt;
+  return parse_record(base_ + off, size - off, info_.salt, off);
+}
+
+bool Segment::encodes_records(uint64_t off, std::string_view bytes) const {
+  if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > info_.size ||
+      bytes.size() > info_.size - off || bytes.empty()) {
+    return false;
+  }
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  for (uint64_t at = 0; at < bytes.size();) {
+    auto r = parse_record(p + at, bytes.size() - at, info_.salt, off + at);
+    if (!r || format::record_size(r->payload.size()) > bytes.size() - at) return false;
+    at += format::record_size(r->payload.size());
+  }
+  return true;
 }
 
 uint64_t Segment::resync(uint64_t off) const {
@@ -266,7 +282,13 @@ ScanResult scan(const Segment& seg, uint64_t from,
     }
     uint64_t next = seg.resync(off + format::kRecordAlign);
     if (next >= size) break;  // nothing valid after: `off` is the logical end
-    res.corrupt.push_back({seg.info().seq, off, next - off});
+    uint64_t gap = next - off;
+    if (gap % kRecordHeaderSize == 0 && gap <= format::kMaxUnwrittenGap &&
+        std::all_of(seg.data() + off, seg.data() + next, [](uint8_t b) { return b == 0; })) {
+      res.unwritten += gap;
+    } else {
+      res.corrupt.push_back({seg.info().seq, off, gap});
+    }
     off = next;
   }
   res.end = std::min(off, size);

@@ -84,6 +84,9 @@ class Segment {
 
   // The valid record at `off`, or nullopt (see "Validity" in docs/format.md).
   std::optional<RecordView> record_at(uint64_t off) const;
+  // True when `bytes` is a whole number of records valid for this segment at offset `off`
+  // (checked before one process finishes another's write: queue/write_behind.h).
+  bool encodes_records(uint64_t off, std::string_view bytes) const;
   // The first offset >= off holding a valid record, or info().size if there is none.
   uint64_t resync(uint64_t off) const;
 
@@ -103,6 +106,7 @@ struct ScanResult {
   uint64_t end = 0;      // logical end: where the next record goes
   uint64_t records = 0;  // valid records visited
   std::vector<Corruption> corrupt;
+  uint64_t unwritten = 0;  // bytes of zero gaps that staged control records left (not corrupt)
 };
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose

@@ -1,0 +1,95 @@
+#include "queue/write_behind.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace spool::write_behind {
+
+using storage::Pos;
+
+std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::span<const storage::Record> recs,
+                            uint64_t now_ns) {
+  auto& h = idx.hdr();
+  if (h.pending_writes.load(std::memory_order_relaxed) >= index::kPendingSlots) return std::nullopt;
+  // The writer's own copy: stage() and finish() run on one thread with nothing staged between.
+  thread_local std::string buf;
+  Pos end = Pos::unpack(h.log_end);
+  auto after = log.place(end, recs, buf);
+  if (!after || buf.size() > index::kPendingBytes) return std::nullopt;
+  for (uint32_t k = 0; k < index::kPendingSlots; ++k) {
+    index::PendingWrite& p = idx.pending(k);
+    if (p.at.load(std::memory_order_acquire) != 0) continue;
+    std::memcpy(p.bytes, buf.data(), buf.size());
+    p.len = static_cast<uint32_t>(buf.size());
+    p.staged_ns = now_ns;
+    h.pending_writes.fetch_add(1);
+    // The slot before the log end: a sync that reads the end then the slots sees the range
+    // either staged or written (lowest()).
+    p.at.store(end.pack(), std::memory_order_release);
+    __atomic_store_n(&h.log_end, after->pack(), __ATOMIC_RELEASE);
+    return Staged{k, end, buf};
+  }
+  return std::nullopt;
+}
+
+namespace {
+void release(index::SharedIndex& idx, uint32_t k, uint64_t at) {
+  uint64_t want = at;
+  // Only if it is still this write's: a lock holder may have finished it and another
+  // writer staged a new one there since.
+  if (idx.pending(k).at.compare_exchange_strong(want, 0, std::memory_order_acq_rel)) {
+    idx.hdr().pending_writes.fetch_sub(1);
+  }
+}
+}  // namespace
+
+Status finish(index::SharedIndex& idx, storage::Log& log, const Staged& s) {
+  if (Status st = log.write_placed(s.at, s.bytes, false); !st.ok()) return st;
+  release(idx, s.slot, s.at.pack());
+  return {};
+}
+
+bool withdraw(index::SharedIndex& idx, storage::Log& log, const Staged& s) {
+  uint64_t want = s.at.pack();
+  if (!idx.pending(s.slot).at.compare_exchange_strong(want, 0, std::memory_order_acq_rel)) return false;
+  idx.hdr().pending_writes.fetch_sub(1);
+  std::vector<storage::Record> filler(s.bytes.size() / format::kRecordHeaderSize,
+                                      storage::Record{format::RecordType::kLease, 0, 0, 0, 0, {}});
+  std::string bytes;
+  // Best effort, like the zeroing after a failed append: the device may still fail.
+  if (log.place(s.at, filler, bytes) && bytes.size() == s.bytes.size()) (void)log.write_placed(s.at, bytes, false);
+  return true;
+}
+
+Status settle(index::SharedIndex& idx, storage::Log& log, uint64_t below, uint64_t staged_before_ns) {
+  if (idx.hdr().pending_writes.load(std::memory_order_acquire) == 0) return {};
+  Status result;
+  for (uint32_t k = 0; k < index::kPendingSlots; ++k) {
+    index::PendingWrite& p = idx.pending(k);
+    uint64_t at = p.at.load(std::memory_order_acquire);
+    if (at == 0 || (at >= below && p.staged_ns >= staged_before_ns)) continue;
+    uint32_t len = std::min<uint32_t>(p.len, index::kPendingBytes);
+    Status s = log.write_placed(Pos::unpack(at), std::string_view(p.bytes, len), true);
+    // Bytes that are not valid records, or a range holding other data, come from a damaged
+    // index: nothing to finish, and the slot must not block syncs forever.
+    if (s.ok() || s.code() == Code::kCorrupt) {
+      release(idx, k, at);
+    }
+    if (!s.ok() && result.ok()) result = s;
+  }
+  return result;
+}
+
+uint64_t lowest(index::SharedIndex& idx) {
+  uint64_t low = UINT64_MAX;
+  if (idx.hdr().pending_writes.load(std::memory_order_acquire) == 0) return low;
+  for (uint32_t k = 0; k < index::kPendingSlots; ++k) {
+    uint64_t at = idx.pending(k).at.load(std::memory_order_acquire);
+    if (at != 0) low = std::min(low, at);
+  }
+  return low;
+}
+
+}  // namespace spool::write_behind

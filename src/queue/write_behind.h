@@ -1,0 +1,67 @@
+// Write-behind of control records (LEASE, ACK, RELEASE, extend): the log range is reserved
+// and the index changed under the index lock, and the write itself happens after the unlock.
+// That write (one pwritev, 2-3 us on this VM) was most of what a receive or an ack held the
+// lock for, so a producer and its consumers took turns around system calls
+// (docs/performance.md, "What changed in the sixth session").
+//
+// A staged write keeps a copy of its bytes in a shared slot of the index until it is done,
+// so that any lock holder can finish it (the same bytes at the same place, harmless if the
+// writer writes them too):
+//  - when its writer died or stalls (finish after kStaleNs, looked at by every lock());
+//  - before the index is rebuilt from the log, before an append rolls to a new segment (the
+//    roll syncs the old one), and before a sync counts the range as durable;
+//  - by the first opener, for writers that died while the queue was open.
+// So the log still holds every change the index shows whenever anyone reads it, and a call
+// returns only after its own write. MSG records are never written behind: consumers map
+// them, and must not before they exist. Neither are writes that must be synced at once
+// (sync policy always, Durability::kSync): the fdatasync costs far more than the lock.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "index/index.h"
+#include "spool/status.h"
+#include "storage/log.h"
+
+namespace spool::write_behind {
+
+// A staged write dies with its writer's thread; its bytes are the writer's own copy (the
+// shared slot may be finished and reused by another process before the writer gets to it).
+struct Staged {
+  uint32_t slot;
+  storage::Pos at;
+  std::string_view bytes;  // valid until this thread's next stage()
+};
+
+// After this long, any lock holder finishes a staged write itself.
+inline constexpr uint64_t kStaleNs = 200'000'000;
+
+// Lock held. Reserves `recs` at the log end (and moves log_end past them) and stages them,
+// when they fit in the active segment and a slot is free; nullopt when not (the caller then
+// appends under the lock as usual).
+std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::span<const storage::Record> recs,
+                            uint64_t now_ns);
+
+// No lock: writes a staged range and frees its slot. On an error the slot stays, and a
+// lock holder retries the write later.
+Status finish(index::SharedIndex& idx, storage::Log& log, const Staged& s);
+
+// Lock held, after finish() failed: takes the staged write back, so that it never lands,
+// and writes filler records over its range (LEASE records of id 0, which no message has:
+// replay ignores them) so that the records appended after it are not behind a hole. False
+// when another process had written it already: then the change stands. The caller rebuilds
+// the index from the log, which undoes the change there.
+bool withdraw(index::SharedIndex& idx, storage::Log& log, const Staged& s);
+
+// Lock held, or no other process attached: finishes every staged write that starts below
+// `below` (a packed Pos) or was staged before `staged_before_ns`.
+Status settle(index::SharedIndex& idx, storage::Log& log, uint64_t below, uint64_t staged_before_ns);
+
+// No lock: the lowest packed position of a staged write, or UINT64_MAX.
+uint64_t lowest(index::SharedIndex& idx);
+
+}  // namespace spool::write_behind
