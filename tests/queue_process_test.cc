@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "spool/queue.h"
+#include "storage/log.h"
 #include "proc_util.h"
 #include "test_util.h"
 
@@ -247,6 +248,22 @@ void expect_log_has_the_ack(const std::string& dir, uint64_t acked) {
   EXPECT_TRUE(rep->ok()) << rep->problems.front();
 }
 
+// ACK records of message `id` in the log, read apart from any index.
+int acks_in_log(const std::string& dir, uint64_t id, uint64_t segment_size = QueueOptions{}.segment_size) {
+  storage::LogOptions lo;
+  lo.read_only = true;
+  lo.segment_size = segment_size;
+  auto log = storage::Log::open(dir + "/segments", lo);
+  EXPECT_TRUE(log.ok()) << log.status().to_string();
+  if (!log.ok()) return -1;
+  int acks = 0;
+  auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& r) {
+    acks += r.type == format::RecordType::kAck && r.id == id;
+  });
+  EXPECT_TRUE(rec.ok() && rec->corrupt.empty());
+  return acks;
+}
+
 }  // namespace write_behind_case
 
 TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByTheNextOpener) {
@@ -283,6 +300,40 @@ TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByAP
   ASSERT_TRUE(q->stats().ok());        // takes the lock, which finishes stale staged writes
   q.reset();
   write_behind_case::expect_log_has_the_ack(qdir(), acked);
+}
+
+// A sync must not count a staged range as durable before its bytes are in the file: the
+// syncing process writes a dead writer's staged ACK first (long before the 200 ms after which
+// any lock holder would), so the log holds it right after Queue::sync() returns.
+TEST_F(QueueProcessTest, ASyncWritesAStagedRecordBelowItBeforeCountingItDurable) {
+  auto q = open();  // sync interval: acks are staged
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  auto got = q->receive(1, 60s);
+  ASSERT_TRUE(got.ok() && got->size() == 1u);
+  const uint64_t acked = got->at(0).id;
+  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  ASSERT_TRUE(q->sync().ok());
+  int acks = write_behind_case::acks_in_log(qdir(), acked);
+  EXPECT_EQ(acks, 1) << "the staged ACK was not in the log after the sync";
+}
+
+// An append that rolls to a new segment syncs the old one and from then on tracks
+// durability in the new one alone: a staged record left in the old one is written first.
+TEST_F(QueueProcessTest, ARollWritesAStagedRecordInTheSegmentItLeaves) {
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  auto q = open(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  auto got = q->receive(1, 60s);
+  ASSERT_TRUE(got.ok() && got->size() == 1u);
+  const uint64_t acked = got->at(0).id;
+  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  const uint64_t segments_before = q->stats()->segments;
+  std::string big(40 << 10, 'x');
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(q->send(big).ok());  // the second one rolls
+  ASSERT_GT(q->stats()->segments, segments_before) << "no roll happened";
+  EXPECT_EQ(write_behind_case::acks_in_log(qdir(), acked, o.segment_size), 1)
+      << "the staged ACK was not in the log after the roll";
 }
 
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {
