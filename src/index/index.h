@@ -136,7 +136,9 @@ struct alignas(64) IndexHeader {
   std::atomic<uint64_t> durable_id;    // every message with an id <= this is on disk
   std::atomic<uint32_t> durable_seq;   // futex word: bumped after every sync attempt
   std::atomic<uint32_t> durable_waiters;
-  std::atomic<uint32_t> pending_writes;  // write-behind slots in use
+  // Write-behind slots in use, or more: a process killed between a slot's change and this
+  // count's leaves it too high for good, which only costs a scan of the slots.
+  std::atomic<uint32_t> pending_writes;
 };
 
 // A control record written behind the lock (queue/write_behind.h): its log range was

@@ -391,6 +391,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
   uint64_t end = 0;
   std::vector<Message> out;
+  bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
@@ -406,11 +407,15 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
     auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end);
     if (!taken.ok()) return taken.status();
     if (!*taken) {
-      (void)q.written(end);
-      return Status(Code::kNotFound, "message " + std::to_string(id) + " was dropped (dead-lettered or past retention)");
+      dropped = true;
+    } else {
+      out.push_back(std::move(**taken));
+      if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
     }
-    out.push_back(std::move(**taken));
-    if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
+  }
+  if (dropped) {
+    (void)q.written(end);
+    return Status(Code::kNotFound, "message " + std::to_string(id) + " was dropped (dead-lettered or past retention)");
   }
   if (Status s = q.written(end); !s.ok()) return s;
   return std::move(out.front());

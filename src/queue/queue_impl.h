@@ -219,8 +219,11 @@ struct Queue::Impl {
     };
     std::vector<Owned> owned;
     // Writers of staged records may be alive and about to write them: write them first, or
-    // the replay would miss changes whose calls return success.
-    if (!read_only && idx.reusable()) (void)write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX);
+    // the replay would miss changes whose calls return success, and would set the log end
+    // below a range a writer still owns. If one cannot be written, no replay.
+    if (!read_only) {
+      if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
+    }
     if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
       idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
         if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
@@ -391,7 +394,9 @@ struct Queue::Impl {
         uint64_t ids = h.sent_through.load(std::memory_order_acquire);
         uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
         // A staged write below the target is finished here, not waited for: its writer
-        // may be dead. (No lock holder waits for sync_mu, so taking the lock here is safe.)
+        // may be dead. Taking the lock while holding sync_mu is safe because nothing is
+        // staged where a lock holder syncs (sync always, Durability::kSync; receive_id
+        // syncs after its unlock).
         if (write_behind::lowest(idx) < target) {
           auto held = lock();
           s = held.ok() ? write_behind::settle(idx, *log, target, 0) : held.status();
@@ -540,7 +545,9 @@ struct Queue::Impl {
       // segment alone: staged writes into it must be there by then.
       uint64_t bytes = 0;
       for (const auto& r : recs) bytes += format::record_size(r.payload.size());
-      if (Pos::unpack(h.log_end).off + bytes > cfg.opts.segment_size) {
+      Pos end = Pos::unpack(h.log_end);
+      auto seg = log->segment(end.seq);
+      if (!seg.ok() || end.off + bytes > (*seg)->info().size) {
         if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
       }
     }

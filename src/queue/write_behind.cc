@@ -12,7 +12,6 @@ using storage::Pos;
 std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::span<const storage::Record> recs,
                             uint64_t now_ns) {
   auto& h = idx.hdr();
-  if (h.pending_writes.load(std::memory_order_relaxed) >= index::kPendingSlots) return std::nullopt;
   // The writer's own copy: stage() and finish() run on one thread with nothing staged between.
   thread_local std::string buf;
   Pos end = Pos::unpack(h.log_end);
