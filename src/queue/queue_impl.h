@@ -540,16 +540,10 @@ struct Queue::Impl {
   // Appends at the log end and publishes the new end. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs) {
     auto& h = idx.hdr();
-    if (h.pending_writes.load(std::memory_order_relaxed) != 0) {
-      // A roll syncs the segment it leaves, and durability is tracked in the active
-      // segment alone: staged writes into it must be there by then.
-      uint64_t bytes = 0;
-      for (const auto& r : recs) bytes += format::record_size(r.payload.size());
-      Pos end = Pos::unpack(h.log_end);
-      auto seg = log->segment(end.seq);
-      if (!seg.ok() || end.off + bytes > (*seg)->info().size) {
-        if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
-      }
+    // A roll syncs the segment it leaves, and durability is tracked in the active segment
+    // alone: staged writes into it must be there by then.
+    if (h.pending_writes.load(std::memory_order_relaxed) != 0 && !log->fits(Pos::unpack(h.log_end), recs)) {
+      if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
     }
     auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!res.ok()) return res.status();

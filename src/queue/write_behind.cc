@@ -9,6 +9,9 @@ namespace spool::write_behind {
 
 using storage::Pos;
 
+// Recovery takes a zero gap of up to every slot's bytes for staged records never written.
+static_assert(uint64_t{index::kPendingSlots} * index::kPendingBytes <= format::kMaxUnwrittenGap);
+
 std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::span<const storage::Record> recs,
                             uint64_t now_ns) {
   auto& h = idx.hdr();
@@ -34,13 +37,13 @@ std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::spa
 }
 
 namespace {
-void release(index::SharedIndex& idx, uint32_t k, uint64_t at) {
+// Frees slot `k` if it still holds the write staged at `at`: a lock holder may have
+// finished it and another writer staged a new one there since. False if not.
+bool release(index::SharedIndex& idx, uint32_t k, uint64_t at) {
   uint64_t want = at;
-  // Only if it is still this write's: a lock holder may have finished it and another
-  // writer staged a new one there since.
-  if (idx.pending(k).at.compare_exchange_strong(want, 0, std::memory_order_acq_rel)) {
-    idx.hdr().pending_writes.fetch_sub(1);
-  }
+  if (!idx.pending(k).at.compare_exchange_strong(want, 0, std::memory_order_acq_rel)) return false;
+  idx.hdr().pending_writes.fetch_sub(1);
+  return true;
 }
 }  // namespace
 
@@ -51,9 +54,7 @@ Status finish(index::SharedIndex& idx, storage::Log& log, const Staged& s) {
 }
 
 bool withdraw(index::SharedIndex& idx, storage::Log& log, const Staged& s) {
-  uint64_t want = s.at.pack();
-  if (!idx.pending(s.slot).at.compare_exchange_strong(want, 0, std::memory_order_acq_rel)) return false;
-  idx.hdr().pending_writes.fetch_sub(1);
+  if (!release(idx, s.slot, s.at.pack())) return false;
   std::vector<storage::Record> filler(s.bytes.size() / format::kRecordHeaderSize,
                                       storage::Record{format::RecordType::kLease, 0, 0, 0, 0, {}});
   std::string bytes;

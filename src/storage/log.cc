@@ -276,16 +276,23 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   return res;
 }
 
-std::optional<Pos> Log::place(Pos end, std::span<const Record> recs, std::string& out) {
-  if (end.seq == 0) return std::nullopt;
+std::shared_ptr<Segment> Log::fitting(Pos end, std::span<const Record> recs) {
+  if (end.seq == 0) return nullptr;
   auto seg = segment(end.seq);
-  if (!seg.ok()) return std::nullopt;
+  if (!seg.ok()) return nullptr;
   uint64_t bytes = 0;
   for (const auto& r : recs) bytes += format::record_size(r.payload.size());
-  if (end.off + bytes > (*seg)->info().size) return std::nullopt;
+  return end.off + bytes <= (*seg)->info().size ? *seg : nullptr;
+}
+
+bool Log::fits(Pos end, std::span<const Record> recs) { return fitting(end, recs) != nullptr; }
+
+std::optional<Pos> Log::place(Pos end, std::span<const Record> recs, std::string& out) {
+  auto seg = fitting(end, recs);
+  if (seg == nullptr) return std::nullopt;
   out.clear();
-  for (const auto& r : recs) (*seg)->encode(r, out);
-  return Pos{end.seq, end.off + bytes};
+  for (const auto& r : recs) seg->encode(r, out);
+  return Pos{end.seq, end.off + out.size()};
 }
 
 Status Log::write_placed(Pos at, std::string_view bytes, bool repair) {

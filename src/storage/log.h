@@ -85,6 +85,8 @@ class Log {
   // into `out` without writing them and returns the end after them, when they all fit in
   // that segment; nullopt when they would roll (the caller then uses append()).
   std::optional<Pos> place(Pos end, std::span<const Record> recs, std::string& out);
+  // Whether `recs` fit in the segment at `end`, so that an append there would not roll.
+  bool fits(Pos end, std::span<const Record> recs);
   // Writes `bytes`, records place() encoded, at `at`. With `repair` (one process finishing
   // another's write), only when they are valid records for that segment and every byte of
   // the range is either still zero or already the same: it never overwrites anything else.
@@ -119,6 +121,8 @@ class Log {
   Log(std::string dir, LogOptions opts) : dir_(std::move(dir)), opts_(std::move(opts)) {}
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);
   std::vector<std::string> spares() const;
+  // The segment at `end` when `recs` fit in it after `end`, else null.
+  std::shared_ptr<Segment> fitting(Pos end, std::span<const Record> recs);
 
   std::string dir_;
   LogOptions opts_;
