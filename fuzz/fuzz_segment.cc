@@ -146,7 +146,8 @@ ScanResult check_scan(const Segment& seg, const uint8_t* data) {
   // Records, corrupt regions and unwritten gaps must tile [64, end) exactly: nothing is
   // visited twice, no record overlaps a corrupt region, and no bytes before the end go
   // unaccounted for. A gap left unreported must be whole zeroed control records that a
-  // crash left unwritten (format::kMaxUnwrittenGap), before a valid record.
+  // crash left unwritten (format::kMaxUnwrittenGap), the first perhaps torn (storage::
+  // unwritten_gap: zero from its last byte back to what the write kept), before a valid record.
   std::sort(spans.begin(), spans.end(),
             [](const Span& a, const Span& b) { return a.begin < b.begin; });
   uint64_t cursor = format::kSegmentHeaderSize;
@@ -156,7 +157,9 @@ ScanResult check_scan(const Segment& seg, const uint8_t* data) {
       FUZZ_CHECK(s.begin > cursor && s.record);
       uint64_t gap = s.begin - cursor;
       FUZZ_CHECK(gap % format::kRecordHeaderSize == 0 && gap <= format::kMaxUnwrittenGap);
-      FUZZ_CHECK(std::all_of(seg.data() + cursor, seg.data() + s.begin, [](uint8_t b) { return b == 0; }));
+      FUZZ_CHECK(std::all_of(seg.data() + cursor + format::kRecordHeaderSize, seg.data() + s.begin,
+                             [](uint8_t b) { return b == 0; }));
+      FUZZ_CHECK(seg.data()[cursor + format::kRecordHeaderSize - 1] == 0);
       unwritten += gap;
     }
     FUZZ_CHECK(s.end > s.begin);

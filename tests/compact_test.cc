@@ -209,13 +209,13 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
   std::string journal = dir_ / "journal";
   std::mt19937 rng(12345);
   std::set<uint64_t> sent, acked, maybe_acked;
-  std::map<uint64_t, uint64_t> sent_round;
+  std::map<uint64_t, uint64_t> sent_round, ack_round;
   const int kRounds = test::scaled(200);
   for (int round = 0; round < kRounds; ++round) {
     const char* point = points[round % 5];
     int nth = 1 + static_cast<int>(rng() % 3);
     uint32_t seed = static_cast<uint32_t>(rng());
-    { std::ofstream(journal, std::ios::app) << "R " << round << "\n"; }
+    for (const std::string& f : {journal, journal + ".other"}) std::ofstream(f, std::ios::app) << "R " << round << "\n";
     pid_t other = spawn([&] { return churn(qdir(), journal + ".other", seed ^ 0x5555); });
     pid_t victim = spawn([&] {
       if (*point) ::setenv("SPOOL_CRASHPOINT", (std::string(point) + ":" + std::to_string(nth)).c_str(), 1);
@@ -228,7 +228,10 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
     ::waitpid(victim, &st, 0);
     ::kill(other, SIGKILL);
     ::waitpid(other, &st, 0);
-    if (round % 25 == 24) std::filesystem::remove(qdir() + "/index");  // also test the rebuild
+    // Also test the rebuild. An index deleted after a kill -9 loses the acks deferred in it
+    // (docs/durability.md, "Acks deferred to the next write"): those of this round, since
+    // the next round's first opener writes any left from earlier ones.
+    if (round % 25 == 24) std::filesystem::remove(qdir() + "/index");
   }
   for (const std::string& f : {journal, journal + ".other"}) {
     std::ifstream in(f);
@@ -238,7 +241,7 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
     while (in >> kind >> id) {
       if (kind == 'R') round = id;
       if (kind == 'S') sent.insert(id);
-      if (kind == 'A') acked.insert(id);
+      if (kind == 'A') acked.insert(id), ack_round[id] = round;
       if (kind == 'a') maybe_acked.insert(id);
       if (kind == 'S') sent_round[id] = round;
     }
@@ -255,8 +258,16 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
     if (!maybe_acked.count(id) && !present.count(id)) {
       if (++lost < 10) ADD_FAILURE() << "lost message " << id << " sent in round " << sent_round[id];
     }
-  for (uint64_t id : acked)
-    if (present.count(id)) ++resurrected;
+  size_t deferred_back = 0;
+  for (uint64_t id : acked) {
+    if (!present.count(id)) continue;
+    if (ack_round[id] % 25 == 24) {
+      ++deferred_back;  // acked just before its index was deleted: may be delivered again
+    } else if (++resurrected < 10) {
+      ADD_FAILURE() << "acked message " << id << " (round " << ack_round[id] << ") came back";
+    }
+  }
+  std::printf("acked messages back after a deleted index: %zu (allowed)\n", deferred_back);
   EXPECT_GT(sent.size(), 1000u) << "the children must have done real work";
   EXPECT_EQ(lost, 0u) << "every send that returned and was not acked is still queued";
   EXPECT_EQ(resurrected, 0u) << "no ack that returned is undone";

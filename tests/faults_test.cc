@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include "index/index.h"
+#include "storage/format.h"
 #include "io/io.h"
 #include "child_report.h"
 #include "proc_util.h"
@@ -1027,6 +1028,49 @@ TEST(PowerLoss, SyncIntervalComesBackCleanAndCountsTheLossWindow) {
   EXPECT_EQ(fig.phantoms, 0u);
 }
 
+// A power cut can tear the last write: its first sectors are on disk after the log's end.
+// The rebuild zeroes them; left there, the next roll would seal them into a segment as
+// damage that verify reports (the sync=always campaign met this).
+TEST(PowerLoss, ATornWriteAfterTheEndIsClearedBeforeTheLogRollsPastIt) {
+  TempDir d;
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  std::string seg = d / "q/segments/00000000000000000001.seg";
+  uint64_t end = 0;
+  {
+    auto q = Queue::open(d / "q", o);
+    ASSERT_TRUE(q.ok());
+    // 62 records of 1,048 bytes leave 496 bytes at the end of the segment: the next one rolls.
+    for (int i = 0; i < 62; ++i) ASSERT_TRUE((*q)->send(std::string(1000, 'a' + i % 26)).ok());
+    ASSERT_EQ((*q)->stats()->segments, 1u);
+  }
+  {
+    std::ifstream in(seg, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    end = bytes.find_last_not_of('\0') + 1;
+    end = (end + 7) / 8 * 8;
+  }
+  // The first 400 bytes of a send of 1000 bytes: a record header and part of its payload.
+  {
+    std::string torn(400, 'z');
+    uint32_t magic = spool::format::kRecordMagic;
+    std::memcpy(torn.data(), &magic, 4);
+    int fd = ::open(seg.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, torn.data(), torn.size(), static_cast<off_t>(end)), 400);
+    ::close(fd);
+  }
+  std::filesystem::remove(d / "q/index");  // the reboot: the index is rebuilt
+  auto q = Queue::open(d / "q", o);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ((*q)->stats()->ready, 62u);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE((*q)->send(std::string(1000, 'b')).ok());  // rolls
+  ASSERT_GT((*q)->stats()->segments, 1u);
+  auto v = (*q)->verify(false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->ok()) << v->problems.front();
+}
+
 // ---- 3b. A garbage, torn or hostile index file ------------------------------------------------
 
 struct Expected {
@@ -1428,7 +1472,9 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     EXPECT_EQ(ids_of(q), p.live) << "a failed send left a message";
     expect_fails("receive", [&] { return q.receive(3, 60s).status(); });
     EXPECT_EQ(q.stats()->in_flight, 2u) << "a failed receive left leases";
-    expect_fails("ack", [&] { return q.ack(p.leased[0].receipt); });
+    // kSync: a plain ack writes nothing (it is deferred, write_behind.h); the next test
+    // covers the write that carries deferred acks.
+    expect_fails("ack", [&] { return q.ack(p.leased[0].receipt, Durability::kSync); });
     expect_fails("nack", [&] { return q.nack(p.leased[0].receipt); });
     expect_fails("extend", [&] { return q.extend(p.leased[0].receipt, 90s); });
     expect_fails("purge", [&] { return q.purge().status(); });
@@ -1445,6 +1491,30 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     EXPECT_EQ(consistency(q), "");
   }
   std::printf("[figures] injected write errors: %d\n", injected);
+}
+
+// Deferred acks (write_behind.h) returned long before the receive whose write carries
+// them: when that write fails, the receive fails and changes nothing, and the acks stand.
+TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
+  for (int err : {EIO, ENOSPC}) {
+    TempDir d;
+    Prepared p = prepare(d / "q");
+    ASSERT_NE(p.q, nullptr);
+    Queue& q = *p.q;
+    ASSERT_TRUE(q.ack(p.leased[0].receipt).ok());
+    ASSERT_TRUE(q.ack(p.leased[1].receipt).ok());
+    p.live.erase(p.leased[0].id);
+    p.live.erase(p.leased[1].id);
+    uint64_t before = sf::counters().injected;
+    sf::fail(sf::Op::kWrite, 1, err);
+    auto got = q.receive(1, 60s);
+    sf::clear();
+    ASSERT_GT(sf::counters().injected, before) << "the receive wrote nothing";
+    EXPECT_FALSE(got.ok()) << "a receive whose write failed returned messages";
+    EXPECT_EQ(ids_of(q), p.live) << "the failed write undid an ack";
+    EXPECT_EQ(q.stats()->in_flight, 0u) << "a failed receive left leases";  // prepare() leased 2
+    EXPECT_EQ(consistency(q), "");  // verify writes the acks, then replays the log
+  }
 }
 
 // Writes cut short at every size still store every byte (the writer resumes).

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "index/index.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "proc_util.h"
@@ -217,24 +219,49 @@ TEST_F(QueueProcessTest, ConsumersKilledMidLeaseLoseNothing) {
   EXPECT_EQ(q->check_index(), "");
 }
 
-// Write-behind (src/queue/write_behind.h): a consumer's ACK record is written after the
-// index lock is released. A consumer killed between the two leaves the index saying "acked"
-// and the log without the record; whoever comes next must write it from the index's copy.
-// The ack never returned, so both outcomes would be allowed, but the index and the log must
-// agree: the message must not be gone from the index and back after a rebuild.
+// Write-behind (src/queue/write_behind.h): a consumer's NACK (RELEASE record) is written
+// after the index lock is released. A consumer killed between the two leaves the index
+// saying "released" and the log without the record; whoever comes next must write it from
+// the index's copy. An ack makes no write at all: it is deferred, listed in the index, and
+// its record written later by someone else. Either way the index and the log must agree.
 namespace write_behind_case {
 
-// The CLI ($SPOOL_CLI) acks `receipt` and is killed with its ACK staged but not written: a
-// fresh process, because a crash point is read once per process.
-void ack_and_die(const std::string& dir, const std::string& receipt) {
+// The CLI ($SPOOL_CLI) runs `verb` on `receipt` and is killed at `crashpoint`: a fresh
+// process, because a crash point is read once per process.
+void run_and_die(const std::string& verb, const std::string& dir, const std::string& receipt,
+                 const std::string& crashpoint) {
   const char* cli = std::getenv("SPOOL_CLI");
   ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
-  auto r = test::run_program({cli, "ack", dir, receipt}, "", "", {"SPOOL_CRASHPOINT=write_behind.staged"});
-  EXPECT_EQ(r.code, 128 + SIGKILL) << "the ack was not killed at its staged write: " << r.err;
+  auto r = test::run_program({cli, verb, dir, receipt}, "", "", {"SPOOL_CRASHPOINT=" + crashpoint});
+  EXPECT_EQ(r.code, 128 + SIGKILL) << "the " << verb << " was not killed at " << crashpoint << ": " << r.err;
+}
+// Staged but not written.
+void nack_and_die(const std::string& dir, const std::string& receipt) {
+  run_and_die("nack", dir, receipt, "write_behind.staged");
+}
+// Deferred: the ack returned inside the process, which died before anything else.
+void ack_and_die(const std::string& dir, const std::string& receipt) {
+  run_and_die("ack", dir, receipt, "ack.deferred");
+}
+
+// Records of `type` for message `id` in the log, read apart from any index.
+int records_in_log(const std::string& dir, format::RecordType type, uint64_t id,
+                   uint64_t segment_size = QueueOptions{}.segment_size) {
+  storage::LogOptions lo;
+  lo.read_only = true;
+  lo.segment_size = segment_size;
+  auto log = storage::Log::open(dir + "/segments", lo);
+  EXPECT_TRUE(log.ok()) << log.status().to_string();
+  if (!log.ok()) return -1;
+  int n = 0;
+  auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& r) { n += r.type == type && r.id == id; });
+  EXPECT_TRUE(rec.ok() && rec->corrupt.empty());
+  return n;
 }
 
 // The log alone (the index deleted, so rebuilt from it) must hold the ack: two of three left.
 void expect_log_has_the_ack(const std::string& dir, uint64_t acked) {
+  EXPECT_EQ(records_in_log(dir, format::RecordType::kAck, acked), 1) << "the ACK record is not in the log";
   std::filesystem::remove(dir + "/index");
   auto q = test::open_queue(dir);
   ASSERT_NE(q, nullptr);
@@ -248,73 +275,80 @@ void expect_log_has_the_ack(const std::string& dir, uint64_t acked) {
   EXPECT_TRUE(rep->ok()) << rep->problems.front();
 }
 
-// ACK records of message `id` in the log, read apart from any index.
-int acks_in_log(const std::string& dir, uint64_t id, uint64_t segment_size = QueueOptions{}.segment_size) {
-  storage::LogOptions lo;
-  lo.read_only = true;
-  lo.segment_size = segment_size;
-  auto log = storage::Log::open(dir + "/segments", lo);
-  EXPECT_TRUE(log.ok()) << log.status().to_string();
-  if (!log.ok()) return -1;
-  int acks = 0;
-  auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& r) {
-    acks += r.type == format::RecordType::kAck && r.id == id;
-  });
-  EXPECT_TRUE(rec.ok() && rec->corrupt.empty());
-  return acks;
+// Three messages sent, the first received with a minute's lease.
+void send_three_receive_one(Queue& q, Message* got) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q.send("m" + std::to_string(i)).ok());
+  auto r = q.receive(1, std::chrono::seconds(60));
+  ASSERT_TRUE(r.ok() && r->size() == 1u);
+  *got = std::move(r->front());
+}
+
+// A consumer acks one of three messages and is killed with the ack deferred, as the only
+// process that had the queue open.
+void ack_deferred_by_the_last_process(const std::string& dir, const QueueOptions& o, uint64_t* acked) {
+  auto q = test::open_queue(dir, o);
+  ASSERT_NE(q, nullptr);
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(send_three_receive_one(*q, &got));
+  *acked = got.id;
+  q.reset();
+  ack_and_die(dir, got.receipt);
 }
 
 }  // namespace write_behind_case
 
-TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByTheNextOpener) {
+using write_behind_case::records_in_log;
+constexpr auto kRelease = format::RecordType::kRelease;
+
+TEST_F(QueueProcessTest, ANackStagedByAConsumerKilledBeforeItsWriteIsWrittenByTheNextOpener) {
   QueueOptions o;
   o.sync = SyncPolicy::kNever;  // so that no sync, not even at close, writes it instead
-  uint64_t acked;
+  uint64_t nacked;
   {
     auto q = open(o);
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
-    auto got = q->receive(1, 60s);
-    ASSERT_TRUE(got.ok() && got->size() == 1u);
-    acked = got->at(0).id;
+    Message got;
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+    nacked = got.id;
     q.reset();  // closed, so that the next open below is the first opener
-    write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+    write_behind_case::nack_and_die(qdir(), got.receipt);
   }
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked), 0);
   {
-    auto q = open(o);  // the first opener: reuses the index and writes the staged ACK
+    auto q = open(o);  // the first opener: reuses the index and writes the staged RELEASE
     ASSERT_NE(q, nullptr);
-    EXPECT_EQ(q->peek(10)->size(), 2u);
+    EXPECT_EQ(q->stats()->ready, 3u);
   }
-  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked), 1) << "the staged RELEASE is not in the log";
+  std::filesystem::remove(qdir() + "/index");
+  auto q = open(o);  // rebuilt from the log alone: the nacked message is ready again
+  EXPECT_EQ(q->stats()->ready, 3u);
 }
 
-TEST_F(QueueProcessTest, AnAckStagedByAConsumerKilledBeforeItsWriteIsWrittenByAProcessStillRunning) {
+TEST_F(QueueProcessTest, ANackStagedByAConsumerKilledBeforeItsWriteIsWrittenByAProcessStillRunning) {
   QueueOptions o;
   o.sync = SyncPolicy::kNever;  // so that no sync finishes it: only the lock holders' check
   auto q = open(o);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
-  auto got = q->receive(1, 60s);
-  ASSERT_TRUE(got.ok() && got->size() == 1u);
-  uint64_t acked = got->at(0).id;
-  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+  uint64_t nacked = got.id;
+  write_behind_case::nack_and_die(qdir(), got.receipt);
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked), 0);
   std::this_thread::sleep_for(300ms);  // past write_behind::kStaleNs
   ASSERT_TRUE(q->stats().ok());        // takes the lock, which finishes stale staged writes
-  q.reset();
-  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked), 1) << "the staged RELEASE is not in the log";
 }
 
 // A sync must not count a staged range as durable before its bytes are in the file: the
-// syncing process writes a dead writer's staged ACK first (long before the 200 ms after which
-// any lock holder would), so the log holds it right after Queue::sync() returns.
+// syncing process writes a dead writer's staged RELEASE first (long before the 200 ms after
+// which any lock holder would), so the log holds it right after Queue::sync() returns.
 TEST_F(QueueProcessTest, ASyncWritesAStagedRecordBelowItBeforeCountingItDurable) {
-  auto q = open();  // sync interval: acks are staged
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
-  auto got = q->receive(1, 60s);
-  ASSERT_TRUE(got.ok() && got->size() == 1u);
-  const uint64_t acked = got->at(0).id;
-  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  auto q = open();  // sync interval: nacks are staged
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+  const uint64_t nacked = got.id;
+  write_behind_case::nack_and_die(qdir(), got.receipt);
   ASSERT_TRUE(q->sync().ok());
-  int acks = write_behind_case::acks_in_log(qdir(), acked);
-  EXPECT_EQ(acks, 1) << "the staged ACK was not in the log after the sync";
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked), 1) << "the staged RELEASE was not in the log after the sync";
 }
 
 // An append that rolls to a new segment syncs the old one and from then on tracks
@@ -324,17 +358,105 @@ TEST_F(QueueProcessTest, ARollWritesAStagedRecordInTheSegmentItLeaves) {
   o.segment_size = 64 << 10;
   o.sync = SyncPolicy::kNever;  // no flusher that would write it first
   auto q = open(o);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
-  auto got = q->receive(1, 60s);
-  ASSERT_TRUE(got.ok() && got->size() == 1u);
-  const uint64_t acked = got->at(0).id;
-  write_behind_case::ack_and_die(qdir(), got->at(0).receipt);
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+  const uint64_t nacked = got.id;
+  write_behind_case::nack_and_die(qdir(), got.receipt);
   const uint64_t segments_before = q->stats()->segments;
   std::string big(40 << 10, 'x');
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(q->send(big).ok());  // the second one rolls
   ASSERT_GT(q->stats()->segments, segments_before) << "no roll happened";
-  EXPECT_EQ(write_behind_case::acks_in_log(qdir(), acked, o.segment_size), 1)
-      << "the staged ACK was not in the log after the roll";
+  EXPECT_EQ(records_in_log(qdir(), kRelease, nacked, o.segment_size), 1)
+      << "the staged RELEASE was not in the log after the roll";
+}
+
+// A deferred ack (write_behind.h) is in no log record when its process dies. The next
+// first opener writes it: an index deleted after that loses nothing.
+TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledRightAfterItIsWrittenByTheNextOpener) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;  // no sync that would write it first
+  uint64_t acked;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 0) << "the ack was not deferred";
+  {
+    auto q = open(o);  // the first opener: reuses the index and writes the listed ack
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->stats()->ready, 2u);
+    EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1) << "not written by the first opener";
+  }
+  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+}
+
+// The first opener that cannot reuse the index (here: its seal is wrong) rebuilds it from
+// the log, and carries the deferred acks over: the acked message does not come back.
+TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheIndex) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  uint64_t acked;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+  // A seal that does not match makes the opener rebuild.
+  {
+    int fd = ::open((qdir() + "/index").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ASSERT_NE(p, MAP_FAILED);
+    static_cast<index::IndexHeader*>(p)->seal = 12345;  // "closed cleanly, and changed since"
+    ::munmap(p, sizeof(index::IndexHeader));
+    ::close(fd);
+  }
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  auto left = q->peek(10);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 2u);
+  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back in the rebuilt index";
+  q.reset();
+  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+}
+
+TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledIsWrittenByAProcessStillRunning) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  auto q = open(o);
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+  uint64_t acked = got.id;
+  write_behind_case::ack_and_die(qdir(), got.receipt);
+  ASSERT_TRUE(q->stats().ok());
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 0) << "written before it was stale";
+  std::this_thread::sleep_for(300ms);  // past write_behind::kStaleNs
+  ASSERT_TRUE(q->stats().ok());        // takes the lock, which writes stale deferred acks
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1) << "the deferred ACK is not in the log";
+}
+
+// Queue::sync() covers every call that returned, deferred acks included.
+TEST_F(QueueProcessTest, ASyncWritesDeferredAcksFirst) {
+  auto q = open();
+  Message got;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &got));
+  const uint64_t acked = got.id;
+  write_behind_case::ack_and_die(qdir(), got.receipt);
+  ASSERT_TRUE(q->sync().ok());
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1) << "the deferred ACK was not in the log after the sync";
+}
+
+// The next receive carries deferred acks in front of its leases, in one write; a process
+// that closes the queue leaves none behind in the index file.
+TEST_F(QueueProcessTest, TheNextReceiveOrTheCloseWritesDeferredAcks) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;  // no sync that would write them first
+  auto q = open(o);
+  Message first;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &first));
+  ASSERT_TRUE(q->ack(first.receipt).ok());
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 0) << "the ack was not deferred";
+  auto second = q->receive(1, 60s);
+  ASSERT_TRUE(second.ok() && second->size() == 1u);
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 1) << "the receive did not write it";
+  ASSERT_TRUE(q->ack(second->front().receipt).ok());
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 0) << "the ack was not deferred";
+  q.reset();
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 1) << "the close did not write it";
 }
 
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {

@@ -388,15 +388,31 @@ TEST_F(LogTest, ZeroGapsOfWholeControlRecordsAreUnwrittenNotCorrupt) {
     const char* what;
     size_t first, count;  // the records zeroed
     bool corrupt;
+    size_t keep = 0;         // of the first record, bytes left as they were (a torn write)
+    const char* over = "";   // then written at byte 0 of the first record (20 when keep is 48)
+    bool dirty_end = false;  // then the gap's last byte set
   };
   for (Case c : {Case{"three control records", 10, 3, false},
                  Case{"a record of 88 bytes", 599, 1, true},
-                 Case{"321 control records, more than can be staged", 20, 321, true}}) {
+                 Case{"321 control records, more than can be staged", 20, 321, true},
+                 Case{"three control records, the write torn 20 bytes in", 10, 3, false, 20},
+                 Case{"one control record, torn 2 bytes in", 10, 1, false, 2},
+                 Case{"torn 47 bytes in: all but the checksum's last byte", 10, 3, false, 47},
+                 Case{"torn, but not the start of a record", 10, 3, true, 20, "XY"},
+                 Case{"torn 20 bytes in, not zero after", 10, 3, true, 20, "", true},
+                 Case{"a whole record kept is not a tear", 10, 3, true, 48, "X"}}) {
     SCOPED_TRACE(c.what);
     uint64_t from = at[c.first].off;
     uint64_t to = c.first + c.count < at.size() ? at[c.first + c.count].off : end.off;
     const std::string orig = read_raw(path, from, to - from);
     ASSERT_TRUE(write_raw(path, from, std::string(to - from, '\0')));
+    ASSERT_TRUE(write_raw(path, from, orig.substr(0, c.keep)));
+    if (*c.over != 0) {
+      ASSERT_TRUE(write_raw(path, from + (c.keep == 48 ? 20 : 0), c.over));
+    }
+    if (c.dirty_end) {
+      ASSERT_TRUE(write_raw(path, to - 1, "\x01"));
+    }
     auto log = open_log();
     ASSERT_NE(log, nullptr);
     auto got = recover_all(*log);

@@ -49,8 +49,8 @@ namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
-// 7: write-behind slots
-inline constexpr uint32_t kIndexVersion = 7;
+// 7: write-behind slots; 8: deferred acks
+inline constexpr uint32_t kIndexVersion = 8;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -86,6 +86,23 @@ struct OvfEntry {
   Entry e;
 };
 static_assert(sizeof(OvfEntry) == 32);
+
+// Acks whose ACK records are in no log record yet (queue/write_behind.h, "deferred"): the
+// index has already dropped their messages, and the next write under the lock carries the
+// records. `word` commits them in one store: the count in the low 16 bits, the top 48 bits
+// of an XXH3 of e[0..count) above it, so a half-written list (its writer killed in the lock)
+// or a damaged one reads as none.
+inline constexpr uint32_t kDeferredAcks = 32;
+struct DeferredAck {
+  uint64_t id;
+  uint32_t gen;
+  uint32_t pad;
+};
+struct DeferredAcks {
+  std::atomic<uint64_t> word;
+  uint64_t since_ns;  // CLOCK_BOOTTIME of the oldest
+  DeferredAck e[kDeferredAcks];
+};
 
 struct alignas(64) IndexHeader {
   uint64_t magic;
@@ -139,6 +156,8 @@ struct alignas(64) IndexHeader {
   // Write-behind slots in use, or more: a process killed between a slot's change and this
   // count's leaves it too high for good, which only costs a scan of the slots.
   std::atomic<uint32_t> pending_writes;
+  // Guarded by mu, `word` also read without it (queue/write_behind.h).
+  alignas(64) DeferredAcks deferred;
 };
 
 // A control record written behind the lock (queue/write_behind.h): its log range was

@@ -187,14 +187,21 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (reuse) {
       auto held = impl->lock();
       reuse = held.ok();
+      // Acks deferred by processes that died: into the log now, not left in the index file.
+      if (reuse) (void)impl->place_deferred();
     }
     if (!reuse) {
+      // Deferred acks of this boot are carried over into the new index (write_behind.h).
+      std::vector<index::DeferredAck> deferred;
+      if (impl->idx.attached() && impl->idx.reusable()) deferred = write_behind::deferred(impl->idx);
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
       if (Status s = impl->idx.attach(index_path, true); !s.ok()) return s;
+      (void)write_behind::restore_deferred(impl->idx, deferred, sys::boot_ns());
       auto held = impl->lock();
       if (!held.ok()) return held.status();
       if (Status s = impl->rebuild(); !s.ok()) return s;
+      (void)impl->place_deferred();  // as above; on an error they stay listed
     }
     impl->idx.drop_resident();
   } else {
@@ -479,6 +486,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   auto [id, gen] = *r;
   uint64_t end;
   bool wake = false;
+  bool deferred = false;
   std::optional<write_behind::Staged> behind;
   {
     auto held = q.lock();
@@ -491,8 +499,9 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
-    behind = q.stage(std::span(&rec, 1), durability, now);
-    if (!behind) {
+    deferred = what == Change::kAck && q.defer_ack(id, gen, durability, now);
+    if (!deferred) behind = q.stage(std::span(&rec, 1), durability, now);
+    if (!deferred && !behind) {
       auto at = q.append(std::span(&rec, 1));
       if (!at.ok()) return at.status();
     }
@@ -516,6 +525,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
+  if (deferred) crashpoint("ack.deferred");
   if (Status s = q.write_staged(behind); !s.ok()) return s;
   if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);

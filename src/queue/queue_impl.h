@@ -120,6 +120,11 @@ struct Queue::Impl {
       flusher.join();
     }
     // An open that failed part-way may have a log but no index.
+    if (log && idx.attached() && !read_only && idx.hdr().deferred.word.load() != 0) {
+      // Not left for others: with no process left, the acks would wait in the index file
+      // for the next opener, and an index deleted meanwhile would lose them.
+      if (auto held = lock(); held.ok()) (void)place_deferred();
+    }
     if (log && idx.attached() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
       (void)sync_to(idx.hdr().log_end);
     }
@@ -200,6 +205,10 @@ struct Queue::Impl {
       uint64_t t = sys::boot_ns();
       (void)write_behind::settle(idx, *log, 0, t > write_behind::kStaleNs ? t - write_behind::kStaleNs : 0);
     }
+    if (const auto& d = idx.hdr().deferred; d.word.load(std::memory_order_relaxed) != 0 && !read_only &&
+                                            d.since_ns + write_behind::kStaleNs < sys::boot_ns()) {
+      (void)place_deferred();  // nobody received for a while; on an error the list stays
+    }
     if (!park_path.empty()) spool::park(park_path);
     return held;
   }
@@ -232,6 +241,8 @@ struct Queue::Impl {
       });
     }
     if (Status s = replay(idx); !s.ok()) return s;
+    if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
+    apply_deferred(idx);
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
     for (const Owned& o : owned) {
@@ -241,6 +252,18 @@ struct Queue::Impl {
       if (e.state == State::kLeased && e.count == o.count) e.owner = o.owner;
     }
     return {};
+  }
+
+  // The index is the log, then the deferred acks (write_behind.h): applies this queue's
+  // deferred acks to `x`, freshly replayed. Lock held.
+  void apply_deferred(index::SharedIndex& x) {
+    for (const auto& a : write_behind::deferred(idx)) {
+      ++x.hdr().acked_total;
+      if (int64_t slot = x.find(a.id); slot >= 0) {
+        x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
+        x.erase(static_cast<uint32_t>(slot));
+      }
+    }
   }
 
   // Empties `x` and replays the whole log into it. Lock held (or `x` private).
@@ -370,7 +393,7 @@ struct Queue::Impl {
     auto& h = idx.hdr();
     for (;;) {
       uint32_t seen = h.durable_seq.load(std::memory_order_acquire);
-      if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
+      if (h.durable_end.load(std::memory_order_acquire) >= end && write_behind::lowest(idx) != 0) return {};
       switch (h.sync_mu.try_lock()) {
         case sys::RobustMutex::LockResult::kOk:
           break;
@@ -388,7 +411,7 @@ struct Queue::Impl {
           return Status(Code::kIo, dir + ": cannot lock the sync mutex");
       }
       Status s;
-      if (h.durable_end.load(std::memory_order_acquire) < end) {
+      if (h.durable_end.load(std::memory_order_acquire) < end || write_behind::lowest(idx) == 0) {
         // Everything published up to now rides along. sent_through is read first: it is
         // stored after log_end, so the target covers every id up to it.
         uint64_t ids = h.sent_through.load(std::memory_order_acquire);
@@ -397,9 +420,14 @@ struct Queue::Impl {
         // may be dead. Taking the lock while holding sync_mu is safe because nothing is
         // staged where a lock holder syncs (sync always, Durability::kSync; receive_id
         // syncs after its unlock).
+        // Deferred acks (lowest() 0) are written first, and the target moves past them.
         if (write_behind::lowest(idx) < target) {
           auto held = lock();
-          s = held.ok() ? write_behind::settle(idx, *log, target, 0) : held.status();
+          s = held.ok() ? place_deferred() : held.status();
+          if (s.ok()) {
+            target = std::max(target, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+            s = write_behind::settle(idx, *log, target, 0);
+          }
         }
         if (s.ok()) s = log->sync(Pos::unpack(target).seq);
         if (s.ok()) {
@@ -563,6 +591,20 @@ struct Queue::Impl {
     if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return std::nullopt;
     return write_behind::stage(idx, *log, recs, now.boot);
   }
+  // Defers an ack (write_behind.h) where its record would have been staged. Lock held.
+  bool defer_ack(uint64_t id, uint32_t gen, Durability d, const Clocks& now) {
+    if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return false;
+    return write_behind::defer(idx, id, gen, now.boot);
+  }
+  // Writes the deferred acks' records. Lock held. On an error they stay listed.
+  Status place_deferred() {
+    auto acks = write_behind::deferred(idx);
+    if (acks.empty()) return {};
+    auto at = append(write_behind::ack_records(acks));
+    if (!at.ok()) return at.status();
+    write_behind::clear_deferred(idx);
+    return {};
+  }
   // Writes what stage() staged, after the unlock. If that fails, the change is undone as
   // a failed append would have left it: never made (PRODUCT.md §4, the call changes nothing).
   Status write_staged(const std::optional<write_behind::Staged>& s) {
@@ -573,6 +615,14 @@ struct Queue::Impl {
     auto held = lock();
     if (!held.ok()) return st;
     if (!write_behind::withdraw(idx, *log, *s)) return {};  // another process wrote it: done
+    // The deferred acks it carried returned long ago: listed again, they stay made.
+    if (size_t over = write_behind::restore_deferred(idx, s->acks, sys::boot_ns()); over != 0) {
+      std::span<const index::DeferredAck> rest(s->acks.data() + s->acks.size() - over, over);
+      if (auto at = append(write_behind::ack_records(rest)); !at.ok()) {
+        spool::log().error("spool: {}: {} acks could not be written ({}); their messages will be delivered again",
+                           dir, over, at.status().to_string());
+      }
+    }
     if (Status r = rebuild(); !r.ok()) spool::log().error("spool: {}: {}", dir, r.to_string());
     return st;
   }
@@ -890,17 +940,23 @@ struct Queue::Impl {
   Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end,
                     std::optional<write_behind::Staged>* behind = nullptr) {
     if (taken.empty()) return {};
-    std::vector<Record> recs;
+    // Deferred acks ride in front of the leases: one write for both (write_behind.h).
+    std::vector<index::DeferredAck> acks;
+    if (behind != nullptr) acks = write_behind::deferred(idx);
+    std::vector<Record> recs = write_behind::ack_records(acks);
     for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
     if (behind != nullptr && (*behind = stage(recs, Durability::kQueuePolicy, now))) {
+      if (!acks.empty()) write_behind::clear_deferred(idx);
+      (*behind)->acks = std::move(acks);
       *end = idx.hdr().log_end;
       return {};
     }
     auto at = append(recs);
     if (!at.ok()) {
-      (void)rebuild();
+      (void)rebuild();  // the acks are still listed: the rebuilt index keeps them
       return at.status();
     }
+    if (!acks.empty()) write_behind::clear_deferred(idx);
     *end = idx.hdr().log_end;
     return {};
   }

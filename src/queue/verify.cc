@@ -47,8 +47,10 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
   if (!held.ok()) return held.status();
   if (!q.read_only) {
     if (Status s = write_behind::settle(q.idx, *q.log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
+    if (Status s = q.place_deferred(); !s.ok()) return s;
   }
   if (Status s = q.replay(truth); !s.ok()) return s;
+  q.apply_deferred(truth);  // none left unless read-only
   if (progress) progress(seqs->size() + 1, seqs->size() + 1);
   auto& t = truth.hdr();
   auto& h = q.idx.hdr();

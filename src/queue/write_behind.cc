@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
+
+#include "logging.h"
+
 namespace spool::write_behind {
 
 using storage::Pos;
@@ -31,7 +35,7 @@ std::optional<Staged> stage(index::SharedIndex& idx, storage::Log& log, std::spa
     // either staged or written (lowest()).
     p.at.store(end.pack(), std::memory_order_release);
     __atomic_store_n(&h.log_end, after->pack(), __ATOMIC_RELEASE);
-    return Staged{k, end, buf};
+    return Staged{k, end, buf, {}};
   }
   return std::nullopt;
 }
@@ -83,6 +87,7 @@ Status settle(index::SharedIndex& idx, storage::Log& log, uint64_t below, uint64
 }
 
 uint64_t lowest(index::SharedIndex& idx) {
+  if (idx.hdr().deferred.word.load(std::memory_order_acquire) != 0) return 0;
   uint64_t low = UINT64_MAX;
   if (idx.hdr().pending_writes.load(std::memory_order_acquire) == 0) return low;
   for (uint32_t k = 0; k < index::kPendingSlots; ++k) {
@@ -90,6 +95,60 @@ uint64_t lowest(index::SharedIndex& idx) {
     if (at != 0) low = std::min(low, at);
   }
   return low;
+}
+
+namespace {
+uint64_t commit_word(const index::DeferredAcks& d, uint32_t count) {
+  if (count == 0) return 0;
+  return uint64_t{count} | (XXH3_64bits(d.e, count * sizeof(index::DeferredAck)) << 16);
+}
+uint32_t listed(const index::DeferredAcks& d) {
+  uint64_t w = d.word.load(std::memory_order_acquire);
+  uint32_t n = static_cast<uint32_t>(w & 0xffff);
+  if (n == 0 || n > index::kDeferredAcks || commit_word(d, n) != w) return 0;
+  return n;
+}
+// Entries first, then the one store that makes them count.
+void append_listed(index::DeferredAcks& d, uint32_t n, const index::DeferredAck& a, uint64_t now_ns) {
+  d.e[n] = a;
+  if (n == 0) d.since_ns = now_ns;
+  d.word.store(commit_word(d, n + 1), std::memory_order_release);
+}
+}  // namespace
+
+bool defer(index::SharedIndex& idx, uint64_t id, uint32_t gen, uint64_t now_ns) {
+  auto& d = idx.hdr().deferred;
+  uint32_t n = listed(d);
+  if (n >= kDeferLimit) return false;
+  append_listed(d, n, index::DeferredAck{id, gen, 0}, now_ns);
+  return true;
+}
+
+std::vector<index::DeferredAck> deferred(index::SharedIndex& idx) {
+  auto& d = idx.hdr().deferred;
+  uint32_t n = listed(d);
+  if (n == 0 && d.word.load(std::memory_order_relaxed) != 0) {
+    spool::log().warn("spool: the index's list of deferred acks does not check out; ignoring it");
+    d.word.store(0, std::memory_order_release);
+  }
+  return std::vector<index::DeferredAck>(d.e, d.e + n);
+}
+
+void clear_deferred(index::SharedIndex& idx) { idx.hdr().deferred.word.store(0, std::memory_order_release); }
+
+size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredAck> acks, uint64_t now_ns) {
+  auto& d = idx.hdr().deferred;
+  uint32_t n = listed(d);
+  size_t k = 0;
+  for (; k < acks.size() && n < index::kDeferredAcks; ++k, ++n) append_listed(d, n, acks[k], now_ns);
+  return acks.size() - k;
+}
+
+std::vector<storage::Record> ack_records(std::span<const index::DeferredAck> acks) {
+  std::vector<storage::Record> recs;
+  recs.reserve(acks.size());
+  for (const auto& a : acks) recs.push_back(storage::Record{format::RecordType::kAck, a.gen, a.id, 0, 0, {}});
+  return recs;
 }
 
 }  // namespace spool::write_behind

@@ -15,6 +15,18 @@
 // returns only after its own write. MSG records are never written behind: consumers map
 // them, and must not before they exist. Neither are writes that must be synced at once
 // (sync policy always, Durability::kSync): the fdatasync costs far more than the lock.
+//
+// An ack goes one step further: it is deferred (defer()). Under the lock its message leaves
+// the index and the ACK is listed in the index header; the call makes no write at all. The
+// next receive carries the listed ACKs in front of its LEASE records, in its one staged
+// write, so a consumer that alternates receive and ack makes one write per message instead
+// of two. An ACK's place in the log does not matter as long as it comes after its message's
+// MSG and LEASE (replay drops the message wherever it finds the ACK), and nothing about a
+// message follows its ACK. The list is in shared memory, so a kill -9 of the acker loses
+// nothing; until the records are written the index is "the log, then the list" (rebuild()
+// replays the log and applies the list). The list is written by: the next receive, any
+// lock holder once it is kStaleNs old, a sync (so `interval` and Queue::sync() cover it),
+// verify, and a closing process.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +34,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "index/index.h"
 #include "spool/status.h"
@@ -35,6 +48,7 @@ struct Staged {
   uint32_t slot;
   storage::Pos at;
   std::string_view bytes;  // valid until this thread's next stage()
+  std::vector<index::DeferredAck> acks;  // deferred acks whose records lead `bytes`
 };
 
 // After this long, any lock holder finishes a staged write itself.
@@ -61,7 +75,23 @@ bool withdraw(index::SharedIndex& idx, storage::Log& log, const Staged& s);
 // `below` (a packed Pos) or was staged before `staged_before_ns`.
 Status settle(index::SharedIndex& idx, storage::Log& log, uint64_t below, uint64_t staged_before_ns);
 
-// No lock: the lowest packed position of a staged write, or UINT64_MAX.
+// No lock: the lowest packed position of a staged write, 0 when acks are deferred (a sync
+// must write them), or UINT64_MAX.
 uint64_t lowest(index::SharedIndex& idx);
+
+// Lock held. Lists an ack as deferred, unless kDeferLimit are listed already (false: the
+// caller writes its ACK record itself).
+inline constexpr uint32_t kDeferLimit = 8;
+bool defer(index::SharedIndex& idx, uint64_t id, uint32_t gen, uint64_t now_ns);
+
+// Lock held. The deferred acks, oldest first; none when the list does not check out.
+std::vector<index::DeferredAck> deferred(index::SharedIndex& idx);
+// Lock held. Empties the list (its records are written or staged).
+void clear_deferred(index::SharedIndex& idx);
+// Lock held. Lists `acks` again, after those listed now, as many as fit (the list holds
+// kDeferredAcks, more than kDeferLimit, for this); returns how many did not fit.
+size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredAck> acks, uint64_t now_ns);
+// The ACK records of deferred acks.
+std::vector<storage::Record> ack_records(std::span<const index::DeferredAck> acks);
 
 }  // namespace spool::write_behind

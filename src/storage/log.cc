@@ -295,6 +295,26 @@ std::optional<Pos> Log::place(Pos end, std::span<const Record> recs, std::string
   return Pos{end.seq, end.off + out.size()};
 }
 
+Status Log::clear_tail(Pos end) {
+  if (end.seq == 0) return {};
+  auto seg = segment(end.seq);
+  if (!seg.ok()) return seg.status();
+  const uint8_t* d = (*seg)->data();
+  const uint64_t size = (*seg)->info().size;
+  // A torn write's remnant starts at the end (what precedes it are whole records): a look
+  // at the next record's worth of bytes, not a pass over the whole preallocated tail.
+  auto zero = [](uint8_t b) { return b == 0; };
+  if (end.off >= size || std::all_of(d + end.off, d + std::min<uint64_t>(size, end.off + format::kRecordHeaderSize), zero)) {
+    return {};
+  }
+  uint64_t last = size;
+  while (last > end.off && d[last - 1] == 0) --last;
+  spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
+                    last - end.off);
+  unwrite(*opts_.io, {Written{*seg, end.off, last}});
+  return {};
+}
+
 Status Log::write_placed(Pos at, std::string_view bytes, bool repair) {
   auto seg = segment(at.seq);
   if (!seg.ok()) {

@@ -92,6 +92,10 @@ class Log {
   // the range is either still zero or already the same: it never overwrites anything else.
   // A segment compaction has removed since needs no write.
   Status write_placed(Pos at, std::string_view bytes, bool repair);
+  // Zeroes what follows the logical end `end` (from recover()) in its segment, if anything
+  // does: the first part of a write that a crash of the system tore. Left there, it would be
+  // sealed as damage by the next roll, and block staged writes placed over it.
+  Status clear_tail(Pos end);
 
   // Spare segments: preallocated files, not part of the log, that the next rolls take
   // instead of allocating. A queue keeps enough of them that the messages it holds can be

@@ -268,6 +268,20 @@ std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uin
   return out;
 }
 
+bool unwritten_gap(const uint8_t* p, uint64_t len) {
+  if (len == 0 || len % kRecordHeaderSize != 0 || len > format::kMaxUnwrittenGap) return false;
+  auto zero = [](const uint8_t* from, const uint8_t* to) { return std::all_of(from, to, [](uint8_t b) { return b == 0; }); };
+  if (!zero(p + kRecordHeaderSize, p + len)) return false;
+  // A torn write kept a prefix of the first record: the bytes up to its last non-zero one.
+  // A record whose last byte (of its checksum) is set was not torn.
+  uint32_t kept = kRecordHeaderSize;
+  while (kept > 0 && p[kept - 1] == 0) --kept;
+  if (kept == kRecordHeaderSize) return false;
+  uint8_t magic[4];
+  store<uint32_t>(magic, format::kRecordMagic);
+  return std::equal(p, p + std::min<uint32_t>(kept, 4), magic);
+}
+
 ScanResult scan(const Segment& seg, uint64_t from,
                 const std::function<void(const RecordView&)>& visit) {
   ScanResult res;
@@ -283,8 +297,7 @@ ScanResult scan(const Segment& seg, uint64_t from,
     uint64_t next = seg.resync(off + format::kRecordAlign);
     if (next >= size) break;  // nothing valid after: `off` is the logical end
     uint64_t gap = next - off;
-    if (gap % kRecordHeaderSize == 0 && gap <= format::kMaxUnwrittenGap &&
-        std::all_of(seg.data() + off, seg.data() + next, [](uint8_t b) { return b == 0; })) {
+    if (unwritten_gap(seg.data() + off, gap)) {
       res.unwritten += gap;
     } else {
       res.corrupt.push_back({seg.info().seq, off, gap});

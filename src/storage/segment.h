@@ -106,8 +106,15 @@ struct ScanResult {
   uint64_t end = 0;      // logical end: where the next record goes
   uint64_t records = 0;  // valid records visited
   std::vector<Corruption> corrupt;
-  uint64_t unwritten = 0;  // bytes of zero gaps that staged control records left (not corrupt)
+  uint64_t unwritten = 0;  // bytes of gaps that staged control records left (not corrupt)
 };
+
+// Whether the `len` bytes at `p`, between two valid records, are what staged control records
+// (queue/write_behind.h) leave when the system crashes before their write reached the disk:
+// whole 48-byte records, at most format::kMaxUnwrittenGap bytes, all zero, except that the
+// write may have been torn: then the first record holds the start of a record header (its
+// first bytes, agreeing with the record magic) and zeros after, and the rest is zero.
+bool unwritten_gap(const uint8_t* p, uint64_t len);
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
 // valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
