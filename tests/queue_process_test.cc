@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -295,6 +296,36 @@ void ack_deferred_by_the_last_process(const std::string& dir, const QueueOptions
   ack_and_die(dir, got.receipt);
 }
 
+// 4 KiB segments, sync never (nothing writes deferred acks but what a test looks at).
+QueueOptions small_segments() {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  o.segment_size = 4096;
+  return o;
+}
+
+// Sends `n` messages of 100 bytes, and with `ack` receives and acks them all.
+void fill(const std::string& dir, const QueueOptions& o, size_t n, bool ack) {
+  auto q = test::open_queue(dir, o);
+  ASSERT_NE(q, nullptr);
+  for (size_t i = 0; i < n; ++i) ASSERT_TRUE(q->send(std::string(100, 'a')).ok());
+  if (!ack) return;
+  auto got = q->receive(n, std::chrono::seconds(60));
+  ASSERT_TRUE(got.ok() && got->size() == n);
+  for (auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+}
+
+// Changes the header of the queue's index file in place (no process has it open).
+void change_index_header(const std::string& dir, const std::function<void(index::IndexHeader&)>& change) {
+  int fd = ::open((dir + "/index").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  change(*static_cast<index::IndexHeader*>(p));
+  ::munmap(p, sizeof(index::IndexHeader));
+}
+
 }  // namespace write_behind_case
 
 using write_behind_case::records_in_log;
@@ -387,31 +418,102 @@ TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledRightAfterItIsWrittenByTh
   write_behind_case::expect_log_has_the_ack(qdir(), acked);
 }
 
-// The first opener that cannot reuse the index (here: its seal is wrong) rebuilds it from
-// the log, and carries the deferred acks over: the acked message does not come back.
+// A first opener that cannot reuse the index rebuilds it from the log and carries the
+// deferred acks over: the acked message does not come back. Whatever made the index
+// unusable: a seal that does not match, counters torn by a process killed in the middle of
+// an update, another boot (the acker was killed, then the machine rebooted before anyone
+// opened the queue).
 TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheIndex) {
-  QueueOptions o;
-  o.sync = SyncPolicy::kNever;
+  struct Damage {
+    const char* what;
+    std::function<void(index::IndexHeader&)> apply;
+  };
+  for (const Damage& d : {Damage{"seal", [](index::IndexHeader& h) { h.seal = 12345; }},
+                          Damage{"counters", [](index::IndexHeader& h) { h.queued = h.count + 1; }},
+                          Damage{"boot", [](index::IndexHeader& h) { ::memset(h.boot_id, '0', 36); }}}) {
+    SCOPED_TRACE(d.what);
+    std::filesystem::remove_all(qdir());
+    QueueOptions o;
+    o.sync = SyncPolicy::kNever;
+    uint64_t acked;
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(qdir(), d.apply));
+    auto q = open(o);
+    ASSERT_NE(q, nullptr);
+    auto left = q->peek(10);
+    ASSERT_TRUE(left.ok());
+    EXPECT_EQ(left->size(), 2u);
+    for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back in the rebuilt index";
+    q.reset();
+    write_behind_case::expect_log_has_the_ack(qdir(), acked);
+  }
+}
+
+// After a reboot the log may have lost the last sends, and their ids are given out again:
+// a deferred ack of such an id must not ack the new message that gets it.
+TEST_F(QueueProcessTest, ADeferredAckOfAnIdTheLogLostDoesNotAckItsSuccessor) {
+  const QueueOptions o = write_behind_case::small_segments();
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::fill(qdir(), o, 30, true));  // 2 segments
   uint64_t acked;
   ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
-  // A seal that does not match makes the opener rebuild.
-  {
-    int fd = ::open((qdir() + "/index").c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ASSERT_NE(p, MAP_FAILED);
-    static_cast<index::IndexHeader*>(p)->seal = 12345;  // "closed cleanly, and changed since"
-    ::munmap(p, sizeof(index::IndexHeader));
-    ::close(fd);
+  // The reboot: the index is from another boot, and the segments after the first are gone.
+  for (auto& e : std::filesystem::directory_iterator(qdir() + "/segments")) {
+    if (e.path().filename().string() > "00000000000000000001.seg" && e.path().extension() == ".seg") {
+      std::filesystem::remove(e.path());
+    }
   }
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(
+      qdir(), [](index::IndexHeader& h) { ::memset(h.boot_id, '0', 36); }));
   auto q = open(o);
   ASSERT_NE(q, nullptr);
-  auto left = q->peek(10);
-  ASSERT_TRUE(left.ok());
-  EXPECT_EQ(left->size(), 2u);
-  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back in the rebuilt index";
+  const uint64_t next = q->stats()->next_id;
+  ASSERT_LE(next, acked) << "the acked message's send was not lost; the test needs it to be";
+  for (uint64_t id = next; id <= acked; ++id) ASSERT_TRUE(q->send("again").ok());
+  auto all = q->peek(1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(std::any_of(all->begin(), all->end(), [&](const Message& m) { return m.id == acked; }))
+      << "the new message with id " << acked << " was acked by the old ack";
   q.reset();
-  write_behind_case::expect_log_has_the_ack(qdir(), acked);
+  auto again = open(o);
+  all = again->peek(1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(std::any_of(all->begin(), all->end(), [&](const Message& m) { return m.id == acked; }))
+      << "the old ack reached the log";
+}
+
+// A first opener whose rebuild fails (here: the active segment's header is damaged) must
+// not write the deferred acks it carries anywhere, not even when it gives up: its index has
+// not met the log. They wait for the next try.
+TEST_F(QueueProcessTest, AFailedFirstOpenWritesNothingAndKeepsTheDeferredAcks) {
+  const QueueOptions o = write_behind_case::small_segments();
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::fill(qdir(), o, 60, false));  // 3 segments
+  uint64_t acked;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+  std::vector<std::string> segs;
+  for (auto& e : std::filesystem::directory_iterator(qdir() + "/segments")) {
+    if (e.path().extension() == ".seg") segs.push_back(e.path());
+  }
+  std::sort(segs.begin(), segs.end());
+  ASSERT_GE(segs.size(), 3u);
+  auto contents = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string first = contents(segs.front());
+  const std::string last = contents(segs.back());
+  std::fstream(segs.back(), std::ios::in | std::ios::out | std::ios::binary).seekp(20).put('\x55');
+  auto failed = Queue::open(qdir(), o);
+  EXPECT_FALSE(failed.ok()) << "the damaged segment header did not fail the open";
+  EXPECT_EQ(contents(segs.front()), first) << "the failed open wrote into segment 1";
+  std::fstream(segs.back(), std::ios::in | std::ios::out | std::ios::binary).seekp(20).put(last[20]);
+  EXPECT_EQ(contents(segs.back()), last);
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->check_index(), "");
+  auto all = q->peek(1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 62u);
+  for (auto& m : *all) EXPECT_NE(m.id, acked) << "the acked message came back";
 }
 
 TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledIsWrittenByAProcessStillRunning) {

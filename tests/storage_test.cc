@@ -389,8 +389,9 @@ TEST_F(LogTest, ZeroGapsOfWholeControlRecordsAreUnwrittenNotCorrupt) {
     size_t first, count;  // the records zeroed
     bool corrupt;
     size_t keep = 0;         // of the first record, bytes left as they were (a torn write)
-    const char* over = "";   // then written at byte 0 of the first record (20 when keep is 48)
+    const char* over = "";   // then written at byte `over_at` of the first record
     bool dirty_end = false;  // then the gap's last byte set
+    size_t over_at = 0;
   };
   for (Case c : {Case{"three control records", 10, 3, false},
                  Case{"a record of 88 bytes", 599, 1, true},
@@ -400,7 +401,9 @@ TEST_F(LogTest, ZeroGapsOfWholeControlRecordsAreUnwrittenNotCorrupt) {
                  Case{"torn 47 bytes in: all but the checksum's last byte", 10, 3, false, 47},
                  Case{"torn, but not the start of a record", 10, 3, true, 20, "XY"},
                  Case{"torn 20 bytes in, not zero after", 10, 3, true, 20, "", true},
-                 Case{"a whole record kept is not a tear", 10, 3, true, 48, "X"}}) {
+                 Case{"torn 20 bytes in, the start of a MSG header", 10, 3, true, 20, "\x01", false, 8},
+                 Case{"torn 20 bytes in, a payload length", 10, 3, true, 20, "\x05", false, 4},
+                 Case{"a whole record kept is not a tear", 10, 3, true, 48, "X", false, 20}}) {
     SCOPED_TRACE(c.what);
     uint64_t from = at[c.first].off;
     uint64_t to = c.first + c.count < at.size() ? at[c.first + c.count].off : end.off;
@@ -408,7 +411,7 @@ TEST_F(LogTest, ZeroGapsOfWholeControlRecordsAreUnwrittenNotCorrupt) {
     ASSERT_TRUE(write_raw(path, from, std::string(to - from, '\0')));
     ASSERT_TRUE(write_raw(path, from, orig.substr(0, c.keep)));
     if (*c.over != 0) {
-      ASSERT_TRUE(write_raw(path, from + (c.keep == 48 ? 20 : 0), c.over));
+      ASSERT_TRUE(write_raw(path, from + c.over_at, c.over));
     }
     if (c.dirty_end) {
       ASSERT_TRUE(write_raw(path, to - 1, "\x01"));

@@ -116,7 +116,8 @@ struct Stats {
 };
 
 // Called now and then by long operations (compact, verify) with the work done so far and
-// the total, in the same units; for progress bars. May be empty.
+// the total, in the same units; for progress bars. May be empty. It may be called with the
+// queue's lock held: it must not call back into the same queue.
 using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
 struct CompactResult {

@@ -130,6 +130,8 @@ bool SharedIndex::mapped_current() const {
 }
 
 bool SharedIndex::reusable() const { return sound(true); }
+bool SharedIndex::of_this_boot() const { return sound(false); }
+bool SharedIndex::same_format() const { return hdr_->magic == kIndexMagic && hdr_->format == format_word(); }
 
 bool SharedIndex::sound(bool counters) const {
   if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;

@@ -196,6 +196,13 @@ class SharedIndex {
   // True when the mapped header matches this build and boot (used by the first opener to
   // decide whether the existing file can be reused).
   bool reusable() const;
+  // Weaker: magic, format and boot, and the geometry, check out; the counters may not (a
+  // process was killed in the middle of an update). Enough to trust what checks itself: the
+  // write-behind slots (written only as valid records over zeros) and the deferred acks.
+  bool of_this_boot() const;
+  // Weaker still: magic and format only, from any boot (the deferred acks, which carry
+  // their own checksum, are read from it after a reboot).
+  bool same_format() const;
 
   IndexHeader& hdr() { return *hdr_; }
   PendingWrite& pending(uint32_t k) {

@@ -174,7 +174,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok();
     // Writes that processes of this boot staged and died before making (write_behind.h):
     // into the log before anything reads it or appends after them.
-    if (reuse && impl->idx.reusable()) {
+    if (reuse && impl->idx.of_this_boot()) {
       if (Status s = write_behind::settle(impl->idx, *impl->log, UINT64_MAX, UINT64_MAX); !s.ok()) {
         spool::log().warn("spool: {}: {}", dir, s.to_string());
       }
@@ -191,16 +191,17 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (reuse) (void)impl->place_deferred();
     }
     if (!reuse) {
-      // Deferred acks of this boot are carried over into the new index (write_behind.h).
+      // Deferred acks are carried over into the new index (write_behind.h), from this boot
+      // or an earlier one.
       std::vector<index::DeferredAck> deferred;
-      if (impl->idx.attached() && impl->idx.reusable()) deferred = write_behind::deferred(impl->idx);
+      if (impl->idx.attached() && impl->idx.same_format()) deferred = write_behind::deferred(impl->idx);
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
       if (Status s = impl->idx.attach(index_path, true); !s.ok()) return s;
       (void)write_behind::restore_deferred(impl->idx, deferred, sys::boot_ns());
       auto held = impl->lock();
       if (!held.ok()) return held.status();
-      if (Status s = impl->rebuild(); !s.ok()) return s;
+      if (Status s = impl->rebuild(); !s.ok()) return s;  // the acks stay listed for the next try
       (void)impl->place_deferred();  // as above; on an error they stay listed
     }
     impl->idx.drop_resident();
@@ -211,6 +212,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach(index_path, false); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
+  impl->opened = true;
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 

@@ -79,6 +79,7 @@ using detail::kBoundWaitSliceNs;
 
 struct Queue::Impl {
   std::string dir;
+  bool opened = false;  // open() succeeded: the index and the log agree
   queue::Config cfg;
   bool read_only = false;
   std::unique_ptr<storage::Log> log;
@@ -120,7 +121,7 @@ struct Queue::Impl {
       flusher.join();
     }
     // An open that failed part-way may have a log but no index.
-    if (log && idx.attached() && !read_only && idx.hdr().deferred.word.load() != 0) {
+    if (opened && !read_only && idx.hdr().deferred.word.load() != 0) {
       // Not left for others: with no process left, the acks would wait in the index file
       // for the next opener, and an index deleted meanwhile would lose them.
       if (auto held = lock(); held.ok()) (void)place_deferred();
@@ -242,6 +243,9 @@ struct Queue::Impl {
     }
     if (Status s = replay(idx); !s.ok()) return s;
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
+    // After a reboot (a first opener carries the list over) the log may have lost the last
+    // sends, whose ids are then given out again: acks of ids the log has not reached go.
+    write_behind::keep_deferred_below(idx, idx.hdr().next_id, sys::boot_ns());
     apply_deferred(idx);
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
@@ -417,10 +421,11 @@ struct Queue::Impl {
         uint64_t ids = h.sent_through.load(std::memory_order_acquire);
         uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
         // A staged write below the target is finished here, not waited for: its writer
-        // may be dead. Taking the lock while holding sync_mu is safe because nothing is
-        // staged where a lock holder syncs (sync always, Durability::kSync; receive_id
-        // syncs after its unlock).
-        // Deferred acks (lowest() 0) are written first, and the target moves past them.
+        // may be dead. Deferred acks (lowest() 0) are written first, and the target moves
+        // past them. Taking the lock while holding sync_mu is safe because nothing syncs
+        // while holding this queue's index lock (receive_id syncs after its unlock; a
+        // compaction's or verify's progress callback, called under the lock, must not
+        // call Queue::sync).
         if (write_behind::lowest(idx) < target) {
           auto held = lock();
           s = held.ok() ? place_deferred() : held.status();
@@ -599,7 +604,8 @@ struct Queue::Impl {
   // Writes the deferred acks' records. Lock held. On an error they stay listed.
   Status place_deferred() {
     auto acks = write_behind::deferred(idx);
-    if (acks.empty()) return {};
+    // No log end: a first opener's index before its rebuild, which has not met the log yet.
+    if (acks.empty() || idx.hdr().log_end == 0) return {};
     auto at = append(write_behind::ack_records(acks));
     if (!at.ok()) return at.status();
     write_behind::clear_deferred(idx);
@@ -614,9 +620,15 @@ struct Queue::Impl {
     if (st.ok()) return st;
     auto held = lock();
     if (!held.ok()) return st;
-    if (!write_behind::withdraw(idx, *log, *s)) return {};  // another process wrote it: done
-    // The deferred acks it carried returned long ago: listed again, they stay made.
-    if (size_t over = write_behind::restore_deferred(idx, s->acks, sys::boot_ns()); over != 0) {
+    // The deferred acks it carried returned long ago: listed again (before the slot is
+    // taken back, so that they are somewhere at every moment), they stay made.
+    const uint64_t listed = idx.hdr().deferred.word.load();
+    const size_t over = write_behind::restore_deferred(idx, s->acks, sys::boot_ns());
+    if (!write_behind::withdraw(idx, *log, *s)) {  // another process wrote it: done
+      idx.hdr().deferred.word.store(listed);
+      return {};
+    }
+    if (over != 0) {
       std::span<const index::DeferredAck> rest(s->acks.data() + s->acks.size() - over, over);
       if (auto at = append(write_behind::ack_records(rest)); !at.ok()) {
         spool::log().error("spool: {}: {} acks could not be written ({}); their messages will be delivered again",

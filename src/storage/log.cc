@@ -302,7 +302,9 @@ Status Log::clear_tail(Pos end) {
   const uint8_t* d = (*seg)->data();
   const uint64_t size = (*seg)->info().size;
   // A torn write's remnant starts at the end (what precedes it are whole records): a look
-  // at the next record's worth of bytes, not a pass over the whole preallocated tail.
+  // at the next record's worth of bytes decides, and only a remnant costs a pass over the
+  // segment's unused tail. (A tear that kept later sectors and not the first is left: a
+  // later roll seals it, and verify reports it.)
   auto zero = [](uint8_t b) { return b == 0; };
   if (end.off >= size || std::all_of(d + end.off, d + std::min<uint64_t>(size, end.off + format::kRecordHeaderSize), zero)) {
     return {};

@@ -279,7 +279,12 @@ bool unwritten_gap(const uint8_t* p, uint64_t len) {
   if (kept == kRecordHeaderSize) return false;
   uint8_t magic[4];
   store<uint32_t>(magic, format::kRecordMagic);
-  return std::equal(p, p + std::min<uint32_t>(kept, 4), magic);
+  if (!std::equal(p, p + std::min<uint32_t>(kept, 4), magic)) return false;
+  // Staged records are control records: no payload, and a type that is written behind.
+  if (!zero(p + 4, p + 8)) return false;
+  using format::RecordType;
+  auto type = static_cast<RecordType>(p[8]);
+  return kept <= 8 || type == RecordType::kLease || type == RecordType::kAck || type == RecordType::kRelease;
 }
 
 ScanResult scan(const Segment& seg, uint64_t from,

@@ -112,8 +112,9 @@ struct ScanResult {
 // Whether the `len` bytes at `p`, between two valid records, are what staged control records
 // (queue/write_behind.h) leave when the system crashes before their write reached the disk:
 // whole 48-byte records, at most format::kMaxUnwrittenGap bytes, all zero, except that the
-// write may have been torn: then the first record holds the start of a record header (its
-// first bytes, agreeing with the record magic) and zeros after, and the rest is zero.
+// write may have been torn: then the first record holds the start of a control record's
+// header (what is there agrees with the record magic, an empty payload and a LEASE, ACK or
+// RELEASE type) and zeros after, and the rest is zero.
 bool unwritten_gap(const uint8_t* p, uint64_t len);
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
