@@ -1517,6 +1517,58 @@ TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
   }
 }
 
+// After a reboot the log may have lost the last sends, and their ids are given out again.
+// A deferred ack of such an id, carried over from the old index, must be dropped: if the
+// first opener's write of it failed and it stayed listed, it would be written after the new
+// message with that id and ack it (write_behind::keep_deferred_below).
+TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
+  TempDir d;
+  const std::string dir = d / "q";
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  o.segment_size = 4096;
+  {
+    auto q = Queue::open(dir, o);
+    ASSERT_TRUE(q.ok());
+    for (int i = 0; i < 30; ++i) ASSERT_TRUE((*q)->send(std::string(100, 'a')).ok());  // 2 segments
+    auto got = (*q)->receive(30, 60s);
+    ASSERT_TRUE(got.ok() && got->size() == 30u);
+    for (auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
+  }
+  // A consumer acks the next message and dies with the ack deferred (_exit: no close).
+  pid_t child = spawn([&] {
+    auto q = Queue::open(dir, o);
+    if (!q.ok() || !(*q)->send("x").ok()) return 1;
+    auto got = (*q)->receive(1, 60s);
+    if (!got.ok() || got->size() != 1 || got->front().id != 31 || !(*q)->ack(got->front().receipt).ok()) return 2;
+    ::_exit(0);
+  });
+  ASSERT_EQ(wait_exit(child), 0);
+  // The reboot: the segments after the first are lost, the index is from another boot.
+  for (auto& e : std::filesystem::directory_iterator(dir + "/segments")) {
+    if (e.path().extension() == ".seg" && e.path().filename().string() > "00000000000000000001.seg") {
+      std::filesystem::remove(e.path());
+    }
+  }
+  std::mt19937_64 rng(1);
+  damage_index(dir, IndexAfterCut::kLeft, rng);
+  sf::fail(sf::Op::kWrite, 1, EIO);  // the first opener's write of carried acks, if it makes one
+  auto q = Queue::open(dir, o);
+  sf::clear();
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  ASSERT_LE((*q)->stats()->next_id, 31u) << "the acked message's send was not lost; the test needs it to be";
+  while ((*q)->stats()->next_id <= 31) ASSERT_TRUE((*q)->send("new").ok());
+  ASSERT_TRUE((*q)->sync().ok());  // writes whatever is still listed
+  q->reset();
+  std::filesystem::remove(dir + "/index");
+  auto again = Queue::open(dir, o);
+  ASSERT_TRUE(again.ok());
+  auto all = (*again)->peek(1000);
+  ASSERT_TRUE(all.ok());
+  EXPECT_TRUE(std::any_of(all->begin(), all->end(), [](const Message& m) { return m.id == 31; }))
+      << "the new message 31 was acked by the old deferred ack of 31";
+}
+
 // Writes cut short at every size still store every byte (the writer resumes).
 TEST(IoErrors, ShortWritesStillStoreEveryByte) {
   TempDir d;
