@@ -1044,12 +1044,8 @@ TEST(PowerLoss, ATornWriteAfterTheEndIsClearedBeforeTheLogRollsPastIt) {
     for (int i = 0; i < 62; ++i) ASSERT_TRUE((*q)->send(std::string(1000, 'a' + i % 26)).ok());
     ASSERT_EQ((*q)->stats()->segments, 1u);
   }
-  {
-    std::ifstream in(seg, std::ios::binary);
-    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    end = bytes.find_last_not_of('\0') + 1;
-    end = (end + 7) / 8 * 8;
-  }
+  end = test::slurp(seg).find_last_not_of('\0') + 1;
+  end = (end + 7) / 8 * 8;
   // The first 400 bytes of a send of 1000 bytes: a record header and part of its payload.
   {
     std::string torn(400, 'z');

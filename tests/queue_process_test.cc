@@ -495,18 +495,14 @@ TEST_F(QueueProcessTest, AFailedFirstOpenWritesNothingAndKeepsTheDeferredAcks) {
   }
   std::sort(segs.begin(), segs.end());
   ASSERT_GE(segs.size(), 3u);
-  auto contents = [](const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  const std::string first = contents(segs.front());
-  const std::string last = contents(segs.back());
+  const std::string first = test::slurp(segs.front());
+  const std::string last = test::slurp(segs.back());
   std::fstream(segs.back(), std::ios::in | std::ios::out | std::ios::binary).seekp(20).put('\x55');
   auto failed = Queue::open(qdir(), o);
   EXPECT_FALSE(failed.ok()) << "the damaged segment header did not fail the open";
-  EXPECT_EQ(contents(segs.front()), first) << "the failed open wrote into segment 1";
+  EXPECT_EQ(test::slurp(segs.front()), first) << "the failed open wrote into segment 1";
   std::fstream(segs.back(), std::ios::in | std::ios::out | std::ios::binary).seekp(20).put(last[20]);
-  EXPECT_EQ(contents(segs.back()), last);
+  EXPECT_EQ(test::slurp(segs.back()), last);
   auto q = open(o);
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->check_index(), "");

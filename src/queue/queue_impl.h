@@ -258,15 +258,18 @@ struct Queue::Impl {
     return {};
   }
 
+  // Replay's removal of a message from `x`.
+  static void drop(index::SharedIndex& x, int64_t slot) {
+    x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
+    x.erase(static_cast<uint32_t>(slot));
+  }
+
   // The index is the log, then the deferred acks (write_behind.h): applies this queue's
   // deferred acks to `x`, freshly replayed. Lock held.
   void apply_deferred(index::SharedIndex& x) {
     for (const auto& a : write_behind::deferred(idx)) {
       ++x.hdr().acked_total;
-      if (int64_t slot = x.find(a.id); slot >= 0) {
-        x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
-        x.erase(static_cast<uint32_t>(slot));
-      }
+      if (int64_t slot = x.find(a.id); slot >= 0) drop(x, slot);
     }
   }
 
@@ -281,11 +284,6 @@ struct Queue::Impl {
     h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
     Clocks now;
     Status failed;
-    auto drop = [&](int64_t slot) {
-      Entry& e = x.entry(static_cast<uint32_t>(slot));
-      h.bytes_live -= e.len;
-      x.erase(static_cast<uint32_t>(slot));
-    };
     auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
       if (!failed.ok()) return;
       if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
@@ -324,18 +322,18 @@ struct Queue::Impl {
           return;
         case RecordType::kAck:
           ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
-          if (slot >= 0) drop(slot);
+          if (slot >= 0) drop(x, slot);
           return;
         case RecordType::kDead:
           ++h.dead_total;
-          if (slot >= 0) drop(slot);
+          if (slot >= 0) drop(x, slot);
           return;
         case RecordType::kPurge: {
           std::vector<uint64_t> ids;
           x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
             if (id <= r.id) ids.push_back(id);
           });
-          for (uint64_t id : ids) drop(x.find(id));
+          for (uint64_t id : ids) drop(x, x.find(id));
           h.purged_through = std::max(h.purged_through, r.id);
           return;
         }
@@ -355,7 +353,7 @@ struct Queue::Impl {
             x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
               if (id <= cp->purged_through) ids.push_back(id);
             });
-            for (uint64_t id : ids) drop(x.find(id));
+            for (uint64_t id : ids) drop(x, x.find(id));
             h.purged_through = cp->purged_through;
           }
           return;
@@ -415,18 +413,19 @@ struct Queue::Impl {
           return Status(Code::kIo, dir + ": cannot lock the sync mutex");
       }
       Status s;
-      if (h.durable_end.load(std::memory_order_acquire) < end || write_behind::lowest(idx) == 0) {
-        // Everything published up to now rides along. sent_through is read first: it is
-        // stored after log_end, so the target covers every id up to it.
-        uint64_t ids = h.sent_through.load(std::memory_order_acquire);
-        uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+      // Everything published up to now rides along. sent_through is read first: it is
+      // stored after log_end, so the target covers every id up to it; the slots after both.
+      uint64_t ids = h.sent_through.load(std::memory_order_acquire);
+      uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+      const uint64_t low = write_behind::lowest(idx);
+      if (h.durable_end.load(std::memory_order_acquire) < end || low == 0) {
         // A staged write below the target is finished here, not waited for: its writer
         // may be dead. Deferred acks (lowest() 0) are written first, and the target moves
         // past them. Taking the lock while holding sync_mu is safe because nothing syncs
         // while holding this queue's index lock (receive_id syncs after its unlock; a
         // compaction's or verify's progress callback, called under the lock, must not
         // call Queue::sync).
-        if (write_behind::lowest(idx) < target) {
+        if (low < target) {
           auto held = lock();
           s = held.ok() ? place_deferred() : held.status();
           if (s.ok()) {
@@ -593,13 +592,17 @@ struct Queue::Impl {
   // Stages `recs` to be written after the unlock (queue/write_behind.h), unless they must be
   // synced at once. Lock held.
   std::optional<write_behind::Staged> stage(std::span<const Record> recs, Durability d, const Clocks& now) {
-    if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return std::nullopt;
+    if (!behind_allowed(d)) return std::nullopt;
     return write_behind::stage(idx, *log, recs, now.boot);
   }
   // Defers an ack (write_behind.h) where its record would have been staged. Lock held.
   bool defer_ack(uint64_t id, uint32_t gen, Durability d, const Clocks& now) {
-    if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return false;
-    return write_behind::defer(idx, id, gen, now.boot);
+    return behind_allowed(d) && write_behind::defer(idx, id, gen, now.boot);
+  }
+  // Whether a change may be written after its call's unlock (or later): not when it must be
+  // synced at once.
+  bool behind_allowed(Durability d) const {
+    return d != Durability::kSync && cfg.opts.sync != SyncPolicy::kAlways;
   }
   // Writes the deferred acks' records. Lock held. On an error they stay listed.
   Status place_deferred() {

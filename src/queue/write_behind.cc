@@ -146,8 +146,7 @@ size_t restore_deferred(index::SharedIndex& idx, std::span<const index::Deferred
 
 void keep_deferred_below(index::SharedIndex& idx, uint64_t next_id, uint64_t now_ns) {
   auto acks = deferred(idx);
-  if (std::none_of(acks.begin(), acks.end(), [&](const auto& a) { return a.id >= next_id; })) return;
-  std::erase_if(acks, [&](const auto& a) { return a.id >= next_id; });
+  if (std::erase_if(acks, [&](const auto& a) { return a.id >= next_id; }) == 0) return;
   clear_deferred(idx);
   (void)restore_deferred(idx, acks, now_ns);
 }

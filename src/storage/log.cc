@@ -309,11 +309,12 @@ Status Log::clear_tail(Pos end) {
   if (end.off >= size || std::all_of(d + end.off, d + std::min<uint64_t>(size, end.off + format::kRecordHeaderSize), zero)) {
     return {};
   }
-  uint64_t last = size;
-  while (last > end.off && d[last - 1] == 0) --last;
-  spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
-                    last - end.off);
-  unwrite(*opts_.io, {Written{*seg, end.off, last}});
+  // What a roll would seal as damage (the file is its full size: only the bytes after the end).
+  for (const Corruption& c : sealed_tail_damage(**seg, end.off, size)) {
+    spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
+                      c.length);
+    unwrite(*opts_.io, {Written{*seg, c.offset, c.offset + c.length}});
+  }
   return {};
 }
 
