@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -42,6 +43,38 @@ TEST_F(QueueTest, SendReceiveAckRemovesTheMessage) {
   EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
   EXPECT_EQ(st->acked_total, 1u);
   EXPECT_EQ(q->check_index(), "");
+}
+
+// Closed from an exit handler by the test below.
+std::unique_ptr<Queue> g_closed_at_exit;
+
+// A program may close its queue from an exit handler or a static destructor, after exit()
+// has destroyed the main thread's thread_locals. The close still writes: the ack it
+// deferred (ASan caught it writing through the freed append buffer, in fuzz_receipt).
+TEST_F(QueueTest, AQueueClosedFromAnExitHandlerWritesTheAckItDeferred) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;  // nothing but the close writes the deferred ack
+  {
+    auto q = open(o);
+    std::vector<std::string_view> batch = {"acked before exit", "kept"};
+    ASSERT_TRUE(q->send_batch(batch).ok());
+  }
+  pid_t child = test::spawn([&] {
+    auto q = Queue::open(qdir(), o);
+    if (!q.ok()) return 1;
+    g_closed_at_exit = std::move(q).value();
+    auto m = g_closed_at_exit->receive(1, 60s);
+    if (!m.ok() || m->size() != 1u || !g_closed_at_exit->ack(m->front().receipt).ok()) return 2;
+    std::atexit([] { g_closed_at_exit.reset(); });
+    std::exit(0);
+  });
+  ASSERT_EQ(test::wait_exit(child), 0);
+  std::filesystem::remove(qdir() + "/index");  // the log alone must hold the ack now
+  auto q = open(o);
+  auto got = q->receive(2);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 1u) << "the ack made before exit came back";
+  EXPECT_EQ(got->front().payload, "kept");
 }
 
 TEST_F(QueueTest, IdsIncreaseAndOrderIsFifo) {

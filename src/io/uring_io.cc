@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "io/io.h"
 
@@ -29,12 +30,16 @@ pid_t current_pid() {
   return pid.load(std::memory_order_relaxed);
 }
 
+// Set when this thread's ring is destroyed; no destructor, so it outlives the ring.
+thread_local bool ring_gone = false;
+
 struct ThreadRing {
   io_uring ring{};
   pid_t pid = -1;
 
   ~ThreadRing() {
     if (pid == current_pid()) io_uring_queue_exit(&ring);
+    ring_gone = true;
   }
   // The ring for this thread in this process, or -errno.
   int get(io_uring** out) {
@@ -56,8 +61,13 @@ thread_local ThreadRing tls_ring;
 
 template <class Prep>
 int submit_one(Prep prep) {
+  // exit() destroys the main thread's ring before exit handlers and static destructors run,
+  // where a Queue may still be closed and write: such a write sets up a ring of its own.
+  std::optional<ThreadRing> exiting;
+  if (ring_gone) exiting.emplace();
+  ThreadRing& tr = exiting ? *exiting : tls_ring;
   io_uring* ring = nullptr;
-  if (int r = tls_ring.get(&ring); r < 0) return r;
+  if (int r = tr.get(&ring); r < 0) return r;
   io_uring_sqe* sqe = io_uring_get_sqe(ring);
   if (sqe == nullptr) return -EBUSY;
   prep(sqe);

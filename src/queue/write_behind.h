@@ -47,7 +47,7 @@ namespace spool::write_behind {
 struct Staged {
   uint32_t slot;
   storage::Pos at;
-  std::string_view bytes;  // valid until this thread's next stage()
+  std::string bytes;  // the encoded records, the writer's own copy
   std::vector<index::DeferredAck> acks;  // deferred acks whose records lead `bytes`
 };
 

@@ -29,14 +29,26 @@ struct Written {
 // after a restart that comes before another append overwrites them. Best effort: when the
 // device keeps failing they stay, as they would after a crash in the middle of an append.
 void unwrite(io::Io& io, const std::vector<Written>& written) {
-  static const std::vector<char> zeros(64 << 10);
+  static const char zeros[64 << 10] = {};  // no destructor: usable from exit handlers
   for (const Written& w : written) {
-    for (uint64_t off = w.from; off < w.to; off += zeros.size()) {
-      iovec iov{const_cast<char*>(zeros.data()), std::min<uint64_t>(zeros.size(), w.to - off)};
+    for (uint64_t off = w.from; off < w.to; off += sizeof zeros) {
+      iovec iov{const_cast<char*>(zeros), std::min<uint64_t>(sizeof zeros, w.to - off)};
       if (io.write_all(w.seg->fd(), &iov, 1, off) < 0) break;
     }
   }
 }
+
+// The append buffer, one per thread and reused: a fresh buffer per call made the allocator
+// grow and shrink the heap for every batch (page faults and TLB shootdowns, 3x slower for
+// 32 x 4 KiB batches). exit() destroys the main thread's thread_locals before it runs exit
+// handlers and static destructors, where a Queue may still be closed (and write its deferred
+// acks): the flag, which has no destructor, tells append() to use a buffer of its own then.
+thread_local bool scratch_gone = false;
+struct Scratch {
+  std::string buf;
+  ~Scratch() { scratch_gone = true; }
+};
+thread_local Scratch scratch;
 
 }  // namespace
 
@@ -235,9 +247,8 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     seg = *s;
   }
   res.at.reserve(recs.size());
-  // Reused per thread: a fresh buffer per call made the allocator grow and shrink the heap
-  // for every batch (page faults and TLB shootdowns, 3x slower for 32 x 4 KiB batches).
-  thread_local std::string buf;
+  std::string exiting;
+  std::string& buf = scratch_gone ? exiting : scratch.buf;
   if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
   buf.clear();
   std::vector<Written> written;
