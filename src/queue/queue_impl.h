@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <spdlog/spdlog.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -413,6 +414,7 @@ struct Queue::Impl {
           return Status(Code::kIo, dir + ": cannot lock the sync mutex");
       }
       Status s;
+      if (h.durable_end.load(std::memory_order_acquire) < end) gather();
       // Everything published up to now rides along. sent_through is read first: it is
       // stored after log_end, so the target covers every id up to it; the slots after both.
       uint64_t ids = h.sent_through.load(std::memory_order_acquire);
@@ -433,7 +435,10 @@ struct Queue::Impl {
             s = write_behind::settle(idx, *log, target, 0);
           }
         }
+        const uint64_t t0 = sys::boot_ns();
         if (s.ok()) s = log->sync(Pos::unpack(target).seq);
+        lead_crowd = h.durable_waiters.load();
+        lead_sync_ns = sys::boot_ns() - t0;
         if (s.ok()) {
           raise(h.durable_end, target);
           raise(h.durable_id, ids);
@@ -448,6 +453,23 @@ struct Queue::Impl {
       return s;
     }
   }
+
+  // A leader's wait before it syncs (group commit's "commit delay"). Callers the last sync
+  // did not cover are asleep here again within microseconds; those it covered are on their
+  // way back with their next write, and on two cores that takes tens of microseconds
+  // against an fdatasync's hundreds. Waiting until as many callers wait as did when this
+  // process's last sync ended (at most a quarter of that sync's time) lets one fdatasync
+  // take them all. A lone producer saw nobody waiting and never waits.
+  void gather() {
+    if (lead_crowd == 0) return;
+    const uint64_t budget = std::min<uint64_t>(lead_sync_ns / 4, 1'000'000);
+    const uint64_t t0 = sys::boot_ns();
+    while (idx.hdr().durable_waiters.load(std::memory_order_relaxed) < lead_crowd && sys::boot_ns() - t0 < budget) {
+      ::sched_yield();  // (a 20 us nanosleep instead gathered fewer: 10-20% slower)
+    }
+  }
+  uint32_t lead_crowd = 0;    // callers waiting when this process's last sync as leader ended
+  uint64_t lead_sync_ns = 0;  // and how long that sync took
 
   static void raise(std::atomic<uint64_t>& a, uint64_t v) {
     uint64_t cur = a.load();
