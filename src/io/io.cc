@@ -78,7 +78,9 @@ std::unique_ptr<Io> make_pwrite_io() { return std::make_unique<PwriteIo>(); }
 
 std::shared_ptr<Io> default_io() {
   static std::once_flag once;
-  static std::shared_ptr<Io> io;
+  // Never destroyed: a queue may be opened from an exit handler or a static destructor
+  // (the dead-letter queue is opened lazily, by a receive or stats()).
+  static auto* const io = new std::shared_ptr<Io>;
   std::call_once(once, [] {
     // pwrite is the default: spool's appends are small buffered writes, which io_uring
     // cannot complete inline on ext4 (no async buffered-write support there): each one is
@@ -90,17 +92,17 @@ std::shared_ptr<Io> default_io() {
     std::string why = "default";
     if (forced != nullptr && std::strcmp(forced, "io_uring") == 0) {
       if (auto u = make_uring_io(&why)) {
-        io = std::move(u);
+        *io = std::move(u);
         spool::log().info("spool: I/O backend io_uring");
         return;
       }
     } else if (forced != nullptr) {
       why = std::string("SPOOL_IO=") + forced;
     }
-    io = make_pwrite_io();
+    *io = make_pwrite_io();
     spool::log().info("spool: I/O backend pwrite ({})", why);
   });
-  return io;
+  return *io;
 }
 
 }  // namespace spool::io

@@ -458,8 +458,10 @@ struct Queue::Impl {
   // did not cover are asleep here again within microseconds; those it covered are on their
   // way back with their next write, and on two cores that takes tens of microseconds
   // against an fdatasync's hundreds. Waiting until as many callers wait as did when this
-  // process's last sync ended (at most a quarter of that sync's time) lets one fdatasync
-  // take them all. A lone producer saw nobody waiting and never waits.
+  // handle's last sync ended (at most a quarter of that sync's time) lets one fdatasync
+  // take them all. A leader whose last sync saw nobody waiting does not wait; callers that
+  // arrive at random rather than in a loop may pay the whole budget on most syncs (the
+  // price of any commit delay).
   void gather() {
     if (lead_crowd == 0) return;
     const uint64_t budget = std::min<uint64_t>(lead_sync_ns / 4, 1'000'000);
@@ -468,7 +470,7 @@ struct Queue::Impl {
       ::sched_yield();  // (a 20 us nanosleep instead gathered fewer: 10-20% slower)
     }
   }
-  uint32_t lead_crowd = 0;    // callers waiting when this process's last sync as leader ended
+  uint32_t lead_crowd = 0;    // callers waiting when this handle's last sync as leader ended
   uint64_t lead_sync_ns = 0;  // and how long that sync took
 
   static void raise(std::atomic<uint64_t>& a, uint64_t v) {
