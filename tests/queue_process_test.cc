@@ -449,6 +449,27 @@ TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheInde
   }
 }
 
+// A first opener that cannot reuse the index builds a new one; killed while it does, it
+// must leave the deferred acks where the next opener finds them.
+TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferredAcks) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  uint64_t acked;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+  ASSERT_NO_FATAL_FAILURE(
+      write_behind_case::change_index_header(qdir(), [](index::IndexHeader& h) { h.seal = 12345; }));
+  const char* cli = std::getenv("SPOOL_CLI");
+  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
+  auto r = test::run_program({cli, "stats", qdir()}, "", "", {"SPOOL_CRASHPOINT=open.fresh_index"});
+  ASSERT_EQ(r.code, 128 + SIGKILL) << "the opener was not killed while it rebuilt the index: " << r.err;
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  auto left = q->peek(10);
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->size(), 2u);
+  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back";
+}
+
 // After a reboot the log may have lost the last sends, and their ids are given out again:
 // a deferred ack of such an id must not ack the new message that gets it.
 TEST_F(QueueProcessTest, ADeferredAckOfAnIdTheLogLostDoesNotAckItsSuccessor) {

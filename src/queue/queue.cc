@@ -197,8 +197,15 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (impl->idx.attached() && impl->idx.same_format()) deferred = write_behind::deferred(impl->idx);
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
-      if (Status s = impl->idx.attach(index_path, true); !s.ok()) return s;
+      // Built beside the old one and renamed over it once the list is in: a kill before the
+      // rename leaves the old index, list and all, to the next opener.
+      const std::string fresh_path = index_path + ".new";
+      if (Status s = impl->idx.attach(fresh_path, true); !s.ok()) return s;
+      crashpoint("open.fresh_index");
       (void)write_behind::restore_deferred(impl->idx, deferred, sys::boot_ns());
+      if (::rename(fresh_path.c_str(), index_path.c_str()) != 0) {
+        return errno_status(errno, "rename " + fresh_path + " to " + index_path);
+      }
       auto held = impl->lock();
       if (!held.ok()) return held.status();
       if (Status s = impl->rebuild(); !s.ok()) return s;  // the acks stay listed for the next try
