@@ -260,16 +260,25 @@ int records_in_log(const std::string& dir, format::RecordType type, uint64_t id,
   return n;
 }
 
+// Opens the queue at `dir`: two of three messages are left, not the acked one.
+std::unique_ptr<Queue> expect_two_left_without(const std::string& dir, const QueueOptions& o, uint64_t acked) {
+  auto q = test::open_queue(dir, o);
+  EXPECT_NE(q, nullptr);
+  if (q == nullptr) return q;
+  auto left = q->peek(10);
+  EXPECT_TRUE(left.ok());
+  if (!left.ok()) return q;
+  EXPECT_EQ(left->size(), 2u);
+  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back";
+  return q;
+}
+
 // The log alone (the index deleted, so rebuilt from it) must hold the ack: two of three left.
 void expect_log_has_the_ack(const std::string& dir, uint64_t acked) {
   EXPECT_EQ(records_in_log(dir, format::RecordType::kAck, acked), 1) << "the ACK record is not in the log";
   std::filesystem::remove(dir + "/index");
-  auto q = test::open_queue(dir);
+  auto q = expect_two_left_without(dir, {}, acked);
   ASSERT_NE(q, nullptr);
-  auto left = q->peek(10);
-  ASSERT_TRUE(left.ok());
-  EXPECT_EQ(left->size(), 2u);
-  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back from the log";
   EXPECT_EQ(q->check_index(), "");
   auto rep = q->verify(false);
   ASSERT_TRUE(rep.ok());
@@ -438,13 +447,7 @@ TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheInde
     uint64_t acked;
     ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
     ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(qdir(), d.apply));
-    auto q = open(o);
-    ASSERT_NE(q, nullptr);
-    auto left = q->peek(10);
-    ASSERT_TRUE(left.ok());
-    EXPECT_EQ(left->size(), 2u);
-    for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back in the rebuilt index";
-    q.reset();
+    ASSERT_NE(write_behind_case::expect_two_left_without(qdir(), o, acked), nullptr);  // closed again
     write_behind_case::expect_log_has_the_ack(qdir(), acked);
   }
 }
@@ -462,12 +465,7 @@ TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferr
   ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
   auto r = test::run_program({cli, "stats", qdir()}, "", "", {"SPOOL_CRASHPOINT=open.fresh_index"});
   ASSERT_EQ(r.code, 128 + SIGKILL) << "the opener was not killed while it rebuilt the index: " << r.err;
-  auto q = open(o);
-  ASSERT_NE(q, nullptr);
-  auto left = q->peek(10);
-  ASSERT_TRUE(left.ok());
-  EXPECT_EQ(left->size(), 2u);
-  for (auto& m : *left) EXPECT_NE(m.id, acked) << "the acked message came back";
+  EXPECT_NE(write_behind_case::expect_two_left_without(qdir(), o, acked), nullptr);
 }
 
 // After a reboot the log may have lost the last sends, and their ids are given out again:
