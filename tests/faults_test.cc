@@ -1516,7 +1516,7 @@ TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
 // After a reboot the log may have lost the last sends, and their ids are given out again.
 // A deferred ack of such an id, carried over from the old index, must be dropped: if the
 // first opener's write of it failed and it stayed listed, it would be written after the new
-// message with that id and ack it (write_behind::keep_deferred_below).
+// message with that id and ack it (write_behind::keep_deferred, in rebuild()).
 TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
   TempDir d;
   const std::string dir = d / "q";

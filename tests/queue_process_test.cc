@@ -468,6 +468,31 @@ TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferr
   EXPECT_NE(write_behind_case::expect_two_left_without(qdir(), o, acked), nullptr);
 }
 
+// A process killed after it wrote the deferred ACK records and before it emptied the list
+// leaves them in both: they must not be written again nor counted twice.
+TEST_F(QueueProcessTest, AcksWrittenByAProcessKilledBeforeItEmptiedTheListCountOnce) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  uint64_t acked;
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
+  const char* cli = std::getenv("SPOOL_CLI");
+  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
+  // Its first open writes the listed acks.
+  auto r = test::run_program({cli, "stats", qdir()}, "", "", {"SPOOL_CRASHPOINT=deferred.placed"});
+  ASSERT_EQ(r.code, 128 + SIGKILL) << "the opener was not killed after it wrote the acks: " << r.err;
+  ASSERT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1);
+  {
+    auto q = write_behind_case::expect_two_left_without(qdir(), o, acked);
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->stats()->acked_total, 1u) << "the ack was counted twice";
+  }
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1) << "the ACK record was written again";
+  std::filesystem::remove(qdir() + "/index");
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(q->stats()->acked_total, 1u) << "the log counts the ack twice";
+}
+
 // After a reboot the log may have lost the last sends, and their ids are given out again:
 // a deferred ack of such an id must not ack the new message that gets it.
 TEST_F(QueueProcessTest, ADeferredAckOfAnIdTheLogLostDoesNotAckItsSuccessor) {

@@ -246,7 +246,11 @@ struct Queue::Impl {
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
     // After a reboot (a first opener carries the list over) the log may have lost the last
     // sends, whose ids are then given out again: acks of ids the log has not reached go.
-    write_behind::keep_deferred_below(idx, idx.hdr().next_id, sys::boot_ns());
+    // So do acks whose message the replay did not find: a process killed between writing
+    // their records and emptying the list. Listed, they would be written (and counted in
+    // acked_total) twice.
+    const uint64_t reached = idx.hdr().next_id;
+    write_behind::keep_deferred(idx, [&](uint64_t id) { return id < reached && idx.find(id) >= 0; }, sys::boot_ns());
     apply_deferred(idx);
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
@@ -269,8 +273,10 @@ struct Queue::Impl {
   // deferred acks to `x`, freshly replayed. Lock held.
   void apply_deferred(index::SharedIndex& x) {
     for (const auto& a : write_behind::deferred(idx)) {
-      ++x.hdr().acked_total;
-      if (int64_t slot = x.find(a.id); slot >= 0) drop(x, slot);
+      if (int64_t slot = x.find(a.id); slot >= 0) {  // else its ACK is in the log, counted
+        ++x.hdr().acked_total;
+        drop(x, slot);
+      }
     }
   }
 
@@ -635,6 +641,7 @@ struct Queue::Impl {
     if (acks.empty() || idx.hdr().log_end == 0) return {};
     auto at = append(write_behind::ack_records(acks));
     if (!at.ok()) return at.status();
+    crashpoint("deferred.placed");
     write_behind::clear_deferred(idx);
     return {};
   }

@@ -146,9 +146,9 @@ size_t restore_deferred(index::SharedIndex& idx, std::span<const index::Deferred
   return acks.size() - k;
 }
 
-void keep_deferred_below(index::SharedIndex& idx, uint64_t next_id, uint64_t now_ns) {
+void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns) {
   auto acks = deferred(idx);
-  if (std::erase_if(acks, [&](const auto& a) { return a.id >= next_id; }) == 0) return;
+  if (std::erase_if(acks, [&](const auto& a) { return !keep(a.id); }) == 0) return;
   clear_deferred(idx);
   (void)restore_deferred(idx, acks, now_ns);
 }

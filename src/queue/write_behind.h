@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -91,8 +92,8 @@ void clear_deferred(index::SharedIndex& idx);
 // Lock held. Lists `acks` again, after those listed now, as many as fit (the list holds
 // kDeferredAcks, more than kDeferLimit, for this); returns how many did not fit.
 size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredAck> acks, uint64_t now_ns);
-// Lock held. Drops the deferred acks of ids >= `next_id`.
-void keep_deferred_below(index::SharedIndex& idx, uint64_t next_id, uint64_t now_ns);
+// Lock held. Keeps the deferred acks of the ids `keep` is true for, drops the others.
+void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns);
 // The ACK records of deferred acks.
 std::vector<storage::Record> ack_records(std::span<const index::DeferredAck> acks);
 
