@@ -134,7 +134,7 @@ bool SharedIndex::of_this_boot() const { return sound(false); }
 bool SharedIndex::same_format() const { return hdr_->magic == kIndexMagic && hdr_->format == format_word(); }
 
 bool SharedIndex::sound(bool counters) const {
-  if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;
+  if (!same_format()) return false;
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
   const IndexHeader& h = *hdr_;

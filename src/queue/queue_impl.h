@@ -244,13 +244,12 @@ struct Queue::Impl {
     }
     if (Status s = replay(idx); !s.ok()) return s;
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
-    // After a reboot (a first opener carries the list over) the log may have lost the last
-    // sends, whose ids are then given out again: acks of ids the log has not reached go.
-    // So do acks whose message the replay did not find: a process killed between writing
-    // their records and emptying the list. Listed, they would be written (and counted in
-    // acked_total) twice.
-    const uint64_t reached = idx.hdr().next_id;
-    write_behind::keep_deferred(idx, [&](uint64_t id) { return id < reached && idx.find(id) >= 0; }, sys::boot_ns());
+    // Only acks of messages the replay found stay listed. The others: after a reboot (a
+    // first opener carries the list over) the log may have lost the last sends, whose ids
+    // are then given out again (an ack of one must not ack its successor); or a process was
+    // killed between writing their records and emptying the list (listed, they would be
+    // written, and counted in acked_total, twice).
+    write_behind::keep_deferred(idx, [&](uint64_t id) { return idx.find(id) >= 0; }, sys::boot_ns());
     apply_deferred(idx);
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
