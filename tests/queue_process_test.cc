@@ -229,20 +229,21 @@ namespace write_behind_case {
 
 // The CLI ($SPOOL_CLI) runs `verb` on `receipt` and is killed at `crashpoint`: a fresh
 // process, because a crash point is read once per process.
-void run_and_die(const std::string& verb, const std::string& dir, const std::string& receipt,
-                 const std::string& crashpoint) {
+void run_and_die(const std::vector<std::string>& args, const std::string& crashpoint) {
   const char* cli = std::getenv("SPOOL_CLI");
   ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
-  auto r = test::run_program({cli, verb, dir, receipt}, "", "", {"SPOOL_CRASHPOINT=" + crashpoint});
-  EXPECT_EQ(r.code, 128 + SIGKILL) << "the " << verb << " was not killed at " << crashpoint << ": " << r.err;
+  std::vector<std::string> argv{cli};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = test::run_program(argv, "", "", {"SPOOL_CRASHPOINT=" + crashpoint});
+  ASSERT_EQ(r.code, 128 + SIGKILL) << "spool " << args.front() << " was not killed at " << crashpoint << ": " << r.err;
 }
 // Staged but not written.
 void nack_and_die(const std::string& dir, const std::string& receipt) {
-  run_and_die("nack", dir, receipt, "write_behind.staged");
+  run_and_die({"nack", dir, receipt}, "write_behind.staged");
 }
 // Deferred: the ack returned inside the process, which died before anything else.
 void ack_and_die(const std::string& dir, const std::string& receipt) {
-  run_and_die("ack", dir, receipt, "ack.deferred");
+  run_and_die({"ack", dir, receipt}, "ack.deferred");
 }
 
 // Records of `type` for message `id` in the log, read apart from any index.
@@ -461,10 +462,8 @@ TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferr
   ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
   ASSERT_NO_FATAL_FAILURE(
       write_behind_case::change_index_header(qdir(), [](index::IndexHeader& h) { h.seal = 12345; }));
-  const char* cli = std::getenv("SPOOL_CLI");
-  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
-  auto r = test::run_program({cli, "stats", qdir()}, "", "", {"SPOOL_CRASHPOINT=open.fresh_index"});
-  ASSERT_EQ(r.code, 128 + SIGKILL) << "the opener was not killed while it rebuilt the index: " << r.err;
+  // Killed while it rebuilds the index.
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"stats", qdir()}, "open.fresh_index"));
   EXPECT_NE(write_behind_case::expect_two_left_without(qdir(), o, acked), nullptr);
 }
 
@@ -475,11 +474,8 @@ TEST_F(QueueProcessTest, AcksWrittenByAProcessKilledBeforeItEmptiedTheListCountO
   o.sync = SyncPolicy::kNever;
   uint64_t acked;
   ASSERT_NO_FATAL_FAILURE(write_behind_case::ack_deferred_by_the_last_process(qdir(), o, &acked));
-  const char* cli = std::getenv("SPOOL_CLI");
-  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
-  // Its first open writes the listed acks.
-  auto r = test::run_program({cli, "stats", qdir()}, "", "", {"SPOOL_CRASHPOINT=deferred.placed"});
-  ASSERT_EQ(r.code, 128 + SIGKILL) << "the opener was not killed after it wrote the acks: " << r.err;
+  // Its first open writes the listed acks, and is killed before it empties the list.
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"stats", qdir()}, "deferred.placed"));
   ASSERT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1);
   {
     auto q = write_behind_case::expect_two_left_without(qdir(), o, acked);
