@@ -61,16 +61,36 @@ if [ "${SPOOL_QUICK:-0}" != 1 ]; then
   [ -d $dir ] || CXX=clang++ meson setup $dir -Dwerror=true -Dfuzz=true -Dtests=false -Dbench=false \
     -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
   ninja -C $dir $(cd fuzz && ls fuzz_*.cc | sed 's|\.cc$||; s|^|fuzz/|')
-  for target in $dir/fuzz/fuzz_*; do
-    [ -f "$target" ] && [ -x "$target" ] || continue
+  # Two at a time, one per core: the same fuzzing time per target in 3/5 of the wall time.
+  fuzz_one() {  # fuzz_one TARGET: leaves TARGET.log and TARGET.result ("ok N" or "FAILED")
+    local target=$1 name corpus
     name=$(basename "$target"); corpus=$(mktemp -d)
     cp -r "fuzz/corpus/${name#fuzz_}/." "$corpus/" 2>/dev/null || true
-    if "$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 "$corpus" >"$dir/$name.log" 2>&1; then
-      echo "fuzz $name: ok ($(grep -c . "$corpus"/* 2>/dev/null | wc -l) corpus entries)"; passed=$((passed + 1))
+    if "$target" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 "$corpus" >"$target.log" 2>&1; then
+      echo "ok $(find "$corpus" -type f | wc -l)" >"$target.result"
     else
-      echo "fuzz $name: FAILED"; tail -n 40 "$dir/$name.log"; failed=$((failed + 1))
+      echo FAILED >"$target.result"
     fi
     rm -rf "$corpus"
+  }
+  targets=()
+  for target in $dir/fuzz/fuzz_*; do
+    [ -f "$target" ] && [ -x "$target" ] && targets+=("$target")
+  done
+  for target in "${targets[@]}"; do
+    rm -f "$target.result"
+    fuzz_one "$target" &
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || true; done
+  done
+  wait
+  for target in "${targets[@]}"; do
+    name=$(basename "$target")
+    read -r result entries <"$target.result" || result=FAILED
+    if [ "$result" = ok ]; then
+      echo "fuzz $name: ok ($entries corpus entries)"; passed=$((passed + 1))
+    else
+      echo "fuzz $name: FAILED"; tail -n 40 "$target.log"; failed=$((failed + 1))
+    fi
   done
 fi
 echo "$passed passed, $failed failed, $skipped skipped"

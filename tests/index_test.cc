@@ -5,6 +5,7 @@
 // window growth, evictions to the overflow table, backward-shift deletions and heap resizes;
 // how the index is laid out is an optimisation that must not change any of it.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -65,8 +66,17 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
     EXPECT_GE(s, 0) << "id " << id << " lost";
     return static_cast<uint32_t>(s);
   };
+  uint64_t shrinks = 0;
+  // shrink() with no minimum gain, so that it runs whenever a part is 4x too big; the ids
+  // and their keys, states and heap order must come through it as through a growth.
+  auto shrink = [&] {
+    uint64_t before = x.hdr().capacity + x.hdr().heap_cap + x.hdr().ovf_cap;
+    ASSERT_TRUE(x.shrink(0).ok());
+    shrinks += x.hdr().capacity + x.hdr().heap_cap + x.hdr().ovf_cap < before;
+  };
   for (int step = 0; step < steps; ++step) {
     now += rng() % 4096;
+    if (step % 1000 == 999) shrink();
     unsigned op = static_cast<unsigned>(rng() % 100);
     // Keys near now: ties are common (they must fall back to the id) and some are delayed.
     uint64_t key = now - 8192 + rng() % 16384;
@@ -148,7 +158,8 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   EXPECT_GT(x.hdr().capacity, index::kMinWindow) << "the window never grew";
   // Drain in delivery order: every next() is the model's earliest.
   now = UINT64_MAX / 2;
-  while (!live.empty()) {
+  for (uint64_t n = 0; !live.empty(); ++n) {
+    if (n % 500 == 0) shrink();
     uint64_t want = want_next();
     int64_t got = x.next(now);
     ASSERT_GE(got, 0);
@@ -159,6 +170,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   EXPECT_EQ(x.next(now), -1);
   EXPECT_EQ(x.hdr().count, 0u);
   EXPECT_EQ(x.check_invariants(), "");
+  EXPECT_GT(shrinks, 0u) << "the region never shrank";
 }
 
 // Fewer steps than this never grow the window or evict (the run checks that it did), so
@@ -279,6 +291,103 @@ TEST_F(IndexWindow, AnEvictionKeepsTheHeapBackPointers) {
   ASSERT_GE(two, 0);
   EXPECT_EQ(x.id_of(static_cast<uint32_t>(two)), 2u);
   EXPECT_EQ(x.key(static_cast<uint32_t>(x.find(1))), 1'000'000'000u);
+}
+
+// A backlog of 200,000, most of it leased once (the heap grows too) and then acked, except
+// the last ten: the region shrinks to its minimum sizes, and the ten keep their states,
+// keys and order. Then the queue fills and drains again as before.
+void drain_and_shrink(SharedIndex& x) {
+  const uint64_t n = 200000;
+  auto add = [&](uint64_t id) {
+    x.hdr().next_id = id + 1;
+    ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+  };
+  for (uint64_t id = 1; id <= n; ++id) add(id);
+  for (uint64_t id = 1; id <= n / 2; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 50).ok());
+  for (uint64_t id = n - 9; id < n; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 1000 + n - id).ok());
+  for (uint64_t id = 1; id <= n - 10; ++id) x.erase(static_cast<uint32_t>(x.find(id)));
+  const uint64_t big = x.hdr().capacity;
+  ASSERT_GE(big, n);
+  ASSERT_GE(x.hdr().heap_cap, n / 2);
+  ASSERT_TRUE(x.shrink(0).ok());
+  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
+  EXPECT_EQ(x.hdr().heap_cap, index::kMinHeap);
+  ASSERT_EQ(x.check_invariants(), "");
+  ASSERT_EQ(x.hdr().count, 10u);
+  for (uint64_t id = n - 9; id < n; ++id) {
+    int64_t s = x.find(id);
+    ASSERT_GE(s, 0) << id;
+    EXPECT_EQ(x.entry(static_cast<uint32_t>(s)).state, State::kLeased);
+    EXPECT_EQ(x.entry(static_cast<uint32_t>(s)).loc, id * 64);
+    EXPECT_EQ(x.key(static_cast<uint32_t>(s)), 1000 + n - id);
+  }
+  // Delivery order: the queued last message (key 5), then the leases by deadline.
+  std::vector<uint64_t> order;
+  for (int64_t s; (s = x.next(UINT64_MAX / 2)) >= 0;) {
+    order.push_back(x.id_of(static_cast<uint32_t>(s)));
+    x.erase(static_cast<uint32_t>(s));
+  }
+  std::vector<uint64_t> want{n};
+  for (uint64_t id = n - 1; id >= n - 9; --id) want.push_back(id);
+  EXPECT_EQ(order, want);
+  // Nothing left to give back: no change.
+  ASSERT_TRUE(x.shrink(0).ok());
+  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
+  for (uint64_t id = n + 1; id <= n + 5000; ++id) add(id);
+  for (uint64_t id = n + 1; id <= n + 5000; ++id) {
+    int64_t s = x.next(10);
+    ASSERT_GE(s, 0);
+    ASSERT_EQ(x.id_of(static_cast<uint32_t>(s)), id);
+    x.erase(static_cast<uint32_t>(s));
+  }
+  EXPECT_EQ(x.check_invariants(), "");
+}
+
+TEST_F(IndexWindow, ADrainedBacklogGivesItsRegionBack) { drain_and_shrink(x); }
+
+// On a file: the freed tail's blocks go back to the file system, the file keeps its size
+// (another process may map it), and a second mapping of the file, still laid out for the
+// big region, remaps at its next refresh and sees the same messages.
+TEST(SharedIndex, AShrinkPunchesTheTailOutOfTheFileAndOtherMappingsFollow) {
+  test::TempDir d;
+  SharedIndex x, other;
+  ASSERT_TRUE(x.attach(d / "index", true).ok());
+  ASSERT_TRUE(x.refresh().ok());
+  struct stat before {}, after {};
+  {
+    const uint64_t n = 200000;
+    for (uint64_t id = 1; id <= n; ++id) {
+      x.hdr().next_id = id + 1;
+      ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+    }
+    ASSERT_TRUE(other.attach(d / "index", false).ok());
+    ASSERT_TRUE(other.refresh().ok());
+    ASSERT_EQ(other.find(n), x.find(n));
+    for (uint64_t id = 1; id <= n - 3; ++id) x.erase(static_cast<uint32_t>(x.find(id)));
+  }
+  ASSERT_EQ(::stat((d / "index").c_str(), &before), 0);
+  ASSERT_TRUE(x.shrink().ok());
+  ASSERT_EQ(::stat((d / "index").c_str(), &after), 0);
+  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
+  EXPECT_EQ(after.st_size, before.st_size) << "the file must keep its size";
+  EXPECT_GT(before.st_blocks * 512, 4 << 20);
+  EXPECT_LT(after.st_blocks * 512, 1 << 20) << "the freed tail is still allocated";
+  ASSERT_TRUE(other.refresh().ok());
+  EXPECT_EQ(other.check_invariants(), "");
+  for (uint64_t id = 199998; id <= 200000; ++id) {
+    int64_t s = other.find(id);
+    ASSERT_GE(s, 0) << id;
+    EXPECT_EQ(other.entry(static_cast<uint32_t>(s)).loc, id * 64);
+  }
+  EXPECT_EQ(other.find(199997), -1);
+  // The file grows back into the holes when it must.
+  for (uint64_t id = 200001; id <= 300000; ++id) {
+    other.hdr().next_id = id + 1;
+    ASSERT_TRUE(other.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
+  }
+  ASSERT_TRUE(x.refresh().ok());
+  EXPECT_EQ(x.check_invariants(), "");
+  EXPECT_EQ(x.hdr().count, 100003u);
 }
 
 TEST_F(IndexWindow, ABatchBiggerThanTheWindowGrowsIt) { send_a_big_batch(true); }

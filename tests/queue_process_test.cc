@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -595,6 +596,110 @@ TEST_F(QueueProcessTest, TheNextReceiveOrTheCloseWritesDeferredAcks) {
   EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 0) << "the ack was not deferred";
   q.reset();
   EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 1) << "the close did not write it";
+}
+
+// A backlog of 100,000 drains while another process has the big index mapped: the index
+// file's blocks go back (the file keeps its size), and the other process, whose mapping is
+// stale by then, goes on sending and receiving through the smaller one.
+TEST_F(QueueProcessTest, ADrainedBacklogGivesTheIndexBackWhileAnotherProcessHasItMapped) {
+  constexpr int kBacklog = 100000, kAfter = 1000;
+  auto q = open();
+  std::vector<std::string> bodies(1000);
+  std::vector<std::string_view> views(1000);
+  for (int i = 0; i < kBacklog; i += 1000) {
+    for (int k = 0; k < 1000; ++k) views[k] = bodies[k] = "old-" + std::to_string(i + k);
+    ASSERT_TRUE(q->send_batch(views).ok());
+  }
+  std::string mapped = dir_ / "mapped", go = dir_ / "go";
+  pid_t child = spawn([&] {
+    auto cq = Queue::open(qdir());
+    if (!cq.ok()) return 1;
+    if (!(*cq)->stats().ok()) return 2;  // locks, so maps the whole region
+    std::ofstream(mapped).put('x');
+    if (!wait_for_file(go, 60s)) return 3;
+    for (int i = 0; i < kAfter; ++i) {
+      if (!(*cq)->send("new-" + std::to_string(i)).ok()) return 4;
+    }
+    std::set<std::string> got;
+    while (got.size() < kAfter) {
+      auto ms = (*cq)->receive(100, 30s);
+      if (!ms.ok()) return 5;
+      for (auto& m : *ms) {
+        if (!got.insert(m.payload).second || m.payload.rfind("new-", 0) != 0) return 6;
+        if (!(*cq)->ack(m.receipt).ok()) return 7;
+      }
+    }
+    return (*cq)->check_index().empty() ? 0 : 8;
+  });
+  ASSERT_TRUE(wait_for_file(mapped, 30s)) << "the child never opened the queue";
+  const std::string index = qdir() + "/index";
+  struct stat big {}, small {};
+  ASSERT_EQ(::stat(index.c_str(), &big), 0);
+  for (int left = kBacklog; left > 0;) {
+    auto ms = q->receive(1000, 60s);
+    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+    for (auto& m : *ms) ASSERT_TRUE(q->ack(m.receipt).ok());
+    left -= static_cast<int>(ms->size());
+  }
+  ASSERT_TRUE(q->stats().ok());  // shrunk by now: the region is given back at a lock
+  ASSERT_EQ(::stat(index.c_str(), &small), 0);
+  EXPECT_GE(small.st_size, big.st_size) << "the index file must not get shorter while mapped";
+  EXPECT_GT(big.st_blocks * 512, 2 << 20);
+  EXPECT_LT(small.st_blocks * 512, 1 << 20) << "the drained index kept its blocks";
+  std::ofstream(go).put('x');
+  EXPECT_EQ(wait_exit(child), 0);
+  EXPECT_EQ(q->check_index(), "");
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->acked_total, uint64_t{kBacklog + kAfter});
+  EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
+}
+
+// A process killed in the middle of a shrink (the header has the new geometry, the entries
+// are not moved yet) dies holding the lock: the next locker rebuilds from the log, and
+// nothing is lost or comes back.
+TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
+  constexpr int kBacklog = 100000, kLeft = 10;
+  // No flusher thread: its syncs lock too, and one after the last ack would shrink first.
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  auto q = open(o);
+  std::vector<std::string> bodies(1000);
+  std::vector<std::string_view> views(1000);
+  for (int i = 0; i < kBacklog; i += 1000) {
+    for (int k = 0; k < 1000; ++k) views[k] = bodies[k] = "m-" + std::to_string(i + k);
+    ASSERT_TRUE(q->send_batch(views).ok());
+  }
+  // The oldest message, leased, holds the window's low end while the rest drains, so that
+  // this process does not shrink the index itself.
+  auto oldest = q->receive(1, 60s);
+  ASSERT_TRUE(oldest.ok() && oldest->size() == 1);
+  for (int left = kBacklog - 1 - kLeft; left > 0;) {
+    auto ms = q->receive(static_cast<size_t>(std::min(left, 1000)), 60s);
+    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+    for (auto& m : *ms) ASSERT_TRUE(q->ack(m.receipt).ok());
+    left -= static_cast<int>(ms->size());
+  }
+  ASSERT_TRUE(q->ack((*oldest)[0].receipt).ok());
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"stats", qdir()}, "index.resized"));
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_EQ(st->ready, uint64_t{kLeft});
+  EXPECT_EQ(st->in_flight, 0u);
+  EXPECT_EQ(st->acked_total, uint64_t{kBacklog - kLeft});
+  EXPECT_EQ(q->check_index(), "");
+  auto rest = q->receive(100);
+  ASSERT_TRUE(rest.ok());
+  std::vector<std::string> got;
+  for (auto& m : *rest) got.push_back(m.payload);
+  std::vector<std::string> want;
+  for (int i = kBacklog - kLeft; i < kBacklog; ++i) want.push_back("m-" + std::to_string(i));
+  EXPECT_EQ(got, want);
+  // The rebuild replayed the whole backlog into the index; a later lock shrinks it again.
+  ASSERT_TRUE(q->stats().ok());
+  struct stat after {};
+  ASSERT_EQ(::stat((qdir() + "/index").c_str(), &after), 0);
+  EXPECT_LT(after.st_blocks * 512, 1 << 20);
 }
 
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {

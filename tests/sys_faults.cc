@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "queue/crashpoint.h"
+#include "sys/crashpoint.h"
 
 namespace spool::test::sysfaults {
 namespace {

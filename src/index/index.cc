@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sys/clock.h"
+#include "sys/crashpoint.h"
 
 namespace spool::index {
 namespace {
@@ -236,8 +237,8 @@ uint64_t SharedIndex::key(uint32_t slot) const {
   return heap_[e.heap_pos].key;
 }
 
-// The region is laid out window, heap, overflow table, and the file only ever grows (other
-// processes may still map the old range). Growing the window keeps its entries where they
+// The region is laid out window, heap, overflow table, and the file never gets shorter
+// (other processes may still map the old range; shrink() punches holes instead). Growing the window keeps its entries where they
 // are in the file: the ring's two runs (the ids from low_id up to the end of the array, and
 // the ones that wrapped to its start) stay in order if one of them moves, by one memmove, to
 // the other side of the new slots; win_offset then names the new position. Copying the
@@ -247,12 +248,19 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
   auto& h = *hdr_;
   const uint64_t old_w = wcap_;
-  const bool same_win = wcap == old_w, same_ovf = ocap == ocap_;
+  const bool same_win = wcap == old_w, same_ovf = ocap == ocap_, smaller_win = wcap < old_w;
   const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
   std::vector<HeapItem> items;
   std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
   if (!same_win || anonymous_) items.assign(heap_, heap_ + h.heap_size);
-  if (anonymous_) raw.assign(win_, win_ + old_w);
+  if (smaller_win) {
+    // shrink(): the window's ids, in order from low_id, to be laid out again from slot 0.
+    for (uint64_t id = h.low_id, end = std::min(std::max(h.next_id, h.low_id), h.low_id + old_w); id < end; ++id) {
+      raw.push_back(win_[wslot(id)]);
+    }
+  } else if (anonymous_) {
+    raw.assign(win_, win_ + old_w);
+  }
   std::vector<OvfEntry> ovs;
   if (same_ovf) {
     ovs.assign(ovf_, ovf_ + ocap_);
@@ -279,6 +287,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     h.ovf_cap = old[2];
     return s;
   }
+  crashpoint("index.resized");  // new geometry, entries not yet moved: only a rebuild mends it
   auto populate = [&](void* from, uint64_t len) {
 #ifdef MADV_POPULATE_WRITE
     // Faulting the pages about to be written in with one call instead of one exception
@@ -292,8 +301,12 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
 #endif
   };
   char* const region_end = static_cast<char*>(region_) + region_len_;
-  if (anonymous_) std::memcpy(static_cast<void*>(win_), raw.data(), old_w * sizeof(Entry));
-  if (!same_win) {
+  if (anonymous_ && !smaller_win) std::memcpy(static_cast<void*>(win_), raw.data(), old_w * sizeof(Entry));
+  if (smaller_win) {
+    std::memset(static_cast<void*>(win_), 0, wcap * sizeof(Entry));
+    std::memcpy(static_cast<void*>(win_), raw.data(), raw.size() * sizeof(Entry));
+    h.win_offset = (wcap - h.low_id % wcap) % wcap;  // low_id in slot 0
+  } else if (!same_win) {
     const uint64_t grow = wcap - old_w;
     if (r <= grow) {
       populate(win_, r * sizeof(Entry));
@@ -317,6 +330,37 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
   } else {
     std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
     for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
+  }
+  return {};
+}
+
+// A queue that once held millions keeps a window, heap and overflow table sized for them
+// after it drains: hundreds of MB of file and page cache, checksummed at every last close
+// and read at every first open. Each part shrinks to twice what it holds once that is a
+// quarter of its size or less, so that a queue hovering near one size does not shrink and
+// grow in turn.
+Status SharedIndex::shrink(uint64_t min_gain) {
+  if (region_len_ < min_gain) return {};
+  const auto& h = *hdr_;
+  auto pow2_at_least = [](uint64_t v) { return v <= 1 ? 1 : uint64_t{1} << (64 - __builtin_clzll(v - 1)); };
+  const uint64_t span = std::max(h.next_id, h.low_id) - h.low_id;
+  uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
+  uint64_t hc = std::max(kMinHeap, pow2_at_least(h.heap_size * 2));
+  uint64_t oc = std::max(kMinOverflow, pow2_at_least(h.ovf_count * 2));
+  if (w * 4 > wcap_) w = wcap_;
+  if (hc * 4 > hcap_) hc = hcap_;
+  if (oc * 4 > ocap_) oc = ocap_;
+  const uint64_t keep = region_bytes(w, hc, oc);
+  if (region_len_ - keep < min_gain) return {};
+  if (Status s = resize(w, hc, oc); !s.ok()) return s;
+  // Hand the tail's blocks and cache pages back. Not ftruncate: other processes map the
+  // old length until their next lock, and a page past the end of a file is a SIGBUS; a
+  // hole reads as zeros, and nobody reads there before remapping. The whole pages only:
+  // punching part of one zeroes that part, which is still region.
+  const uint64_t from = (kHeaderBytes + keep + 4095) / 4096 * 4096;
+  if (!anonymous_ && h.file_bytes > from) {
+    (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
+                      static_cast<off_t>(h.file_bytes - from));  // best effort: some file systems cannot
   }
   return {};
 }

@@ -55,6 +55,8 @@ inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
+// shrink() gives the region back only when that frees at least this much.
+inline constexpr uint64_t kShrinkMinBytes = 1 << 20;
 
 // kQueued: ready since it was sent, never received: no heap item (see above). kReady: ready
 // or delayed, in the heap. kLeased: in the heap by its lease deadline.
@@ -250,6 +252,10 @@ class SharedIndex {
   uint64_t next_key();
   // Grows the heap now so that `more` messages can leave the queue without a remap.
   Status reserve_heap(uint64_t more);
+  // Once a big backlog has drained, lays the region out again at a fraction of its size and
+  // punches the freed tail out of the file, if that frees at least `min_gain` bytes; else
+  // does nothing. Remaps, so no slot may be held. The file keeps its size (docs/format.md).
+  Status shrink(uint64_t min_gain = kShrinkMinBytes);
 
   // For stats, list and peek: heap items (in heap order) and the queued messages from the
   // cursor on (in id order; f returns false to stop).

@@ -16,7 +16,7 @@
 
 #include <map>
 
-#include "queue/crashpoint.h"
+#include "sys/crashpoint.h"
 #include "queue/queue_impl.h"
 #include "sys/ofd_lock.h"
 

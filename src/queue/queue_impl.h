@@ -30,7 +30,7 @@
 #include "index/index.h"
 #include "logging.h"
 #include "queue/config.h"
-#include "queue/crashpoint.h"
+#include "sys/crashpoint.h"
 #include "queue/write_behind.h"
 #include "spool/queue.h"
 #include "storage/log.h"
@@ -203,6 +203,8 @@ struct Queue::Impl {
       log->forget_below(forgotten_through + 1);
     }
     reap_dead_owners();
+    // Here, where nobody holds a slot yet. On an error the region stays as it was.
+    (void)idx.shrink();
     if (idx.hdr().pending_writes.load(std::memory_order_relaxed) != 0 && !read_only) {
       uint64_t t = sys::boot_ns();
       (void)write_behind::settle(idx, *log, 0, t > write_behind::kStaleNs ? t - write_behind::kStaleNs : 0);
