@@ -603,6 +603,7 @@ TEST_F(QueueProcessTest, TheNextReceiveOrTheCloseWritesDeferredAcks) {
 // stale by then, goes on sending and receiving through the smaller one.
 TEST_F(QueueProcessTest, ADrainedBacklogGivesTheIndexBackWhileAnotherProcessHasItMapped) {
   constexpr int kBacklog = 100000, kAfter = 1000;
+  if (!test::can_punch_holes(dir_.path())) GTEST_SKIP() << "SKIPPED: " << dir_.path() << " cannot punch holes (fallocate)";
   auto q = open();
   std::vector<std::string> bodies(1000);
   std::vector<std::string_view> views(1000);
@@ -645,7 +646,7 @@ TEST_F(QueueProcessTest, ADrainedBacklogGivesTheIndexBackWhileAnotherProcessHasI
   ASSERT_EQ(::stat(index.c_str(), &small), 0);
   EXPECT_GE(small.st_size, big.st_size) << "the index file must not get shorter while mapped";
   EXPECT_GT(big.st_blocks * 512, 2 << 20);
-  EXPECT_LT(small.st_blocks * 512, 1 << 20) << "the drained index kept its blocks";
+  EXPECT_LT(small.st_blocks * 2, big.st_blocks) << "the drained index kept its blocks";
   std::ofstream(go).put('x');
   EXPECT_EQ(wait_exit(child), 0);
   EXPECT_EQ(q->check_index(), "");
@@ -682,12 +683,21 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   }
   ASSERT_TRUE(q->ack((*oldest)[0].receipt).ok());
   ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"stats", qdir()}, "index.resized"));
+  // The index says a resize was cut short (so nothing reads its region, not even the lease
+  // bindings a rebuild carries over); the rebuild below mends it.
+  uint32_t resizing = 0;
+  write_behind_case::change_index_header(qdir(), [&](index::IndexHeader& h) { resizing = h.resizing; });
+  EXPECT_EQ(resizing, 1u);
   auto st = q->stats();
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   EXPECT_EQ(st->ready, uint64_t{kLeft});
   EXPECT_EQ(st->in_flight, 0u);
   EXPECT_EQ(st->acked_total, uint64_t{kBacklog - kLeft});
   EXPECT_EQ(q->check_index(), "");
+  write_behind_case::change_index_header(qdir(), [&](index::IndexHeader& h) {
+    EXPECT_EQ(h.resizing, 0u);
+    EXPECT_LT(h.win_offset, h.capacity);
+  });
   auto rest = q->receive(100);
   ASSERT_TRUE(rest.ok());
   std::vector<std::string> got;
@@ -699,7 +709,9 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   ASSERT_TRUE(q->stats().ok());
   struct stat after {};
   ASSERT_EQ(::stat((qdir() + "/index").c_str(), &after), 0);
-  EXPECT_LT(after.st_blocks * 512, 1 << 20);
+  if (test::can_punch_holes(dir_.path())) {
+    EXPECT_LT(after.st_blocks * 512, 1 << 20);
+  }
 }
 
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {

@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -19,6 +20,17 @@ TempDir::TempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "spool-test-XXXXXX").string();
   if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
   path_ = tmpl;
+}
+
+bool can_punch_holes(const std::string& dir) {
+  std::string path = dir + "/.punch-probe";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  bool ok = ::posix_fallocate(fd, 0, 1 << 16) == 0 &&
+            ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 1 << 16) == 0;
+  ::close(fd);
+  ::unlink(path.c_str());
+  return ok;
 }
 
 TempDir::~TempDir() {

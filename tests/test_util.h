@@ -29,6 +29,11 @@ class TempDir {
   std::string path_;
 };
 
+// Whether the file system under `dir` punches holes (fallocate FALLOC_FL_PUNCH_HOLE): the
+// index gives a drained backlog's blocks back that way, and the tests that count them skip,
+// saying why, where it cannot.
+bool can_punch_holes(const std::string& dir);
+
 // Queue::open for a test: a failure is a test failure (EXPECT, so the caller decides whether
 // to go on) and gives nullptr.
 std::unique_ptr<Queue> open_queue(const std::string& dir, const QueueOptions& o = {});

@@ -148,7 +148,7 @@ bool SharedIndex::sound(bool counters) const {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
-  if (counters && (h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
+  if (counters && (h.resizing != 0 || h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
       h.win_offset >= h.capacity || h.queued > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
     return false;
   }
@@ -203,6 +203,8 @@ Status SharedIndex::reset() {
   auto& h = *hdr_;
   h.count = h.ovf_count = h.queued = h.heap_size = h.leased = 0;
   h.low_id = h.cursor = std::max<uint64_t>(h.next_id, 1);
+  h.win_offset = 0;  // an interrupted resize may have left the old window's
+  h.resizing = 0;
   std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
   std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
   return {};
@@ -276,6 +278,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     }
   }
   const uint64_t old[3] = {h.capacity, h.heap_cap, h.ovf_cap};
+  h.resizing = 1;
   h.capacity = wcap;
   h.heap_cap = hcap;
   h.ovf_cap = ocap;
@@ -285,6 +288,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     h.capacity = old[0];
     h.heap_cap = old[1];
     h.ovf_cap = old[2];
+    h.resizing = 0;
     return s;
   }
   crashpoint("index.resized");  // new geometry, entries not yet moved: only a rebuild mends it
@@ -304,7 +308,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
   if (anonymous_ && !smaller_win) std::memcpy(static_cast<void*>(win_), raw.data(), old_w * sizeof(Entry));
   if (smaller_win) {
     std::memset(static_cast<void*>(win_), 0, wcap * sizeof(Entry));
-    std::memcpy(static_cast<void*>(win_), raw.data(), raw.size() * sizeof(Entry));
+    if (!raw.empty()) std::memcpy(static_cast<void*>(win_), raw.data(), raw.size() * sizeof(Entry));
     h.win_offset = (wcap - h.low_id % wcap) % wcap;  // low_id in slot 0
   } else if (!same_win) {
     const uint64_t grow = wcap - old_w;
@@ -331,6 +335,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
     for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
   }
+  h.resizing = 0;
   return {};
 }
 
@@ -343,7 +348,8 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   if (region_len_ < min_gain) return {};
   const auto& h = *hdr_;
   auto pow2_at_least = [](uint64_t v) { return v <= 1 ? 1 : uint64_t{1} << (64 - __builtin_clzll(v - 1)); };
-  const uint64_t span = std::max(h.next_id, h.low_id) - h.low_id;
+  // (Bounded: a damaged next_id must not make the new window smaller than the old one's ids.)
+  const uint64_t span = std::min(std::max(h.next_id, h.low_id) - h.low_id, wcap_);
   uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
   uint64_t hc = std::max(kMinHeap, pow2_at_least(h.heap_size * 2));
   uint64_t oc = std::max(kMinOverflow, pow2_at_least(h.ovf_count * 2));
@@ -351,12 +357,12 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   if (hc * 4 > hcap_) hc = hcap_;
   if (oc * 4 > ocap_) oc = ocap_;
   const uint64_t keep = region_bytes(w, hc, oc);
-  if (region_len_ - keep < min_gain) return {};
+  if (keep == region_len_ || region_len_ - keep < min_gain) return {};
   if (Status s = resize(w, hc, oc); !s.ok()) return s;
   // Hand the tail's blocks and cache pages back. Not ftruncate: other processes map the
   // old length until their next lock, and a page past the end of a file is a SIGBUS; a
-  // hole reads as zeros, and nobody reads there before remapping. The whole pages only:
-  // punching part of one zeroes that part, which is still region.
+  // hole reads as zeros, and nobody reads there before remapping. Whole pages from the
+  // first one past the region: the page the region ends in keeps its block.
   const uint64_t from = (kHeaderBytes + keep + 4095) / 4096 * 4096;
   if (!anonymous_ && h.file_bytes > from) {
     (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
@@ -639,6 +645,7 @@ void SharedIndex::sift_down(uint64_t i) {
 std::string SharedIndex::check_invariants() const {
   const IndexHeader& h = *hdr_;
   if (!mapped_current()) return "mapping is stale";
+  if (h.resizing != 0) return "a resize was interrupted";
   if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id)) {
     return "I5: low_id " + std::to_string(h.low_id) + ", cursor " + std::to_string(h.cursor) + ", next_id " +
            std::to_string(h.next_id);

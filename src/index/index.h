@@ -49,8 +49,8 @@ namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
-// 7: write-behind slots; 8: deferred acks
-inline constexpr uint32_t kIndexVersion = 8;
+// 7: write-behind slots; 8: deferred acks; 9: resizing
+inline constexpr uint32_t kIndexVersion = 9;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -144,6 +144,9 @@ struct alignas(64) IndexHeader {
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
   uint32_t owners_claimed;         // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
+  // 1 while resize() moves entries: a holder killed then leaves a region laid out for
+  // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
+  uint32_t resizing;
   // Lock-free:
   alignas(64) std::atomic<uint32_t> wake_seq;  // futex word: bumped when something became receivable
   std::atomic<uint32_t> waiters;
@@ -254,7 +257,8 @@ class SharedIndex {
   Status reserve_heap(uint64_t more);
   // Once a big backlog has drained, lays the region out again at a fraction of its size and
   // punches the freed tail out of the file, if that frees at least `min_gain` bytes; else
-  // does nothing. Remaps, so no slot may be held. The file keeps its size (docs/format.md).
+  // does nothing. Remaps, so no slot may be held. The file keeps its size
+  // (docs/durability.md, "The shared index").
   Status shrink(uint64_t min_gain = kShrinkMinBytes);
 
   // For stats, list and peek: heap items (in heap order) and the queued messages from the
