@@ -6,6 +6,9 @@
 //                p50/p99 = duration of one batch call.
 // produce_mp     `producers` processes send n messages between them (n / producers each);
 //                msgs/s = n / (start .. the last producer's last send); p50/p99 per send.
+//                With --gap-us=G, each producer pauses a random time (exponential, mean G
+//                us, not timed) before each send: callers arriving at random rather than
+//                back to back, which is what the group commit's gather costs latency for.
 // e2e_1c/e2e_2c  1 producer + 1 or 2 consumer processes, all started together; consumers
 //                receive one message with a 60 s lease and ack it; msgs/s = n / (start ..
 //                the n-th ack). No p50/p99 (null): the queue builds a backlog by design.
@@ -77,7 +80,7 @@ void usage(const char* system) {
   std::fprintf(stderr,
                "usage: cmp_%s --case=produce|produce_batch|produce_mp|e2e_1c|e2e_2c|latency\n"
                "       [--sync=LEVEL] [--size=BYTES] [--n=MSGS] [--samples=N] [--warmup=N] [--batch=N]\n"
-               "       [--producers=N] [--dir=DIR] [--port=PORT] [--poll-us=US] [--tag=NAME]\n"
+               "       [--producers=N] [--gap-us=US] [--dir=DIR] [--port=PORT] [--poll-us=US] [--tag=NAME]\n"
                "Prints one JSON line. Servers (beanstalkd, redis) must already run on 127.0.0.1:PORT.\n",
                system);
 }
@@ -100,10 +103,11 @@ bool parse(int argc, char** argv, Args& a) {
     else if (k == "batch") a.batch = std::atoi(v.c_str());
     else if (k == "producers") a.producers = std::atoi(v.c_str());
     else if (k == "poll-us") a.poll_us = std::atoi(v.c_str());
+    else if (k == "gap-us") a.gap_us = std::atoi(v.c_str());
     else if (k == "tag") a.tag = v;
     else return false;
   }
-  return a.size >= 8 && a.n > 0 && a.samples > 0 && a.batch > 0 && a.producers > 0;
+  return a.size >= 8 && a.n > 0 && a.samples > 0 && a.batch > 0 && a.producers > 0 && a.gap_us >= 0;
 }
 
 struct Outcome {
@@ -133,7 +137,15 @@ pid_t producer(System& sys, const Args& a, StartGate& gate, uint64_t count, size
         sent += k;
       }
     } else {
+      uint64_t rnd = 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(::getpid());
       for (uint64_t i = 0; i < count; ++i) {
+        if (a.gap_us > 0) {
+          rnd ^= rnd << 13;
+          rnd ^= rnd >> 7;
+          rnd ^= rnd << 17;
+          double u = (static_cast<double>(rnd >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+          ::usleep(static_cast<useconds_t>(-std::log(u) * a.gap_us));
+        }
         uint64_t t = mono_ns();
         std::memcpy(payload.data(), &t, sizeof t);
         c->send(payload);

@@ -27,6 +27,7 @@ struct Args {
   int warmup = 50;
   int batch = 64;                 // produce_batch: messages per native batch
   int producers = 8;              // produce_mp: producer processes
+  int gap_us = 0;                 // produce, produce_mp: mean random pause before each send
   int poll_us = 1000;             // systems without a blocking receive: sleep between empty polls
   std::string tag;                // unique name of this run (queue dir, tube, stream key, mq name)
 };
