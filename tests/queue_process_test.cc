@@ -40,6 +40,40 @@ using namespace std::chrono_literals;
 
 using QueueProcessTest = test::QueueDirTest;
 
+// A consumer child: receives up to `max` at a time and acks each, appending each payload it
+// acked to `out`, until nothing is receivable and the file `done` exists.
+pid_t acking_consumer(const std::string& qdir, const std::string& out, size_t max, const std::string& done) {
+  return spawn([=] {
+    auto q = Queue::open(qdir);
+    if (!q.ok()) return 1;
+    FILE* f = std::fopen(out.c_str(), "w");
+    for (;;) {
+      auto got = (*q)->receive(max, 60s, 100ms);
+      if (!got.ok()) {
+        if (got.status().code() != Code::kEmpty) return 2;
+        if (std::filesystem::exists(done)) break;
+        continue;
+      }
+      for (auto& m : *got) {
+        if (!(*q)->ack(m.receipt).ok()) return 3;
+        std::fprintf(f, "%s\n", m.payload.c_str());
+      }
+    }
+    std::fclose(f);
+    return 0;
+  });
+}
+
+// How often each payload was acked, from the files acking_consumer wrote.
+std::map<std::string, int> acked_payloads(const std::vector<std::string>& files) {
+  std::map<std::string, int> acked;
+  for (const auto& file : files) {
+    std::ifstream in(file);
+    for (std::string line; std::getline(in, line);) ++acked[line];
+  }
+  return acked;
+}
+
 TEST_F(QueueProcessTest, TwoProducersFourConsumersAckEveryMessageExactlyOnce) {
   constexpr int kPerProducer = 50000;
   auto parent = open();  // keeps the queue attached throughout
@@ -58,36 +92,16 @@ TEST_F(QueueProcessTest, TwoProducersFourConsumersAckEveryMessageExactlyOnce) {
       return 0;
     }));
   }
+  std::vector<std::string> outs;
   for (int c = 0; c < 4; ++c) {
-    consumers.push_back(spawn([&, c] {
-      auto q = Queue::open(qdir());
-      if (!q.ok()) return 1;
-      FILE* out = std::fopen((dir_ / ("acked-" + std::to_string(c))).c_str(), "w");
-      for (;;) {
-        auto got = (*q)->receive(32, 60s, 200ms);
-        if (!got.ok()) {
-          if (got.status().code() != Code::kEmpty) return 2;
-          if (std::filesystem::exists(done)) break;
-          continue;
-        }
-        for (auto& m : *got) {
-          if (!(*q)->ack(m.receipt).ok()) return 3;
-          std::fprintf(out, "%s\n", m.payload.c_str());
-        }
-      }
-      std::fclose(out);
-      return 0;
-    }));
+    outs.push_back(dir_ / ("acked-" + std::to_string(c)));
+    consumers.push_back(acking_consumer(qdir(), outs.back(), 32, done));
   }
   for (pid_t p : producers) ASSERT_EQ(wait_exit(p), 0);
   std::ofstream(done).put('x');
   for (pid_t c : consumers) ASSERT_EQ(wait_exit(c), 0);
 
-  std::map<std::string, int> acked;
-  for (int c = 0; c < 4; ++c) {
-    std::ifstream in(dir_ / ("acked-" + std::to_string(c)));
-    for (std::string line; std::getline(in, line);) ++acked[line];
-  }
+  auto acked = acked_payloads(outs);
   EXPECT_EQ(acked.size(), 2u * kPerProducer) << "every message acked";
   int dups = 0;
   for (auto& [body, n] : acked) dups += n - 1;
@@ -689,26 +703,10 @@ TEST_F(QueueProcessTest, BurstsGrowAndShrinkTheIndexUnderRunningProcessesWithout
       return 0;
     }));
   }
+  std::vector<std::string> outs;
   for (int c = 0; c < kConsumers; ++c) {
-    consumers.push_back(spawn([&, c] {
-      auto q = Queue::open(qdir());
-      if (!q.ok()) return 1;
-      FILE* out = std::fopen((dir_ / ("acked-" + std::to_string(c))).c_str(), "w");
-      for (;;) {
-        auto got = (*q)->receive(64, 60s, 100ms);
-        if (!got.ok()) {
-          if (got.status().code() != Code::kEmpty) return 2;
-          if (std::filesystem::exists(done)) break;
-          continue;
-        }
-        for (auto& m : *got) {
-          if (!(*q)->ack(m.receipt).ok()) return 3;
-          std::fprintf(out, "%s\n", m.payload.c_str());
-        }
-      }
-      std::fclose(out);
-      return 0;
-    }));
+    outs.push_back(dir_ / ("acked-" + std::to_string(c)));
+    consumers.push_back(acking_consumer(qdir(), outs.back(), 64, done));
   }
   // The index file's allocation, sampled: its peak, and the least after the peak.
   const std::string index = qdir() + "/index";
@@ -748,11 +746,7 @@ TEST_F(QueueProcessTest, BurstsGrowAndShrinkTheIndexUnderRunningProcessesWithout
   // keep up, and a region under 1 MiB is not shrunk.
   EXPECT_GE(shrinks, 1) << "the index never gave its blocks back";
 
-  std::map<std::string, int> acked;
-  for (int c = 0; c < kConsumers; ++c) {
-    std::ifstream in(dir_ / ("acked-" + std::to_string(c)));
-    for (std::string line; std::getline(in, line);) ++acked[line];
-  }
+  auto acked = acked_payloads(outs);
   EXPECT_EQ(acked.size(), size_t{kProducers} * kRounds * kBurst) << "every message acked";
   int dups = 0;
   for (auto& [body, n] : acked) dups += n - 1;
