@@ -64,6 +64,28 @@ pid_t acking_consumer(const std::string& qdir, const std::string& out, size_t ma
   });
 }
 
+// Sends `prefix``from` .. `prefix``from + count - 1` in batches of 1,000.
+Status send_numbered(Queue& q, const std::string& prefix, int from, int count) {
+  std::vector<std::string> bodies;
+  for (int i = 0; i < count; i += 1000) {
+    bodies.clear();
+    for (int k = i; k < std::min(count, i + 1000); ++k) bodies.push_back(prefix + std::to_string(from + k));
+    std::vector<std::string_view> views(bodies.begin(), bodies.end());
+    if (auto r = q.send_batch(views); !r.ok()) return r.status();
+  }
+  return {};
+}
+
+// Receives and acks `n` messages, up to 1,000 at a time.
+void receive_and_ack(Queue& q, int n) {
+  for (int left = n; left > 0;) {
+    auto ms = q.receive(static_cast<size_t>(std::min(left, 1000)), 60s);
+    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
+    for (auto& m : *ms) ASSERT_TRUE(q.ack(m.receipt).ok());
+    left -= static_cast<int>(ms->size());
+  }
+}
+
 // How often each payload was acked, from the files acking_consumer wrote.
 std::map<std::string, int> acked_payloads(const std::vector<std::string>& files) {
   std::map<std::string, int> acked;
@@ -619,12 +641,7 @@ TEST_F(QueueProcessTest, ADrainedBacklogGivesTheIndexBackWhileAnotherProcessHasI
   constexpr int kBacklog = 100000, kAfter = 1000;
   if (!test::can_punch_holes(dir_.path())) GTEST_SKIP() << "SKIPPED: " << dir_.path() << " cannot punch holes (fallocate)";
   auto q = open();
-  std::vector<std::string> bodies(1000);
-  std::vector<std::string_view> views(1000);
-  for (int i = 0; i < kBacklog; i += 1000) {
-    for (int k = 0; k < 1000; ++k) views[k] = bodies[k] = "old-" + std::to_string(i + k);
-    ASSERT_TRUE(q->send_batch(views).ok());
-  }
+  ASSERT_TRUE(send_numbered(*q, "old-", 0, kBacklog).ok());
   std::string mapped = dir_ / "mapped", go = dir_ / "go";
   pid_t child = spawn([&] {
     auto cq = Queue::open(qdir());
@@ -650,12 +667,7 @@ TEST_F(QueueProcessTest, ADrainedBacklogGivesTheIndexBackWhileAnotherProcessHasI
   const std::string index = qdir() + "/index";
   struct stat big {}, small {};
   ASSERT_EQ(::stat(index.c_str(), &big), 0);
-  for (int left = kBacklog; left > 0;) {
-    auto ms = q->receive(1000, 60s);
-    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
-    for (auto& m : *ms) ASSERT_TRUE(q->ack(m.receipt).ok());
-    left -= static_cast<int>(ms->size());
-  }
+  ASSERT_NO_FATAL_FAILURE(receive_and_ack(*q, kBacklog));
   ASSERT_TRUE(q->stats().ok());  // shrunk by now: the region is given back at a lock
   ASSERT_EQ(::stat(index.c_str(), &small), 0);
   EXPECT_GE(small.st_size, big.st_size) << "the index file must not get shorter while mapped";
@@ -686,13 +698,8 @@ TEST_F(QueueProcessTest, BurstsGrowAndShrinkTheIndexUnderRunningProcessesWithout
     producers.push_back(spawn([&, p] {
       auto q = Queue::open(qdir());
       if (!q.ok()) return 1;
-      std::vector<std::string> bodies(1000);
-      std::vector<std::string_view> views(1000);
-      for (int round = 0, n = 0; round < kRounds; ++round) {
-        for (int i = 0; i < kBurst; i += 1000) {
-          for (int k = 0; k < 1000; ++k) views[k] = bodies[k] = "p" + std::to_string(p) + "-" + std::to_string(n++);
-          if (!(*q)->send_batch(views).ok()) return 2;
-        }
+      for (int round = 0; round < kRounds; ++round) {
+        if (!send_numbered(**q, "p" + std::to_string(p) + "-", round * kBurst, kBurst).ok()) return 2;
         for (;;) {  // until the consumers have drained it
           auto st = (*q)->stats();
           if (!st.ok()) return 3;
@@ -708,20 +715,18 @@ TEST_F(QueueProcessTest, BurstsGrowAndShrinkTheIndexUnderRunningProcessesWithout
     outs.push_back(dir_ / ("acked-" + std::to_string(c)));
     consumers.push_back(acking_consumer(qdir(), outs.back(), 64, done));
   }
-  // The index file's allocation, sampled: its peak, and the least after the peak.
+  // The index file's allocation, sampled: a drop below half its peak counts as a shrink.
   const std::string index = qdir() + "/index";
-  int64_t peak = 0, after_peak = INT64_MAX;
+  int64_t peak = 0;
   int shrinks = 0;
   auto sample = [&] {
     struct stat st {};
     if (::stat(index.c_str(), &st) != 0) return;
     if (st.st_blocks > peak) {
       peak = st.st_blocks;
-      after_peak = INT64_MAX;
-    } else if (st.st_blocks * 2 < peak && after_peak == INT64_MAX) {
-      after_peak = st.st_blocks;
+    } else if (st.st_blocks * 2 < peak) {
       ++shrinks;
-      peak = st.st_blocks;  // the next round's growth starts a new peak
+      peak = st.st_blocks;  // the next growth starts a new peak
     }
   };
   for (size_t running = producers.size(); running != 0;) {
@@ -766,22 +771,12 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   QueueOptions o;
   o.sync = SyncPolicy::kNever;
   auto q = open(o);
-  std::vector<std::string> bodies(1000);
-  std::vector<std::string_view> views(1000);
-  for (int i = 0; i < kBacklog; i += 1000) {
-    for (int k = 0; k < 1000; ++k) views[k] = bodies[k] = "m-" + std::to_string(i + k);
-    ASSERT_TRUE(q->send_batch(views).ok());
-  }
+  ASSERT_TRUE(send_numbered(*q, "m-", 0, kBacklog).ok());
   // The oldest message, leased, holds the window's low end while the rest drains, so that
   // this process does not shrink the index itself.
   auto oldest = q->receive(1, 60s);
   ASSERT_TRUE(oldest.ok() && oldest->size() == 1);
-  for (int left = kBacklog - 1 - kLeft; left > 0;) {
-    auto ms = q->receive(static_cast<size_t>(std::min(left, 1000)), 60s);
-    ASSERT_TRUE(ms.ok()) << ms.status().to_string();
-    for (auto& m : *ms) ASSERT_TRUE(q->ack(m.receipt).ok());
-    left -= static_cast<int>(ms->size());
-  }
+  ASSERT_NO_FATAL_FAILURE(receive_and_ack(*q, kBacklog - 1 - kLeft));
   ASSERT_TRUE(q->ack((*oldest)[0].receipt).ok());
   ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"stats", qdir()}, "index.resized"));
   // The index says a resize was cut short (so nothing reads its region, not even the lease

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <new>
@@ -240,10 +241,11 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 }
 
 // The region is laid out window, heap, overflow table, and the file never gets shorter
-// (other processes may still map the old range; shrink() punches holes instead). Growing the window keeps its entries where they
-// are in the file: the ring's two runs (the ids from low_id up to the end of the array, and
-// the ones that wrapped to its start) stay in order if one of them moves, by one memmove, to
-// the other side of the new slots; win_offset then names the new position. Copying the
+// (other processes may still map the old range; shrink() punches holes instead). Growing
+// the window keeps its entries where they are in the file: the ring's two runs (the ids
+// from low_id up to the end of the array, and the ones that wrapped to its start) stay in
+// order if one of them moves, by one memmove, to the other side of the new slots;
+// win_offset then names the new position. Copying the
 // window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
 // 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
 // table are small and are copied aside; the overflow table's slots survive unless it grows.
@@ -347,12 +349,11 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
 Status SharedIndex::shrink(uint64_t min_gain) {
   if (region_len_ < min_gain) return {};
   const auto& h = *hdr_;
-  auto pow2_at_least = [](uint64_t v) { return v <= 1 ? 1 : uint64_t{1} << (64 - __builtin_clzll(v - 1)); };
   // (Bounded: a damaged next_id must not make the new window smaller than the old one's ids.)
   const uint64_t span = std::min(std::max(h.next_id, h.low_id) - h.low_id, wcap_);
   uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
-  uint64_t hc = std::max(kMinHeap, pow2_at_least(h.heap_size * 2));
-  uint64_t oc = std::max(kMinOverflow, pow2_at_least(h.ovf_count * 2));
+  uint64_t hc = std::max(kMinHeap, std::bit_ceil(h.heap_size * 2));
+  uint64_t oc = std::max(kMinOverflow, std::bit_ceil(h.ovf_count * 2));
   if (w * 4 > wcap_) w = wcap_;
   if (hc * 4 > hcap_) hc = hcap_;
   if (oc * 4 > ocap_) oc = ocap_;
