@@ -6,8 +6,8 @@
 // This file is the command line, the FUSE operations table and the session. The rest:
 // inode.h (inode numbers), mount.h (which view owns an inode; the --root directory),
 // queue_view.h (one queue, or its dead-letter queue, as a directory), common.h (shared
-// helpers). Built on the low-level libfuse API (inode based, no hidden files, no path
-// cache) and the public queue API only.
+// helpers), dead_mount.h (a mount left behind by a killed spoolfs). Built on the low-level
+// libfuse API (inode based, no hidden files, no path cache) and the public queue API only.
 #include <fuse_lowlevel.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -23,6 +23,7 @@
 
 #include "cli/units.h"
 #include "common.h"
+#include "dead_mount.h"
 #include "mount.h"
 #include "queue_view.h"
 #include "spool/queue.h"
@@ -266,6 +267,11 @@ bool check_root(const std::string& dir) {
 
 // Mounts, daemonizes unless -f, and serves until unmounted. Returns the exit code.
 int serve(fuse_session* se, Mount& mount, const Options& o) {
+  std::string notice, error;
+  if (!spoolfs::clear_dead_mount(o.mountpoint, &notice, &error)) {
+    return std::fprintf(stderr, "spoolfs: %s\n", error.c_str()), 1;
+  }
+  if (!notice.empty()) std::fprintf(stderr, "spoolfs: %s\n", notice.c_str());
   if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     std::fprintf(stderr,
                  "spoolfs: cannot mount on %s (see the message above; is /dev/fuse "
@@ -299,7 +305,8 @@ int main(int argc, char** argv) {
   if (!(o.mount.root_mode ? check_root(o.mount.dir) : check_queue(o.mount.dir))) return 1;
 
   // auto_unmount: fusermount3 unmounts when the daemon dies, even by SIGKILL, so a crash
-  // leaves no "Transport endpoint is not connected" mount behind.
+  // leaves no "Transport endpoint is not connected" mount behind (dead_mount.h: where it
+  // cannot).
   std::string mount_opts =
       "fsname=spool:" + o.mount.dir + ",subtype=spoolfs,auto_unmount,default_permissions";
   if (!o.fuse_opts.empty()) mount_opts += "," + o.fuse_opts;

@@ -39,10 +39,25 @@ command -v fusermount3 >/dev/null || skip_all "fusermount3 is not installed (nee
 command -v mountpoint >/dev/null || skip_all "mountpoint(1) is not installed"
 HAVE_PY=0
 command -v python3 >/dev/null && HAVE_PY=1
+# fusermount3's auto_unmount watcher cannot work where / is not a mount point (a chroot): it
+# first marks / private in a mount namespace of its own, which fails there, and it exits
+# without unmounting. A killed spoolfs then leaves a dead mount, which spoolfs itself removes
+# when it mounts there again (fuse/dead_mount.h); the kill -9 tests check that instead.
+AUTO_UNMOUNT=1
+if ! mountpoint -q /; then
+  AUTO_UNMOUNT=0
+  echo "# NOTE: / is not a mount point here (a chroot?), so fusermount3's auto_unmount" \
+    "cannot remove the mount of a killed spoolfs; the kill -9 tests check that the next" \
+    "spoolfs removes it instead" | tee /dev/stderr
+fi
 
 # in_mount_table DIR: DIR is mounted, even by a dead daemon (which `mountpoint -q` misses:
-# its stat fails with "Transport endpoint is not connected").
-in_mount_table() { awk -v m="$1" '$2 == m { found = 1 } END { exit !found }' /proc/self/mounts; }
+# its stat fails with "Transport endpoint is not connected"). The table writes a space as \040.
+in_mount_table() {
+  MP=${1// /\\040} awk '$2 == ENVIRON["MP"] { n++ } END { exit !n }' /proc/self/mounts
+}
+# dead_mount DIR: DIR is the mount of a dead daemon.
+dead_mount() { in_mount_table "$1" && [[ $(stat "$1" 2>&1) == *"not connected"* ]]; }
 # unmount DIR: unmounts DIR if it is mounted.
 unmount() {
   in_mount_table "$1" || return 0
@@ -110,6 +125,7 @@ stat_of() {
 # names MNT: the message files listed, one per line, in ls order.
 names() { ls "$1" | grep -E '^[0-9]+$'; }
 not_mounted() { ! in_mount_table "$1"; }
+gone() { ! alive "$1"; }
 count_is() { [[ $(names "$1" | wc -l) == "$2" ]]; }
 listed() { names "$1" | grep -qx "$2"; }
 not_listed() { ! listed "$@"; }
@@ -373,9 +389,13 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
   cat "$M/1" >/dev/null || fail "cat failed"
   kill -KILL "$PID"
   wait "$PID" 2>/dev/null
-  # auto_unmount: fusermount3 removes the mount of the dead daemon. (Not "mountpoint -q":
-  # it also fails on a dead mount that is still there.)
-  wait_for 10 not_mounted "$M"
+  if ((AUTO_UNMOUNT)); then
+    # auto_unmount: fusermount3 removes the mount of the dead daemon. (Not "mountpoint -q":
+    # it also fails on a dead mount that is still there.)
+    wait_for 10 not_mounted "$M"
+  else
+    wait_for 10 dead_mount "$M"
+  fi
   eq "sent" "$(stat_of sent_total "$D/q")" 3
   eq "acked" "$(stat_of acked_total "$D/q")" 0
   "$SPOOL" verify "$D/q" >"$D/verify" 2>&1 || fail "verify: $(cat "$D/verify")"
@@ -387,6 +407,31 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
   eq "cat 3" "$(cat "$M/3")" three
   rm "$M/1" "$M/3" || fail "rm failed"
   eq "ready" "$(stat_of ready "$D/q")" 1
+}
+
+# The watcher killed with the daemon (systemd's final SIGKILL goes to the whole cgroup)
+# leaves a dead mount; the next spoolfs on that mount point removes it and mounts. The space
+# in the mount point's name checks that /proc/self/mountinfo's escapes are read.
+t_a_dead_mount_is_removed_by_the_next_spoolfs() {
+  new_queue "$D/q"
+  local M="$D/mnt 2" W
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" "one" >/dev/null
+  wait_for 10 count_is "$M" 1
+  W=$(awk -v p="$PID" '$4 == p && $2 == "(fusermount3)" { print $1 }' /proc/[0-9]*/stat 2>/dev/null)
+  [[ -n $W ]] || fail "no fusermount3 watcher under spoolfs $PID"
+  kill -KILL "$W"
+  wait_for 10 gone "$W"
+  kill -KILL "$PID"
+  wait "$PID" 2>/dev/null
+  wait_for 10 dead_mount "$M"
+  mount_fs "$D/q" "$M"
+  grep -q "removed the dead mount a killed spoolfs left on $M" "$D/spoolfs.err" ||
+    fail "no notice: $(cat "$D/spoolfs.err")"
+  eq "mounts on $M" "$(MP=${M// /\\040} awk '$2 == ENVIRON["MP"]' /proc/self/mounts | wc -l)" 1
+  eq "cat 1" "$(cat "$M/1")" one
+  rm "$M/1" || fail "rm failed"
+  eq "acked" "$(stat_of acked_total "$D/q")" 1
 }
 
 t_listing_is_bounded_by_limit() {
@@ -681,6 +726,7 @@ TESTS=(
   t_touch_extends_the_lease
   t_expired_lease_reappears_with_receive_count_2
   t_kill_9_leaves_the_queue_intact_and_remounts
+  t_a_dead_mount_is_removed_by_the_next_spoolfs
   t_listing_is_bounded_by_limit
   t_readdir_over_a_changing_directory
   t_four_shell_consumers_process_each_message_once
