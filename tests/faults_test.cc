@@ -1466,7 +1466,9 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     };
     expect_fails("send", [&] { return q.send("lost in the write").status(); });
     EXPECT_EQ(ids_of(q), p.live) << "a failed send left a message";
-    expect_fails("receive", [&] { return q.receive(3, 60s).status(); });
+    // Nine leases: more than the deferred list takes (write_behind::kDeferLimit, 8), so the
+    // receive writes them itself.
+    expect_fails("receive", [&] { return q.receive(9, 60s).status(); });
     EXPECT_EQ(q.stats()->in_flight, 2u) << "a failed receive left leases";
     // kSync: a plain ack writes nothing (it is deferred, write_behind.h); the next test
     // covers the write that carries deferred acks.
@@ -1489,8 +1491,9 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
   std::printf("[figures] injected write errors: %d\n", injected);
 }
 
-// Deferred acks (write_behind.h) returned long before the receive whose write carries
-// them: when that write fails, the receive fails and changes nothing, and the acks stand.
+// Deferred acks and leases (write_behind.h) returned long before the write that carries
+// them, here a send's: when that write fails, the send fails and changes nothing, and the
+// acks and the lease stand.
 TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
   for (int err : {EIO, ENOSPC}) {
     TempDir d;
@@ -1502,14 +1505,20 @@ TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
     p.live.erase(p.leased[0].id);
     p.live.erase(p.leased[1].id);
     uint64_t before = sf::counters().injected;
+    auto leased = q.receive(1, 60s);
+    ASSERT_TRUE(leased.ok() && leased->size() == 1u);
+    ASSERT_EQ(sf::counters().injected, before);
     sf::fail(sf::Op::kWrite, 1, err);
-    auto got = q.receive(1, 60s);
+    auto sent = q.send("lost in the write");
     sf::clear();
-    ASSERT_GT(sf::counters().injected, before) << "the receive wrote nothing";
-    EXPECT_FALSE(got.ok()) << "a receive whose write failed returned messages";
-    EXPECT_EQ(ids_of(q), p.live) << "the failed write undid an ack";
-    EXPECT_EQ(q.stats()->in_flight, 0u) << "a failed receive left leases";  // prepare() leased 2
-    EXPECT_EQ(consistency(q), "");  // verify writes the acks, then replays the log
+    ASSERT_GT(sf::counters().injected, before) << "the send wrote nothing";
+    EXPECT_FALSE(sent.ok()) << "a send whose write failed returned an id";
+    EXPECT_EQ(ids_of(q), p.live) << "the failed write undid an ack or kept the message";
+    EXPECT_EQ(q.stats()->in_flight, 1u) << "the failed write undid the lease";
+    EXPECT_TRUE(q.ack(leased->front().receipt).ok()) << "the lease's receipt no longer holds";
+    p.live.erase(leased->front().id);
+    EXPECT_EQ(ids_of(q), p.live);
+    EXPECT_EQ(consistency(q), "");  // verify writes the deferred records, then replays the log
   }
 }
 

@@ -373,6 +373,18 @@ void change_index_header(const std::string& dir, const std::function<void(index:
   ::munmap(p, sizeof(index::IndexHeader));
 }
 
+// What makes a first opener rebuild the index instead of reusing it: a seal that does not
+// match, counters torn by a process killed in the middle of an update, another boot.
+struct Damage {
+  const char* what;
+  std::function<void(index::IndexHeader&)> apply;
+};
+std::vector<Damage> damages() {
+  return {Damage{"seal", [](index::IndexHeader& h) { h.seal = 12345; }},
+          Damage{"counters", [](index::IndexHeader& h) { h.queued = h.count + 1; }},
+          Damage{"boot", [](index::IndexHeader& h) { ::memset(h.boot_id, '0', 36); }}};
+}
+
 }  // namespace write_behind_case
 
 using write_behind_case::records_in_log;
@@ -471,13 +483,7 @@ TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledRightAfterItIsWrittenByTh
 // an update, another boot (the acker was killed, then the machine rebooted before anyone
 // opened the queue).
 TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheIndex) {
-  struct Damage {
-    const char* what;
-    std::function<void(index::IndexHeader&)> apply;
-  };
-  for (const Damage& d : {Damage{"seal", [](index::IndexHeader& h) { h.seal = 12345; }},
-                          Damage{"counters", [](index::IndexHeader& h) { h.queued = h.count + 1; }},
-                          Damage{"boot", [](index::IndexHeader& h) { ::memset(h.boot_id, '0', 36); }}}) {
+  for (const auto& d : write_behind_case::damages()) {
     SCOPED_TRACE(d.what);
     std::filesystem::remove_all(qdir());
     QueueOptions o;
@@ -487,6 +493,39 @@ TEST_F(QueueProcessTest, AnAckDeferredByAConsumerKilledSurvivesARebuildOfTheInde
     ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(qdir(), d.apply));
     ASSERT_NE(write_behind_case::expect_two_left_without(qdir(), o, acked), nullptr);  // closed again
     write_behind_case::expect_log_has_the_ack(qdir(), acked);
+  }
+}
+
+// A lease is deferred too (write_behind.h): a consumer killed right after its receive
+// leaves the LEASE record in the index's list only. A first opener that cannot reuse the
+// index carries the list over: the message stays leased with its receive count, instead of
+// coming back at once as a first delivery.
+TEST_F(QueueProcessTest, ALeaseDeferredByAConsumerKilledSurvivesARebuildOfTheIndex) {
+  for (const auto& d : write_behind_case::damages()) {
+    SCOPED_TRACE(d.what);
+    std::filesystem::remove_all(qdir());
+    QueueOptions o;
+    o.sync = SyncPolicy::kNever;
+    {
+      auto q = open(o);
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+    }
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::run_and_die({"recv", qdir(), "--visibility", "2s"}, "receive.done"));
+    EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, 1), 0) << "the lease was not deferred";
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(qdir(), d.apply));
+    auto q = open(o);  // rebuilds
+    auto st = q->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->in_flight, 1u) << "the lease was lost in the rebuild";
+    auto rest = q->receive(3, 60s);
+    ASSERT_TRUE(rest.ok());
+    ASSERT_EQ(rest->size(), 2u);
+    for (const auto& m : *rest) EXPECT_NE(m.id, 1u) << "the leased message came back at once";
+    auto again = q->receive(1, 60s, 5s);  // once the two-second lease has run out
+    ASSERT_TRUE(again.ok() && again->size() == 1u) << again.status().to_string();
+    EXPECT_EQ(again->front().id, 1u);
+    EXPECT_EQ(again->front().receive_count, 2u) << "the rebuild lost the first delivery's count";
+    EXPECT_EQ(q->check_index(), "");
   }
 }
 
@@ -615,23 +654,34 @@ TEST_F(QueueProcessTest, ASyncWritesDeferredAcksFirst) {
   EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, acked), 1) << "the deferred ACK was not in the log after the sync";
 }
 
-// The next receive carries deferred acks in front of its leases, in one write; a process
-// that closes the queue leaves none behind in the index file.
-TEST_F(QueueProcessTest, TheNextReceiveOrTheCloseWritesDeferredAcks) {
+// Acks and leases make no write (write_behind.h, deferred): the next write to the log, here
+// a send's, carries them in front of its own records, and a process that closes the queue
+// leaves none behind in the index file.
+TEST_F(QueueProcessTest, TheNextWriteOrTheCloseWritesDeferredAcksAndLeases) {
   QueueOptions o;
   o.sync = SyncPolicy::kNever;  // no sync that would write them first
   auto q = open(o);
   Message first;
   ASSERT_NO_FATAL_FAILURE(write_behind_case::send_three_receive_one(*q, &first));
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, first.id), 0) << "the lease was not deferred";
+  ASSERT_TRUE(q->send("four").ok());  // writes the first lease
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, first.id), 1) << "the send did not write the lease";
   ASSERT_TRUE(q->ack(first.receipt).ok());
   EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 0) << "the ack was not deferred";
   auto second = q->receive(1, 60s);
   ASSERT_TRUE(second.ok() && second->size() == 1u);
-  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 1) << "the receive did not write it";
+  const uint64_t id2 = second->front().id;
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 0) << "the receive wrote the ack";
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, id2), 0) << "the lease was not deferred";
+  auto five = q->send("five");
+  ASSERT_TRUE(five.ok());
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, first.id), 1) << "the send did not write the ack";
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, id2), 1) << "the send did not write the lease";
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kMsg, *five), 1);
   ASSERT_TRUE(q->ack(second->front().receipt).ok());
-  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 0) << "the ack was not deferred";
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, id2), 0) << "the ack was not deferred";
   q.reset();
-  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, second->front().id), 1) << "the close did not write it";
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kAck, id2), 1) << "the close did not write it";
 }
 
 // A backlog of 100,000 drains while another process has the big index mapped: the index

@@ -49,8 +49,8 @@ namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
-// 7: write-behind slots; 8: deferred acks; 9: resizing
-inline constexpr uint32_t kIndexVersion = 9;
+// 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too
+inline constexpr uint32_t kIndexVersion = 10;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -89,21 +89,24 @@ struct OvfEntry {
 };
 static_assert(sizeof(OvfEntry) == 32);
 
-// Acks whose ACK records are in no log record yet (queue/write_behind.h, "deferred"): the
-// index has already dropped their messages, and the next write under the lock carries the
-// records. `word` commits them in one store: the count in the low 16 bits, the top 48 bits
-// of an XXH3 of e[0..count) above it, so a half-written list (its writer killed in the lock)
-// or a damaged one reads as none.
-inline constexpr uint32_t kDeferredAcks = 32;
-struct DeferredAck {
+// Control records that are in no log record yet (queue/write_behind.h, "deferred"): the
+// index shows their change already (a lease taken, a message acked), and the next write to
+// the log carries them in front of its own records. `word` commits them in one store: the
+// count in the low 16 bits, the top 48 bits of an XXH3 of e[0..count) above it, so a
+// half-written list (its writer killed in the lock) or a damaged one reads as none.
+inline constexpr uint32_t kDeferredRecords = 32;
+struct DeferredRecord {
   uint64_t id;
-  uint32_t gen;
-  uint32_t pad;
+  uint64_t t2;     // LEASE: the lease deadline (CLOCK_REALTIME ns); ACK: 0
+  uint32_t count;  // LEASE: the receive count; ACK: the delivery acked
+  uint8_t type;    // format::RecordType: kLease or kAck
+  uint8_t pad[3];
 };
-struct DeferredAcks {
+static_assert(sizeof(DeferredRecord) == 24);
+struct DeferredRecords {
   std::atomic<uint64_t> word;
   uint64_t since_ns;  // CLOCK_BOOTTIME of the oldest
-  DeferredAck e[kDeferredAcks];
+  DeferredRecord e[kDeferredRecords];
 };
 
 struct alignas(64) IndexHeader {
@@ -162,7 +165,7 @@ struct alignas(64) IndexHeader {
   // count's leaves it too high for good, which only costs a scan of the slots.
   std::atomic<uint32_t> pending_writes;
   // Guarded by mu, `word` also read without it (queue/write_behind.h).
-  alignas(64) DeferredAcks deferred;
+  alignas(64) DeferredRecords deferred;
 };
 
 // A control record written behind the lock (queue/write_behind.h): its log range was
@@ -203,9 +206,9 @@ class SharedIndex {
   bool reusable() const;
   // Weaker: magic, format and boot, and the geometry, check out; the counters may not (a
   // process was killed in the middle of an update). Enough to trust what checks itself: the
-  // write-behind slots (written only as valid records over zeros) and the deferred acks.
+  // write-behind slots (written only as valid records over zeros) and the deferred records.
   bool of_this_boot() const;
-  // Weaker still: magic and format only, from any boot (the deferred acks, which carry
+  // Weaker still: magic and format only, from any boot (the deferred records, which carry
   // their own checksum, are read from it after a reboot).
   bool same_format() const;
 

@@ -187,13 +187,13 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (reuse) {
       auto held = impl->lock();
       reuse = held.ok();
-      // Acks deferred by processes that died: into the log now, not left in the index file.
+      // Records deferred by processes that died: into the log now, not left in the index file.
       if (reuse) (void)impl->place_deferred();
     }
     if (!reuse) {
-      // Deferred acks are carried over into the new index (write_behind.h), from this boot
-      // or an earlier one.
-      std::vector<index::DeferredAck> deferred;
+      // Deferred records are carried over into the new index (write_behind.h), from this
+      // boot or an earlier one.
+      std::vector<index::DeferredRecord> deferred;
       if (impl->idx.attached() && impl->idx.same_format()) deferred = write_behind::deferred(impl->idx);
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
@@ -208,7 +208,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       }
       auto held = impl->lock();
       if (!held.ok()) return held.status();
-      if (Status s = impl->rebuild(); !s.ok()) return s;  // the acks stay listed for the next try
+      if (Status s = impl->rebuild(); !s.ok()) return s;  // the list stays for the next try
       (void)impl->place_deferred();  // as above; on an error they stay listed
     }
     impl->idx.drop_resident();
@@ -369,6 +369,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
     }
+    if (!out.empty()) crashpoint("receive.done");  // the leases may be listed only (deferred)
     if (!out.empty()) return out;
     uint64_t now = sys::boot_ns();
     if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
@@ -508,8 +509,12 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
-    deferred = what == Change::kAck && q.defer_ack(id, gen, durability, now);
-    if (!deferred) behind = q.stage(std::span(&rec, 1), durability, now);
+    // A RELEASE is never deferred (write_behind.h); stage() carries the list in front of it.
+    if (what == Change::kNack) {
+      behind = q.stage(std::span(&rec, 1), durability, now);
+    } else if (q.defer_or_stage(std::span(&rec, 1), durability, now, &behind)) {
+      deferred = !behind;
+    }
     if (!deferred && !behind) {
       auto at = q.append(std::span(&rec, 1));
       if (!at.ok()) return at.status();
@@ -534,7 +539,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
-  if (deferred) crashpoint("ack.deferred");
+  if (deferred && what == Change::kAck) crashpoint("ack.deferred");
   if (Status s = q.write_staged(behind); !s.ok()) return s;
   if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);

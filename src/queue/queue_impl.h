@@ -123,7 +123,7 @@ struct Queue::Impl {
     }
     // An open that failed part-way may have a log but no index.
     if (opened && !read_only && idx.hdr().deferred.word.load() != 0) {
-      // Not left for others: with no process left, the acks would wait in the index file
+      // Not left for others: with no process left, the records would wait in the index file
       // for the next opener, and an index deleted meanwhile would lose them.
       if (auto held = lock(); held.ok()) (void)place_deferred();
     }
@@ -246,13 +246,14 @@ struct Queue::Impl {
     }
     if (Status s = replay(idx); !s.ok()) return s;
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
-    // Only acks of messages the replay found stay listed. The others: after a reboot (a
+    // Only records of messages the replay found stay listed. The others: after a reboot (a
     // first opener carries the list over) the log may have lost the last sends, whose ids
     // are then given out again (an ack of one must not ack its successor); or a process was
-    // killed between writing their records and emptying the list (listed, they would be
-    // written, and counted in acked_total, twice).
+    // killed between writing their records and emptying the list (listed, an ACK would be
+    // written, and counted in acked_total, twice). A LEASE both written and listed replays
+    // to the same lease twice.
     write_behind::keep_deferred(idx, [&](uint64_t id) { return idx.find(id) >= 0; }, sys::boot_ns());
-    apply_deferred(idx);
+    if (Status s = apply_deferred(idx); !s.ok()) return s;
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
     for (const Owned& o : owned) {
@@ -270,15 +271,22 @@ struct Queue::Impl {
     x.erase(static_cast<uint32_t>(slot));
   }
 
-  // The index is the log, then the deferred acks (write_behind.h): applies this queue's
-  // deferred acks to `x`, freshly replayed. Lock held.
-  void apply_deferred(index::SharedIndex& x) {
-    for (const auto& a : write_behind::deferred(idx)) {
-      if (int64_t slot = x.find(a.id); slot >= 0) {  // else its ACK is in the log, counted
+  // The index is the log, then the deferred records (write_behind.h): applies this queue's
+  // deferred records to `x`, freshly replayed, as replay() applies a record. Lock held.
+  Status apply_deferred(index::SharedIndex& x) {
+    Clocks now;
+    for (const auto& r : write_behind::deferred(idx)) {
+      int64_t slot = x.find(r.id);
+      if (slot < 0) continue;  // an ACK in the log already (counted), or a lost message
+      if (r.type == static_cast<uint8_t>(RecordType::kAck)) {
         ++x.hdr().acked_total;
         drop(x, slot);
+      } else if (r.type == static_cast<uint8_t>(RecordType::kLease)) {
+        x.entry(static_cast<uint32_t>(slot)).count = r.count;
+        if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, now.to_key(r.t2)); !s.ok()) return s;
       }
     }
+    return {};
   }
 
   // Empties `x` and replays the whole log into it. Lock held (or `x` private).
@@ -429,7 +437,7 @@ struct Queue::Impl {
       const uint64_t low = write_behind::lowest(idx);
       if (h.durable_end.load(std::memory_order_acquire) < end || low == 0) {
         // A staged write below the target is finished here, not waited for: its writer
-        // may be dead. Deferred acks (lowest() 0) are written first, and the target moves
+        // may be dead. Deferred records (lowest() 0) are written first, and the target moves
         // past them. Taking the lock while holding sync_mu is safe because nothing syncs
         // while holding this queue's index lock (receive_id syncs after its unlock; a
         // compaction's or verify's progress callback, called under the lock, must not
@@ -600,18 +608,32 @@ struct Queue::Impl {
     return static_cast<uint32_t>(slot);
   }
 
-  // Appends at the log end and publishes the new end. Lock held.
+  // Appends at the log end, behind the deferred records (write_behind.h: they go first),
+  // and publishes the new end; `at` holds the positions of `recs` only. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs) {
     auto& h = idx.hdr();
+    std::vector<Record> all;
+    auto listed = write_behind::deferred(idx);
+    if (!listed.empty()) {
+      all = write_behind::records(listed);
+      all.insert(all.end(), recs.begin(), recs.end());
+      recs = all;
+    }
+    if (recs.empty()) return storage::AppendResult{{}, Pos::unpack(h.log_end), 0};
     // A roll syncs the segment it leaves, and durability is tracked in the active segment
     // alone: staged writes into it must be there by then.
     if (h.pending_writes.load(std::memory_order_relaxed) != 0 && !log->fits(Pos::unpack(h.log_end), recs)) {
       if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
     }
     auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
-    if (!res.ok()) return res.status();
+    if (!res.ok()) return res.status();  // the records stay listed
     h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+    if (!listed.empty()) {
+      crashpoint("deferred.placed");
+      write_behind::clear_deferred(idx);
+      res->at.erase(res->at.begin(), res->at.begin() + static_cast<std::ptrdiff_t>(listed.size()));
+    }
     return res;
   }
   Result<Pos> append(std::span<const Record> recs) {
@@ -620,31 +642,43 @@ struct Queue::Impl {
     return res->at.empty() ? res->end : res->at.front();
   }
 
-  // Stages `recs` to be written after the unlock (queue/write_behind.h), unless they must be
-  // synced at once. Lock held.
+  // Stages `recs` to be written after the unlock (queue/write_behind.h), behind the deferred
+  // records, unless they must be synced at once. Lock held.
   std::optional<write_behind::Staged> stage(std::span<const Record> recs, Durability d, const Clocks& now) {
     if (!behind_allowed(d)) return std::nullopt;
-    return write_behind::stage(idx, *log, recs, now.boot);
+    auto listed = write_behind::deferred(idx);
+    std::vector<Record> all;
+    if (!listed.empty()) {
+      all = write_behind::records(listed);
+      all.insert(all.end(), recs.begin(), recs.end());
+      recs = all;
+    }
+    auto staged = write_behind::stage(idx, *log, recs, now.boot);
+    if (staged && !listed.empty()) {
+      write_behind::clear_deferred(idx);
+      staged->listed = std::move(listed);
+    }
+    return staged;
   }
-  // Defers an ack (write_behind.h) where its record would have been staged. Lock held.
-  bool defer_ack(uint64_t id, uint32_t gen, Durability d, const Clocks& now) {
-    return behind_allowed(d) && write_behind::defer(idx, id, gen, now.boot);
+  // Defers LEASE or ACK records (write_behind.h) where they would have been staged, or else
+  // stages them; false when neither (the caller appends them). Lock held.
+  bool defer_or_stage(std::span<const Record> recs, Durability d, const Clocks& now,
+                      std::optional<write_behind::Staged>* behind) {
+    if (!behind_allowed(d)) return false;
+    if (write_behind::defer(idx, recs, now.boot)) return true;
+    return (*behind = stage(recs, d, now)).has_value();
   }
   // Whether a change may be written after its call's unlock (or later): not when it must be
   // synced at once.
   bool behind_allowed(Durability d) const {
     return d != Durability::kSync && cfg.opts.sync != SyncPolicy::kAlways;
   }
-  // Writes the deferred acks' records. Lock held. On an error they stay listed.
+  // Writes the deferred records. Lock held. On an error they stay listed.
   Status place_deferred() {
-    auto acks = write_behind::deferred(idx);
     // No log end: a first opener's index before its rebuild, which has not met the log yet.
-    if (acks.empty() || idx.hdr().log_end == 0) return {};
-    auto at = append(write_behind::ack_records(acks));
-    if (!at.ok()) return at.status();
-    crashpoint("deferred.placed");
-    write_behind::clear_deferred(idx);
-    return {};
+    if (idx.hdr().deferred.word.load() == 0 || idx.hdr().log_end == 0) return {};
+    auto res = append_all({});
+    return res.ok() ? Status() : res.status();
   }
   // Writes what stage() staged, after the unlock. If that fails, the change is undone as
   // a failed append would have left it: never made (PRODUCT.md §4, the call changes nothing).
@@ -655,18 +689,24 @@ struct Queue::Impl {
     if (st.ok()) return st;
     auto held = lock();
     if (!held.ok()) return st;
-    // The deferred acks it carried returned long ago: listed again (before the slot is
-    // taken back, so that they are somewhere at every moment), they stay made.
-    const uint64_t listed = idx.hdr().deferred.word.load();
-    const size_t over = write_behind::restore_deferred(idx, s->acks, sys::boot_ns());
+    // The deferred records it carried returned long ago: listed again (before the slot is
+    // taken back, so that they are somewhere at every moment), they stay made. In front of
+    // those listed since, which were made after them.
+    const auto since = write_behind::deferred(idx);
+    auto all = s->listed;
+    all.insert(all.end(), since.begin(), since.end());
+    write_behind::clear_deferred(idx);
+    const size_t over = write_behind::restore_deferred(idx, all, sys::boot_ns());
     if (!write_behind::withdraw(idx, *log, *s)) {  // another process wrote it: done
-      idx.hdr().deferred.word.store(listed);
+      write_behind::clear_deferred(idx);
+      (void)write_behind::restore_deferred(idx, since, sys::boot_ns());
       return {};
     }
-    if (over != 0) {
-      std::span<const index::DeferredAck> rest(s->acks.data() + s->acks.size() - over, over);
-      if (auto at = append(write_behind::ack_records(rest)); !at.ok()) {
-        spool::log().error("spool: {}: {} acks could not be written ({}); their messages will be delivered again",
+    if (over != 0) {  // behind the full list, in the same write
+      auto rest = write_behind::records(std::span(all).last(over));
+      if (auto at = append_all(rest); !at.ok()) {
+        spool::log().error("spool: {}: {} deferred records could not be written ({}); the rebuild undoes them "
+                           "(leases lapse, acked messages are delivered again)",
                            dir, over, at.status().to_string());
       }
     }
@@ -982,28 +1022,24 @@ struct Queue::Impl {
     return {};
   }
 
-  // Writes the LEASE records of messages just taken, in one batch (lock held). If the
-  // write fails the index is rebuilt from the log, which undoes the leases.
+  // Logs the leases of messages just taken (lock held): deferred, or staged in one write
+  // (with `behind`), or else appended. If the append fails the index is rebuilt from the
+  // log, which undoes the leases. *end is the log end to honour the sync policy for.
   Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end,
                     std::optional<write_behind::Staged>* behind = nullptr) {
     if (taken.empty()) return {};
-    // Deferred acks ride in front of the leases: one write for both (write_behind.h).
-    std::vector<index::DeferredAck> acks;
-    if (behind != nullptr) acks = write_behind::deferred(idx);
-    std::vector<Record> recs = write_behind::ack_records(acks);
+    std::vector<Record> recs;
+    recs.reserve(taken.size());
     for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
-    if (behind != nullptr && (*behind = stage(recs, Durability::kQueuePolicy, now))) {
-      if (!acks.empty()) write_behind::clear_deferred(idx);
-      (*behind)->acks = std::move(acks);
+    if (behind != nullptr && defer_or_stage(recs, Durability::kQueuePolicy, now, behind)) {
       *end = idx.hdr().log_end;
       return {};
     }
     auto at = append(recs);
     if (!at.ok()) {
-      (void)rebuild();  // the acks are still listed: the rebuilt index keeps them
+      (void)rebuild();  // what was listed stays listed: the rebuilt index keeps it
       return at.status();
     }
-    if (!acks.empty()) write_behind::clear_deferred(idx);
     *end = idx.hdr().log_end;
     return {};
   }

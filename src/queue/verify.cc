@@ -50,7 +50,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
     if (Status s = q.place_deferred(); !s.ok()) return s;
   }
   if (Status s = q.replay(truth); !s.ok()) return s;
-  q.apply_deferred(truth);  // none left unless read-only
+  if (Status s = q.apply_deferred(truth); !s.ok()) return s;  // none left unless read-only
   if (progress) progress(seqs->size() + 1, seqs->size() + 1);
   auto& t = truth.hdr();
   auto& h = q.idx.hdr();

@@ -100,63 +100,71 @@ uint64_t lowest(index::SharedIndex& idx) {
 }
 
 namespace {
-uint64_t commit_word(const index::DeferredAcks& d, uint32_t count) {
+uint64_t commit_word(const index::DeferredRecords& d, uint32_t count) {
   if (count == 0) return 0;
-  return uint64_t{count} | (XXH3_64bits(d.e, count * sizeof(index::DeferredAck)) << 16);
+  return uint64_t{count} | (XXH3_64bits(d.e, count * sizeof(index::DeferredRecord)) << 16);
 }
-uint32_t listed(const index::DeferredAcks& d) {
+uint32_t listed(const index::DeferredRecords& d) {
   uint64_t w = d.word.load(std::memory_order_acquire);
   uint32_t n = static_cast<uint32_t>(w & 0xffff);
-  if (n == 0 || n > index::kDeferredAcks || commit_word(d, n) != w) return 0;
+  if (n == 0 || n > index::kDeferredRecords || commit_word(d, n) != w) return 0;
   return n;
 }
 // Entries first, then the one store that makes them count.
-void append_listed(index::DeferredAcks& d, uint32_t n, const index::DeferredAck& a, uint64_t now_ns) {
-  d.e[n] = a;
+void append_listed(index::DeferredRecords& d, uint32_t n, std::span<const index::DeferredRecord> recs,
+                   uint64_t now_ns) {
+  std::copy(recs.begin(), recs.end(), d.e + n);
   if (n == 0) d.since_ns = now_ns;
-  d.word.store(commit_word(d, n + 1), std::memory_order_release);
+  d.word.store(commit_word(d, n + static_cast<uint32_t>(recs.size())), std::memory_order_release);
 }
 }  // namespace
 
-bool defer(index::SharedIndex& idx, uint64_t id, uint32_t gen, uint64_t now_ns) {
+bool defer(index::SharedIndex& idx, std::span<const storage::Record> recs, uint64_t now_ns) {
   auto& d = idx.hdr().deferred;
   uint32_t n = listed(d);
-  if (n >= kDeferLimit) return false;
-  append_listed(d, n, index::DeferredAck{id, gen, 0}, now_ns);
+  if (n + recs.size() > kDeferLimit) return false;
+  index::DeferredRecord add[kDeferLimit];
+  for (size_t k = 0; k < recs.size(); ++k) {
+    const storage::Record& r = recs[k];
+    add[k] = index::DeferredRecord{r.id, r.t2, r.count, static_cast<uint8_t>(r.type), {}};
+  }
+  append_listed(d, n, std::span(add, recs.size()), now_ns);
   return true;
 }
 
-std::vector<index::DeferredAck> deferred(index::SharedIndex& idx) {
+std::vector<index::DeferredRecord> deferred(index::SharedIndex& idx) {
   auto& d = idx.hdr().deferred;
   uint32_t n = listed(d);
   if (n == 0 && d.word.load(std::memory_order_relaxed) != 0) {
-    spool::log().warn("spool: the index's list of deferred acks does not check out; ignoring it");
+    spool::log().warn("spool: the index's list of deferred records does not check out; ignoring it");
     d.word.store(0, std::memory_order_release);
   }
-  return std::vector<index::DeferredAck>(d.e, d.e + n);
+  return std::vector<index::DeferredRecord>(d.e, d.e + n);
 }
 
 void clear_deferred(index::SharedIndex& idx) { idx.hdr().deferred.word.store(0, std::memory_order_release); }
 
-size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredAck> acks, uint64_t now_ns) {
+size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredRecord> recs, uint64_t now_ns) {
   auto& d = idx.hdr().deferred;
   uint32_t n = listed(d);
-  size_t k = 0;
-  for (; k < acks.size() && n < index::kDeferredAcks; ++k, ++n) append_listed(d, n, acks[k], now_ns);
-  return acks.size() - k;
+  size_t k = std::min<size_t>(recs.size(), index::kDeferredRecords - n);
+  if (k != 0) append_listed(d, n, recs.first(k), now_ns);
+  return recs.size() - k;
 }
 
 void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns) {
-  auto acks = deferred(idx);
-  if (std::erase_if(acks, [&](const auto& a) { return !keep(a.id); }) == 0) return;
+  auto recs = deferred(idx);
+  if (std::erase_if(recs, [&](const auto& r) { return !keep(r.id); }) == 0) return;
   clear_deferred(idx);
-  (void)restore_deferred(idx, acks, now_ns);
+  (void)restore_deferred(idx, recs, now_ns);
 }
 
-std::vector<storage::Record> ack_records(std::span<const index::DeferredAck> acks) {
+std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed) {
   std::vector<storage::Record> recs;
-  recs.reserve(acks.size());
-  for (const auto& a : acks) recs.push_back(storage::Record{format::RecordType::kAck, a.gen, a.id, 0, 0, {}});
+  recs.reserve(listed.size());
+  for (const auto& r : listed) {
+    recs.push_back(storage::Record{static_cast<format::RecordType>(r.type), r.count, r.id, 0, r.t2, {}});
+  }
   return recs;
 }
 

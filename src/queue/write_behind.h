@@ -16,17 +16,21 @@
 // them, and must not before they exist. Neither are writes that must be synced at once
 // (sync policy always, Durability::kSync): the fdatasync costs far more than the lock.
 //
-// An ack goes one step further: it is deferred (defer()). Under the lock its message leaves
-// the index and the ACK is listed in the index header; the call makes no write at all. The
-// next receive carries the listed ACKs in front of its LEASE records, in its one staged
-// write, so a consumer that alternates receive and ack makes one write per message instead
-// of two. An ACK's place in the log does not matter as long as it comes after its message's
-// MSG and LEASE (replay drops the message wherever it finds the ACK), and nothing about a
-// message follows its ACK. The list is in shared memory, so a kill -9 of the acker loses
-// nothing; until the records are written the index is "the log, then the list" (rebuild()
-// replays the log and applies the list). The list is written by: the next receive, any
+// Leases and acks go one step further: they are deferred (defer()). Under the lock the index
+// changes (a lease taken, a message gone) and the LEASE or ACK record is listed in the index
+// header; the call makes no write at all. The next write to the log, whoever makes it,
+// carries the listed records in front of its own: a send's MSG records, a staged write, or
+// the list alone once it is full. So a consumer that alternates receive and ack makes no
+// write of its own while a producer keeps sending, and one per kDeferLimit records when
+// nobody else writes. Order is kept: anything made after a listed record is written after
+// it or in the same write behind it, so replay meets every message's records in the order
+// they were made. The list is in shared memory, so a kill -9 of the lister loses nothing;
+// until the records are written the index is "the log, then the list" (rebuild() replays
+// the log and applies the list). The list is written by: the next write to the log, any
 // lock holder once it is kStaleNs old, a sync (so `interval` and Queue::sync() cover it),
-// verify, and a closing process.
+// verify, compaction, and a closing process. RELEASE records are not deferred: replay
+// counts nacks, and a listed one that a killed writer had written already would count
+// twice (a listed LEASE or ACK replays harmlessly, see keep_deferred()).
 #pragma once
 
 #include <cstdint>
@@ -49,7 +53,7 @@ struct Staged {
   uint32_t slot;
   storage::Pos at;
   std::string bytes;  // the encoded records, the writer's own copy
-  std::vector<index::DeferredAck> acks;  // deferred acks whose records lead `bytes`
+  std::vector<index::DeferredRecord> listed;  // deferred records that lead `bytes`
 };
 
 // After this long, any lock holder finishes a staged write itself.
@@ -76,25 +80,26 @@ bool withdraw(index::SharedIndex& idx, storage::Log& log, const Staged& s);
 // `below` (a packed Pos) or was staged before `staged_before_ns`.
 Status settle(index::SharedIndex& idx, storage::Log& log, uint64_t below, uint64_t staged_before_ns);
 
-// No lock: the lowest packed position of a staged write, 0 when acks are deferred (a sync
-// must write them), or UINT64_MAX.
+// No lock: the lowest packed position of a staged write, 0 when records are deferred (a
+// sync must write them), or UINT64_MAX.
 uint64_t lowest(index::SharedIndex& idx);
 
-// Lock held. Lists an ack as deferred, unless kDeferLimit are listed already (false: the
-// caller writes its ACK record itself).
+// Lock held. Lists `recs` (LEASE and ACK records) as deferred, all or none: false when the
+// list would hold more than kDeferLimit (the caller writes them, carrying the list). The
+// list holds kDeferredRecords, more than that, for restore_deferred().
 inline constexpr uint32_t kDeferLimit = 8;
-bool defer(index::SharedIndex& idx, uint64_t id, uint32_t gen, uint64_t now_ns);
+bool defer(index::SharedIndex& idx, std::span<const storage::Record> recs, uint64_t now_ns);
 
-// Lock held. The deferred acks, oldest first; none when the list does not check out.
-std::vector<index::DeferredAck> deferred(index::SharedIndex& idx);
+// Lock held. The deferred records, oldest first; none when the list does not check out.
+std::vector<index::DeferredRecord> deferred(index::SharedIndex& idx);
 // Lock held. Empties the list (its records are written or staged).
 void clear_deferred(index::SharedIndex& idx);
-// Lock held. Lists `acks` again, after those listed now, as many as fit (the list holds
-// kDeferredAcks, more than kDeferLimit, for this); returns how many did not fit.
-size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredAck> acks, uint64_t now_ns);
-// Lock held. Keeps the deferred acks of the ids `keep` is true for, drops the others.
+// Lock held. Lists `recs` again, after those listed now, as many as fit; returns how many
+// did not fit.
+size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredRecord> recs, uint64_t now_ns);
+// Lock held. Keeps the deferred records of the ids `keep` is true for, drops the others.
 void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns);
-// The ACK records of deferred acks.
-std::vector<storage::Record> ack_records(std::span<const index::DeferredAck> acks);
+// The log records of deferred records.
+std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed);
 
 }  // namespace spool::write_behind
