@@ -29,6 +29,7 @@
 #include "index/index.h"
 #include "storage/format.h"
 #include "io/io.h"
+#include "queue/write_behind.h"
 #include "child_report.h"
 #include "proc_util.h"
 #include "spool/queue.h"
@@ -1466,9 +1467,11 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     };
     expect_fails("send", [&] { return q.send("lost in the write").status(); });
     EXPECT_EQ(ids_of(q), p.live) << "a failed send left a message";
-    // Nine leases: more than the deferred list takes (write_behind::kDeferLimit, 8), so the
-    // receive writes them itself.
+    // Nine leases: more than the deferred list takes, so the receive writes them itself.
+    static_assert(write_behind::kDeferLimit < 9);
+    const uint64_t before_receive = sf::counters().injected;
     expect_fails("receive", [&] { return q.receive(9, 60s).status(); });
+    EXPECT_GT(sf::counters().injected, before_receive) << "the receive of nine wrote nothing";
     EXPECT_EQ(q.stats()->in_flight, 2u) << "a failed receive left leases";
     // kSync: a plain ack writes nothing (it is deferred, write_behind.h); the next test
     // covers the write that carries deferred acks.

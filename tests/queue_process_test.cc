@@ -529,6 +529,36 @@ TEST_F(QueueProcessTest, ALeaseDeferredByAConsumerKilledSurvivesARebuildOfTheInd
   }
 }
 
+// A process killed between a write that carried the listed records and emptying the list
+// leaves them in the log and still listed. Here the same write also holds a later delivery
+// of a listed message: the rebuild must not put the earlier lease back over it.
+TEST_F(QueueProcessTest, AListedLeaseAlreadyWrittenDoesNotUndoALaterDelivery) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  auto q = open(o);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  auto first = q->receive(1, 1ms);  // message 1, listed; its lease lapses at once
+  ASSERT_TRUE(first.ok() && first->size() == 1u && first->front().id == 1u);
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(q->receive(1, 60s).ok());  // 8 leases listed: full
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, 1), 0) << "the lease was not deferred";
+  std::this_thread::sleep_for(10ms);
+  // 13 leases behind 8 listed records are more than a staged write takes (20 records): the
+  // CLI appends all 21 under the lock, message 1's second delivery among them, and is
+  // killed before it empties the list.
+  ASSERT_NO_FATAL_FAILURE(
+      write_behind_case::run_and_die({"recv", qdir(), "-n", "13", "--visibility", "1s"}, "deferred.placed"));
+  EXPECT_EQ(records_in_log(qdir(), format::RecordType::kLease, 1), 2) << "killed before the write";
+  ASSERT_TRUE(q->stats().ok());  // the CLI died holding the lock: this rebuilds
+  std::this_thread::sleep_for(1200ms);  // the CLI's leases run out
+  auto again = q->receive(20, 60s);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  auto one = std::find_if(again->begin(), again->end(), [](const Message& m) { return m.id == 1; });
+  ASSERT_NE(one, again->end()) << "message 1 was not delivered again";
+  EXPECT_EQ(one->receive_count, 3u) << "the rebuild put the first delivery's lease back over the second";
+  EXPECT_EQ(again->size(), 13u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
 // A first opener that cannot reuse the index builds a new one; killed while it does, it
 // must leave the deferred acks where the next opener finds them.
 TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferredAcks) {

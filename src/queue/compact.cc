@@ -165,8 +165,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // 4. Checkpoint the totals, then remove the prefix, oldest first.
   auto held = lock();
   if (!held.ok()) return held.status();
-  // The totals count deferred acks (write_behind.h): their records go before the checkpoint,
-  // or a replay would count them in the totals and again after them.
+  // The totals count deferred acks (write_behind.h, the list): their records go before the
+  // checkpoint, or a replay would count them in the totals and again after them.
   if (Status s = place_deferred(); !s.ok()) return s;
   if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;  // as above
   storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,

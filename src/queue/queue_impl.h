@@ -246,13 +246,17 @@ struct Queue::Impl {
     }
     if (Status s = replay(idx); !s.ok()) return s;
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
-    // Only records of messages the replay found stay listed. The others: after a reboot (a
-    // first opener carries the list over) the log may have lost the last sends, whose ids
-    // are then given out again (an ack of one must not ack its successor); or a process was
-    // killed between writing their records and emptying the list (listed, an ACK would be
-    // written, and counted in acked_total, twice). A LEASE both written and listed replays
-    // to the same lease twice.
-    write_behind::keep_deferred(idx, [&](uint64_t id) { return idx.find(id) >= 0; }, sys::boot_ns());
+    // Only records that are news after the replay stay listed (news()). The others: after a
+    // reboot (a first opener carries the list over) the log may have lost the last sends,
+    // whose ids are then given out again (an ack of one must not ack its successor); a
+    // process was killed between writing them and emptying the list (listed, an ACK would
+    // be written, and counted in acked_total, twice; a LEASE would be written again behind
+    // later records about its message); or they are stale (write_behind.h).
+    {
+      Clocks now;
+      write_behind::keep_deferred(idx, [&](const index::DeferredRecord& r) { return news(idx, r, now); },
+                                  now.boot);
+    }
     if (Status s = apply_deferred(idx); !s.ok()) return s;
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
@@ -271,13 +275,27 @@ struct Queue::Impl {
     x.erase(static_cast<uint32_t>(slot));
   }
 
+  // Whether a deferred record tells `x`, freshly replayed, something the log does not: an
+  // ACK of a message still there; a LEASE of a later delivery, or of the same delivery,
+  // still leased, until later (an extend). Anything else is in the log already, or
+  // superseded by a later record there (write_behind.h: stale records).
+  static bool news(index::SharedIndex& x, const index::DeferredRecord& r, const Clocks& now) {
+    int64_t slot = x.find(r.id);
+    if (slot < 0) return false;  // an ACK in the log already (counted), or a lost message
+    if (r.type == static_cast<uint8_t>(RecordType::kAck)) return true;
+    const Entry& e = x.entry(static_cast<uint32_t>(slot));
+    if (r.count != e.count) return r.count > e.count;
+    return e.state == State::kLeased && now.to_key(r.t2) > x.key(static_cast<uint32_t>(slot));
+  }
+
   // The index is the log, then the deferred records (write_behind.h): applies this queue's
-  // deferred records to `x`, freshly replayed, as replay() applies a record. Lock held.
+  // deferred records that are news to `x`, freshly replayed, as replay() applies a record.
+  // Lock held.
   Status apply_deferred(index::SharedIndex& x) {
     Clocks now;
     for (const auto& r : write_behind::deferred(idx)) {
+      if (!news(x, r, now)) continue;
       int64_t slot = x.find(r.id);
-      if (slot < 0) continue;  // an ACK in the log already (counted), or a lost message
       if (r.type == static_cast<uint8_t>(RecordType::kAck)) {
         ++x.hdr().acked_total;
         drop(x, slot);

@@ -152,9 +152,10 @@ size_t restore_deferred(index::SharedIndex& idx, std::span<const index::Deferred
   return recs.size() - k;
 }
 
-void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns) {
+void keep_deferred(index::SharedIndex& idx, const std::function<bool(const index::DeferredRecord&)>& keep,
+                   uint64_t now_ns) {
   auto recs = deferred(idx);
-  if (std::erase_if(recs, [&](const auto& r) { return !keep(r.id); }) == 0) return;
+  if (std::erase_if(recs, [&](const auto& r) { return !keep(r); }) == 0) return;
   clear_deferred(idx);
   (void)restore_deferred(idx, recs, now_ns);
 }

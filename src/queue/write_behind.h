@@ -30,7 +30,12 @@
 // lock holder once it is kStaleNs old, a sync (so `interval` and Queue::sync() cover it),
 // verify, compaction, and a closing process. RELEASE records are not deferred: replay
 // counts nacks, and a listed one that a killed writer had written already would count
-// twice (a listed LEASE or ACK replays harmlessly, see keep_deferred()).
+// twice. A listed record can also be stale: written already (its writer killed before it
+// emptied the list), put back after a failed write while other processes wrote later
+// records about its message, or carried over from an index page older than the synced log
+// after a reboot. So a rebuild keeps and applies only the records that are news after the
+// replay (Impl::news()): an ACK of a message still there, a LEASE of a later delivery than
+// the log's, or a later deadline for the same delivery while it is leased.
 #pragma once
 
 #include <cstdint>
@@ -97,8 +102,9 @@ void clear_deferred(index::SharedIndex& idx);
 // Lock held. Lists `recs` again, after those listed now, as many as fit; returns how many
 // did not fit.
 size_t restore_deferred(index::SharedIndex& idx, std::span<const index::DeferredRecord> recs, uint64_t now_ns);
-// Lock held. Keeps the deferred records of the ids `keep` is true for, drops the others.
-void keep_deferred(index::SharedIndex& idx, const std::function<bool(uint64_t id)>& keep, uint64_t now_ns);
+// Lock held. Keeps the deferred records `keep` is true for, drops the others.
+void keep_deferred(index::SharedIndex& idx, const std::function<bool(const index::DeferredRecord&)>& keep,
+                   uint64_t now_ns);
 // The log records of deferred records.
 std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed);
 
