@@ -559,6 +559,35 @@ TEST_F(QueueProcessTest, AListedLeaseAlreadyWrittenDoesNotUndoALaterDelivery) {
   EXPECT_EQ(q->check_index(), "");
 }
 
+// After a reboot the index file may hold an older page than the synced log: here the list
+// as it was before a nack whose write carried it. The first opener carries that list over,
+// and its lease, older than the nack, must not hide the nacked message.
+TEST_F(QueueProcessTest, AStaleListedLeaseCarriedOverAfterARebootDoesNotUndoANack) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  std::vector<char> before_nack(sizeof(index::DeferredRecords));
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q->send("x").ok());
+    auto got = q->receive(1, 60s);  // its LEASE listed
+    ASSERT_TRUE(got.ok() && got->size() == 1u);
+    ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(
+        qdir(), [&](index::IndexHeader& h) { std::memcpy(before_nack.data(), &h.deferred, before_nack.size()); }));
+    ASSERT_TRUE(q->nack(got->front().receipt).ok());  // its write carries the listed LEASE
+    ASSERT_EQ(records_in_log(qdir(), format::RecordType::kLease, 1), 1);
+    ASSERT_EQ(records_in_log(qdir(), format::RecordType::kRelease, 1), 1);
+  }
+  ASSERT_NO_FATAL_FAILURE(write_behind_case::change_index_header(qdir(), [&](index::IndexHeader& h) {
+    std::memcpy(static_cast<void*>(&h.deferred), before_nack.data(), before_nack.size());
+    ::memset(h.boot_id, '0', 36);  // another boot
+  }));
+  auto q = open(o);
+  auto again = q->receive(1, 60s);
+  ASSERT_TRUE(again.ok() && again->size() == 1u) << "the stale lease hid the nacked message";
+  EXPECT_EQ(again->front().receive_count, 2u);
+  EXPECT_EQ(q->check_index(), "");
+}
+
 // A first opener that cannot reuse the index builds a new one; killed while it does, it
 // must leave the deferred acks where the next opener finds them.
 TEST_F(QueueProcessTest, AFirstOpenerKilledWhileItRebuildsTheIndexKeepsTheDeferredAcks) {
