@@ -509,8 +509,9 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
-    // A RELEASE is never deferred (write_behind.h); stage() carries the list in front of it.
-    if (what == Change::kNack) {
+    // Only acks are deferred here: a RELEASE or an extend's LEASE is staged, with the list in
+    // front of it (write_behind.h).
+    if (what != Change::kAck) {
       behind = q.stage(std::span(&rec, 1), durability, now);
     } else if (q.defer_or_stage(std::span(&rec, 1), durability, now, &behind)) {
       deferred = !behind;

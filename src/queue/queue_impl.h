@@ -252,11 +252,7 @@ struct Queue::Impl {
     // process was killed between writing them and emptying the list (listed, an ACK would
     // be written, and counted in acked_total, twice; a LEASE would be written again behind
     // later records about its message); or they are stale (write_behind.h).
-    {
-      Clocks now;
-      write_behind::keep_deferred(idx, [&](const index::DeferredRecord& r) { return news(idx, r, now); },
-                                  now.boot);
-    }
+    write_behind::keep_deferred(idx, [&](const index::DeferredRecord& r) { return news(idx, r); }, sys::boot_ns());
     if (Status s = apply_deferred(idx); !s.ok()) return s;
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
@@ -276,16 +272,15 @@ struct Queue::Impl {
   }
 
   // Whether a deferred record tells `x`, freshly replayed, something the log does not: an
-  // ACK of a message still there; a LEASE of a later delivery, or of the same delivery,
-  // still leased, until later (an extend). Anything else is in the log already, or
-  // superseded by a later record there (write_behind.h: stale records).
-  static bool news(index::SharedIndex& x, const index::DeferredRecord& r, const Clocks& now) {
+  // ACK of a message still there, or the LEASE of a later delivery than the log's last.
+  // Only receives list LEASE records, and each delivery has a count of its own, so a LEASE
+  // of a delivery the log has reached is in the log already, or superseded by a later
+  // record there (write_behind.h: stale records).
+  static bool news(index::SharedIndex& x, const index::DeferredRecord& r) {
     int64_t slot = x.find(r.id);
     if (slot < 0) return false;  // an ACK in the log already (counted), or a lost message
     if (r.type == static_cast<uint8_t>(RecordType::kAck)) return true;
-    const Entry& e = x.entry(static_cast<uint32_t>(slot));
-    if (r.count != e.count) return r.count > e.count;
-    return e.state == State::kLeased && now.to_key(r.t2) > x.key(static_cast<uint32_t>(slot));
+    return r.count > x.entry(static_cast<uint32_t>(slot)).count;
   }
 
   // The index is the log, then the deferred records (write_behind.h): applies this queue's
@@ -294,7 +289,7 @@ struct Queue::Impl {
   Status apply_deferred(index::SharedIndex& x) {
     Clocks now;
     for (const auto& r : write_behind::deferred(idx)) {
-      if (!news(x, r, now)) continue;
+      if (!news(x, r)) continue;
       int64_t slot = x.find(r.id);
       if (r.type == static_cast<uint8_t>(RecordType::kAck)) {
         ++x.hdr().acked_total;

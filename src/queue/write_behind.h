@@ -28,14 +28,16 @@
 // until the records are written the index is "the log, then the list" (rebuild() replays
 // the log and applies the list). The list is written by: the next write to the log, any
 // lock holder once it is kStaleNs old, a sync (so `interval` and Queue::sync() cover it),
-// verify, compaction, and a closing process. RELEASE records are not deferred: replay
-// counts nacks, and a listed one that a killed writer had written already would count
-// twice. A listed record can also be stale: written already (its writer killed before it
-// emptied the list), put back after a failed write while other processes wrote later
-// records about its message, or carried over from an index page older than the synced log
-// after a reboot. So a rebuild keeps and applies only the records that are news after the
-// replay (Impl::news()): an ACK of a message still there, a LEASE of a later delivery than
-// the log's, or a later deadline for the same delivery while it is leased.
+// verify, compaction, and a closing process. Only receives list LEASE records (an extend's
+// LEASE is staged), and RELEASE records are never listed: replay counts nacks, and a listed
+// one that a killed writer had written already would count twice. A listed record can also
+// be stale: written already (its writer killed before it emptied the list), put back after
+// a failed write while other processes wrote later records about its message, or carried
+// over from an index page older than the synced log after a reboot. So a rebuild keeps and
+// applies only the records that are news after the replay (Impl::news()): an ACK of a
+// message still there, or the LEASE of a later delivery than the log's last. Each delivery
+// has a receive count of its own, which is why extends, whose LEASE records repeat the
+// count (and may shorten the lease, or lease a nacked message again), are not listed.
 #pragma once
 
 #include <cstdint>
