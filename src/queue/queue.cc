@@ -369,8 +369,10 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
     }
-    if (!out.empty()) crashpoint("receive.done");  // the leases may be listed only (deferred)
-    if (!out.empty()) return out;
+    if (!out.empty()) {
+      crashpoint("receive.done");  // the leases may be listed only (deferred)
+      return out;
+    }
     uint64_t now = sys::boot_ns();
     if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
     uint64_t until = std::min(give_up, next_key);
@@ -540,7 +542,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
-  if (deferred && what == Change::kAck) crashpoint("ack.deferred");
+  if (deferred) crashpoint("ack.deferred");
   if (Status s = q.write_staged(behind); !s.ok()) return s;
   if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);

@@ -627,11 +627,7 @@ struct Queue::Impl {
     auto& h = idx.hdr();
     std::vector<Record> all;
     auto listed = write_behind::deferred(idx);
-    if (!listed.empty()) {
-      all = write_behind::records(listed);
-      all.insert(all.end(), recs.begin(), recs.end());
-      recs = all;
-    }
+    if (!listed.empty()) recs = all = write_behind::records(listed, recs);
     if (recs.empty()) return storage::AppendResult{{}, Pos::unpack(h.log_end), 0};
     // A roll syncs the segment it leaves, and durability is tracked in the active segment
     // alone: staged writes into it must be there by then.
@@ -659,13 +655,9 @@ struct Queue::Impl {
   // records, unless they must be synced at once. Lock held.
   std::optional<write_behind::Staged> stage(std::span<const Record> recs, Durability d, const Clocks& now) {
     if (!behind_allowed(d)) return std::nullopt;
-    auto listed = write_behind::deferred(idx);
     std::vector<Record> all;
-    if (!listed.empty()) {
-      all = write_behind::records(listed);
-      all.insert(all.end(), recs.begin(), recs.end());
-      recs = all;
-    }
+    auto listed = write_behind::deferred(idx);
+    if (!listed.empty()) recs = all = write_behind::records(listed, recs);
     auto staged = write_behind::stage(idx, *log, recs, now.boot);
     if (staged && !listed.empty()) {
       write_behind::clear_deferred(idx);

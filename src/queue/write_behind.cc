@@ -160,12 +160,14 @@ void keep_deferred(index::SharedIndex& idx, const std::function<bool(const index
   (void)restore_deferred(idx, recs, now_ns);
 }
 
-std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed) {
+std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed,
+                                     std::span<const storage::Record> then) {
   std::vector<storage::Record> recs;
-  recs.reserve(listed.size());
+  recs.reserve(listed.size() + then.size());
   for (const auto& r : listed) {
     recs.push_back(storage::Record{static_cast<format::RecordType>(r.type), r.count, r.id, 0, r.t2, {}});
   }
+  recs.insert(recs.end(), then.begin(), then.end());
   return recs;
 }
 

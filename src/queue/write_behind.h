@@ -107,7 +107,8 @@ size_t restore_deferred(index::SharedIndex& idx, std::span<const index::Deferred
 // Lock held. Keeps the deferred records `keep` is true for, drops the others.
 void keep_deferred(index::SharedIndex& idx, const std::function<bool(const index::DeferredRecord&)>& keep,
                    uint64_t now_ns);
-// The log records of deferred records.
-std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed);
+// The log records of deferred records, followed by `then`.
+std::vector<storage::Record> records(std::span<const index::DeferredRecord> listed,
+                                     std::span<const storage::Record> then = {});
 
 }  // namespace spool::write_behind
