@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/std_fds.h"
 #include "cli/units.h"
 #include "common.h"
 #include "dead_mount.h"
@@ -300,6 +301,14 @@ int serve(fuse_session* se, Mount& mount, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before the queue is opened (check_queue): none of its files may become stdout or
+  // stderr (cli/std_fds.h); a closed one gets /dev/null, as fuse_daemonize gives them all.
+  spool::cli::StdFds closed;
+  if (!spool::cli::ensure_std_fds(&closed)) {
+    std::fprintf(stderr, "spoolfs: cannot open /dev/null onto a closed standard descriptor: %s\n",
+                 std::strerror(errno));
+    return 1;
+  }
   Options o;
   if (int rc = parse_args(argc, argv, &o); rc >= 0) return rc;
   if (!(o.mount.root_mode ? check_root(o.mount.dir) : check_queue(o.mount.dir))) return 1;

@@ -20,6 +20,7 @@
 #include "cli/forward.h"
 #include "cli/output.h"
 #include "cli/progress.h"
+#include "cli/std_fds.h"
 #include "cli/units.h"
 #include "cli/work.h"
 #include "spool/queue.h"
@@ -161,10 +162,17 @@ Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 u
 
 }  // namespace
 
-static int run(int argc, char** argv);
+static int run(int argc, char** argv, const cli::StdFds& closed);
 
 int main(int argc, char** argv) {
-  int rc = run(argc, argv);
+  // Before anything is opened: a queue file must never become stdout (cli/std_fds.h).
+  cli::StdFds closed;
+  if (!cli::ensure_std_fds(&closed)) {
+    std::fprintf(stderr, "spool: cannot open /dev/null onto a closed standard descriptor: %s\n",
+                 std::strerror(errno));
+    return kExitError;
+  }
+  int rc = run(argc, argv, closed);
   if (rc == 0 && !stdout_ok()) {
     std::fprintf(stderr, "spool: writing output failed: %s\n", std::strerror(errno));
     rc = kExitError;
@@ -172,7 +180,7 @@ int main(int argc, char** argv) {
   return rc;
 }
 
-static int run(int argc, char** argv) {
+static int run(int argc, char** argv, const cli::StdFds& closed) {
   CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
   app.require_subcommand(1);
   app.footer(kExamples);
@@ -324,6 +332,24 @@ static int run(int argc, char** argv) {
     std::string help = "spool --help";
     for (auto* sub : app.get_subcommands()) help = "spool " + sub->get_name() + " --help";
     std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", e.what(), help.c_str());
+    return kExitUsage;
+  }
+
+  // A command whose output is the data refuses a closed stdout before it touches the queue:
+  // with /dev/null there a received message would be lost silently (docs/cli.md).
+  if (closed.out_closed) {
+    const char* what = *recv ? "recv" : *peek ? "peek" : *stats ? "stats" : (*dlq && dlq_action == "list") ? "dlq list" : nullptr;
+    if (what != nullptr) {
+      std::fprintf(stderr, "spool: standard output is closed, and %s writes %s there; nothing was %s "
+                           "(redirect it, e.g. > FILE, instead of closing it)\n",
+                   what, *recv ? "the payload" : "its output", *recv ? "received" : "read");
+      return kExitUsage;
+    }
+  }
+  if (closed.in_closed && *send && messages.empty()) {
+    std::fprintf(stderr, "spool: standard input is closed, and send reads the message from it; nothing was sent "
+                         "(give MESSAGE arguments, or redirect stdin, e.g. < FILE or < /dev/null for an empty "
+                         "message)\n");
     return kExitUsage;
   }
 

@@ -1,9 +1,11 @@
 // spool-dump: prints a segment's header and records, and any corrupt regions.
 // Usage: spool-dump [--payload] SEGMENT_FILE...
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "cli/std_fds.h"
 #include "io/io.h"
 #include "storage/segment.h"
 
@@ -25,6 +27,18 @@ const char* type_name(spool::format::RecordType t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any segment is opened: it must not become stdout (cli/std_fds.h). The dump is
+  // the output, so a closed stdout is an error rather than /dev/null.
+  spool::cli::StdFds closed;
+  if (!spool::cli::ensure_std_fds(&closed)) {
+    std::fprintf(stderr, "spool-dump: cannot open /dev/null onto a closed standard descriptor: %s\n",
+                 std::strerror(errno));
+    return 1;
+  }
+  if (closed.out_closed) {
+    std::fprintf(stderr, "spool-dump: standard output is closed, and the dump goes there (redirect it instead)\n");
+    return 2;
+  }
   bool show_payload = false;
   int rc = 0;
   auto io = spool::io::make_pwrite_io();
