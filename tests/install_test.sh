@@ -10,7 +10,8 @@
 #
 # SANITIZE is the build's b_sanitize ("none", "address,undefined"...): the examples are
 # then compiled with the same -fsanitize flags, or they could not link the instrumented
-# library. SPOOL_CXX names the compiler (default c++). Output is TAP, as tests/cli_test.sh.
+# library. SPOOL_CXX names the C++ compiler (default c++), SPOOL_CC the C compiler for the C
+# API's example (default cc). Output is TAP, as tests/cli_test.sh.
 set -u
 if [[ $# -lt 3 || ! -d $1 || ! -d $2 ]]; then
   echo "usage: $0 BUILD_DIR SOURCE_DIR MESON [SANITIZE]" >&2
@@ -18,13 +19,14 @@ if [[ $# -lt 3 || ! -d $1 || ! -d $2 ]]; then
 fi
 BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); MESON=$3; SANITIZE=${4:-none}
 CXX_CMD=${SPOOL_CXX:-c++}
+CC_CMD=${SPOOL_CC:-cc}
 export LC_ALL=C
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-install-test.XXXXXX")
 trap 'rm -rf "$ROOT"' EXIT
 STAGE=$ROOT/stage
 n=0; failed=0
-echo "1..8"
+echo "1..9"
 # check NAME CMD...: one TAP line; the command's output goes to the log shown on failure.
 check() {
   local name=$1; shift
@@ -72,7 +74,7 @@ layout() {
            "$PREFIX_DIR/share/man/man1/spool.1" "$PREFIX_DIR/share/man/man1/spool-dump.1" \
            "$PREFIX_DIR/share/man/man3/libspool.3" \
            "$PREFIX_DIR/include/spool/queue.h" "$PREFIX_DIR/include/spool/lease_keeper.h" \
-           "$PREFIX_DIR/include/spool/status.h"; do
+           "$PREFIX_DIR/include/spool/status.h" "$PREFIX_DIR/include/spool/spool.h"; do
     [ -e "$f" ] || { echo "missing: $f"; return 1; }
   done
   if [ -x "$BUILD/fuse/spoolfs" ]; then
@@ -93,13 +95,22 @@ check "headers, libspool.so.0 (soname), libspool.a, spool.pc, binaries, man page
 symbols() {
   nm -D --defined-only "$LIBDIR/libspool.so.0" | c++filt >"$ROOT/syms" || return 1
   cat "$ROOT/syms"
-  # Every defined dynamic symbol is public API in version SPOOL_0 (plus the version node).
+  # Every defined dynamic symbol is public API in version SPOOL_0 (plus the version node):
+  # C++ functions of spool:: and the C API's spool_* functions (spool.h).
   local bad
-  bad=$(grep -v ' A SPOOL_0$' "$ROOT/syms" | grep -v ' T spool::.*@@SPOOL_0$' || true)
+  bad=$(grep -v ' A SPOOL_0$' "$ROOT/syms" | grep -v ' T spool::.*@@SPOOL_0$' |
+        grep -v ' T spool_[a-z_]*@@SPOOL_0$' || true)
   [ -z "$bad" ] || { echo "not public API:"; echo "$bad"; return 1; }
   ! grep -E 'spool::(storage|io|index|sys|queue|format|detail)::|Queue::Impl|spool::log\(' "$ROOT/syms" ||
     { echo "internals exported"; return 1; }
-  grep -q 'spool::Queue::open(' "$ROOT/syms" && grep -q 'spool::LeaseKeeper::LeaseKeeper(' "$ROOT/syms"
+  grep -q 'spool::Queue::open(' "$ROOT/syms" && grep -q 'spool::LeaseKeeper::LeaseKeeper(' "$ROOT/syms" ||
+    return 1
+  # Every function spool.h declares is exported, and nothing else named spool_.
+  grep -o '^[a-z0-9_ *]*[ *]spool_[a-z_]*(' "$SRC/include/spool/spool.h" |
+    sed 's/.*\(spool_[a-z_]*\)(/\1/' | sort -u >"$ROOT/c_declared"
+  grep -o ' T spool_[a-z_]*@@' "$ROOT/syms" | sed 's/ T //; s/@@//' | sort -u >"$ROOT/c_exported"
+  [ -s "$ROOT/c_declared" ] && diff "$ROOT/c_declared" "$ROOT/c_exported" ||
+    { echo "spool.h declarations (<) and exported C symbols (>) differ"; return 1; }
 }
 check "libspool.so.0 exports only the public API (nm -D)" symbols
 
@@ -146,6 +157,22 @@ run_examples() {
     grep -q '"acked_total":500' "$ROOT/stats" && grep -q '"sent_total":500' "$ROOT/stats"
 }
 check "producer sends 500, two LeaseKeeper workers process and ack all of them" run_examples
+
+c_example() {
+  # The C API's example, compiled as C99 with the C compiler and pkg-config alone.
+  local q=$ROOT/qc out=$ROOT/c-done.txt flags
+  flags=$(pkg-config --cflags --libs spool) || return 1
+  cp "$SRC/examples/worker.c" "$ROOT/worker.c"
+  # shellcheck disable=SC2086
+  $CC_CMD -std=c99 -Wall -Wextra -Wpedantic -Werror "${SAN_FLAGS[@]}" "$ROOT/worker.c" $flags \
+    -o "$ROOT/c-worker" || return 1
+  ldd "$ROOT/c-worker" | grep -q "libspool.so.0 => $LIBDIR/libspool.so.0" || return 1
+  "$ROOT/producer" "$q" 200 c || return 1
+  "$ROOT/c-worker" "$q" --idle-exit 1 --out "$out" || return 1
+  [ "$(cut -d' ' -f2 "$out" | sort -u | wc -l)" = 200 ] || { wc -l "$out"; return 1; }
+  "$PREFIX_DIR/bin/spool" stats "$q" --json | grep -q '"acked_total":200'
+}
+check "the C example (spool.h) builds with cc -std=c99 and pkg-config, acks 200" c_example
 
 # ---------------------------------------------------------------- 4. the installed tools
 

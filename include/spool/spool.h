@@ -1,0 +1,285 @@
+/* spool.h: the C API of libspool, for C programs and for every FFI (Python's ctypes, Go's
+ * cgo, Rust, ...). C99; a thin layer over the C++ API in queue.h and lease_keeper.h, in the
+ * same library (libspool.so.0) and with the same semantics (docs/semantics.md). Reference:
+ * docs/api.md, "The C API"; man page spool.h(3).
+ *
+ * Conventions:
+ *  - Handles are opaque (spool_queue, spool_keeper). Nothing C++ crosses this header and
+ *    no call lets an exception out: an unexpected one (out of memory) becomes SPOOL_IO.
+ *  - Fallible calls return a spool_code; its numbers are those of spool::Code. On failure
+ *    the call's output parameters are left unset (pointers NULL, counts 0 where stated) and
+ *    spool_last_error() tells what went wrong.
+ *  - Times are milliseconds (uint64_t) unless a name says otherwise.
+ *  - Structs that may grow (spool_options, spool_send_options, spool_stats) start with a
+ *    `size` field: set it to sizeof the struct you compiled with (the *_init functions do).
+ *    The library reads and writes only the fields that fit in `size`, so a program built
+ *    against an older header keeps working with a newer library.
+ *
+ * Thread-safety: a spool_queue may be used by several threads at once (as spool::Queue).
+ * spool_last_error() is per thread. Do not use a spool_queue in a child after fork(); open
+ * the queue again there. Any number of processes may open one queue directory at once.
+ */
+#ifndef SPOOL_SPOOL_H
+#define SPOOL_SPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result of a call: the numbers of spool::Code (status.h), stable across releases. */
+typedef enum spool_code {
+  SPOOL_OK = 0,
+  SPOOL_EMPTY = 1,            /* receive found nothing before its wait ran out: not a failure */
+  SPOOL_LEASE_LOST = 2,       /* the receipt's lease expired and the message was received again */
+  SPOOL_NOT_FOUND = 3,        /* unknown or already-acked message / receipt */
+  SPOOL_INVALID_ARGUMENT = 4, /* malformed receipt, option or input (a NULL pointer, too) */
+  SPOOL_TOO_LARGE = 5,        /* payload over the queue's max_payload */
+  SPOOL_QUEUE_FULL = 6,       /* back-pressure limit reached, or all owner slots taken (bind) */
+  SPOOL_NOT_A_QUEUE = 7,      /* directory or file is not a spool queue */
+  SPOOL_INCOMPATIBLE = 8,     /* newer format version, or an index of an incompatible build */
+  SPOOL_NO_SPACE = 9,         /* ENOSPC: free space, then retry */
+  SPOOL_IO = 10,              /* any other I/O error (errno text in the message) */
+  SPOOL_CORRUPT = 11,         /* checksum or structure failure in stored data */
+  SPOOL_READ_ONLY = 12        /* the caller may not change this queue */
+} spool_code;
+
+/* Short stable name of a code ("lease lost"); "unknown" outside the enum. Never NULL. */
+const char* spool_code_name(int code);
+
+/* The message of the last call on this thread that failed (returned neither SPOOL_OK nor a
+ * value meaning success): "<code name>: <what is wrong, and what to do>". Calls that succeed
+ * leave it unchanged. Valid until the next failing spool call on this thread; "" before any. */
+const char* spool_last_error(void);
+
+/* ---------------------------------------------------------------------- opening */
+
+typedef struct spool_queue spool_queue;
+
+typedef enum spool_sync_policy {
+  SPOOL_SYNC_ALWAYS = 0,   /* send/ack return only once on disk (group commit) */
+  SPOOL_SYNC_INTERVAL = 1, /* synced at most sync_interval_ms after a write (default) */
+  SPOOL_SYNC_NEVER = 2     /* left to the kernel's writeback */
+} spool_sync_policy;
+
+/* Settings of a queue: spool::QueueOptions. Fields marked [stored] are fixed when the queue
+ * is created; opening an existing queue ignores them. Defaults are set by
+ * spool_options_init. */
+typedef struct spool_options {
+  size_t size;                   /* sizeof(spool_options) */
+  uint64_t visibility_ms;        /* [stored] default lease of receive; 30000 */
+  uint32_t max_receives;         /* [stored] deliveries before dead-lettering; 10; 0: never */
+  int sync;                      /* [stored] a spool_sync_policy; SPOOL_SYNC_INTERVAL */
+  uint64_t sync_interval_ms;     /* [stored] 50 */
+  uint64_t segment_size;         /* [stored] bytes per segment file; 64 MiB */
+  uint64_t max_payload;          /* [stored] largest message; 0: 1 MiB (or a segment) */
+  uint64_t retention_max_age_ms; /* [stored] drop ready messages older than this; 0: off */
+  uint64_t retention_max_bytes;  /* [stored] drop oldest ready past this many bytes; 0: off */
+  uint64_t max_ready;            /* [stored] back-pressure: ready+delayed limit; 0: off */
+  uint64_t max_bytes;            /* [stored] back-pressure: payload bytes limit; 0: off */
+  int create;                    /* create the queue if the directory holds none; 1 */
+} spool_options;
+
+/* Fills *opts with the defaults and opts->size. */
+void spool_options_init(spool_options* opts);
+
+/* Opens (or creates) the queue in directory `dir`; opts may be NULL for the defaults.
+ * On success *out is a handle to close with spool_close. Errors: SPOOL_NOT_A_QUEUE,
+ * SPOOL_INCOMPATIBLE, SPOOL_READ_ONLY (no write permission: only stats and peek work),
+ * SPOOL_IO, SPOOL_INVALID_ARGUMENT. */
+spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** out);
+
+/* Closes the queue (releases the leases it bound; see spool_bind). NULL is a no-op, and so
+ * is the handle of spool_dead_letters (its queue closes it). Free every message batch of
+ * this queue before closing it. */
+void spool_close(spool_queue* q);
+
+/* The queue's directory, as given to spool_open. Valid while q is open. */
+const char* spool_dir(spool_queue* q);
+
+/* The queue's stored settings (as opts of spool_open; `create` reads 0). out->size must be
+ * set. */
+spool_code spool_get_options(spool_queue* q, spool_options* out);
+
+/* ---------------------------------------------------------------------- sending */
+
+typedef enum spool_durability {
+  SPOOL_DURABILITY_QUEUE = 0, /* the queue's sync policy */
+  SPOOL_DURABILITY_SYNC = 1   /* this call returns only once on disk (shares fdatasyncs) */
+} spool_durability;
+
+typedef struct spool_send_options {
+  size_t size;               /* sizeof(spool_send_options) */
+  uint64_t delay_ms;         /* receivable only after this; 0 */
+  int durability;            /* a spool_durability; SPOOL_DURABILITY_QUEUE */
+  uint64_t wait_for_room_ms; /* at a back-pressure limit, wait this long for room; 0: fail */
+} spool_send_options;
+
+void spool_send_options_init(spool_send_options* opts);
+
+/* Appends one message of `len` bytes (any bytes; payload may be NULL when len is 0). opts may
+ * be NULL (no delay, the queue's durability). *id (if id is not NULL) gets its id; ids
+ * increase. Errors: SPOOL_TOO_LARGE, SPOOL_QUEUE_FULL, SPOOL_NO_SPACE, SPOOL_READ_ONLY,
+ * SPOOL_IO. */
+spool_code spool_send(spool_queue* q, const void* payload, size_t len,
+                      const spool_send_options* opts, uint64_t* id);
+
+/* All or nothing: either all n payloads are queued with consecutive ids (written to ids[0..n)
+ * if ids is not NULL) or none is. */
+spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const size_t* lens,
+                            size_t n, const spool_send_options* opts, uint64_t* ids);
+
+/* The durable watermark: every message with an id <= this is on disk. One atomic load. */
+uint64_t spool_durable_id(spool_queue* q);
+
+/* ---------------------------------------------------------------------- receiving */
+
+/* One delivery. The strings and the payload belong to the batch they came in and stay valid
+ * until spool_messages_free, also after an ack. The payload is read-only: with
+ * spool_receive it points into the queue's memory-mapped segment (zero-copy). */
+typedef struct spool_message {
+  uint64_t id;
+  const void* payload;
+  size_t payload_len;
+  uint32_t receive_count; /* 1 on first delivery */
+  int64_t enqueued_ns;    /* when it was sent: nanoseconds since the Unix epoch */
+  const char* receipt;    /* NUL-terminated; names this delivery's lease; "" for peek */
+} spool_message;
+
+/* Leases up to `max` messages for visibility_ms (0: the queue's default). With wait_ms > 0
+ * sleeps until a message is receivable or wait_ms passes, woken at once by any process (the
+ * calling thread blocks; other threads may use q meanwhile). On SPOOL_OK, *msgs is an array
+ * of *count >= 1 messages, to free with spool_messages_free. On SPOOL_EMPTY (nothing in
+ * time) and on errors, *msgs is NULL and *count 0. */
+spool_code spool_receive(spool_queue* q, size_t max, uint64_t visibility_ms, uint64_t wait_ms,
+                         spool_message** msgs, size_t* count);
+
+/* Leases message `id` if it is receivable now: SPOOL_NOT_FOUND if it is gone, SPOOL_EMPTY if
+ * it is leased or delayed. *msg is an array of one, freed with spool_messages_free. */
+spool_code spool_receive_id(spool_queue* q, uint64_t id, uint64_t visibility_ms,
+                            spool_message** msg);
+
+/* Up to `max` messages in id order without receiving them (receipt ""). SPOOL_OK with
+ * *count 0 and *msgs NULL when the queue is empty. */
+spool_code spool_peek(spool_queue* q, size_t max, spool_message** msgs, size_t* count);
+
+/* Frees a batch from spool_receive, spool_receive_id or spool_peek (the pointer returned
+ * there, whole). NULL is a no-op. */
+void spool_messages_free(spool_message* msgs);
+
+/* What spool_list tells about a message without reading its payload. */
+typedef struct spool_message_info {
+  uint64_t id;
+  uint32_t size; /* payload bytes */
+  uint32_t receive_count;
+  int ready; /* receivable now */
+} spool_message_info;
+
+/* Up to `max` messages in id order (only receivable ones with ready_only); *infos is freed
+ * with spool_free (NULL when *count is 0). */
+spool_code spool_list(spool_queue* q, size_t max, int ready_only, spool_message_info** infos,
+                      size_t* count);
+
+/* Frees memory this library returned for the caller to free (spool_list). NULL: no-op. */
+void spool_free(void* p);
+
+/* ---------------------------------------------------------------------- settling */
+
+/* Deletes the message (durability: a spool_durability). SPOOL_LEASE_LOST if the lease
+ * expired and the message was received again (nothing changes); SPOOL_NOT_FOUND if it is
+ * already gone; SPOOL_INVALID_ARGUMENT for a malformed receipt. */
+spool_code spool_ack(spool_queue* q, const char* receipt, int durability);
+/* Makes the message receivable again after delay_ms. Same errors as spool_ack. */
+spool_code spool_nack(spool_queue* q, const char* receipt, uint64_t delay_ms);
+/* Renews the lease to end visibility_ms from now. Same errors as spool_ack. */
+spool_code spool_extend(spool_queue* q, const char* receipt, uint64_t visibility_ms);
+
+/* Instant release on death: binds the leases this handle takes from now on
+ * (spool_bind_leases), or the one lease `receipt` names (spool_bind), to this process; when
+ * it dies they return to ready at once instead of after their visibility. SPOOL_QUEUE_FULL
+ * when 128 processes are bound. */
+spool_code spool_bind_leases(spool_queue* q);
+spool_code spool_bind(spool_queue* q, const char* receipt);
+
+/* ---------------------------------------------------------------------- lease keeper */
+
+typedef struct spool_keeper spool_keeper;
+
+/* Starts renewing the lease `receipt` names (spool::LeaseKeeper): every interval_ms it
+ * extends the lease to extend_by_ms from now, until stopped, until max_lifetime_ms has
+ * passed, or until a renewal fails (then spool_keeper_status tells why). Binds the lease to
+ * the process. Runs a thread of its own. q must outlive the keeper. */
+spool_code spool_keeper_start(spool_queue* q, const char* receipt, uint64_t interval_ms,
+                              uint64_t extend_by_ms, uint64_t max_lifetime_ms,
+                              spool_keeper** out);
+/* SPOOL_OK while renewing; the renewal's error (SPOOL_LEASE_LOST, ...) once one failed
+ * (with spool_last_error set). */
+spool_code spool_keeper_status(spool_keeper* k);
+/* Renewals that succeeded. */
+uint64_t spool_keeper_renewals(spool_keeper* k);
+/* Stops renewing (neither acks nor nacks) and frees the keeper. NULL is a no-op. */
+void spool_keeper_free(spool_keeper* k);
+
+/* ---------------------------------------------------------------------- inspecting */
+
+typedef struct spool_stats {
+  size_t size; /* sizeof(spool_stats): set it before spool_get_stats */
+  uint64_t ready;
+  uint64_t in_flight;
+  uint64_t delayed;
+  uint64_t dead;
+  double oldest_ready_age_s;
+  uint64_t sent_total;
+  uint64_t acked_total;
+  uint64_t dead_lettered_total;
+  uint64_t expired_total;
+  uint64_t nacked_total;
+  uint64_t bytes;
+  uint64_t bytes_on_disk;
+  uint64_t segments;
+  uint64_t next_id;
+} spool_stats;
+
+/* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */
+spool_code spool_get_stats(spool_queue* q, spool_stats* out);
+
+/* ceil(ready / (rate_per_worker * latency_target_s)): workers a backlog needs. */
+uint64_t spool_workers_needed(const spool_stats* stats, double rate_per_worker,
+                              double latency_target_s);
+
+/* Makes every write so far durable, whatever the sync policy. */
+spool_code spool_sync(spool_queue* q);
+
+/* Removes every message; *removed (if not NULL) gets how many. */
+spool_code spool_purge(spool_queue* q, uint64_t* removed);
+
+typedef struct spool_compact_result {
+  uint64_t segments_removed;
+  uint64_t messages_copied;
+  uint64_t bytes_freed;
+} spool_compact_result;
+
+/* Reclaims the disk of acked messages now (spool::Queue::compact). out may be NULL. */
+spool_code spool_compact(spool_queue* q, spool_compact_result* out);
+
+/* fsck (spool::Queue::verify): SPOOL_OK and *problems 0 when the queue is sound; with
+ * `repair`, rebuilds the index from the log if they disagree. *report (if not NULL) gets a
+ * text, one problem or repair per line, freed with spool_free. */
+spool_code spool_verify(spool_queue* q, int repair, size_t* problems, char** report);
+
+/* ---------------------------------------------------------------------- dead letters */
+
+/* The dead-letter queue (dir/dlq) as a handle owned by q: valid until q is closed; do not
+ * close it yourself (spool_close ignores it). */
+spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq);
+
+/* Moves up to `max` dead letters back into q as new messages; *moved gets how many. */
+spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPOOL_SPOOL_H */

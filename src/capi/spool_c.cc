@@ -1,0 +1,572 @@
+// The C API (include/spool/spool.h): a thin layer over the public C++ API (queue.h,
+// lease_keeper.h) and nothing else, so it sees the queue exactly as any C++ program does.
+//
+// Every entry point catches everything at the boundary (guard()): no exception reaches a C
+// caller. Errors go to a thread-local string (spool_last_error). Message batches are one
+// allocation: a Batch (which keeps the mappings of zero-copy views, or the copied payloads of
+// peek, and the receipts alive) followed by the spool_message array the caller sees; freeing
+// finds the Batch just before the array.
+#include "spool/spool.h"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "spool/lease_keeper.h"
+#include "spool/queue.h"
+#include "spool/status.h"
+
+// The C codes are spool::Code's numbers.
+static_assert(SPOOL_OK == static_cast<int>(spool::Code::kOk));
+static_assert(SPOOL_EMPTY == static_cast<int>(spool::Code::kEmpty));
+static_assert(SPOOL_LEASE_LOST == static_cast<int>(spool::Code::kLeaseLost));
+static_assert(SPOOL_NOT_FOUND == static_cast<int>(spool::Code::kNotFound));
+static_assert(SPOOL_INVALID_ARGUMENT == static_cast<int>(spool::Code::kInvalidArgument));
+static_assert(SPOOL_TOO_LARGE == static_cast<int>(spool::Code::kTooLarge));
+static_assert(SPOOL_QUEUE_FULL == static_cast<int>(spool::Code::kQueueFull));
+static_assert(SPOOL_NOT_A_QUEUE == static_cast<int>(spool::Code::kNotAQueue));
+static_assert(SPOOL_INCOMPATIBLE == static_cast<int>(spool::Code::kIncompatible));
+static_assert(SPOOL_NO_SPACE == static_cast<int>(spool::Code::kNoSpace));
+static_assert(SPOOL_IO == static_cast<int>(spool::Code::kIo));
+static_assert(SPOOL_CORRUPT == static_cast<int>(spool::Code::kCorrupt));
+static_assert(SPOOL_READ_ONLY == static_cast<int>(spool::Code::kReadOnly));
+
+struct spool_queue {
+  std::unique_ptr<spool::Queue> owned;  // null for the dead-letter handle
+  spool::Queue* queue = nullptr;
+  std::mutex dlq_mu;                    // guards dlq
+  std::unique_ptr<spool_queue> dlq;     // spool_dead_letters' handle, made on first use
+};
+
+struct spool_keeper {
+  std::unique_ptr<spool::LeaseKeeper> keeper;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+spool_code fail(const spool::Status& s) {
+  t_last_error = s.to_string();
+  return static_cast<spool_code>(s.code());
+}
+
+spool_code fail(spool_code code, const std::string& message) {
+  return fail(spool::Status(static_cast<spool::Code>(code), message));
+}
+
+// Runs `body`, turning any exception into SPOOL_IO with its text.
+template <class F>
+spool_code guard(const char* fn, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(SPOOL_IO, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return fail(SPOOL_IO, std::string(fn) + ": internal error: " + e.what());
+  } catch (...) {
+    return fail(SPOOL_IO, std::string(fn) + ": internal error");
+  }
+}
+
+spool_code null_arg(const char* fn, const char* what) {
+  return fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": " + what + " is NULL");
+}
+
+// True when the struct the caller compiled (whose size is `size`) holds `member`.
+#define SPOOL_HAS(ptr, member) \
+  ((ptr)->size >= offsetof(std::remove_reference_t<decltype(*(ptr))>, member) + sizeof((ptr)->member))
+
+spool::Millis ms(uint64_t v) { return spool::Millis(static_cast<spool::Millis::rep>(v)); }
+
+spool::Durability durability(int d) {
+  return d == SPOOL_DURABILITY_SYNC ? spool::Durability::kSync : spool::Durability::kQueuePolicy;
+}
+
+bool to_queue_options(const spool_options* o, spool::QueueOptions* out, std::string* why) {
+  if (o == nullptr) return true;
+  if (o->size < sizeof(size_t)) {
+    *why = "spool_open: opts->size is not set (call spool_options_init)";
+    return false;
+  }
+  if (SPOOL_HAS(o, visibility_ms)) out->visibility = ms(o->visibility_ms);
+  if (SPOOL_HAS(o, max_receives)) out->max_receives = o->max_receives;
+  if (SPOOL_HAS(o, sync)) {
+    switch (o->sync) {
+      case SPOOL_SYNC_ALWAYS: out->sync = spool::SyncPolicy::kAlways; break;
+      case SPOOL_SYNC_INTERVAL: out->sync = spool::SyncPolicy::kInterval; break;
+      case SPOOL_SYNC_NEVER: out->sync = spool::SyncPolicy::kNever; break;
+      default:
+        *why = "spool_open: opts->sync is " + std::to_string(o->sync) +
+               ", not one of SPOOL_SYNC_ALWAYS, SPOOL_SYNC_INTERVAL, SPOOL_SYNC_NEVER";
+        return false;
+    }
+  }
+  if (SPOOL_HAS(o, sync_interval_ms)) out->sync_interval = ms(o->sync_interval_ms);
+  if (SPOOL_HAS(o, segment_size)) out->segment_size = o->segment_size;
+  if (SPOOL_HAS(o, max_payload)) out->max_payload = o->max_payload;
+  if (SPOOL_HAS(o, retention_max_age_ms)) out->retention_max_age = ms(o->retention_max_age_ms);
+  if (SPOOL_HAS(o, retention_max_bytes)) out->retention_max_bytes = o->retention_max_bytes;
+  if (SPOOL_HAS(o, max_ready)) out->max_ready = o->max_ready;
+  if (SPOOL_HAS(o, max_bytes)) out->max_bytes = o->max_bytes;
+  if (SPOOL_HAS(o, create)) out->create = o->create != 0;
+  return true;
+}
+
+bool to_send_options(const spool_send_options* o, spool::SendOptions* out, std::string* why) {
+  if (o == nullptr) return true;
+  if (o->size < sizeof(size_t)) {
+    *why = "send: opts->size is not set (call spool_send_options_init)";
+    return false;
+  }
+  if (SPOOL_HAS(o, delay_ms)) out->delay = ms(o->delay_ms);
+  if (SPOOL_HAS(o, durability)) out->durability = durability(o->durability);
+  if (SPOOL_HAS(o, wait_for_room_ms)) out->wait_for_room = ms(o->wait_for_room_ms);
+  return true;
+}
+
+// A batch of messages handed to C. Lives in one allocation with the array after it.
+struct Batch {
+  std::vector<spool::MessageView> views;  // spool_receive: payloads point into mappings
+  std::vector<spool::Message> copies;     // spool_receive_id, spool_peek: owned payloads
+  size_t count = 0;
+};
+// The array starts this far into the allocation (a multiple of both alignments).
+constexpr size_t kArrayOffset =
+    (sizeof(Batch) + alignof(spool_message) - 1) / alignof(spool_message) * alignof(spool_message);
+
+int64_t to_ns(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Allocates a Batch with room for n messages; returns the array.
+spool_message* new_batch(size_t n, Batch** batch) {
+  void* mem = ::operator new(kArrayOffset + n * sizeof(spool_message));
+  *batch = new (mem) Batch();
+  (*batch)->count = n;
+  return reinterpret_cast<spool_message*>(static_cast<char*>(mem) + kArrayOffset);
+}
+
+Batch* owner_of(spool_message* msgs) {
+  return std::launder(reinterpret_cast<Batch*>(reinterpret_cast<char*>(msgs) - kArrayOffset));
+}
+
+// Moves `msgs` (MessageView or Message) into a new batch and fills its array from them.
+template <class M>
+spool_message* batch_of(std::vector<M> msgs, std::vector<M> Batch::*slot) {
+  Batch* b = nullptr;
+  spool_message* out = new_batch(msgs.size(), &b);
+  std::vector<M>& kept = b->*slot;
+  kept = std::move(msgs);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const M& m = kept[i];
+    out[i] = spool_message{m.id, m.payload.data(), m.payload.size(), m.receive_count,
+                           to_ns(m.enqueued), m.receipt.c_str()};
+  }
+  return out;
+}
+
+// A malloc'd copy of `s`, for spool_free.
+char* c_string(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memcpy(p, s.c_str(), s.size() + 1);
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* spool_code_name(int code) {
+  if (code < SPOOL_OK || code > SPOOL_READ_ONLY) return "unknown";
+  return spool::code_name(static_cast<spool::Code>(code));
+}
+
+const char* spool_last_error(void) { return t_last_error.c_str(); }
+
+void spool_options_init(spool_options* opts) {
+  if (opts == nullptr) return;
+  const spool::QueueOptions d;
+  *opts = spool_options{};
+  opts->size = sizeof(spool_options);
+  opts->visibility_ms = static_cast<uint64_t>(d.visibility.count());
+  opts->max_receives = d.max_receives;
+  opts->sync = SPOOL_SYNC_INTERVAL;
+  opts->sync_interval_ms = static_cast<uint64_t>(d.sync_interval.count());
+  opts->segment_size = d.segment_size;
+  opts->max_payload = d.max_payload;
+  opts->retention_max_age_ms = static_cast<uint64_t>(d.retention_max_age.count());
+  opts->retention_max_bytes = d.retention_max_bytes;
+  opts->max_ready = d.max_ready;
+  opts->max_bytes = d.max_bytes;
+  opts->create = d.create ? 1 : 0;
+}
+
+spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** out) {
+  return guard("spool_open", [&] {
+    if (out == nullptr) return null_arg("spool_open", "out");
+    *out = nullptr;
+    if (dir == nullptr) return null_arg("spool_open", "dir");
+    spool::QueueOptions qo;
+    std::string why;
+    if (!to_queue_options(opts, &qo, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
+    auto q = spool::Queue::open(dir, qo);
+    if (!q.ok()) return fail(q.status());
+    auto h = std::make_unique<spool_queue>();
+    h->owned = std::move(*q);
+    h->queue = h->owned.get();
+    *out = h.release();
+    return SPOOL_OK;
+  });
+}
+
+void spool_close(spool_queue* q) {
+  if (q == nullptr || q->owned == nullptr) return;  // the dead-letter handle: its queue closes it
+  delete q;  // ~Queue does not throw
+}
+
+const char* spool_dir(spool_queue* q) { return q == nullptr ? "" : q->queue->dir().c_str(); }
+
+spool_code spool_get_options(spool_queue* q, spool_options* out) {
+  return guard("spool_get_options", [&] {
+    if (q == nullptr) return null_arg("spool_get_options", "q");
+    if (out == nullptr) return null_arg("spool_get_options", "out");
+    if (out->size < sizeof(size_t))
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_get_options: out->size is not set");
+    const size_t size = out->size;
+    spool_options full;
+    spool_options_init(&full);
+    const spool::QueueOptions& o = q->queue->options();
+    full.visibility_ms = static_cast<uint64_t>(o.visibility.count());
+    full.max_receives = o.max_receives;
+    full.sync = o.sync == spool::SyncPolicy::kAlways   ? SPOOL_SYNC_ALWAYS
+                : o.sync == spool::SyncPolicy::kNever ? SPOOL_SYNC_NEVER
+                                                       : SPOOL_SYNC_INTERVAL;
+    full.sync_interval_ms = static_cast<uint64_t>(o.sync_interval.count());
+    full.segment_size = o.segment_size;
+    full.max_payload = o.max_payload;
+    full.retention_max_age_ms = static_cast<uint64_t>(o.retention_max_age.count());
+    full.retention_max_bytes = o.retention_max_bytes;
+    full.max_ready = o.max_ready;
+    full.max_bytes = o.max_bytes;
+    full.create = 0;
+    std::memcpy(out, &full, size < sizeof full ? size : sizeof full);
+    out->size = size;
+    return SPOOL_OK;
+  });
+}
+
+void spool_send_options_init(spool_send_options* opts) {
+  if (opts == nullptr) return;
+  *opts = spool_send_options{};
+  opts->size = sizeof(spool_send_options);
+  opts->durability = SPOOL_DURABILITY_QUEUE;
+}
+
+spool_code spool_send(spool_queue* q, const void* payload, size_t len,
+                      const spool_send_options* opts, uint64_t* id) {
+  return guard("spool_send", [&] {
+    if (q == nullptr) return null_arg("spool_send", "q");
+    if (payload == nullptr && len > 0) return null_arg("spool_send", "payload");
+    spool::SendOptions so;
+    std::string why;
+    if (!to_send_options(opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, "spool_" + why);
+    auto r = q->queue->send(std::string_view(static_cast<const char*>(payload), len), so);
+    if (!r.ok()) return fail(r.status());
+    if (id != nullptr) *id = *r;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const size_t* lens,
+                            size_t n, const spool_send_options* opts, uint64_t* ids) {
+  return guard("spool_send_batch", [&] {
+    if (q == nullptr) return null_arg("spool_send_batch", "q");
+    if (n > 0 && (payloads == nullptr || lens == nullptr))
+      return null_arg("spool_send_batch", "payloads or lens");
+    spool::SendOptions so;
+    std::string why;
+    if (!to_send_options(opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, "spool_" + why);
+    std::vector<std::string_view> views;
+    views.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (payloads[i] == nullptr && lens[i] > 0)
+        return fail(SPOOL_INVALID_ARGUMENT,
+                    "spool_send_batch: payloads[" + std::to_string(i) + "] is NULL");
+      views.emplace_back(static_cast<const char*>(payloads[i]), lens[i]);
+    }
+    auto r = q->queue->send_batch(views, so);
+    if (!r.ok()) return fail(r.status());
+    if (ids != nullptr)
+      for (size_t i = 0; i < r->size(); ++i) ids[i] = (*r)[i];
+    return SPOOL_OK;
+  });
+}
+
+uint64_t spool_durable_id(spool_queue* q) { return q == nullptr ? 0 : q->queue->durable_id(); }
+
+spool_code spool_receive(spool_queue* q, size_t max, uint64_t visibility_ms, uint64_t wait_ms,
+                         spool_message** msgs, size_t* count) {
+  return guard("spool_receive", [&] {
+    if (msgs == nullptr || count == nullptr) return null_arg("spool_receive", "msgs or count");
+    *msgs = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg("spool_receive", "q");
+    auto r = q->queue->receive_views(max, ms(visibility_ms), ms(wait_ms));
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return fail(SPOOL_EMPTY, "spool_receive: no message was receivable");
+    const size_t n = r->size();
+    *msgs = batch_of(std::move(*r), &Batch::views);
+    *count = n;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_receive_id(spool_queue* q, uint64_t id, uint64_t visibility_ms,
+                            spool_message** msg) {
+  return guard("spool_receive_id", [&] {
+    if (msg == nullptr) return null_arg("spool_receive_id", "msg");
+    *msg = nullptr;
+    if (q == nullptr) return null_arg("spool_receive_id", "q");
+    auto r = q->queue->receive_id(id, ms(visibility_ms));
+    if (!r.ok()) return fail(r.status());
+    std::vector<spool::Message> one;
+    one.push_back(std::move(*r));
+    *msg = batch_of(std::move(one), &Batch::copies);
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_peek(spool_queue* q, size_t max, spool_message** msgs, size_t* count) {
+  return guard("spool_peek", [&] {
+    if (msgs == nullptr || count == nullptr) return null_arg("spool_peek", "msgs or count");
+    *msgs = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg("spool_peek", "q");
+    auto r = q->queue->peek(max);
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    const size_t n = r->size();
+    *msgs = batch_of(std::move(*r), &Batch::copies);
+    *count = n;
+    return SPOOL_OK;
+  });
+}
+
+void spool_messages_free(spool_message* msgs) {
+  if (msgs == nullptr) return;
+  Batch* b = owner_of(msgs);
+  b->~Batch();
+  ::operator delete(static_cast<void*>(b));
+}
+
+spool_code spool_list(spool_queue* q, size_t max, int ready_only, spool_message_info** infos,
+                      size_t* count) {
+  return guard("spool_list", [&] {
+    if (infos == nullptr || count == nullptr) return null_arg("spool_list", "infos or count");
+    *infos = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg("spool_list", "q");
+    auto r = q->queue->list(max, ready_only != 0);
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    auto* out = static_cast<spool_message_info*>(std::malloc(r->size() * sizeof(spool_message_info)));
+    if (out == nullptr) throw std::bad_alloc();
+    for (size_t i = 0; i < r->size(); ++i) {
+      const auto& m = (*r)[i];
+      out[i] = spool_message_info{m.id, m.size, m.receive_count, m.ready ? 1 : 0};
+    }
+    *infos = out;
+    *count = r->size();
+    return SPOOL_OK;
+  });
+}
+
+void spool_free(void* p) { std::free(p); }
+
+spool_code spool_ack(spool_queue* q, const char* receipt, int durability_) {
+  return guard("spool_ack", [&] {
+    if (q == nullptr || receipt == nullptr) return null_arg("spool_ack", "q or receipt");
+    spool::Status s = q->queue->ack(receipt, durability(durability_));
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_nack(spool_queue* q, const char* receipt, uint64_t delay_ms) {
+  return guard("spool_nack", [&] {
+    if (q == nullptr || receipt == nullptr) return null_arg("spool_nack", "q or receipt");
+    spool::Status s = q->queue->nack(receipt, ms(delay_ms));
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_extend(spool_queue* q, const char* receipt, uint64_t visibility_ms) {
+  return guard("spool_extend", [&] {
+    if (q == nullptr || receipt == nullptr) return null_arg("spool_extend", "q or receipt");
+    spool::Status s = q->queue->extend(receipt, ms(visibility_ms));
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_bind_leases(spool_queue* q) {
+  return guard("spool_bind_leases", [&] {
+    if (q == nullptr) return null_arg("spool_bind_leases", "q");
+    spool::Status s = q->queue->bind_leases();
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_bind(spool_queue* q, const char* receipt) {
+  return guard("spool_bind", [&] {
+    if (q == nullptr || receipt == nullptr) return null_arg("spool_bind", "q or receipt");
+    spool::Status s = q->queue->bind(receipt);
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_keeper_start(spool_queue* q, const char* receipt, uint64_t interval_ms,
+                              uint64_t extend_by_ms, uint64_t max_lifetime_ms,
+                              spool_keeper** out) {
+  return guard("spool_keeper_start", [&] {
+    if (out == nullptr) return null_arg("spool_keeper_start", "out");
+    *out = nullptr;
+    if (q == nullptr || receipt == nullptr) return null_arg("spool_keeper_start", "q or receipt");
+    if (interval_ms == 0 || extend_by_ms == 0)
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_keeper_start: interval_ms and extend_by_ms must be > 0");
+    spool::LeaseKeeper::Options o;
+    o.interval = ms(interval_ms);
+    o.extend_by = ms(extend_by_ms);
+    o.max_lifetime = ms(max_lifetime_ms);
+    auto k = std::make_unique<spool_keeper>();
+    k->keeper = std::make_unique<spool::LeaseKeeper>(*q->queue, receipt, o);
+    *out = k.release();
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_keeper_status(spool_keeper* k) {
+  return guard("spool_keeper_status", [&] {
+    if (k == nullptr) return null_arg("spool_keeper_status", "k");
+    spool::Status s = k->keeper->status();
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+uint64_t spool_keeper_renewals(spool_keeper* k) {
+  return k == nullptr ? 0 : k->keeper->renewals();
+}
+
+void spool_keeper_free(spool_keeper* k) { delete k; }
+
+spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
+  return guard("spool_get_stats", [&] {
+    if (q == nullptr || out == nullptr) return null_arg("spool_get_stats", "q or out");
+    if (out->size < sizeof(size_t))
+      return fail(SPOOL_INVALID_ARGUMENT,
+                  "spool_get_stats: out->size is not set (spool_stats st = {.size = sizeof st})");
+    auto r = q->queue->stats();
+    if (!r.ok()) return fail(r.status());
+    const spool::Stats& s = *r;
+    spool_stats full{sizeof(spool_stats), s.ready, s.in_flight, s.delayed, s.dead,
+                     s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
+                     s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
+                     s.next_id};
+    const size_t size = out->size;
+    std::memcpy(out, &full, size < sizeof full ? size : sizeof full);
+    out->size = size;
+    return SPOOL_OK;
+  });
+}
+
+uint64_t spool_workers_needed(const spool_stats* stats, double rate_per_worker,
+                              double latency_target_s) {
+  if (stats == nullptr || !SPOOL_HAS(stats, ready)) return 0;
+  spool::Stats s;
+  s.ready = stats->ready;
+  return s.workers_needed(rate_per_worker, latency_target_s);
+}
+
+spool_code spool_sync(spool_queue* q) {
+  return guard("spool_sync", [&] {
+    if (q == nullptr) return null_arg("spool_sync", "q");
+    spool::Status s = q->queue->sync();
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_purge(spool_queue* q, uint64_t* removed) {
+  return guard("spool_purge", [&] {
+    if (q == nullptr) return null_arg("spool_purge", "q");
+    auto r = q->queue->purge();
+    if (!r.ok()) return fail(r.status());
+    if (removed != nullptr) *removed = *r;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_compact(spool_queue* q, spool_compact_result* out) {
+  return guard("spool_compact", [&] {
+    if (q == nullptr) return null_arg("spool_compact", "q");
+    auto r = q->queue->compact();
+    if (!r.ok()) return fail(r.status());
+    if (out != nullptr) *out = spool_compact_result{r->segments_removed, r->messages_copied, r->bytes_freed};
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_verify(spool_queue* q, int repair, size_t* problems, char** report) {
+  return guard("spool_verify", [&] {
+    if (report != nullptr) *report = nullptr;
+    if (q == nullptr || problems == nullptr) return null_arg("spool_verify", "q or problems");
+    *problems = 0;
+    auto r = q->queue->verify(repair != 0);
+    if (!r.ok()) return fail(r.status());
+    *problems = r->problems.size();
+    if (report != nullptr) {
+      std::string text;
+      for (const auto& p : r->problems) text += "problem: " + p + "\n";
+      for (const auto& p : r->repairs) text += "repair: " + p + "\n";
+      *report = c_string(text);
+    }
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq) {
+  return guard("spool_dead_letters", [&] {
+    if (q == nullptr || dlq == nullptr) return null_arg("spool_dead_letters", "q or dlq");
+    *dlq = nullptr;
+    std::lock_guard<std::mutex> lock(q->dlq_mu);
+    if (q->dlq == nullptr) {
+      auto r = q->queue->dead_letters();
+      if (!r.ok()) return fail(r.status());
+      auto h = std::make_unique<spool_queue>();
+      h->queue = *r;
+      q->dlq = std::move(h);
+    }
+    *dlq = q->dlq.get();
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved) {
+  return guard("spool_redrive", [&] {
+    if (q == nullptr) return null_arg("spool_redrive", "q");
+    auto r = q->queue->redrive(max);
+    if (!r.ok()) return fail(r.status());
+    if (moved != nullptr) *moved = *r;
+    return SPOOL_OK;
+  });
+}
+
+}  // extern "C"
