@@ -1148,6 +1148,7 @@ struct IndexDamage {
   std::function<void(const std::string& index_path, std::mt19937_64& rng)> apply;
   bool same_boot_header;  // keeps a valid header of this boot (a stray writer, not a reboot)
   const char* known_bug = nullptr;  // SPOOL_KNOWN_BUG_<this> skips the case (see below)
+  bool may_refuse = false;          // open may fail with an error naming the index instead
 };
 
 void write_file(const std::string& path, const std::string& bytes) {
@@ -1189,7 +1190,7 @@ const std::vector<IndexDamage>& index_damages() {
          ::unlink(p.c_str());
          ::mkdir(p.c_str(), 0700);
        },
-       false, "OPEN_FAIL_SEGV"},
+       false, "OPEN_FAIL_SEGV", true},
       {"valid header, garbage region (same boot)",
        [](const std::string& p, auto& rng) {
          struct stat st {};
@@ -1231,11 +1232,13 @@ const std::vector<IndexDamage>& index_damages() {
 
 class IndexDamageTest : public ::testing::TestWithParam<size_t> {};
 
-// A torn, garbage or missing index is only a cache: open rebuilds it from the log (or, for
-// a file it cannot even open, fails with an error naming it), never crashes, and loses
-// nothing. Damage that keeps a valid header of this boot (a stray writer while no process
-// was attached) is the hard case: the header looks trustworthy.
-TEST_P(IndexDamageTest, IsRebuiltOnOpenOrRefusedCleanly) {
+// A torn, garbage or missing index is only a cache (docs/durability.md): open rebuilds it
+// from the log, never crashes, and loses nothing: every unacked message is back. Only a
+// directory in the index's place (which open cannot replace) may instead fail with an error
+// naming the index; any other refusal fails the test. Damage that keeps a valid header of
+// this boot (a stray writer while no process was attached) is the hard case: the header
+// looks trustworthy.
+TEST_P(IndexDamageTest, IsRebuiltOnOpen) {
   const IndexDamage& dmg = index_damages()[GetParam()];
   if (dmg.known_bug != nullptr && std::getenv(("SPOOL_KNOWN_BUG_" + std::string(dmg.known_bug)).c_str()) != nullptr) {
     std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_%s: %s. Index damage '%s' is SKIPPED until it is "
@@ -1255,6 +1258,7 @@ TEST_P(IndexDamageTest, IsRebuiltOnOpenOrRefusedCleanly) {
     bool opened = false;
     check_reopen(r, dir, want, &opened);
     if (opened) std::ofstream(opened_flag) << "1";
+    r.check(opened || dmg.may_refuse, "open refused instead of rebuilding the index from the log");
   }, 60s);
   std::printf("[figures] index damage '%s': %s\n", dmg.name,
               fs::exists(opened_flag) ? "opened, all messages intact" : "refused cleanly");
