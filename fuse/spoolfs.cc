@@ -16,7 +16,9 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -266,6 +268,16 @@ bool check_root(const std::string& dir) {
   return true;
 }
 
+// `opt` as one item of a libfuse -o list, whatever characters it holds: escaped by libfuse
+// itself, so that its parser surely reads it back as it was.
+std::string fuse_opt_escaped(const std::string& opt) {
+  char* list = nullptr;
+  if (fuse_opt_add_opt_escaped(&list, opt.c_str()) != 0) throw std::bad_alloc();
+  std::string out = list;
+  std::free(list);
+  return out;
+}
+
 // Mounts, daemonizes unless -f, and serves until unmounted. Returns the exit code.
 int serve(fuse_session* se, Mount& mount, const Options& o) {
   std::string notice, error;
@@ -316,8 +328,11 @@ int main(int argc, char** argv) {
   // auto_unmount: fusermount3 unmounts when the daemon dies, even by SIGKILL, so a crash
   // leaves no "Transport endpoint is not connected" mount behind (dead_mount.h: where it
   // cannot).
-  std::string mount_opts =
-      "fsname=spool:" + o.mount.dir + ",subtype=spoolfs,auto_unmount,default_permissions";
+  // The queue's path is escaped (a ',' or '\\' gets a '\\' before it): pasted in as it
+  // is, a directory named "q,allow_other" would mount with allow_other (issue 23). libfuse
+  // takes the escapes out again when it parses -o, so the file system's name is the path.
+  std::string mount_opts = fuse_opt_escaped("fsname=spool:" + o.mount.dir) +
+                           ",subtype=spoolfs,auto_unmount,default_permissions";
   if (!o.fuse_opts.empty()) mount_opts += "," + o.fuse_opts;
   std::vector<std::string> fargs = {argv[0], "-o", mount_opts};
   if (o.debug) fargs.push_back("-d");

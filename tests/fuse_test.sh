@@ -714,6 +714,44 @@ t_dlq_under_root_and_its_bad_names() {
   eq "dead after rm" "$(stat_of dead "$R/q")" 0
 }
 
+# mount_info MNT: "OPTIONS SOURCE SUPER_OPTIONS" of MNT in /proc/self/mountinfo (the fields
+# before and after the " - " separator; the kernel writes a backslash as \134).
+mount_info() {
+  awk -v mp="$1" '$5 == mp { for (i = 7; $i != "-"; i++) ; print $6, $(i + 2), $(i + 3) }' /proc/self/mountinfo
+}
+
+# Issue 23: the queue's path went into the FUSE option string as it was, so a directory named
+# "q,allow_other" mounted with allow_other (any user could then open, so receive, its
+# messages). "b\,allow_other" catches an escape of commas that forgets backslashes.
+t_commas_in_the_queue_path_are_no_mount_options() {
+  local name M i=0 info
+  for name in 'q,allow_other' 'b\,allow_other,default_permissions'; do
+    i=$((i + 1))
+    M=$D/mnt$i
+    new_queue "$D/$name"
+    mount_fs "$D/$name" "$M"
+    info=$(mount_info "$M")
+    [[ -n $info ]] || fail "$M not in /proc/self/mountinfo"
+    echo "# $name: $info"
+    [[ $(cut -d' ' -f1,3 <<<"$info") == *allow_other* ]] && fail "mounted with allow_other: $info"
+    eq "file system name" "$(cut -d' ' -f2 <<<"$info")" "spool:$D/${name//\\/\\134}"
+    echo "to $name" >"$M/job" || fail "writing $M/job failed"
+    wait_for 10 count_is "$M" 1
+    eq "cat" "$(cat "$M/1")" "to $name"
+    rm "$M/1" || fail "rm failed"
+    eq "acked in $name" "$(stat_of acked_total "$D/$name")" 1
+  done
+  # A --root mount of a directory with such a name, and a queue in it.
+  mkdir "$D/r,allow_other"
+  new_queue "$D/r,allow_other/q,x"
+  M=$D/mnt-root
+  mount_fs "$D/r,allow_other" "$M" --root
+  info=$(mount_info "$M")
+  echo "# --root: $info"
+  [[ $(cut -d' ' -f1,3 <<<"$info") == *allow_other* ]] && fail "--root mounted with allow_other: $info"
+  eq "queues under --root" "$(queues "$M")" "q,x "
+}
+
 TESTS=(
   t_spool_mount_runs_spoolfs
   t_not_a_queue_is_refused
@@ -737,6 +775,7 @@ TESTS=(
   t_root_refusals_and_bad_names
   t_dlq_lists_dead_letters_and_cat_then_rm_removes_one
   t_dlq_under_root_and_its_bad_names
+  t_commas_in_the_queue_path_are_no_mount_options
 )
 
 # FUSE_TEST_ONLY=REGEX runs only the tests whose names match (while working on one).
