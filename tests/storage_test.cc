@@ -21,6 +21,7 @@
 
 #include "io/fault_io.h"
 #include "io/io.h"
+#include "proc_util.h"
 #include "storage/log.h"
 #include "test_util.h"
 
@@ -982,10 +983,26 @@ TEST_F(SegmentOpenTest, LongRecordChecksumDoesNotDependOnStaleStack) {
   EXPECT_TRUE(view.has_value()) << "record_at() rejected a valid record";
 }
 
+// Root opens a mode-000 file anyway, so as root (CI) this case runs itself again as nobody
+// (uid/gid 65534, through setpriv) with TMPDIR a directory nobody owns, and passes only if
+// that run passed this one case.
 TEST_F(SegmentOpenTest, UnreadableSegmentIsAnErrorNotACrash) {
   if (::geteuid() == 0) {
-    GTEST_SKIP() << "\n*** SKIPPED: running as root, which can open a mode-000 file anyway; "
-                    "the permission-denied path is NOT covered by this run. ***";
+    ASSERT_EQ(std::getenv("SPOOL_TEST_AS_NOBODY"), nullptr) << "setpriv left the run as nobody with uid 0";
+    ASSERT_EQ(::access("/usr/bin/setpriv", X_OK), 0)
+        << "/usr/bin/setpriv (util-linux) is needed to run this case as an unprivileged user";
+    std::string exe = std::filesystem::read_symlink("/proc/self/exe");
+    std::string tmp = dir_ / "nobody-tmp";
+    ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(tmp.c_str(), 65534, 65534), 0);
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);
+    auto res = test::run_program({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", exe,
+                                  "--gtest_filter=SegmentOpenTest.UnreadableSegmentIsAnErrorNotACrash"},
+                                 "", "/", {"TMPDIR=" + tmp, "SPOOL_TEST_AS_NOBODY=1"});
+    EXPECT_EQ(res.code, 0) << "the run as nobody failed:\n" << res.out << res.err;
+    EXPECT_NE(res.out.find("[  PASSED  ] 1 test."), std::string::npos) << "the run as nobody:\n" << res.out << res.err;
+    EXPECT_EQ(res.out.find("SKIPPED"), std::string::npos) << "the run as nobody:\n" << res.out << res.err;
+    return;
   }
   {
     auto seg = Segment::create(io(), seg_path(), 1, 0, 4096);
