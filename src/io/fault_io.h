@@ -20,7 +20,8 @@ class FaultIo final : public Io {
   enum class Op { kWrite, kSync, kAllocate, kOpen };
 
   explicit FaultIo(std::shared_ptr<Io> inner) : inner_(std::move(inner)) {}
-  const char* name() const override { return inner_->name(); }
+  // Every write goes through write_some (never a mapping), so an mmap inner backend's are pwrites here.
+  const char* name() const override { return inner_->maps_writes() ? "pwrite" : inner_->name(); }
 
   // The `nth` (1-based, counted from now) operation of kind `op` fails with -err; with
   // `sticky` every later one does too, until clear_faults().

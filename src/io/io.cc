@@ -60,7 +60,7 @@ int Io::sync_dir(const std::string& path) {
 
 namespace {
 
-class PwriteIo final : public Io {
+class PwriteIo : public Io {
  public:
   const char* name() const override { return "pwrite"; }
   int datasync(int fd) override { return ::fdatasync(fd) == 0 ? 0 : -errno; }
@@ -72,9 +72,16 @@ class PwriteIo final : public Io {
   }
 };
 
+class MmapIo final : public PwriteIo {
+ public:
+  const char* name() const override { return "mmap"; }
+  bool maps_writes() const override { return true; }
+};
+
 }  // namespace
 
 std::unique_ptr<Io> make_pwrite_io() { return std::make_unique<PwriteIo>(); }
+std::unique_ptr<Io> make_mmap_io() { return std::make_unique<MmapIo>(); }
 
 std::shared_ptr<Io> default_io() {
   static std::once_flag once;
@@ -82,12 +89,11 @@ std::shared_ptr<Io> default_io() {
   // (the dead-letter queue is opened lazily, by a receive or stats()).
   static auto* const io = new std::shared_ptr<Io>;
   std::call_once(once, [] {
-    // pwrite is the default: spool's appends are small buffered writes, which io_uring
-    // cannot complete inline on ext4 (no async buffered-write support there): each one is
-    // punted to an io-wq worker, two context switches per append. Measured on this project's
-    // VM (ext4, kernel 6.18) with bench_queue --only=e2e --sync=interval: send/receive/ack
-    // 65.4k msgs/s with pwrite vs 5.1k with io_uring (docs/performance.md).
-    // SPOOL_IO=io_uring selects it (for filesystems with nowait buffered writes, e.g. XFS).
+    // mmap is the default: an append is a memcpy into the segment's page cache pages, no
+    // system call (docs/performance.md). pwrite stays for filesystems that may need blocks at
+    // writeback (the log falls back per directory) and on request. io_uring cannot complete
+    // small buffered writes inline on ext4 (each is punted to an io-wq worker, two context
+    // switches per append), so it is only chosen when asked for (SPOOL_IO=io_uring).
     const char* forced = std::getenv("SPOOL_IO");
     std::string why = "default";
     if (forced != nullptr && std::strcmp(forced, "io_uring") == 0) {
@@ -96,8 +102,14 @@ std::shared_ptr<Io> default_io() {
         spool::log().info("spool: I/O backend io_uring");
         return;
       }
-    } else if (forced != nullptr) {
-      why = std::string("SPOOL_IO=") + forced;
+    } else if (forced == nullptr || std::strcmp(forced, "mmap") == 0) {
+      *io = make_mmap_io();
+      spool::log().info("spool: I/O backend mmap");
+      return;
+    } else if (std::strcmp(forced, "pwrite") != 0) {
+      why = std::string("SPOOL_IO=") + forced + " is not a backend (mmap, pwrite, io_uring)";
+    } else {
+      why = "SPOOL_IO=pwrite";
     }
     *io = make_pwrite_io();
     spool::log().info("spool: I/O backend pwrite ({})", why);

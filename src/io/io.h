@@ -18,8 +18,12 @@ namespace spool::io {
 class Io {
  public:
   virtual ~Io() = default;
-  // "io_uring" or "pwrite" (a FaultIo reports its inner backend's name).
+  // "mmap", "io_uring" or "pwrite" (a FaultIo reports the backend whose writes it sees).
   virtual const char* name() const = 0;
+  // Whether records may be stored through a writable shared mapping of a preallocated
+  // segment instead of write_all() (the log decides per directory: storage/log.h). The
+  // other operations, datasync included, are this Io's either way.
+  virtual bool maps_writes() const { return false; }
 
   // Writes all `iovcnt` buffers at `off`, resuming short writes. 0 or -errno.
   int write_all(int fd, const iovec* iov, int iovcnt, uint64_t off);
@@ -43,10 +47,13 @@ class Io {
 
 // The plain pwritev/fdatasync backend.
 std::unique_ptr<Io> make_pwrite_io();
+// pwrite's operations, with maps_writes(): records are stored through the mapping.
+std::unique_ptr<Io> make_mmap_io();
 // The io_uring backend, or nullptr when io_uring cannot be set up here; `why` then says so.
 std::unique_ptr<Io> make_uring_io(std::string* why);
-// io_uring unless SPOOL_IO=pwrite is set or io_uring is unavailable; the choice is logged
-// once per process (spdlog, info level).
+// mmap unless SPOOL_IO names another backend (pwrite, io_uring; io_uring falls back to
+// pwrite where it cannot be set up); the choice is logged once per process (spdlog, info
+// level). A log on a filesystem where mapped stores are unsafe writes with pwrite instead.
 std::shared_ptr<Io> default_io();
 
 }  // namespace spool::io

@@ -2,7 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,10 +33,36 @@ struct Written {
 void unwrite(io::Io& io, const std::vector<Written>& written) {
   static const char zeros[64 << 10] = {};  // no destructor: usable from exit handlers
   for (const Written& w : written) {
+    if (uint8_t* m = w.seg->wdata()) {
+      std::memset(m + w.from, 0, w.to - w.from);
+      continue;
+    }
     for (uint64_t off = w.from; off < w.to; off += sizeof zeros) {
       iovec iov{const_cast<char*>(zeros), std::min<uint64_t>(sizeof zeros, w.to - off)};
       if (io.write_all(w.seg->fd(), &iov, 1, off) < 0) break;
     }
+  }
+}
+
+// Whether every block a store through a shared mapping can touch is allocated by fallocate,
+// so that writeback never needs a new one (which fails with SIGBUS on a full disk). Copy-on-
+// write filesystems allocate at writeback; network and FUSE filesystems may not honour it.
+bool allocates_at_fallocate(const std::string& dir, std::string* fs) {
+  struct statfs sf {};
+  if (::statfs(dir.c_str(), &sf) != 0) {
+    *fs = std::string("unknown (statfs: ") + std::strerror(errno) + ")";
+    return false;
+  }
+  switch (static_cast<uint64_t>(sf.f_type)) {
+    case EXT4_SUPER_MAGIC: *fs = "ext4"; return true;  // also ext2 and ext3
+    case XFS_SUPER_MAGIC: *fs = "xfs"; return true;
+    case TMPFS_MAGIC: *fs = "tmpfs"; return true;
+    default: *fs = "type 0x" + [&] {
+        char b[24];
+        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(sf.f_type));
+        return std::string(b);
+      }();
+      return false;
   }
 }
 
@@ -63,7 +91,27 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open log directory " + dir);
   if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory");
-  return std::unique_ptr<Log>(new Log(dir, std::move(opts)));
+  bool mapped = false;
+  if (!opts.read_only && opts.io->maps_writes()) {
+    std::string fs;
+    mapped = allocates_at_fallocate(dir, &fs);
+    if (mapped) {
+      spool::log().debug("spool: {}: records stored through the mapping ({})", dir, fs);
+    } else {
+      spool::log().info("spool: {}: records written with pwrite: the filesystem ({}) may allocate at "
+                        "writeback, where a mapped store could fail with SIGBUS", dir, fs);
+    }
+  }
+  return std::unique_ptr<Log>(new Log(dir, std::move(opts), mapped));
+}
+
+int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
+  if (uint8_t* m = seg.wdata()) {
+    std::memcpy(m + off, p, len);
+    return 0;
+  }
+  iovec iov{const_cast<void*>(p), len};
+  return opts_.io->write_all(seg.fd(), &iov, 1, off);
 }
 
 std::string Log::segment_path(uint64_t seq) const {
@@ -112,7 +160,7 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(seq); it != cache_.end()) return it->second;
   }
-  auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only);
+  auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only, mapped_);
   if (!seg.ok()) return seg.status();
   if ((*seg)->info().seq != seq) {
     return Status(Code::kCorrupt, segment_path(seq) + ": header names segment " +
@@ -131,7 +179,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
   Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
   for (const std::string& spare : spares()) {
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare);
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare, mapped_);
     if (seg.ok()) {
       ++*spares_used;
       break;
@@ -141,7 +189,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
     spool::log().warn("spool: {}: spare segment not used: {}", dir_, seg.status().message());
     if (opts_.io->unlink(spare) == 0) ++*spares_used;
   }
-  if (!seg.ok()) seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size);
+  if (!seg.ok()) seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, nullptr, mapped_);
   if (!seg.ok()) return seg.status();
   std::lock_guard lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
@@ -174,11 +222,16 @@ Status Log::make_spare() {
   (void)opts_.io->unlink(tmp);
   int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
   if (fd < 0) return errno_status(-fd, "create spare segment " + tmp);
+  // Synced, file and directory, before it counts as reserved: an unsynced spare comes back
+  // from a power cut as an empty file, which the next roll drops, and with it the room kept
+  // for draining a full disk.
   int r = opts_.io->allocate(fd, 0, opts_.segment_size);
+  if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
   char name[64];
   std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));
   if (r == 0) r = opts_.io->rename(tmp, dir_ + name);
+  if (r == 0) r = opts_.io->sync_dir(dir_);
   if (r < 0) {
     (void)opts_.io->unlink(tmp);
     return errno_status(-r, "preallocate a spare segment in " + dir_);
@@ -259,8 +312,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
     written.push_back({seg, end.off, end.off + buf.size()});
-    iovec iov{buf.data(), buf.size()};
-    if (int r = opts_.io->write_all(seg->fd(), &iov, 1, end.off); r < 0) {
+    if (int r = put(*seg, end.off, buf.data(), buf.size()); r < 0) {
       return errno_status(-r, "append to " + seg->path());
     }
     end.off += buf.size();
@@ -353,8 +405,7 @@ Status Log::write_placed(Pos at, std::string_view bytes, bool repair) {
     }
     if (same) return {};
   }
-  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
-  if (int r = opts_.io->write_all(s.fd(), &iov, 1, at.off); r < 0) {
+  if (int r = put(s, at.off, bytes.data(), bytes.size()); r < 0) {
     return errno_status(-r, "append to " + s.path());
   }
   return {};

@@ -41,7 +41,12 @@ struct LogOptions {
   // in the active segment alone. Off only for sync policy "never".
   bool sync_on_roll = true;
   bool read_only = false;
-  std::shared_ptr<io::Io> io;  // default: io::default_io()
+  // default: io::default_io(). When it maps_writes() and the directory is on a filesystem
+  // that allocates blocks at fallocate (ext4, xfs, tmpfs: a store into the mapping can then
+  // never need a block at writeback, so never SIGBUS), records are stored through the
+  // segments' writable mappings; elsewhere (btrfs, NFS, FUSE, ...) with the Io's write_all.
+  // The choice is logged (info) and shown by mapped().
+  std::shared_ptr<io::Io> io;
 };
 
 struct AppendResult {
@@ -117,12 +122,18 @@ class Log {
   void forget_below(uint64_t seq);
 
   const std::string& dir() const { return dir_; }
+  // Whether records are stored through the mappings (LogOptions::io).
+  bool mapped() const { return mapped_; }
   std::string segment_path(uint64_t seq) const;
   uint64_t max_payload() const;
   io::Io& io() { return *opts_.io; }
 
  private:
-  Log(std::string dir, LogOptions opts) : dir_(std::move(dir)), opts_(std::move(opts)) {}
+  Log(std::string dir, LogOptions opts, bool mapped)
+      : dir_(std::move(dir)), opts_(std::move(opts)), mapped_(mapped) {}
+  // Stores `len` bytes at `off` of `seg`: through its mapping when it is writable, else with
+  // write_all. 0 or -errno.
+  int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);
   std::vector<std::string> spares() const;
   // The segment at `end` when `recs` fit in it after `end`, else null.
@@ -130,6 +141,7 @@ class Log {
 
   std::string dir_;
   LogOptions opts_;
+  bool mapped_;
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<Segment>> cache_;
   std::map<uint64_t, Status> failed_syncs_;

@@ -97,7 +97,8 @@ Segment::~Segment() {
 }
 
 Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
-                                                 uint64_t base_id, uint64_t size, const std::string* spare) {
+                                                 uint64_t base_id, uint64_t size, const std::string* spare,
+                                                 bool map_writes) {
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
   int fd;
   if (spare != nullptr) {
@@ -137,10 +138,11 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   std::string dir = path.substr(0, path.find_last_of('/'));
   if (int r = io.sync_dir(dir); r < 0) return errno_status(-r, "sync directory " + dir);
   ::close(fd);
-  return open(io, path, true);
+  return open(io, path, true, map_writes);
 }
 
-Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& path, bool writable) {
+Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& path, bool writable,
+                                               bool map_writes) {
   int fd = io.open(path, writable ? O_RDWR : O_RDONLY, 0);
   if (fd < 0) return errno_status(-fd, "open segment " + path);
   std::shared_ptr<Segment> seg(new Segment());
@@ -158,7 +160,13 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   // Never map past EOF: a truncated file would SIGBUS on access (PITFALLS §2).
   seg->info_.size = std::min<uint64_t>(seg->info_.size, static_cast<uint64_t>(st.st_size));
   seg->map_len_ = seg->info_.size;
-  void* p = ::mmap(nullptr, seg->map_len_, PROT_READ, MAP_SHARED, fd, 0);
+  // A store into a hole of the file would SIGBUS on a full disk (PITFALLS §2): the blocks
+  // must be allocated. Segments are created preallocated; allocating again is cheap and covers
+  // one that was copied sparse. Where that fails, the mapping stays read-only and the log
+  // writes this segment with pwrite, which reports ENOSPC.
+  seg->map_writable_ = writable && map_writes && io.allocate(fd, 0, seg->info_.size) == 0;
+  void* p = ::mmap(nullptr, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
+                   fd, 0);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
   return seg;

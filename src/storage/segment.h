@@ -1,5 +1,6 @@
-// One segment file: an fd plus a read-only MAP_SHARED mapping of the whole preallocated
-// file, and the record codec. Layout: docs/format.md.
+// One segment file: an fd plus a MAP_SHARED mapping of the whole preallocated file (writable
+// when the log stores records through it: storage/log.h), and the record codec. Layout:
+// docs/format.md.
 //
 // A Segment is immutable once open and safe to share between threads; it stays valid (and
 // its mapping readable) while any shared_ptr to it lives, even after the file is unlinked.
@@ -70,17 +71,23 @@ class Segment {
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
   // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
   // new one; on failure it stays a spare.
+  // `map_writes` as for open().
   static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size,
-                                                 const std::string* spare = nullptr);
+                                                 const std::string* spare = nullptr, bool map_writes = false);
   // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
   // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
-  static Result<std::shared_ptr<Segment>> open(io::Io& io, const std::string& path, bool writable);
+  // With `map_writes` (and `writable`) the mapping is writable too: wdata().
+  static Result<std::shared_ptr<Segment>> open(io::Io& io, const std::string& path, bool writable,
+                                               bool map_writes = false);
 
   const SegmentInfo& info() const { return info_; }
   const std::string& path() const { return path_; }
   int fd() const { return fd_; }
   const uint8_t* data() const { return base_; }
+  // The writable view of the mapping, or nullptr when it is read-only. Stores through it
+  // must stay inside [0, info().size), which the file's preallocated blocks back.
+  uint8_t* wdata() const { return map_writable_ ? const_cast<uint8_t*>(base_) : nullptr; }
 
   // The valid record at `off`, or nullopt (see "Validity" in docs/format.md).
   std::optional<RecordView> record_at(uint64_t off) const;
@@ -99,6 +106,7 @@ class Segment {
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
   uint64_t map_len_ = 0;
+  bool map_writable_ = false;
   SegmentInfo info_;
 };
 
