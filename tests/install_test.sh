@@ -26,7 +26,7 @@ ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-install-test.XXXXXX")
 trap 'rm -rf "$ROOT"' EXIT
 STAGE=$ROOT/stage
 n=0; failed=0
-echo "1..9"
+echo "1..10"
 # check NAME CMD...: one TAP line; the command's output goes to the log shown on failure.
 check() {
   local name=$1; shift
@@ -173,6 +173,30 @@ c_example() {
   "$PREFIX_DIR/bin/spool" stats "$q" --json | grep -q '"acked_total":200'
 }
 check "the C example (spool.h) builds with cc -std=c99 and pkg-config, acks 200" c_example
+
+python_package() {
+  # The spool package as meson installed it (purelib of meson's Python), on the staged
+  # libspool.so.0 found through LD_LIBRARY_PATH (no SPOOL_LIBRARY), with the installed CLI.
+  local init q=$ROOT/qpy
+  # An ASan/TSan-instrumented libspool cannot be dlopen()ed by an uninstrumented python3.
+  if [ "$SANITIZE" != none ] && [ -n "$SANITIZE" ]; then echo "skipped: sanitized build"; return 0; fi
+  init=$(find "$STAGE" -path '*/spool/__init__.py' | head -n1)
+  [ -n "$init" ] && [ -e "$(dirname "$init")/_capi.py" ] || { echo "spool package not installed"; return 1; }
+  "$PREFIX_DIR/bin/spool" init "$q" >/dev/null && "$PREFIX_DIR/bin/spool" send "$q" hello-from-the-cli >/dev/null || return 1
+  env -u SPOOL_LIBRARY PYTHONPATH="$(dirname "$(dirname "$init")")" python3 - "$q" "$STAGE" <<'PY' || return 1
+import sys, spool
+print("spool package:", spool.__file__, "library:", spool.library_path)
+assert spool.__file__.startswith(sys.argv[2]), spool.__file__
+with spool.Queue(sys.argv[1]) as q:
+    (m,) = q.receive(wait=1)
+    assert m.text == "hello-from-the-cli", m
+    m.ack()
+    q.send("hello-from-python")
+PY
+  "$PREFIX_DIR/bin/spool" stats "$q" --json | grep -q '"acked_total":1' || return 1
+  "$PREFIX_DIR/bin/spool" recv "$q" 2>&1 | grep -q hello-from-python
+}
+check "the installed Python package (import spool) talks to the installed CLI" python_package
 
 # ---------------------------------------------------------------- 4. the installed tools
 

@@ -1,0 +1,562 @@
+"""spool: a persistent, brokerless message queue for worker processes on one host.
+
+A queue is a directory that any number of processes, in Python, C, C++ or the shell (the
+``spool`` CLI), open at once; no daemon is involved. Delivery is at-least-once with leases:
+a received message is hidden for its visibility timeout and comes back if it is not acked
+in time. This package is the C API of libspool (``spool.h``) through ctypes; it needs no
+compiler. Semantics: docs/semantics.md; this binding: docs/python.md.
+
+    import spool
+
+    with spool.Queue("/var/spool/jobs") as q:
+        q.send("resize photo 17")
+        for msg in q.messages(idle_timeout=5):   # the lease is renewed while you work
+            handle(msg.payload)                  # acked when the body finishes
+
+Errors are exceptions, one class per code, all subclasses of :class:`spool.Error`.
+
+Threads and processes: a :class:`Queue` may be shared by the threads of one process, and
+calls that block (a receive with ``wait``) release the GIL. After ``fork()`` (the default
+start method of ``multiprocessing`` on Linux) a child must open the queue again: a Queue
+opened by its parent raises :class:`Error` there.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional, Union
+
+from . import _capi
+from ._capi import lib as _lib
+
+__all__ = [
+    "Queue", "Message", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
+    "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
+    "IoError", "Corrupt", "ReadOnly", "library_path",
+]
+
+Payload = Union[bytes, bytearray, memoryview, str]
+
+library_path: str = _capi._find()
+"""What the C library was loaded as (``$SPOOL_LIBRARY``, or the name found)."""
+
+
+# ------------------------------------------------------------------------- errors
+
+class Error(Exception):
+    """A spool call failed. ``code`` is the C API's number (spool::Code), ``code_name`` its
+    short name ("lease lost"), and ``str(e)`` the library's message naming what is wrong."""
+
+    code: int = -1
+
+    def __init__(self, message: str, code: Optional[int] = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def code_name(self) -> str:
+        return _lib.spool_code_name(self.code).decode()
+
+
+class Empty(Error):
+    """Nothing was receivable (receive_id of a leased or delayed message)."""
+    code = 1
+
+
+class LeaseLost(Error):
+    """The receipt's lease expired and the message was received again: nothing changed.
+    Drop the result of the work; another consumer is doing it."""
+    code = 2
+
+
+class NotFound(Error):
+    """Unknown or already-acked message or receipt."""
+    code = 3
+
+
+class InvalidArgument(Error, ValueError):
+    """A malformed receipt, option or input."""
+    code = 4
+
+
+class TooLarge(Error, ValueError):
+    """The payload is over the queue's max_payload."""
+    code = 5
+
+
+class QueueFull(Error):
+    """A back-pressure limit (max_ready / max_bytes) was reached, or every owner slot is taken."""
+    code = 6
+
+
+class NotAQueue(Error):
+    """The directory or file is not a spool queue (or it does not exist and create=False)."""
+    code = 7
+
+
+class Incompatible(Error):
+    """A newer on-disk format, or an index of an incompatible build."""
+    code = 8
+
+
+class NoSpace(Error, OSError):
+    """The disk is full: free space, then retry (receive, ack and nack keep working)."""
+    code = 9
+
+
+class IoError(Error, OSError):
+    """Any other system error; the message names the call, the path and the errno text."""
+    code = 10
+
+
+class Corrupt(Error):
+    """A checksum or structure failure in stored data (see Queue.verify)."""
+    code = 11
+
+
+class ReadOnly(Error, PermissionError):
+    """The caller may not change this queue (only stats and peek work)."""
+    code = 12
+
+
+_ERRORS = {cls.code: cls for cls in (Empty, LeaseLost, NotFound, InvalidArgument, TooLarge,
+                                      QueueFull, NotAQueue, Incompatible, NoSpace, IoError,
+                                      Corrupt, ReadOnly)}
+
+
+def _raise(code: int) -> None:
+    text = (_lib.spool_last_error() or b"").decode(errors="replace")
+    raise _ERRORS.get(code, Error)(text, code)
+
+
+def _check(code: int) -> None:
+    if code != 0:
+        _raise(code)
+
+
+def _ms(seconds: float, what: str) -> int:
+    if seconds < 0:
+        raise ValueError(f"{what} must be >= 0 seconds, not {seconds}")
+    return int(round(seconds * 1000))
+
+
+def _bytes(payload: Payload) -> bytes:
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return bytes(payload)
+    raise TypeError(f"a payload is bytes or str, not {type(payload).__name__}")
+
+
+_SYNC = {"always": 0, "interval": 1, "never": 2}
+
+
+# ------------------------------------------------------------------------- values
+
+@dataclass(frozen=True)
+class Stats:
+    """A snapshot of a queue's counters (Queue.stats())."""
+    ready: int
+    in_flight: int
+    delayed: int
+    dead: int
+    oldest_ready_age: float  # seconds
+    sent_total: int
+    acked_total: int
+    dead_lettered_total: int
+    expired_total: int
+    nacked_total: int
+    bytes: int
+    bytes_on_disk: int
+    segments: int
+    next_id: int
+
+    def workers_needed(self, rate_per_worker: float, latency_target: float) -> int:
+        """Workers that drain the ready backlog within ``latency_target`` seconds when each
+        handles ``rate_per_worker`` messages a second: ceil(ready / (rate x target))."""
+        s = _capi.spool_stats(size=ctypes.sizeof(_capi.spool_stats), ready=self.ready)
+        return int(_lib.spool_workers_needed(ctypes.byref(s), rate_per_worker, latency_target))
+
+
+class Message:
+    """One delivery of a message. ``payload`` is a copy (bytes), ``text`` the same decoded
+    as UTF-8. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews the
+    lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
+
+    __slots__ = ("id", "payload", "receive_count", "enqueued", "receipt", "_queue", "_keeper",
+                 "settled", "lease_lost")
+
+    def __init__(self, queue: "Queue", m: _capi.spool_message) -> None:
+        self.id: int = m.id
+        self.payload: bytes = ctypes.string_at(m.payload, m.payload_len) if m.payload_len else b""
+        self.receive_count: int = m.receive_count
+        self.enqueued: float = m.enqueued_ns / 1e9  # seconds since the epoch, like time.time()
+        self.receipt: str = (m.receipt or b"").decode()
+        self._queue = queue
+        self._keeper: Optional[int] = None
+        self.settled = False  # acked or nacked through this object
+        self.lease_lost = False  # messages(): the automatic ack found the lease lost
+
+    @property
+    def text(self) -> str:
+        """The payload decoded as UTF-8."""
+        return self.payload.decode()
+
+    def ack(self, *, sync: bool = False) -> None:
+        """Deletes the message. ``sync=True``: returns only once the ack is on disk.
+        Raises LeaseLost if the lease expired and someone else received the message."""
+        self._stop_keeper()
+        self._queue.ack(self.receipt, sync=sync)
+        self.settled = True
+
+    def nack(self, delay: float = 0.0) -> None:
+        """Returns the message to the queue, receivable again after ``delay`` seconds."""
+        self._stop_keeper()
+        self._queue.nack(self.receipt, delay=delay)
+        self.settled = True
+
+    def extend(self, visibility: float) -> None:
+        """Renews the lease to end ``visibility`` seconds from now."""
+        self._queue.extend(self.receipt, visibility)
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None:
+            _lib.spool_keeper_free(self._keeper)
+            self._keeper = None
+
+    def __repr__(self) -> str:
+        return (f"<spool.Message id={self.id} receive_count={self.receive_count} "
+                f"payload={self.payload[:40]!r}{'...' if len(self.payload) > 40 else ''}>")
+
+
+# ------------------------------------------------------------------------- the queue
+
+class Queue:
+    """A queue directory, opened (and created, unless ``create=False``).
+
+    Settings marked [stored] are fixed when the queue is created; opening an existing
+    queue ignores them. None means the library's default. Durations are in seconds.
+
+    :param visibility: [stored] default lease of receive (30 s)
+    :param max_receives: [stored] deliveries before a message is dead-lettered (10; 0: never)
+    :param sync: [stored] "always", "interval" (default) or "never"
+    :param sync_interval: [stored] with "interval": the longest a write stays unsynced (0.05 s)
+    :param segment_size: [stored] bytes per segment file (64 MiB)
+    :param max_payload: [stored] largest message in bytes (0: 1 MiB)
+    :param retention_max_age: [stored] drop ready messages older than this (0: off)
+    :param retention_max_bytes: [stored] drop the oldest ready messages past this (0: off)
+    :param max_ready: [stored] back-pressure: sends fail with QueueFull past this many
+        waiting messages (0: off)
+    :param max_bytes: [stored] back-pressure on payload bytes (0: off)
+    :param create: create the queue if the directory holds none (True)
+
+    Raises NotAQueue, Incompatible, ReadOnly, IoError. Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], *, visibility: Optional[float] = None,
+                 max_receives: Optional[int] = None, sync: Optional[str] = None,
+                 sync_interval: Optional[float] = None, segment_size: Optional[int] = None,
+                 max_payload: Optional[int] = None, retention_max_age: Optional[float] = None,
+                 retention_max_bytes: Optional[int] = None, max_ready: Optional[int] = None,
+                 max_bytes: Optional[int] = None, create: bool = True) -> None:
+        o = _capi.spool_options()
+        _lib.spool_options_init(ctypes.byref(o))
+        if visibility is not None:
+            o.visibility_ms = _ms(visibility, "visibility")
+        if max_receives is not None:
+            o.max_receives = max_receives
+        if sync is not None:
+            if sync not in _SYNC:
+                raise ValueError(f"sync is one of {', '.join(_SYNC)}, not {sync!r}")
+            o.sync = _SYNC[sync]
+        if sync_interval is not None:
+            o.sync_interval_ms = _ms(sync_interval, "sync_interval")
+        for name, value in (("segment_size", segment_size), ("max_payload", max_payload),
+                            ("retention_max_bytes", retention_max_bytes),
+                            ("max_ready", max_ready), ("max_bytes", max_bytes)):
+            if value is not None:
+                setattr(o, name, value)
+        if retention_max_age is not None:
+            o.retention_max_age_ms = _ms(retention_max_age, "retention_max_age")
+        o.create = 1 if create else 0
+        handle = ctypes.c_void_p()
+        self._h: Optional[int] = None
+        self._owner: Optional[Queue] = None
+        self._pid = os.getpid()
+        _check(_lib.spool_open(os.fsencode(path), ctypes.byref(o), ctypes.byref(handle)))
+        self._h = handle.value
+
+    @classmethod
+    def _borrowed(cls, owner: "Queue", handle: int) -> "Queue":
+        q = cls.__new__(cls)
+        q._h, q._owner, q._pid = handle, owner, owner._pid
+        return q
+
+    def _handle(self) -> int:
+        if self._h is None:
+            raise Error("the queue is closed", 4)
+        if os.getpid() != self._pid:
+            raise Error("this Queue was opened by another process (before fork): open the "
+                        "queue again in this process", 4)
+        return self._h
+
+    # -- lifetime
+
+    def close(self) -> None:
+        """Closes the queue (its bound leases return to ready). Idempotent. Not to be called
+        while another thread uses the queue. A dead-letter queue closes with its owner."""
+        h, self._h = self._h, None
+        if h is not None and self._owner is None and os.getpid() == self._pid:
+            _lib.spool_close(h)  # in a forked child the parent's handle is dropped, not closed
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def path(self) -> str:
+        """The queue's directory, as given."""
+        return os.fsdecode(_lib.spool_dir(self._handle()))
+
+    @property
+    def visibility(self) -> float:
+        """The queue's stored default lease, in seconds."""
+        o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
+        _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
+        return o.visibility_ms / 1000
+
+    # -- sending
+
+    @staticmethod
+    def _send_options(delay: float, sync: bool, wait_for_room: float) -> _capi.spool_send_options:
+        so = _capi.spool_send_options()
+        _lib.spool_send_options_init(ctypes.byref(so))
+        so.delay_ms = _ms(delay, "delay")
+        so.durability = 1 if sync else 0
+        so.wait_for_room_ms = _ms(wait_for_room, "wait_for_room")
+        return so
+
+    def send(self, payload: Payload, *, delay: float = 0.0, sync: bool = False,
+             wait_for_room: float = 0.0) -> int:
+        """Appends a message (bytes, or str sent as UTF-8); returns its id (ids increase).
+        ``delay``: receivable only after this many seconds. ``sync``: return only once on
+        disk. ``wait_for_room``: at a back-pressure limit, wait up to this long for room
+        before raising QueueFull. Raises TooLarge, QueueFull, NoSpace, ReadOnly, IoError."""
+        data = _bytes(payload)
+        so = self._send_options(delay, sync, wait_for_room)
+        out = ctypes.c_uint64()
+        _check(_lib.spool_send(self._handle(), data, len(data), ctypes.byref(so),
+                               ctypes.byref(out)))
+        return out.value
+
+    def send_batch(self, payloads: Iterable[Payload], *, delay: float = 0.0, sync: bool = False,
+                   wait_for_room: float = 0.0) -> list[int]:
+        """All or nothing: queues every payload with consecutive ids, or none. Much cheaper
+        per message than send() in a loop."""
+        datas = [_bytes(p) for p in payloads]
+        n = len(datas)
+        if n == 0:
+            return []
+        ptrs = (ctypes.c_char_p * n)(*datas)
+        lens = (ctypes.c_size_t * n)(*(len(d) for d in datas))
+        ids = (ctypes.c_uint64 * n)()
+        so = self._send_options(delay, sync, wait_for_room)
+        _check(_lib.spool_send_batch(self._handle(), ptrs, lens, n, ctypes.byref(so), ids))
+        return list(ids)
+
+    @property
+    def durable_id(self) -> int:
+        """The durable watermark: every message with an id <= this is on disk."""
+        return int(_lib.spool_durable_id(self._handle()))
+
+    # -- receiving
+
+    def _batch(self, ptr: "ctypes._Pointer[_capi.spool_message]", n: int) -> list[Message]:
+        try:
+            return [Message(self, ptr[i]) for i in range(n)]
+        finally:
+            _lib.spool_messages_free(ptr)
+
+    def receive(self, max: int = 1, *, visibility: Optional[float] = None,
+                wait: float = 0.0) -> list[Message]:
+        """Leases up to ``max`` messages for ``visibility`` seconds (None: the queue's
+        default). With ``wait`` > 0, sleeps (GIL released) until a message is receivable or
+        ``wait`` seconds pass, woken at once by a send from any process. Returns [] when
+        nothing was receivable in time."""
+        if max < 1:
+            raise ValueError("max must be >= 1")
+        vis = 0 if visibility is None else _ms(visibility, "visibility")
+        if visibility is not None and vis == 0:
+            raise ValueError("visibility must be at least 1 ms (None: the queue's default)")
+        ptr = ctypes.POINTER(_capi.spool_message)()
+        n = ctypes.c_size_t()
+        code = _lib.spool_receive(self._handle(), max, vis, _ms(wait, "wait"), ctypes.byref(ptr),
+                                  ctypes.byref(n))
+        if code == Empty.code:
+            return []
+        _check(code)
+        return self._batch(ptr, n.value)
+
+    def receive_id(self, id: int, *, visibility: Optional[float] = None) -> Message:
+        """Leases message ``id`` if it is receivable now. Raises NotFound (gone) or Empty
+        (leased or delayed)."""
+        ptr = ctypes.POINTER(_capi.spool_message)()
+        vis = 0 if visibility is None else _ms(visibility, "visibility")
+        _check(_lib.spool_receive_id(self._handle(), id, vis, ctypes.byref(ptr)))
+        return self._batch(ptr, 1)[0]
+
+    def peek(self, max: int = 10) -> list[Message]:
+        """Up to ``max`` messages in id order, without receiving them (no receipts)."""
+        ptr = ctypes.POINTER(_capi.spool_message)()
+        n = ctypes.c_size_t()
+        _check(_lib.spool_peek(self._handle(), max, ctypes.byref(ptr), ctypes.byref(n)))
+        return self._batch(ptr, n.value) if n.value else []
+
+    # -- settling, by receipt
+
+    def ack(self, receipt: str, *, sync: bool = False) -> None:
+        """Deletes the message the receipt names. Raises LeaseLost, NotFound, InvalidArgument."""
+        _check(_lib.spool_ack(self._handle(), receipt.encode(), 1 if sync else 0))
+
+    def nack(self, receipt: str, *, delay: float = 0.0) -> None:
+        """Makes the message receivable again after ``delay`` seconds. Errors as ack."""
+        _check(_lib.spool_nack(self._handle(), receipt.encode(), _ms(delay, "delay")))
+
+    def extend(self, receipt: str, visibility: float) -> None:
+        """Renews the lease to end ``visibility`` seconds from now. Errors as ack."""
+        _check(_lib.spool_extend(self._handle(), receipt.encode(), _ms(visibility, "visibility")))
+
+    def bind_leases(self) -> None:
+        """Binds the leases this Queue takes from now on to this process: if it dies, they
+        return to ready at once instead of after their visibility."""
+        _check(_lib.spool_bind_leases(self._handle()))
+
+    # -- the worker loop
+
+    def messages(self, *, batch: int = 1, visibility: Optional[float] = None, wait: float = 1.0,
+                 idle_timeout: Optional[float] = None, renew: bool = True,
+                 max_lifetime: float = 3600.0, auto_ack: bool = True) -> Iterator[Message]:
+        """Yields messages for as long as they come, renewing each one's lease while the
+        loop's body processes it::
+
+            for msg in q.messages(idle_timeout=10):
+                process(msg.payload)
+
+        - ``renew``: a lease keeper (a C++ thread of libspool, no GIL involved) extends the
+          lease every visibility/3 to ``visibility`` from now, for at most ``max_lifetime``
+          seconds, and binds the lease to this process (killed, the message is ready again
+          at once).
+        - ``auto_ack``: when the body finishes without settling the message itself (ack or
+          nack), it is acked as the loop asks for the next one. If the lease was lost in the
+          meantime, ``msg.lease_lost`` is set and the loop goes on (another consumer has it).
+        - If the loop ends early (``break``, an exception in the body) or the generator is
+          closed, the message in hand and those not yet yielded are nacked, so they are
+          retried at once: ack before ``break`` what you finished.
+        - ``idle_timeout``: stop after this many seconds without a message (None: never).
+        """
+        vis = self.visibility if visibility is None else visibility
+        idle = 0.0
+        pending: list[Message] = []
+        try:
+            while True:
+                got = self.receive(batch, visibility=vis, wait=wait)
+                if not got:
+                    idle += wait
+                    if idle_timeout is not None and idle >= idle_timeout:
+                        return
+                    continue
+                idle = 0.0
+                pending = got
+                if renew:
+                    for m in pending:
+                        keeper = ctypes.c_void_p()
+                        interval = max(1, _ms(vis / 3, "visibility"))
+                        _check(_lib.spool_keeper_start(
+                            self._handle(), m.receipt.encode(), interval, _ms(vis, "visibility"),
+                            _ms(max_lifetime, "max_lifetime"), ctypes.byref(keeper)))
+                        m._keeper = keeper.value
+                while pending:
+                    m = pending[0]
+                    yield m
+                    pending.pop(0)
+                    m._stop_keeper()
+                    if auto_ack and not m.settled:
+                        try:
+                            m.ack()
+                        except LeaseLost:
+                            m.lease_lost = True
+        finally:
+            for m in pending:
+                m._stop_keeper()
+                if not m.settled and self._h is not None and os.getpid() == self._pid:
+                    try:
+                        m.nack()
+                    except Error:
+                        pass  # lost or gone: nothing of ours to give back
+
+    # -- inspecting and maintaining
+
+    def stats(self) -> Stats:
+        """The queue's counters."""
+        s = _capi.spool_stats(size=ctypes.sizeof(_capi.spool_stats))
+        _check(_lib.spool_get_stats(self._handle(), ctypes.byref(s)))
+        return Stats(s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
+                     s.acked_total, s.dead_lettered_total, s.expired_total, s.nacked_total,
+                     s.bytes, s.bytes_on_disk, s.segments, s.next_id)
+
+    def sync(self) -> None:
+        """Makes every write so far durable, whatever the sync policy."""
+        _check(_lib.spool_sync(self._handle()))
+
+    def purge(self) -> int:
+        """Removes every message; returns how many."""
+        n = ctypes.c_uint64()
+        _check(_lib.spool_purge(self._handle(), ctypes.byref(n)))
+        return n.value
+
+    def compact(self) -> dict[str, int]:
+        """Reclaims the disk of acked messages now."""
+        r = _capi.spool_compact_result()
+        _check(_lib.spool_compact(self._handle(), ctypes.byref(r)))
+        return {"segments_removed": r.segments_removed, "messages_copied": r.messages_copied,
+                "bytes_freed": r.bytes_freed}
+
+    def verify(self, repair: bool = False) -> list[str]:
+        """fsck: the problems found (and repairs made), one line each; [] when sound."""
+        problems = ctypes.c_size_t()
+        report = ctypes.c_void_p()
+        _check(_lib.spool_verify(self._handle(), 1 if repair else 0, ctypes.byref(problems),
+                                 ctypes.byref(report)))
+        try:
+            text = ctypes.string_at(report.value).decode() if report.value else ""
+        finally:
+            _lib.spool_free(report)
+        return [line for line in text.splitlines() if line]
+
+    def dead_letters(self) -> "Queue":
+        """The dead-letter queue (dir/dlq), a Queue that closes with this one."""
+        h = ctypes.c_void_p()
+        _check(_lib.spool_dead_letters(self._handle(), ctypes.byref(h)))
+        return Queue._borrowed(self, h.value)
+
+    def redrive(self, max: int = 1 << 30) -> int:
+        """Moves up to ``max`` dead letters back into this queue as new messages."""
+        n = ctypes.c_uint64()
+        _check(_lib.spool_redrive(self._handle(), max, ctypes.byref(n)))
+        return n.value
+
+    def __repr__(self) -> str:
+        state = "closed" if self._h is None else "open"
+        return f"<spool.Queue {state}>"
+

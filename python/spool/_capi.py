@@ -1,0 +1,149 @@
+"""ctypes declarations of libspool's C API (include/spool/spool.h).
+
+Private: use the classes of the ``spool`` package. The library is found as
+``$SPOOL_LIBRARY`` (a path), else through ``ctypes.util.find_library("spool")``, else as
+``libspool.so.0`` on the dynamic linker's search path.
+
+The library is loaded with ``ctypes.CDLL``, which releases the GIL for the whole of every
+call: a long poll (``spool_receive`` with a wait) blocks only its own thread. PyDLL would
+hold the GIL and must not be used.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, c_char_p, c_double, c_int, c_int64, c_size_t, c_uint32,
+                    c_uint64, c_void_p)
+
+c_int_p = POINTER(c_int)
+
+
+class spool_options(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("visibility_ms", c_uint64),
+        ("max_receives", c_uint32),
+        ("sync", c_int),
+        ("sync_interval_ms", c_uint64),
+        ("segment_size", c_uint64),
+        ("max_payload", c_uint64),
+        ("retention_max_age_ms", c_uint64),
+        ("retention_max_bytes", c_uint64),
+        ("max_ready", c_uint64),
+        ("max_bytes", c_uint64),
+        ("create", c_int),
+    ]
+
+
+class spool_send_options(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("delay_ms", c_uint64),
+        ("durability", c_int),
+        ("wait_for_room_ms", c_uint64),
+    ]
+
+
+class spool_message(ctypes.Structure):
+    _fields_ = [
+        ("id", c_uint64),
+        ("payload", c_void_p),
+        ("payload_len", c_size_t),
+        ("receive_count", c_uint32),
+        ("enqueued_ns", c_int64),
+        ("receipt", c_char_p),
+    ]
+
+
+class spool_stats(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("ready", c_uint64),
+        ("in_flight", c_uint64),
+        ("delayed", c_uint64),
+        ("dead", c_uint64),
+        ("oldest_ready_age_s", c_double),
+        ("sent_total", c_uint64),
+        ("acked_total", c_uint64),
+        ("dead_lettered_total", c_uint64),
+        ("expired_total", c_uint64),
+        ("nacked_total", c_uint64),
+        ("bytes", c_uint64),
+        ("bytes_on_disk", c_uint64),
+        ("segments", c_uint64),
+        ("next_id", c_uint64),
+    ]
+
+
+class spool_compact_result(ctypes.Structure):
+    _fields_ = [
+        ("segments_removed", c_uint64),
+        ("messages_copied", c_uint64),
+        ("bytes_freed", c_uint64),
+    ]
+
+
+def _find() -> str:
+    path = os.environ.get("SPOOL_LIBRARY")
+    if path:
+        return path
+    return ctypes.util.find_library("spool") or "libspool.so.0"
+
+
+def _load() -> ctypes.CDLL:
+    name = _find()
+    try:
+        lib = ctypes.CDLL(name)  # CDLL: the GIL is released during each call
+    except OSError as e:
+        raise ImportError(
+            f"spool: cannot load the C library {name!r} ({e}); install libspool0 "
+            "(or `meson install`), or set SPOOL_LIBRARY to the path of libspool.so.0") from e
+    q = c_void_p
+    msg_pp = POINTER(POINTER(spool_message))
+    sigs = {
+        "spool_code_name": (c_char_p, [c_int]),
+        "spool_last_error": (c_char_p, []),
+        "spool_options_init": (None, [POINTER(spool_options)]),
+        "spool_open": (c_int, [c_char_p, POINTER(spool_options), POINTER(c_void_p)]),
+        "spool_close": (None, [q]),
+        "spool_dir": (c_char_p, [q]),
+        "spool_get_options": (c_int, [q, POINTER(spool_options)]),
+        "spool_send_options_init": (None, [POINTER(spool_send_options)]),
+        "spool_send": (c_int, [q, c_char_p, c_size_t, POINTER(spool_send_options),
+                               POINTER(c_uint64)]),
+        "spool_send_batch": (c_int, [q, POINTER(c_char_p), POINTER(c_size_t), c_size_t,
+                                     POINTER(spool_send_options), POINTER(c_uint64)]),
+        "spool_durable_id": (c_uint64, [q]),
+        "spool_receive": (c_int, [q, c_size_t, c_uint64, c_uint64, msg_pp, POINTER(c_size_t)]),
+        "spool_receive_id": (c_int, [q, c_uint64, c_uint64, msg_pp]),
+        "spool_peek": (c_int, [q, c_size_t, msg_pp, POINTER(c_size_t)]),
+        "spool_messages_free": (None, [POINTER(spool_message)]),
+        "spool_free": (None, [c_void_p]),
+        "spool_ack": (c_int, [q, c_char_p, c_int]),
+        "spool_nack": (c_int, [q, c_char_p, c_uint64]),
+        "spool_extend": (c_int, [q, c_char_p, c_uint64]),
+        "spool_bind_leases": (c_int, [q]),
+        "spool_bind": (c_int, [q, c_char_p]),
+        "spool_keeper_start": (c_int, [q, c_char_p, c_uint64, c_uint64, c_uint64,
+                                       POINTER(c_void_p)]),
+        "spool_keeper_status": (c_int, [c_void_p]),
+        "spool_keeper_renewals": (c_uint64, [c_void_p]),
+        "spool_keeper_free": (None, [c_void_p]),
+        "spool_get_stats": (c_int, [q, POINTER(spool_stats)]),
+        "spool_workers_needed": (c_uint64, [POINTER(spool_stats), c_double, c_double]),
+        "spool_sync": (c_int, [q]),
+        "spool_purge": (c_int, [q, POINTER(c_uint64)]),
+        "spool_compact": (c_int, [q, POINTER(spool_compact_result)]),
+        "spool_verify": (c_int, [q, c_int, POINTER(c_size_t), POINTER(c_void_p)]),
+        "spool_dead_letters": (c_int, [q, POINTER(c_void_p)]),
+        "spool_redrive": (c_int, [q, c_size_t, POINTER(c_uint64)]),
+    }
+    for fn, (restype, argtypes) in sigs.items():
+        f = getattr(lib, fn)
+        f.restype = restype
+        f.argtypes = argtypes
+    return lib
+
+
+lib = _load()

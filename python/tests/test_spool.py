@@ -1,0 +1,373 @@
+"""The spool package against the real library, with real processes: competing workers
+(multiprocessing), kill -9 of a worker holding a lease, stale acks, the C++ CLI as producer,
+a C worker, Python and the CLI on one queue at once, and a long poll that leaves the GIL to
+other threads."""
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import spool
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHONPATH = os.path.join(HERE, "..")
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYTHONPATH + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_python(code: str, *args: str, **kw) -> subprocess.Popen:
+    """Starts a real interpreter (this one) running `code`."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
+                            env=child_env(), **kw)
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------ basics and errors
+
+def test_send_receive_ack_bytes_and_str(qdir):
+    with spool.Queue(qdir, visibility=10) as q:
+        before = time.time()
+        a = q.send(b"\x00binary\xff")
+        b = q.send("héllo")
+        assert b == a + 1
+        ids = q.send_batch(["x", b"y", "z"])
+        assert ids == [b + 1, b + 2, b + 3]
+        msgs = q.receive(max=10, wait=1)
+        assert [m.id for m in msgs] == [a, b] + ids
+        assert msgs[0].payload == b"\x00binary\xff"
+        assert msgs[1].text == "héllo" and msgs[1].payload == "héllo".encode()
+        assert all(m.receive_count == 1 for m in msgs)
+        assert before - 1 <= msgs[0].enqueued <= time.time() + 1
+        assert q.stats().in_flight == 5
+        for m in msgs:
+            m.ack()
+        st = q.stats()
+        assert (st.ready, st.in_flight, st.acked_total, st.sent_total) == (0, 0, 5, 5)
+        assert q.receive() == []
+        q.sync()
+        assert q.durable_id >= ids[-1]
+
+
+def test_errors_are_exceptions_per_code(qdir, tmp_path):
+    not_a_queue = tmp_path / "file"
+    not_a_queue.write_text("hi")
+    with pytest.raises(spool.NotAQueue) as e:
+        spool.Queue(str(not_a_queue))
+    assert e.value.code == 7 and e.value.code_name == "not a queue"
+    assert "file" in str(e.value) and isinstance(e.value, spool.Error)
+    with pytest.raises(spool.NotAQueue):
+        spool.Queue(str(tmp_path / "absent"), create=False)
+    with spool.Queue(qdir, max_payload=100) as q:
+        with pytest.raises(spool.TooLarge, match="too large"):
+            q.send(b"x" * 101)
+        with pytest.raises(spool.InvalidArgument):
+            q.ack("not-a-receipt")
+        with pytest.raises(TypeError):
+            q.send(12)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            q.send("x", delay=-1)
+        m = q.receive(wait=0) or None
+        assert m is None
+        q.send("once")
+        (m,) = q.receive()
+        m.ack()
+        with pytest.raises(spool.NotFound):
+            m.ack()
+    with pytest.raises(spool.Error, match="closed"):
+        q.send("after close")
+
+
+def test_back_pressure_raises_queue_full(qdir):
+    with spool.Queue(qdir, max_ready=2) as q:
+        q.send("1")
+        q.send("2")
+        with pytest.raises(spool.QueueFull):
+            q.send("3")
+        t0 = time.monotonic()
+        with pytest.raises(spool.QueueFull):
+            q.send("3", wait_for_room=0.2)
+        assert time.monotonic() - t0 >= 0.15
+
+
+def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("job")
+        (first,) = q.receive(visibility=0.1)
+        time.sleep(0.25)  # the lease ends
+        (second,) = q.receive(visibility=10)
+        assert second.id == first.id and second.receive_count == 2
+        with pytest.raises(spool.LeaseLost, match="lease lost"):
+            first.ack()
+        with pytest.raises(spool.LeaseLost):
+            first.nack()
+        with pytest.raises(spool.LeaseLost):
+            first.extend(5)
+        st = q.stats()
+        assert st.in_flight == 1 and st.acked_total == 0
+        second.ack()
+        assert q.stats().acked_total == 1
+
+
+def test_nack_delay_dead_letters_redrive_peek(qdir):
+    with spool.Queue(qdir, max_receives=2) as q:
+        i = q.send("poison")
+        assert [m.payload for m in q.peek()] == [b"poison"]
+        (m,) = q.receive()
+        m.nack(delay=0.2)
+        assert q.receive() == [] and q.stats().delayed == 1
+        (m,) = q.receive(wait=2)
+        assert m.receive_count == 2
+        m.nack()
+        assert q.receive() == []  # third delivery: dead-lettered instead
+        assert q.stats().dead == 1
+        dlq = q.dead_letters()
+        assert dlq.stats().ready == 1
+        assert q.redrive() == 1
+        (m,) = q.receive()
+        assert m.payload == b"poison" and m.receive_count == 1 and m.id != i
+        m.ack()
+        assert q.verify() == []
+        assert q.purge() == 0
+
+
+# ------------------------------------------------------------------ processes
+
+N_COMPETING = 2000
+
+
+def _competing_worker(qdir: str, out) -> None:
+    # The child opens the queue itself (a Queue must not cross fork).
+    seen = []
+    with spool.Queue(qdir) as q:
+        while True:
+            msgs = q.receive(max=8, visibility=30, wait=0.3)
+            if not msgs:
+                st = q.stats()
+                if st.acked_total >= N_COMPETING and st.ready == 0 and st.in_flight == 0:
+                    break
+                continue
+            for m in msgs:
+                m.ack()
+                seen.append(int(m.text))
+    out.put(seen)
+
+
+def test_competing_workers_ack_every_message_once(qdir):
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    workers = [ctx.Process(target=_competing_worker, args=(qdir, out)) for _ in range(4)]
+    with spool.Queue(qdir):
+        pass  # created before the workers start
+    for w in workers:
+        w.start()
+    with spool.Queue(qdir) as q:
+        for start in range(0, N_COMPETING, 100):
+            q.send_batch(str(i) for i in range(start, start + 100))
+    results = [out.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(30)
+        assert w.exitcode == 0
+    counts = collections.Counter(i for r in results for i in r)
+    assert sorted(counts) == list(range(N_COMPETING))
+    assert set(counts.values()) == {1}, [i for i, c in counts.items() if c != 1][:10]
+    assert sum(1 for r in results if r) >= 2, [len(r) for r in results]
+    with spool.Queue(qdir) as q:
+        st = q.stats()
+        assert st.acked_total == N_COMPETING and st.sent_total == N_COMPETING
+
+
+def test_queue_from_parent_refuses_use_in_forked_child(qdir):
+    with spool.Queue(qdir) as q:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                q.send("from the child")
+                os.write(w, b"sent")
+            except spool.Error as e:
+                os.write(w, b"refused" if "open the queue again" in str(e) else b"other")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 100) == b"refused"
+        assert q.stats().sent_total == 0
+
+
+WORKER_THAT_HANGS = """
+    import sys, time, spool
+    q = spool.Queue(sys.argv[1])
+    for msg in q.messages(visibility=float(sys.argv[2]), renew=sys.argv[3] == "renew"):
+        print("got", msg.id, flush=True)
+        time.sleep(3600)   # "working" until killed
+"""
+
+
+@pytest.mark.parametrize("renew", ["renew", "plain"])
+def test_kill9_of_a_worker_holding_a_lease_gives_the_message_back(qdir, renew):
+    with spool.Queue(qdir) as q:
+        mid = q.send("work")
+        # With renew, the lease is 30 s but bound to the worker (keeper): back at once.
+        # Without, a 1 s lease that nobody renews: back when it runs out.
+        visibility = "30" if renew == "renew" else "1"
+        p = run_python(WORKER_THAT_HANGS, qdir, visibility, renew, stdout=subprocess.PIPE, text=True)
+        try:
+            line = p.stdout.readline()
+            assert line.split() == ["got", str(mid)], line
+            assert q.receive() == []  # leased by the worker
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(10)
+            t0 = time.monotonic()
+            msgs = q.receive(wait=10)
+            took = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+        assert [m.id for m in msgs] == [mid]
+        assert msgs[0].receive_count == 2
+        assert took < (5 if renew == "renew" else 10)
+        msgs[0].ack()
+
+
+def test_messages_renews_the_lease_while_the_body_runs(qdir):
+    with spool.Queue(qdir) as q, spool.Queue(qdir) as other:
+        q.send("slow")
+        for msg in q.messages(visibility=0.3, wait=0.1, idle_timeout=0.3):
+            time.sleep(1.0)  # over three leases long
+            assert other.receive() == [], "the lease ran out while the body worked"
+        assert q.stats().acked_total == 1  # acked when the body finished
+
+
+def test_messages_nacks_what_an_exception_leaves(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("boom")
+        with pytest.raises(RuntimeError):
+            for msg in q.messages(visibility=30, wait=0.1):
+                raise RuntimeError("handler failed")
+        # the generator is closed with the frame: the message is ready again at once
+        import gc
+        gc.collect()
+        (m,) = q.receive()
+        assert m.receive_count == 2 and q.stats().nacked_total == 1
+
+
+def test_cli_producer_python_consumer(qdir, spool_cli):
+    n = 3000
+    subprocess.run([spool_cli, "init", qdir], check=True, stdout=subprocess.DEVNULL)
+    with spool.Queue(qdir) as q:
+        producer = subprocess.Popen([spool_cli, "send", qdir, "--lines"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL)
+        producer.stdin.write("".join(f"line-{i}\n" for i in range(n)).encode())
+        producer.stdin.close()
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            for m in q.receive(max=64, wait=1):
+                got.append(m.text)
+                m.ack()
+        assert producer.wait(30) == 0
+        assert sorted(got) == sorted(f"line-{i}" for i in range(n))
+        stats = subprocess.run([spool_cli, "stats", qdir, "--json"], check=True,
+                               capture_output=True, text=True).stdout.replace(" ", "")
+        assert f'"acked_total":{n}' in stats and '"ready":0' in stats
+
+
+PY_PRODUCER = """
+    import sys, spool
+    with spool.Queue(sys.argv[1]) as q:
+        for start in range(0, int(sys.argv[2]), 50):
+            q.send_batch(f"py-{i}" for i in range(start, start + 50))
+"""
+
+PY_CONSUMER = """
+    import os, sys, spool
+    fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    with spool.Queue(sys.argv[1]) as q:
+        for msg in q.messages(batch=8, wait=0.2, idle_timeout=3):
+            os.write(fd, b"%d %s\\n" % (msg.id, msg.payload))
+"""
+
+
+def test_c_worker_python_worker_and_cli_on_one_queue_at_once(qdir, spool_cli, c_worker, tmp_path):
+    n = 2000
+    subprocess.run([spool_cli, "init", qdir], check=True, stdout=subprocess.DEVNULL)
+    c_out, py_out = str(tmp_path / "c.txt"), str(tmp_path / "py.txt")
+    # Two consumers, C and Python, start first and compete; the CLI and a Python process
+    # produce at the same time.
+    consumers = [subprocess.Popen([c_worker, qdir, "--idle-exit", "3", "--out", c_out]),
+                 run_python(PY_CONSUMER, qdir, py_out)]
+    cli = subprocess.Popen([spool_cli, "send", qdir, "--lines"], stdin=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL)
+    py_producer = run_python(PY_PRODUCER, qdir, str(n))
+    for start in range(0, n, 200):  # the CLI's lines arrive in bursts
+        cli.stdin.write("".join(f"cli-{i}\n" for i in range(start, start + 200)).encode())
+        cli.stdin.flush()
+        time.sleep(0.01)
+    cli.stdin.close()
+    assert cli.wait(60) == 0 and py_producer.wait(60) == 0
+    for c in consumers:
+        assert c.wait(120) == 0
+    lines = {}
+    for path in (c_out, py_out):
+        with open(path) as f:
+            lines[path] = [line.split(" ", 1)[1].rstrip("\n") for line in f]
+    every = lines[c_out] + lines[py_out]
+    want = [f"cli-{i}" for i in range(n)] + [f"py-{i}" for i in range(n)]
+    assert collections.Counter(every) == collections.Counter(want)  # each exactly once
+    assert lines[c_out] and lines[py_out], {p: len(v) for p, v in lines.items()}
+    with spool.Queue(qdir) as q:
+        st = q.stats()
+        assert (st.acked_total, st.ready, st.in_flight) == (2 * n, 0, 0)
+
+
+# ------------------------------------------------------------------ the GIL
+
+def test_long_poll_leaves_the_gil_to_other_threads(qdir):
+    with spool.Queue(qdir) as q:
+        received = []
+        entered = threading.Event()
+
+        def poll():
+            entered.set()
+            received.extend(q.receive(wait=3))
+
+        t = threading.Thread(target=poll)
+        t.start()
+        entered.wait()
+        time.sleep(0.1)  # the poller is inside spool_receive now
+        # Pure-Python work in this thread: it runs only if the poller released the GIL.
+        start = last = time.monotonic()
+        longest_gap = 0.0
+        while time.monotonic() - start < 1.0:
+            now = time.monotonic()
+            longest_gap = max(longest_gap, now - last)
+            last = now
+            sum(range(200))
+        assert t.is_alive(), "the long poll returned early"
+        assert longest_gap < 0.5, f"this thread stalled {longest_gap:.2f} s behind the poll"
+        # A send wakes the poller at once, long before its 3 s.
+        sent = time.monotonic()
+        sender = run_python("import sys, spool; spool.Queue(sys.argv[1]).send('wake')", qdir)
+        assert sender.wait(30) == 0
+        t.join(5)
+        assert not t.is_alive() and [m.text for m in received] == ["wake"]
+        assert time.monotonic() - sent < 2.5
