@@ -2,11 +2,13 @@
 // Children open the queue themselves after fork (a Queue never crosses fork).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1026,6 +1028,17 @@ TEST_F(QueueProcessTest, ASenderKilledWhileItGrowsTheIndexLosesNoBatchThatReturn
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], "g-" + std::to_string(i)) << "at " << i;
 }
 
+// Whether the thread `tid` of `pid` is asleep in a futex wait with a timeout, as a long poll
+// is (sys::futex_wait on the index's wake word, FUTEX_WAIT with a timespec); a mutex wait
+// has no timeout. From /proc/PID/task/TID/syscall: "NR ARG0 ARG1 ARG2 ARG3 ...".
+bool in_timed_futex_wait(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  std::string addr, op, val, timeout;
+  if (!(in >> nr >> addr >> op >> val >> timeout)) return false;
+  return nr == SYS_futex && (std::stoul(op, nullptr, 16) & FUTEX_CMD_MASK) == FUTEX_WAIT && timeout != "0x0";
+}
+
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {
   auto q = open();
   for (int round = 0; round < 3; ++round) {
@@ -1043,7 +1056,13 @@ TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProces
     });
     uint64_t t = 0;
     ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
-    std::this_thread::sleep_for(150ms);  // the child is now asleep in its long poll
+    // Send only once the child is asleep in its long poll: a send before that would find no
+    // waiter, and the receive would return at once without testing the wake.
+    auto parked_by = std::chrono::steady_clock::now() + 10s;
+    while (!in_timed_futex_wait(child, child)) {
+      ASSERT_LT(std::chrono::steady_clock::now(), parked_by) << "round " << round << ": the child never slept in its long poll";
+      std::this_thread::sleep_for(1ms);
+    }
     uint64_t sent = mono_ns();
     ASSERT_TRUE(q->send("wake up").ok());
     ASSERT_TRUE(readable(fds[0], 5000));
