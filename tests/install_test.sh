@@ -72,7 +72,7 @@ layout() {
   for f in "$PC" "$LIBDIR/libspool.a" "$LIBDIR/libspool.so" "$LIBDIR/libspool.so.0" \
            "$PREFIX_DIR/bin/spool" "$PREFIX_DIR/bin/spool-dump" \
            "$PREFIX_DIR/share/man/man1/spool.1" "$PREFIX_DIR/share/man/man1/spool-dump.1" \
-           "$PREFIX_DIR/share/man/man3/libspool.3" \
+           "$PREFIX_DIR/share/man/man3/libspool.3" "$PREFIX_DIR/share/man/man3/spool.h.3" \
            "$PREFIX_DIR/include/spool/queue.h" "$PREFIX_DIR/include/spool/lease_keeper.h" \
            "$PREFIX_DIR/include/spool/status.h" "$PREFIX_DIR/include/spool/spool.h"; do
     [ -e "$f" ] || { echo "missing: $f"; return 1; }
