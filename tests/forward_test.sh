@@ -49,8 +49,9 @@ free_port() {
   done
   echo "$PORT"
 }
+# start_server [OPTIONS...]: with further nats-server options (auth, TLS) if given.
 start_server() {
-  bg "$NATS_SERVER" -js -a 127.0.0.1 -p "$PORT" -sd "$D/store" -l "$D/nats.log"
+  bg "$NATS_SERVER" -js -a 127.0.0.1 -p "$PORT" -sd "$D/store" -l "$D/nats.log" "$@"
   SERVER=$BGPID
   wait_for 10 port_open
 }
@@ -271,6 +272,194 @@ t_errors_are_one_line() {
   eq "exit code for a missing queue" "$?" 1
 }
 
+# no_secret SECRET FILE...: none of the files holds SECRET.
+no_secret() {
+  local secret=$1 f
+  shift
+  for f in "$@"; do
+    [[ -e $f ]] || continue
+    grep -qF -- "$secret" "$f" && fail "$f shows the secret: $(cat "$f")"
+  done
+  return 0
+}
+# cmdline_lacks PID SECRET: /proc/PID/cmdline (what ps shows) does not hold SECRET.
+cmdline_lacks() {
+  tr '\0' ' ' <"/proc/$1/cmdline" >"$D/cmdline" || fail "no /proc/$1/cmdline"
+  echo "# cmdline: $(cat "$D/cmdline")"
+  no_secret "$2" "$D/cmdline"
+}
+# fwd ARGS...: spool forward q --subject jobs --stream JOBS ARGS... (--nats among them),
+# stdout in $D/fwd.out, stderr in $D/fwd.err (both kept, for no_secret), exit code in RC.
+fwd() {
+  echo "--- spool forward $*" >>"$D/fwd.cmds"
+  timeout 60 "$SPOOL" forward q --subject jobs --stream JOBS "$@" >>"$D/fwd.out" 2>"$D/last.err"
+  RC=$?
+  cat "$D/last.err" >>"$D/fwd.err"
+}
+last_err_has() { grep -qF -- "$1" "$D/last.err" || fail "stderr lacks '$1': $(cat "$D/last.err")"; }
+
+# Issue 23: credentials were possible only in the URL, so they showed in ps and on stderr.
+# A server with a user and password: the forwarder gets the password from a file or from the
+# environment, and no output of it, nor its command line, ever shows the password; a URL
+# with credentials is shown redacted.
+t_credentials_by_file_and_environment_never_shown() {
+  local user=spooler pw=pw-9f3Kq7-not-for-eyes
+  "$SPOOL" init q || fail "init"
+  start_server --user "$user" --pass "$pw"
+  local auth_url=nats://$user:$pw@127.0.0.1:$PORT  # for nats_drain only
+  send_range q 1 100
+  # No credentials: refused at once (not retried for ever), saying what to check.
+  fwd --nats "$URL" --once
+  eq "exit code without credentials" "$RC" 1
+  last_err_has "Authorization Violation"
+  last_err_has "check the credentials"
+  # A file of USER:PASSWORD.
+  printf '%s:%s\n' "$user" "$pw" >creds
+  chmod 644 creds
+  fwd --nats "$URL" --once --creds-file creds
+  eq "exit code for a world-readable --creds-file" "$RC" 1
+  last_err_has "chmod 600 creds"
+  chmod 600 creds
+  fwd --nats "$URL" --once --creds-file creds
+  eq "exit code with --creds-file (stderr: $(cat "$D/last.err"))" "$RC" 0
+  last_err_has "forwarded 100 messages"
+  eq "in the stream after --creds-file" "$(URL=$auth_url stream_count)" 100
+  # The environment, with the forwarder running (so its command line can be read).
+  send_range q 101 200
+  bg env SPOOL_NATS_USER="$user" SPOOL_NATS_PASSWORD="$pw" \
+    "$SPOOL" forward q --nats "$URL" --subject jobs --stream JOBS 2>"$D/env.err" >"$D/env.out"
+  FWD=$BGPID
+  URL=$auth_url wait_for 20 count_is 200
+  cmdline_lacks "$FWD" "$pw"
+  stop "$FWD" forwarder
+  grep -q "forwarded 100 messages" "$D/env.err" || fail "env forwarder: $(cat "$D/env.err")"
+  # A wrong password is refused, and not printed either.
+  SPOOL_NATS_USER=$user SPOOL_NATS_PASSWORD=wrong-pw-Zx81 fwd --nats "$URL" --once
+  eq "exit code for a wrong password" "$RC" 1
+  last_err_has "Authorization Violation"
+  no_secret wrong-pw-Zx81 "$D/last.err"
+  # Credentials in the URL still work, with a warning; the URL is shown as nats://***@.
+  send_range q 201 300
+  bg "$SPOOL" forward q --nats "$auth_url" --subject jobs --stream JOBS 2>"$D/url.err" >"$D/url.out"
+  FWD=$BGPID
+  URL=$auth_url wait_for 20 count_is 300
+  wait_for 10 grep -q "forwarding q" "$D/url.err"
+  cmdline_lacks "$FWD" "$pw"
+  stop "$FWD" forwarder
+  grep -qF "at nats://***@127.0.0.1:$PORT" "$D/url.err" || fail "URL not shown redacted: $(cat "$D/url.err")"
+  grep -q "can be seen by other users" "$D/url.err" || fail "no warning about a URL password: $(cat "$D/url.err")"
+  # A URL with credentials that cannot be reached is redacted in the warning too.
+  bg "$SPOOL" forward q --nats "nats://$user:$pw@127.0.0.1:1" --subject jobs 2>"$D/unreach.err" >"$D/unreach.out"
+  FWD=$BGPID
+  wait_for 10 grep -q "cannot reach NATS" "$D/unreach.err"
+  cmdline_lacks "$FWD" "$pw"
+  stop "$FWD" "forwarder to an unreachable server"
+  grep -qF "cannot reach NATS at nats://***@127.0.0.1:1 " "$D/unreach.err" ||
+    fail "unreachable URL not redacted: $(cat "$D/unreach.err")"
+  # Two ways at once is a usage error naming both; half a pair in the environment too.
+  SPOOL_NATS_PASSWORD=$pw fwd --nats "$URL" --once --creds-file creds
+  eq "exit code for --creds-file and the environment" "$RC" 64
+  last_err_has "credentials given two ways (--creds-file and SPOOL_NATS_USER/SPOOL_NATS_PASSWORD)"
+  SPOOL_NATS_PASSWORD=$pw fwd --nats "$URL" --once
+  eq "exit code for a password without a user" "$RC" 64
+  last_err_has "SPOOL_NATS_USER is not"
+  fwd --nats "$auth_url" --once --creds-file creds
+  eq "exit code for --creds-file and a URL with credentials" "$RC" 64
+  # Bad files.
+  : >empty
+  chmod 600 empty
+  fwd --nats "$URL" --once --creds-file empty
+  eq "exit code for an empty --creds-file" "$RC" 1
+  last_err_has "empty"
+  fwd --nats "$URL" --once --creds-file nowhere
+  eq "exit code for a missing --creds-file" "$RC" 64
+  last_err_has "nowhere"
+  no_secret "$pw" "$D/fwd.err" "$D/fwd.out" "$D/env.err" "$D/env.out" "$D/url.err" "$D/url.out" \
+    "$D/unreach.err" "$D/unreach.out"
+  URL=$auth_url exactly_once 300
+}
+
+# A token server: SPOOL_NATS_TOKEN, and a --creds-file holding a token.
+t_token_by_environment_and_file() {
+  local token=tok-Aq93-never-printed
+  "$SPOOL" init q || fail "init"
+  start_server --auth "$token"
+  local auth_url=nats://$token@127.0.0.1:$PORT
+  send_range q 1 50
+  SPOOL_NATS_TOKEN=$token fwd --nats "$URL" --once
+  eq "exit code with SPOOL_NATS_TOKEN (stderr: $(cat "$D/last.err"))" "$RC" 0
+  send_range q 51 100
+  printf '%s\n' "$token" >tokfile
+  chmod 600 tokfile
+  fwd --nats "$URL" --once --creds-file tokfile
+  eq "exit code with a token file (stderr: $(cat "$D/last.err"))" "$RC" 0
+  fwd --nats "$auth_url" --once
+  eq "exit code with the token in the URL" "$RC" 0
+  grep -qF "nats://***@127.0.0.1:$PORT" "$D/fwd.err" || fail "token URL not redacted: $(cat "$D/fwd.err")"
+  SPOOL_NATS_TOKEN=wrong-tok-7Hh fwd --nats "$URL" --once
+  eq "exit code for a wrong token" "$RC" 1
+  no_secret "$token" "$D/fwd.err" "$D/fwd.out"
+  no_secret wrong-tok-7Hh "$D/fwd.err" "$D/fwd.out"
+  URL=$auth_url exactly_once 100
+}
+
+# make_cert NAME EXTENSIONS: NAME.pem and NAME.key, signed by ca.pem (EC P-256, 2 days).
+make_cert() {
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=spool-test-$1" \
+    -keyout "$1.key" -out "$1.csr" 2>>"$D/openssl.err" || fail "openssl req $1: $(cat "$D/openssl.err")"
+  printf '%s\n' "$2" >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out "$1.pem" \
+    -extfile "$1.ext" 2>>"$D/openssl.err" || fail "openssl x509 $1: $(cat "$D/openssl.err")"
+}
+
+# TLS with a CA of the test's own, and a server that verifies client certificates: the
+# forwarder needs --tls-ca for the server and --tls-cert/--tls-key for itself.
+t_tls_ca_and_client_certificate() {
+  if ! command -v openssl >/dev/null; then
+    echo "# SKIP: TLS NOT TESTED: openssl is not installed (scripts/deps.sh --test installs it)"
+    return 0
+  fi
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=spool-test-ca \
+    -days 2 -keyout ca.key -out ca.pem 2>>"$D/openssl.err" || fail "openssl CA: $(cat "$D/openssl.err")"
+  make_cert server $'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth'
+  make_cert client 'extendedKeyUsage=clientAuth'
+  "$SPOOL" init q || fail "init"
+  send_range q 1 200
+  start_server --tls --tlscert server.pem --tlskey server.key --tlsverify --tlscacert ca.pem
+  fwd --nats "$URL" --once
+  eq "exit code without --tls-ca" "$RC" 1
+  last_err_has "--tls-ca"
+  fwd --nats "$URL" --once --tls-ca ca.pem
+  eq "exit code without a client certificate" "$RC" 1
+  last_err_has "client certificate"
+  fwd --nats "$URL" --once --tls-ca ca.pem --tls-cert client.pem
+  eq "exit code for --tls-cert without --tls-key" "$RC" 64
+  last_err_has "--tls-cert requires --tls-key"
+  fwd --nats "$URL" --once --tls-ca missing.pem
+  eq "exit code for a missing --tls-ca" "$RC" 64
+  last_err_has "missing.pem"
+  fwd --nats "$URL" --once --tls-ca client.key
+  eq "exit code for a --tls-ca that is no certificate" "$RC" 1
+  last_err_has "cannot load --tls-ca client.key"
+  # The server's name is checked too: a certificate for another host is refused.
+  make_cert other 'subjectAltName=DNS:other.example'
+  local port=$PORT
+  PORT=$(free_port)
+  bg "$NATS_SERVER" -js -a 127.0.0.1 -p "$PORT" -sd "$D/store2" -l "$D/nats2.log" --tls --tlscert other.pem --tlskey other.key
+  wait_for 10 port_open
+  fwd --nats "nats://127.0.0.1:$PORT" --once --tls-ca ca.pem
+  eq "exit code for a certificate of another host" "$RC" 1
+  last_err_has "IP address mismatch"
+  PORT=$port
+  eq "acked before TLS was right" "$(qstat acked_total)" 0
+  fwd --nats "$URL" --once --tls-ca ca.pem --tls-cert client.pem --tls-key client.key
+  eq "exit code with TLS (stderr: $(cat "$D/last.err"))" "$RC" 0
+  last_err_has "forwarded 200 messages"
+  # Acked locally only once JetStream confirmed each (nats_drain speaks no TLS).
+  eq "acked over TLS" "$(qstat acked_total)" 200
+  queue_empty || fail "queue not empty after --once over TLS"
+}
+
 TESTS=(
   t_forward_10000_exactly_once
   t_resend_is_deduplicated
@@ -279,6 +468,9 @@ TESTS=(
   t_server_down_at_start
   t_sigterm_returns_unconfirmed
   t_errors_are_one_line
+  t_credentials_by_file_and_environment_never_shown
+  t_token_by_environment_and_file
+  t_tls_ca_and_client_certificate
 )
 
 # Each test gets its own server address, kept across the restarts it does.

@@ -335,6 +335,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
     return kExitUsage;
   }
 
+  // The --nats URL's password leaves /proc/PID/cmdline now that CLI11 has a copy of it.
+  if (*forward) cli::hide_url_secrets(argc, argv);
+
   // A command whose output is the data refuses a closed stdout before it touches the queue:
   // with /dev/null there a received message would be lost silently (docs/cli.md).
   if (closed.out_closed) {

@@ -1,6 +1,9 @@
 #include "cli/forward.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -8,11 +11,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cli/output.h"
@@ -66,6 +73,17 @@ CLI::App* add_forward_command(CLI::App& app, std::string& dir, ForwardArgs& a) {
   c->add_option("--ack-timeout", a.ack_timeout, "Wait this long for a PubAck before retrying (default 5s)")
       ->check(CLI::Validator(check_duration, "DURATION"));
   c->add_flag("--once", a.once, "Exit when the queue is empty (nothing ready, delayed or leased)");
+  c->add_option("--creds-file", a.creds_file,
+                "File of one line: USER:PASSWORD, or a token (not readable by others: chmod 600); "
+                "or set SPOOL_NATS_USER and SPOOL_NATS_PASSWORD, or SPOOL_NATS_TOKEN")
+      ->check(CLI::ExistingFile);
+  c->add_option("--tls-ca", a.tls_ca, "TLS: PEM file of the CA certificates the server's certificate must chain to")
+      ->check(CLI::ExistingFile);
+  auto* key = c->add_option("--tls-key", a.tls_key, "TLS: PEM private key of --tls-cert")->check(CLI::ExistingFile);
+  auto* cert = c->add_option("--tls-cert", a.tls_cert, "TLS: PEM client certificate (chain), for servers that verify clients")
+                   ->check(CLI::ExistingFile);
+  cert->needs(key);
+  key->needs(cert);
   c->footer(
       "At-least-once: a message is acked locally only after JetStream confirmed it; a failed or\n"
       "timed-out publish returns it to the queue with backoff. Each message carries Nats-Msg-Id\n"
@@ -74,8 +92,66 @@ CLI::App* add_forward_command(CLI::App& app, std::string& dir, ForwardArgs& a) {
       "While the server is unreachable (also at start) it warns once and keeps retrying.\n"
       "SIGTERM/SIGINT: stop receiving, wait for outstanding PubAcks (up to --ack-timeout), return\n"
       "the rest to the queue, exit 0. See docs/beyond-one-host.md.\n"
+      "Credentials: --creds-file, or the environment; a URL's user:password@ shows in ps\n"
+      "(docs/security.md). No secret is ever printed: URLs are shown as nats://***@host.\n"
       "Example: spool forward /var/spool/jobs --nats nats://hub:4222 --subject jobs --stream JOBS");
   return c;
+}
+
+namespace {
+
+// The user information of one server URL, [*from, *to): what lies between the scheme (if
+// any) and the last '@', as check_url() reads a URL. False if it has none.
+bool userinfo_span(std::string_view url, size_t* from, size_t* to) {
+  size_t scheme = url.find("://");
+  *from = scheme == std::string_view::npos ? 0 : scheme + 3;
+  *to = url.rfind('@');
+  return *to != std::string_view::npos && *to >= *from;
+}
+
+// Calls f(offset, length) for the user information of each comma-separated server.
+template <typename F>
+void for_each_userinfo(std::string_view urls, F f) {
+  size_t start = 0;
+  for (;;) {
+    size_t end = urls.find(',', start);
+    std::string_view u = urls.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    size_t from, to;
+    if (userinfo_span(u, &from, &to)) f(start + from, to - from);
+    if (end == std::string_view::npos) break;
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+std::string redact_url(const std::string& urls) {
+  std::string out = urls;
+  std::vector<std::pair<size_t, size_t>> spans;
+  for_each_userinfo(urls, [&](size_t off, size_t len) { spans.emplace_back(off, len); });
+  for (auto it = spans.rbegin(); it != spans.rend(); ++it) out.replace(it->first, it->second, "***");
+  return out;
+}
+
+void hide_url_secrets(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* value = nullptr;
+    if (std::strcmp(argv[i], "--nats") == 0 && i + 1 < argc) {
+      value = argv[i + 1];
+    } else if (std::strncmp(argv[i], "--nats=", 7) == 0) {
+      value = argv[i] + 7;
+    }
+    if (value == nullptr) continue;
+    std::string shown = redact_url(value);
+    size_t len = std::strlen(value);
+    if (shown == value) continue;
+    if (shown.size() <= len) {  // "***" and the rest, the tail zeroed
+      std::memcpy(value, shown.data(), shown.size());
+      std::memset(value + shown.size(), 0, len - shown.size());
+    } else {  // user information shorter than "***": starred in place
+      for_each_userinfo(value, [&](size_t off, size_t n) { std::memset(value + off, '*', n); });
+    }
+  }
 }
 
 #if !SPOOL_HAVE_NATS
@@ -156,6 +232,113 @@ std::string check_url(const std::string& urls) {
   return "";
 }
 
+// How the forwarder authenticates: a user and password, a token, or neither (then the URL
+// may carry them). `secrets` is every string that must never be printed.
+struct Credentials {
+  std::string user, password, token;
+  std::vector<std::string> secrets;
+};
+
+struct CredentialsError {
+  int exit_code = 0;  // 0: none
+  std::string message;
+};
+
+std::string env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+// One line, USER:PASSWORD or a token, from a file other users cannot read.
+CredentialsError read_creds_file(const std::string& path, Credentials* c) {
+  auto bad = [&](const std::string& why) { return CredentialsError{1, "--creds-file " + path + ": " + why}; };
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return bad(std::strerror(errno));
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return bad("not a regular file");
+  }
+  if ((st.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+    ::close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return bad(std::string("every user can ") + ((st.st_mode & S_IROTH) != 0 ? "read" : "write") + " it (mode " +
+               mode + "); chmod 600 " + path + " (or 640 for a group)");
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() < 65536) text.append(buf, static_cast<size_t>(n));
+  int read_errno = errno;
+  ::close(fd);
+  if (n < 0) return bad(std::strerror(read_errno));
+  if (text.size() >= 65536) return bad("too large for one line of credentials");
+  if (text.rfind("-----BEGIN NATS USER JWT-----", 0) == 0) {
+    return bad("a NATS .creds file (JWT and NKey), which spool forward does not read; give USER:PASSWORD or a token");
+  }
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (!text.empty() && text.back() == '\r') text.pop_back();
+  if (text.empty()) return bad("empty (want one line: USER:PASSWORD, or a token)");
+  if (text.find('\n') != std::string::npos) return bad("more than one line (want one: USER:PASSWORD, or a token)");
+  c->secrets.push_back(text);
+  if (size_t colon = text.find(':'); colon != std::string::npos) {
+    c->user = text.substr(0, colon);
+    c->password = text.substr(colon + 1);
+    if (c->user.empty()) return bad("no user name before the ':' (want USER:PASSWORD)");
+    if (c->password.empty()) return bad("no password after the ':' (want USER:PASSWORD)");
+    c->secrets.push_back(c->password);
+  } else {
+    c->token = text;
+  }
+  return {};
+}
+
+// The credentials of --creds-file, the environment or the URL: one of them, else a usage
+// error naming both.
+CredentialsError load_credentials(const ForwardArgs& a, Credentials* c) {
+  std::string user = env_value("SPOOL_NATS_USER"), password = env_value("SPOOL_NATS_PASSWORD"),
+              token = env_value("SPOOL_NATS_TOKEN");
+  for_each_userinfo(a.url, [&](size_t off, size_t len) {
+    std::string info = a.url.substr(off, len);
+    if (info.empty()) return;
+    c->secrets.push_back(info);
+    if (size_t colon = info.find(':'); colon != std::string::npos) c->secrets.push_back(info.substr(colon + 1));
+  });
+  std::vector<std::string> given;
+  if (!a.creds_file.empty()) given.push_back("--creds-file");
+  if (!user.empty() || !password.empty()) given.push_back("SPOOL_NATS_USER/SPOOL_NATS_PASSWORD");
+  if (!token.empty()) given.push_back("SPOOL_NATS_TOKEN");
+  if (redact_url(a.url) != a.url) given.push_back("the --nats URL");
+  if (given.size() > 1) {
+    return {64, "credentials given two ways (" + given[0] + " and " + given[1] + "); give one"};
+  }
+  if (!a.creds_file.empty()) return read_creds_file(a.creds_file, c);
+  if (!user.empty() || !password.empty()) {
+    if (user.empty()) return {64, "SPOOL_NATS_PASSWORD is set but SPOOL_NATS_USER is not"};
+    if (password.empty()) return {64, "SPOOL_NATS_USER is set but SPOOL_NATS_PASSWORD is not"};
+    c->user = user;
+    c->password = password;
+    c->secrets.push_back(password);
+  } else if (!token.empty()) {
+    c->token = token;
+    c->secrets.push_back(token);
+  }
+  return {};
+}
+
+// `text` with every secret in it replaced by "***": for texts spool did not write (the
+// library's and the server's error messages), which could quote what they were given. A
+// second guard (they are not known to quote secrets), so it skips secrets under 4 bytes,
+// which would mangle every text ("a" in "Authorization").
+std::string scrub(std::string text, const std::vector<std::string>& secrets) {
+  for (const auto& secret : secrets) {
+    if (secret.size() < 4) continue;
+    for (size_t at = 0; (at = text.find(secret, at)) != std::string::npos; at += 3) text.replace(at, secret.size(), "***");
+  }
+  return text;
+}
+
 // The queue's identity for de-duplication ids: the random `uid` fixed in DIR/spool.conf when
 // the queue was created (the library API does not expose it). With the message id, which
 // never repeats within a queue, "<uid>-<id>" names one message across forwarder restarts,
@@ -187,8 +370,9 @@ constexpr int64_t kDuplicateWindowNs = 120ll * 1000 * 1000 * 1000;
 
 class Forwarder {
  public:
-  Forwarder(Queue& q, const ForwardArgs& a, std::string identity, Millis ack_timeout)
-      : q_(q), args_(a), identity_(std::move(identity)), ack_timeout_(ack_timeout),
+  Forwarder(Queue& q, const ForwardArgs& a, Credentials creds, std::string identity, Millis ack_timeout)
+      : q_(q), args_(a), creds_(std::move(creds)), url_(redact_url(a.url)), identity_(std::move(identity)),
+        ack_timeout_(ack_timeout),
         // Longer than a publish can be outstanding (the PubAck timeout turns it into a retry),
         // so a lease does not run out under a live forwarder; renew_leases() is the backstop.
         lease_(std::max(Millis(1000), 4 * ack_timeout)) {}
@@ -215,7 +399,7 @@ class Forwarder {
       if (!sleep_unless_stopped(pause)) return summary(0);
     }
     std::fprintf(stderr, "spool forward: forwarding %s to stream %s (subject %s) at %s\n", q_.dir().c_str(),
-                 stream_.c_str(), args_.subject.c_str(), args_.url.c_str());
+                 stream_.c_str(), args_.subject.c_str(), url_.c_str());
     int rc = forward();
     stop();
     return summary(rc);
@@ -257,12 +441,12 @@ class Forwarder {
   int connect() {
     if (std::string why = check_url(args_.url); !why.empty()) {
       if (why.find("(use") == std::string::npos) why += " (use nats://HOST:PORT)";
-      std::fprintf(stderr, "spool forward: bad --nats URL '%s': %s\n", args_.url.c_str(), why.c_str());
+      std::fprintf(stderr, "spool forward: bad --nats URL '%s': %s\n", url_.c_str(), why.c_str());
       return 1;
     }
     natsOptions* opts = nullptr;
     natsStatus s = natsOptions_Create(&opts);
-    if (s == NATS_OK) s = natsOptions_SetURL(opts, args_.url.c_str());
+    if (s == NATS_OK) s = natsOptions_SetURL(opts, args_.url.c_str());  // the real one, not url_
     if (s == NATS_OK) s = natsOptions_SetName(opts, ("spool forward " + q_.dir()).c_str());
     // Once connected, reconnect for ever: the forwarder outlives any outage on its own.
     if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);
@@ -275,9 +459,31 @@ class Forwarder {
     if (s == NATS_OK) s = natsOptions_SetReconnectedCB(opts, on_reconnected, this);
     if (s == NATS_OK) s = natsOptions_SetErrorHandler(opts, on_async_error, this);
     if (s != NATS_OK) {
-      std::fprintf(stderr, "spool forward: bad --nats URL '%s': %s\n", args_.url.c_str(), nats_error(s).c_str());
+      std::fprintf(stderr, "spool forward: bad --nats URL '%s': %s\n", url_.c_str(), nats_text(s).c_str());
       natsOptions_Destroy(opts);
       return 1;
+    }
+    // Credentials given otherwise than in the URL (one way only: load_credentials()).
+    if (!creds_.token.empty()) {
+      s = natsOptions_SetToken(opts, creds_.token.c_str());
+    } else if (!creds_.user.empty()) {
+      s = natsOptions_SetUserInfo(opts, creds_.user.c_str(), creds_.password.c_str());
+    }
+    if (s != NATS_OK) return options_failed(opts, "cannot set the credentials", s);
+    // TLS: asked for by either option (or a tls:// URL, which the library handles).
+    if (!args_.tls_ca.empty() || !args_.tls_cert.empty()) {
+      s = natsOptions_SetSecure(opts, true);
+      if (s != NATS_OK) return options_failed(opts, "cannot use TLS (is libnats built with it?)", s);
+    }
+    if (!args_.tls_ca.empty()) {
+      s = natsOptions_LoadCATrustedCertificates(opts, args_.tls_ca.c_str());
+      if (s != NATS_OK) return options_failed(opts, "cannot load --tls-ca " + args_.tls_ca, s);
+    }
+    if (!args_.tls_cert.empty()) {
+      s = natsOptions_LoadCertificatesChain(opts, args_.tls_cert.c_str(), args_.tls_key.c_str());
+      if (s != NATS_OK) {
+        return options_failed(opts, "cannot load --tls-cert " + args_.tls_cert + " with --tls-key " + args_.tls_key, s);
+      }
     }
     bool warned = false;
     for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
@@ -286,14 +492,23 @@ class Forwarder {
       bool transient = s == NATS_NO_SERVER || s == NATS_TIMEOUT || s == NATS_IO_ERROR ||
                        s == NATS_CONNECTION_CLOSED || s == NATS_CONNECTION_DISCONNECTED;
       if (!transient) {
-        std::fprintf(stderr, "spool forward: cannot connect to NATS at %s: %s\n", args_.url.c_str(),
-                     nats_error(s).c_str());
+        std::string text = nats_text(s);
+        std::string hint;
+        if (text.find("Authorization") != std::string::npos) {
+          hint = " (check the credentials: --creds-file, SPOOL_NATS_USER and SPOOL_NATS_PASSWORD, or SPOOL_NATS_TOKEN)";
+        } else if (text.find("SSL") != std::string::npos) {
+          if (args_.tls_ca.empty()) hint = " (give the CA that signed the server's certificate with --tls-ca)";
+        } else if (!args_.tls_ca.empty() && args_.tls_cert.empty()) {  // the server hung up on us
+          hint = " (does the server require a client certificate? --tls-cert and --tls-key)";
+        }
+        std::fprintf(stderr, "spool forward: cannot connect to NATS at %s: %s%s\n", url_.c_str(), text.c_str(),
+                     hint.c_str());
         natsOptions_Destroy(opts);
         return 1;
       }
       if (!warned) {
         std::fprintf(stderr, "spool forward: cannot reach NATS at %s (%s); retrying until it is up "
-                             "(the queue keeps accepting messages)\n", args_.url.c_str(), nats_error(s).c_str());
+                             "(the queue keeps accepting messages)\n", url_.c_str(), nats_text(s).c_str());
         warned = true;
       }
       if (!sleep_unless_stopped(pause)) {
@@ -302,21 +517,28 @@ class Forwarder {
       }
     }
     natsOptions_Destroy(opts);
-    if (warned) std::fprintf(stderr, "spool forward: connected to NATS at %s\n", args_.url.c_str());
+    if (warned) std::fprintf(stderr, "spool forward: connected to NATS at %s\n", url_.c_str());
     connected_ = true;
     return -1;
   }
 
+  // Says why an option could not be set, frees `opts` and returns the exit code.
+  int options_failed(natsOptions* opts, const std::string& what, natsStatus s) {
+    std::fprintf(stderr, "spool forward: %s: %s\n", what.c_str(), nats_text(s).c_str());
+    natsOptions_Destroy(opts);
+    return 1;
+  }
+
   Setup classify(natsStatus s, const std::string& what) {
     if (s == NATS_TIMEOUT || s == NATS_CONNECTION_CLOSED || s == NATS_CONNECTION_DISCONNECTED || s == NATS_IO_ERROR) {
-      warn(what + ": " + nats_error(s) + "; retrying");
+      warn(what + ": " + nats_text(s) + "; retrying");
       return Setup::kRetry;
     }
     if (s == NATS_NO_RESPONDERS) {
       std::fprintf(stderr, "spool forward: JetStream is not enabled on NATS at %s (start nats-server with -js)\n",
-                   args_.url.c_str());
+                   url_.c_str());
     } else {
-      std::fprintf(stderr, "spool forward: %s: %s\n", what.c_str(), nats_error(s).c_str());
+      std::fprintf(stderr, "spool forward: %s: %s\n", what.c_str(), nats_text(s).c_str());
     }
     return Setup::kFatal;
   }
@@ -368,7 +590,7 @@ class Forwarder {
     if (s == NATS_NOT_FOUND) {
       if (name.empty()) {
         std::fprintf(stderr, "spool forward: no JetStream stream captures subject %s at %s (create one, or pass "
-                             "--stream NAME to have it created)\n", args_.subject.c_str(), args_.url.c_str());
+                             "--stream NAME to have it created)\n", args_.subject.c_str(), url_.c_str());
       } else {
         std::fprintf(stderr, "spool forward: stream %s does not capture subject %s\n", name.c_str(),
                      args_.subject.c_str());
@@ -456,7 +678,7 @@ class Forwarder {
       }
     }
     if (s != NATS_OK) {
-      std::string why = nats_error(s);
+      std::string why = nats_text(s);
       natsMsg_Destroy(msg);
       retry_later(e, why);
     }
@@ -583,8 +805,11 @@ class Forwarder {
     if (key == last_warning_ && now - last_warned_ < std::chrono::seconds(10)) return;
     last_warning_ = key;
     last_warned_ = now;
-    std::fprintf(stderr, "spool forward: %s\n", text.c_str());
+    std::fprintf(stderr, "spool forward: %s\n", scrub(text, creds_.secrets).c_str());
   }
+
+  // The library's text for `s`, with no secret in it.
+  std::string nats_text(natsStatus s) const { return scrub(nats_error(s), creds_.secrets); }
 
   static bool sleep_unless_stopped(Millis d) {
     for (auto end = Clock::now() + d; Clock::now() < end;) {
@@ -596,6 +821,8 @@ class Forwarder {
 
   Queue& q_;
   const ForwardArgs& args_;
+  const Credentials creds_;
+  const std::string url_;  // args_.url as shown: redact_url()
   const std::string identity_;
   const Millis ack_timeout_;
   const Millis lease_;
@@ -621,6 +848,15 @@ class Forwarder {
 }  // namespace
 
 int run_forward(Queue& q, const ForwardArgs& args) {
+  Credentials creds;
+  if (CredentialsError e = load_credentials(args, &creds); e.exit_code != 0) {
+    std::fprintf(stderr, "spool forward: %s\n", scrub(e.message, creds.secrets).c_str());
+    return e.exit_code;
+  }
+  if (redact_url(args.url) != args.url) {
+    std::fprintf(stderr, "spool forward: warning: the credentials in the --nats URL can be seen by other users "
+                         "(ps) while spool starts; use --creds-file or SPOOL_NATS_PASSWORD (docs/security.md)\n");
+  }
   std::string identity = queue_identity(q.dir());
   if (identity.empty()) {
     std::fprintf(stderr, "spool forward: cannot read the queue's uid from %s/spool.conf\n", q.dir().c_str());
@@ -631,7 +867,7 @@ int run_forward(Queue& q, const ForwardArgs& args) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
-  Forwarder f(q, args, identity, *parse_duration(args.ack_timeout));
+  Forwarder f(q, args, std::move(creds), identity, *parse_duration(args.ack_timeout));
   return f.run();
 }
 
