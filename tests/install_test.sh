@@ -126,6 +126,8 @@ build_examples() {
   local flags
   flags=$(pkg-config --cflags --libs spool) || return 1
   echo "pkg-config --cflags --libs spool: $flags"
+  # Only spool's own include path: no private requirement's flags (spdlog's -D..., issue 25).
+  [ "$(pkg-config --cflags spool | wc -w)" = 1 ] || { echo "extra cflags: $(pkg-config --cflags spool)"; return 1; }
   case $flags in *"$STAGE"*) ;; *) echo "flags do not point into the staged tree"; return 1 ;; esac
   for ex in producer worker; do
     # Copied out of the source tree first, so no include path of the tree can be picked up.
