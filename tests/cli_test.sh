@@ -278,6 +278,20 @@ t_send_recv_ack_text() {
   return 0
 }
 
+# in_long_poll PID: the main thread of PID sleeps in a futex wait with a timeout: the long
+# poll on the index's wake word (a mutex wait has no timeout). /proc/PID/task/PID/syscall is
+# "NR ADDR OP VAL TIMEOUT ..." while in a system call.
+in_long_poll() {
+  local op timeout
+  read -r _ _ op _ timeout _ <"/proc/$1/task/$1/syscall" 2>/dev/null || return 1
+  [[ $(cat "/proc/$1/wchan" 2>/dev/null) == futex* && $op == 0x* && $timeout != 0x0 ]] && (((op & 127) == 0))
+}
+# parked PID: PID is in its long poll; fails the test if PID has exited.
+parked() {
+  alive "$1" || fail "recv --wait returned before anything was sent"
+  in_long_poll "$1"
+}
+
 t_recv_wait_long_poll() {
   "$SPOOL" init q >/dev/null || fail "init"
   local t0 t1
@@ -288,8 +302,8 @@ t_recv_wait_long_poll() {
   # A sleeping receiver is woken by a send from another process.
   bg "$SPOOL" recv q --wait 20s --json >"$D/polled" 2>"$D/polled.err"
   local pid=$BGPID
-  sleep 0.3
-  alive "$pid" || fail "recv --wait returned before anything was sent"
+  # Send once it sleeps in its long poll; a send before would not test the wake.
+  wait_for 10 parked "$pid"
   t0=$(date +%s%N)
   "$SPOOL" send q wake >/dev/null || fail "send"
   wait "$pid"
