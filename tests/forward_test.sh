@@ -371,6 +371,19 @@ t_credentials_by_file_and_environment_never_shown() {
   fwd --nats "$URL" --once --creds-file empty
   eq "exit code for an empty --creds-file" "$RC" 1
   last_err_has "empty"
+  printf 'a:b\nc:d\n' >twolines
+  printf -- '-----BEGIN NATS USER JWT-----\neyJ0eXAi\n------END NATS USER JWT------\n' >user.creds
+  printf ':%s\n' "$pw" >nouser
+  chmod 600 twolines user.creds nouser
+  fwd --nats "$URL" --once --creds-file twolines
+  eq "exit code for a --creds-file of two lines" "$RC" 1
+  last_err_has "more than one line"
+  fwd --nats "$URL" --once --creds-file user.creds
+  eq "exit code for a NATS .creds file" "$RC" 1
+  last_err_has "a NATS .creds file"
+  fwd --nats "$URL" --once --creds-file nouser
+  eq "exit code for a --creds-file without a user" "$RC" 1
+  last_err_has "no user name before the ':'"
   fwd --nats "$URL" --once --creds-file nowhere
   eq "exit code for a missing --creds-file" "$RC" 64
   last_err_has "nowhere"
