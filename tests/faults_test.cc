@@ -30,7 +30,6 @@
 #include "index/index.h"
 #include "storage/format.h"
 #include "io/io.h"
-#include "queue/write_behind.h"
 #include "child_report.h"
 #include "proc_util.h"
 #include "spool/queue.h"
@@ -1474,8 +1473,9 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
       sf::fail(sf::Op::kWrite, 1, c.err);
       Status s = call();
       sf::clear();
+      // Every one of these calls writes (one write path: nothing is deferred).
       if (sf::counters().injected == before) {
-        std::printf("(%s wrote nothing, so met no error)\n", what);
+        ADD_FAILURE() << what << " wrote nothing, so it met no error";
         return;
       }
       ++injected;
@@ -1486,15 +1486,9 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     };
     expect_fails("send", [&] { return q.send("lost in the write").status(); });
     EXPECT_EQ(ids_of(q), p.live) << "a failed send left a message";
-    // Nine leases: more than the deferred list takes, so the receive writes them itself.
-    static_assert(write_behind::kDeferLimit < 9);
-    const uint64_t before_receive = sf::counters().injected;
     expect_fails("receive", [&] { return q.receive(9, 60s).status(); });
-    EXPECT_GT(sf::counters().injected, before_receive) << "the receive of nine wrote nothing";
     EXPECT_EQ(q.stats()->in_flight, 2u) << "a failed receive left leases";
-    // kSync: a plain ack writes nothing (it is deferred, write_behind.h); the next test
-    // covers the write that carries deferred acks.
-    expect_fails("ack", [&] { return q.ack(p.leased[0].receipt, Durability::kSync); });
+    expect_fails("ack", [&] { return q.ack(p.leased[0].receipt); });
     expect_fails("nack", [&] { return q.nack(p.leased[0].receipt); });
     expect_fails("extend", [&] { return q.extend(p.leased[0].receipt, 90s); });
     expect_fails("purge", [&] { return q.purge().status(); });
@@ -1511,12 +1505,11 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     EXPECT_EQ(consistency(q), "");
   }
   std::printf("[figures] injected write errors: %d\n", injected);
+  EXPECT_EQ(injected, 2 * 7) << "each of the 7 calls, for both errors, met its injected error";
 }
 
-// Deferred acks and leases (write_behind.h) returned long before the write that carries
-// them, here a send's: when that write fails, the send fails and changes nothing, and the
-// acks and the lease stand.
-TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
+// A failed write undoes its own call only: the acks and the lease made before it stand.
+TEST(IoErrors, AFailedWriteKeepsTheAcksAndLeasesMadeBeforeIt) {
   for (int err : {EIO, ENOSPC}) {
     TempDir d;
     Prepared p = prepare(d / "q");
@@ -1540,15 +1533,14 @@ TEST(IoErrors, AFailedWriteCarryingDeferredAcksKeepsTheAcks) {
     EXPECT_TRUE(q.ack(leased->front().receipt).ok()) << "the lease's receipt no longer holds";
     p.live.erase(leased->front().id);
     EXPECT_EQ(ids_of(q), p.live);
-    EXPECT_EQ(consistency(q), "");  // verify writes the deferred records, then replays the log
+    EXPECT_EQ(consistency(q), "");
   }
 }
 
 // After a reboot the log may have lost the last sends, and their ids are given out again.
-// A deferred ack of such an id, carried over from the old index, must be dropped: if the
-// first opener's write of it failed and it stayed listed, it would be written after the new
-// message with that id and ack it (write_behind::keep_deferred, in rebuild()).
-TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
+// An ack of such an id, lost with it, must not ack the new message with that id, whatever
+// the index from before the reboot still shows.
+TEST(IoErrors, AnAckTheLogLostNeverAcksTheSuccessorOfItsId) {
   TempDir d;
   const std::string dir = d / "q";
   QueueOptions o;
@@ -1562,7 +1554,7 @@ TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
     ASSERT_TRUE(got.ok() && got->size() == 30u);
     for (auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
   }
-  // A consumer acks the next message and dies with the ack deferred (_exit: no close).
+  // A consumer acks the next message and dies (_exit: no close).
   pid_t child = spawn([&] {
     auto q = Queue::open(dir, o);
     if (!q.ok() || !(*q)->send("x").ok()) return 1;
@@ -1579,13 +1571,11 @@ TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
   }
   std::mt19937_64 rng(1);
   damage_index(dir, IndexAfterCut::kLeft, rng);
-  sf::fail(sf::Op::kWrite, 1, EIO);  // the first opener's write of carried acks, if it makes one
   auto q = Queue::open(dir, o);
-  sf::clear();
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   ASSERT_LE((*q)->stats()->next_id, 31u) << "the acked message's send was not lost; the test needs it to be";
   while ((*q)->stats()->next_id <= 31) ASSERT_TRUE((*q)->send("new").ok());
-  ASSERT_TRUE((*q)->sync().ok());  // writes whatever is still listed
+  ASSERT_TRUE((*q)->sync().ok());
   q->reset();
   std::filesystem::remove(dir + "/index");
   auto again = Queue::open(dir, o);
@@ -1593,7 +1583,7 @@ TEST(IoErrors, ADeferredAckOfAnIdTheLogLostNeverAcksItsSuccessor) {
   auto all = (*again)->peek(1000);
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(std::any_of(all->begin(), all->end(), [](const Message& m) { return m.id == 31; }))
-      << "the new message 31 was acked by the old deferred ack of 31";
+      << "the new message 31 was acked by the old ack of 31";
 }
 
 // Writes cut short at every size still store every byte (the writer resumes).

@@ -54,16 +54,18 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     p = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     fresh = true;
   } else {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    // A fresh index is a new file: whatever has the name (a leftover, or a link planted to
+    // make us write through it) is removed first, and O_EXCL | O_NOFOLLOW refuse one that
+    // reappears. An existing index is never created by opening it, nor followed.
+    if (fresh && ::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status(errno, "remove " + path);
+    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), 0666);
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
     uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
-      // Only the first opener gets here, so nobody maps the file: shrinking it is safe.
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
       // system is a SIGBUS at the first store through the mapping (grow() does the same).
-      if (::ftruncate(fd_, 0) != 0) return errno_status(errno, "size index " + path);
       if (int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(want)); r != 0) {
         return errno_status(r, "allocate index " + path);
       }
@@ -132,11 +134,9 @@ bool SharedIndex::mapped_current() const {
 }
 
 bool SharedIndex::reusable() const { return sound(true); }
-bool SharedIndex::of_this_boot() const { return sound(false); }
-bool SharedIndex::same_format() const { return hdr_->magic == kIndexMagic && hdr_->format == format_word(); }
 
 bool SharedIndex::sound(bool counters) const {
-  if (!same_format()) return false;
+  if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
   const IndexHeader& h = *hdr_;

@@ -49,8 +49,9 @@ namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
-// 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too
-inline constexpr uint32_t kIndexVersion = 10;
+// 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
+// 11: neither write-behind slots nor deferred records (one write path)
+inline constexpr uint32_t kIndexVersion = 11;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -88,26 +89,6 @@ struct OvfEntry {
   Entry e;
 };
 static_assert(sizeof(OvfEntry) == 32);
-
-// Control records that are in no log record yet (queue/write_behind.h, "deferred"): the
-// index shows their change already (a lease taken, a message acked), and the next write to
-// the log carries them in front of its own records. `word` commits them in one store: the
-// count in the low 16 bits, the top 48 bits of an XXH3 of e[0..count) above it, so a
-// half-written list (its writer killed in the lock) or a damaged one reads as none.
-inline constexpr uint32_t kDeferredRecords = 32;
-struct DeferredRecord {
-  uint64_t id;
-  uint64_t t2;     // LEASE: the lease deadline (CLOCK_REALTIME ns); ACK: 0
-  uint32_t count;  // LEASE: the receive count; ACK: the delivery acked
-  uint8_t type;    // format::RecordType: kLease or kAck
-  uint8_t pad[3];
-};
-static_assert(sizeof(DeferredRecord) == 24);
-struct DeferredRecords {
-  std::atomic<uint64_t> word;
-  uint64_t since_ns;  // CLOCK_BOOTTIME of the oldest
-  DeferredRecord e[kDeferredRecords];
-};
 
 struct alignas(64) IndexHeader {
   uint64_t magic;
@@ -161,31 +142,11 @@ struct alignas(64) IndexHeader {
   std::atomic<uint64_t> durable_id;    // every message with an id <= this is on disk
   std::atomic<uint32_t> durable_seq;   // futex word: bumped after every sync attempt
   std::atomic<uint32_t> durable_waiters;
-  // Write-behind slots in use, or more: a process killed between a slot's change and this
-  // count's leaves it too high for good, which only costs a scan of the slots.
-  std::atomic<uint32_t> pending_writes;
-  // Guarded by mu, `word` also read without it (queue/write_behind.h).
-  alignas(64) DeferredRecords deferred;
 };
 
-// A control record written behind the lock (queue/write_behind.h): its log range was
-// reserved and the index changed under the lock, and its writer writes it after the unlock.
-// The copy here lets any lock holder finish the write if the writer dies or stalls first.
-inline constexpr uint32_t kPendingSlots = 16;
-inline constexpr uint32_t kPendingBytes = 960;  // 20 control records
-struct PendingWrite {
-  std::atomic<uint64_t> at;  // storage::Pos::pack() of the range; 0: the slot is free
-  uint64_t staged_ns;        // CLOCK_BOOTTIME when it was staged
-  uint32_t len;
-  char pad[44];
-  char bytes[kPendingBytes];
-};
-static_assert(sizeof(PendingWrite) == 1024);
-
-// The header page, then the write-behind slots; the region follows.
-inline constexpr uint64_t kPendingOffset = 4096;
-inline constexpr uint64_t kHeaderBytes = kPendingOffset + kPendingSlots * sizeof(PendingWrite);
-static_assert(sizeof(IndexHeader) <= kPendingOffset);
+// The header page; the region follows.
+inline constexpr uint64_t kHeaderBytes = 4096;
+static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 
 // version | sizeof(pthread_mutex_t) | cache line | sizeof(IndexHeader), as LMDB does.
 uint64_t format_word();
@@ -204,18 +165,8 @@ class SharedIndex {
   // True when the mapped header matches this build and boot (used by the first opener to
   // decide whether the existing file can be reused).
   bool reusable() const;
-  // Weaker: magic, format and boot, and the geometry, check out; the counters may not (a
-  // process was killed in the middle of an update). Enough to trust what checks itself: the
-  // write-behind slots (written only as valid records over zeros) and the deferred records.
-  bool of_this_boot() const;
-  // Weaker still: magic and format only, from any boot (the deferred records, which carry
-  // their own checksum, are read from it after a reboot).
-  bool same_format() const;
 
   IndexHeader& hdr() { return *hdr_; }
-  PendingWrite& pending(uint32_t k) {
-    return reinterpret_cast<PendingWrite*>(reinterpret_cast<char*>(hdr_) + kPendingOffset)[k];
-  }
   bool attached() const { return hdr_ != nullptr; }
   // Clean close: the last process to detach seals the index (lock held, region mapped).
   void seal();

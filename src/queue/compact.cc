@@ -107,10 +107,6 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   for (size_t next = 0; next < ids.size(); report(next)) {
     auto held = lock();
     if (!held.ok()) return held.status();
-    // The copies carry the index's state: the staged records that state already shows must
-    // be in the log first, or a writer whose write then fails would withdraw a change that
-    // the copies keep (write_behind.h).
-    if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
     std::vector<uint32_t> slots;
     for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
       int64_t slot = idx.find(ids[next]);
@@ -165,10 +161,6 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // 4. Checkpoint the totals, then remove the prefix, oldest first.
   auto held = lock();
   if (!held.ok()) return held.status();
-  // The totals count deferred acks (write_behind.h, the list): their records go before the
-  // checkpoint, or a replay would count them in the totals and again after them.
-  if (Status s = place_deferred(); !s.ok()) return s;
-  if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;  // as above
   storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
                          h.next_id,        h.purged_through, h.expired_total,
                          h.nacked_total};

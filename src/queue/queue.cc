@@ -172,44 +172,26 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // A seal from the last clean close must still match: that catches damage the
     // invariants cannot see (a flipped record position or receive count).
     bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok();
-    // Writes that processes of this boot staged and died before making (write_behind.h):
-    // into the log before anything reads it or appends after them.
-    if (reuse && impl->idx.of_this_boot()) {
-      if (Status s = write_behind::settle(impl->idx, *impl->log, UINT64_MAX, UINT64_MAX); !s.ok()) {
-        spool::log().warn("spool: {}: {}", dir, s.to_string());
-      }
-    }
     if (reuse && !impl->idx.unseal()) {
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
     }
     reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
-    if (reuse) {
-      auto held = impl->lock();
-      reuse = held.ok();
-      // Records deferred by processes that died: into the log now, not left in the index file.
-      if (reuse) (void)impl->place_deferred();
-    }
+    if (reuse) reuse = impl->lock().ok();
     if (!reuse) {
-      // Deferred records are carried over into the new index (write_behind.h), from this
-      // boot or an earlier one.
-      std::vector<index::DeferredRecord> deferred;
-      if (impl->idx.attached() && impl->idx.same_format()) deferred = write_behind::deferred(impl->idx);
+      // The index is a cache of the log: a new one, rebuilt from the log. Made beside the old
+      // one and renamed over it, so that the directory's permission decides, not the old
+      // file's (a user who may write the queue may replace an index another user left).
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
-      // Built beside the old one and renamed over it once the list is in: a kill before the
-      // rename leaves the old index, list and all, to the next opener.
       const std::string fresh_path = index_path + ".new";
       if (Status s = impl->idx.attach(fresh_path, true); !s.ok()) return s;
-      crashpoint("open.fresh_index");
-      (void)write_behind::restore_deferred(impl->idx, deferred, sys::boot_ns());
       if (::rename(fresh_path.c_str(), index_path.c_str()) != 0) {
         return errno_status(errno, "rename " + fresh_path + " to " + index_path);
       }
       auto held = impl->lock();
       if (!held.ok()) return held.status();
-      if (Status s = impl->rebuild(); !s.ok()) return s;  // the list stays for the next try
-      (void)impl->place_deferred();  // as above; on an error they stay listed
+      if (Status s = impl->rebuild(); !s.ok()) return s;
     }
     impl->idx.drop_resident();
   } else {
@@ -345,7 +327,6 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     uint64_t end = 0;
     uint64_t next_key = UINT64_MAX;
     uint32_t seen;
-    std::optional<write_behind::Staged> behind;
     {
       auto held = q.lock();
       if (!held.ok()) return held.status();
@@ -362,17 +343,13 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
         out.push_back(std::move(**taken));
         if (mapped != nullptr) mapped->push_back(std::move(m));
       }
-      if (Status s = q.log_leases(out, now, vis, &end, &behind); !s.ok()) return s;
+      if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
       next_key = q.idx.next_key();
     }
-    if (Status s = q.write_staged(behind); !s.ok()) return s;
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
     }
-    if (!out.empty()) {
-      crashpoint("receive.done");  // the leases may be listed only (deferred)
-      return out;
-    }
+    if (!out.empty()) return out;
     uint64_t now = sys::boot_ns();
     if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
     uint64_t until = std::min(give_up, next_key);
@@ -498,8 +475,6 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   auto [id, gen] = *r;
   uint64_t end;
   bool wake = false;
-  bool deferred = false;
-  std::optional<write_behind::Staged> behind;
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
@@ -511,17 +486,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
-    // Only acks are deferred here: a RELEASE or an extend's LEASE is staged, with the list in
-    // front of it (write_behind.h).
-    if (what != Change::kAck) {
-      behind = q.stage(std::span(&rec, 1), durability, now);
-    } else if (q.defer_or_stage(std::span(&rec, 1), durability, now, &behind)) {
-      deferred = !behind;
-    }
-    if (!deferred && !behind) {
-      auto at = q.append(std::span(&rec, 1));
-      if (!at.ok()) return at.status();
-    }
+    if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
     switch (what) {
       case Change::kAck:
         h.bytes_live -= e.len;
@@ -542,8 +507,6 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     }
     end = h.log_end;
   }
-  if (deferred) crashpoint("ack.deferred");
-  if (Status s = q.write_staged(behind); !s.ok()) return s;
   if (wake) q.wake(1);  // after the unlock: see send_batch
   return q.written(end, durability);
 }

@@ -4,9 +4,8 @@
 // Every state change follows one order, under the index lock: append the record to the log,
 // then update the index, then (outside the lock) sync per policy. So a process that dies at
 // any point leaves the log holding every change the index shows, and the repair after
-// EOWNERDEAD is simply "rebuild the index from the log". Control records may instead be
-// staged under the lock and written after it (queue/write_behind.h); every reader of the
-// log finishes staged writes first, so the same holds for what it reads.
+// EOWNERDEAD is simply "rebuild the index from the log". There is no other write path:
+// nothing is staged or deferred outside the log.
 #pragma once
 
 #include <dirent.h>
@@ -31,7 +30,6 @@
 #include "logging.h"
 #include "queue/config.h"
 #include "sys/crashpoint.h"
-#include "queue/write_behind.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "sys/clock.h"
@@ -121,12 +119,6 @@ struct Queue::Impl {
       flush_cv.notify_all();
       flusher.join();
     }
-    // An open that failed part-way may have a log but no index.
-    if (opened && !read_only && idx.hdr().deferred.word.load() != 0) {
-      // Not left for others: with no process left, the records would wait in the index file
-      // for the next opener, and an index deleted meanwhile would lose them.
-      if (auto held = lock(); held.ok()) (void)place_deferred();
-    }
     if (log && idx.attached() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
       (void)sync_to(idx.hdr().log_end);
     }
@@ -205,14 +197,6 @@ struct Queue::Impl {
     reap_dead_owners();
     // Here, where nobody holds a slot yet. On an error the region stays as it was.
     (void)idx.shrink();
-    if (idx.hdr().pending_writes.load(std::memory_order_relaxed) != 0 && !read_only) {
-      uint64_t t = sys::boot_ns();
-      (void)write_behind::settle(idx, *log, 0, t > write_behind::kStaleNs ? t - write_behind::kStaleNs : 0);
-    }
-    if (const auto& d = idx.hdr().deferred; d.word.load(std::memory_order_relaxed) != 0 && !read_only &&
-                                            d.since_ns + write_behind::kStaleNs < sys::boot_ns()) {
-      (void)place_deferred();  // nobody received for a while; on an error the list stays
-    }
     if (!park_path.empty()) spool::park(park_path);
     return held;
   }
@@ -231,12 +215,6 @@ struct Queue::Impl {
       uint16_t owner;
     };
     std::vector<Owned> owned;
-    // Writers of staged records may be alive and about to write them: write them first, or
-    // the replay would miss changes whose calls return success, and would set the log end
-    // below a range a writer still owns. If one cannot be written, no replay.
-    if (!read_only) {
-      if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
-    }
     if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
       idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
         if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
@@ -245,15 +223,8 @@ struct Queue::Impl {
       });
     }
     if (Status s = replay(idx); !s.ok()) return s;
+    // What a lock holder killed in the middle of a store left after the end.
     if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
-    // Only records that are news after the replay stay listed (news()). The others: after a
-    // reboot (a first opener carries the list over) the log may have lost the last sends,
-    // whose ids are then given out again (an ack of one must not ack its successor); a
-    // process was killed between writing them and emptying the list (listed, an ACK would
-    // be written, and counted in acked_total, twice; a LEASE would be written again behind
-    // later records about its message); or they are stale (write_behind.h).
-    write_behind::keep_deferred(idx, [&](const index::DeferredRecord& r) { return news(idx, r); }, sys::boot_ns());
-    if (Status s = apply_deferred(idx); !s.ok()) return s;
     auto spares = log->count_spares();
     idx.hdr().spares = spares.ok() ? *spares : 0;
     for (const Owned& o : owned) {
@@ -269,37 +240,6 @@ struct Queue::Impl {
   static void drop(index::SharedIndex& x, int64_t slot) {
     x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
     x.erase(static_cast<uint32_t>(slot));
-  }
-
-  // Whether a deferred record tells `x`, freshly replayed, something the log does not: an
-  // ACK of a message still there, or the LEASE of a later delivery than the log's last.
-  // Only receives list LEASE records, and each delivery has a count of its own, so a LEASE
-  // of a delivery the log has reached is in the log already, or superseded by a later
-  // record there (write_behind.h: stale records).
-  static bool news(index::SharedIndex& x, const index::DeferredRecord& r) {
-    int64_t slot = x.find(r.id);
-    if (slot < 0) return false;  // an ACK in the log already (counted), or a lost message
-    if (r.type == static_cast<uint8_t>(RecordType::kAck)) return true;
-    return r.count > x.entry(static_cast<uint32_t>(slot)).count;
-  }
-
-  // The index is the log, then the deferred records (write_behind.h): applies this queue's
-  // deferred records that are news to `x`, freshly replayed, as replay() applies a record.
-  // Lock held.
-  Status apply_deferred(index::SharedIndex& x) {
-    Clocks now;
-    for (const auto& r : write_behind::deferred(idx)) {
-      if (!news(x, r)) continue;
-      int64_t slot = x.find(r.id);
-      if (r.type == static_cast<uint8_t>(RecordType::kAck)) {
-        ++x.hdr().acked_total;
-        drop(x, slot);
-      } else if (r.type == static_cast<uint8_t>(RecordType::kLease)) {
-        x.entry(static_cast<uint32_t>(slot)).count = r.count;
-        if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, now.to_key(r.t2)); !s.ok()) return s;
-      }
-    }
-    return {};
   }
 
   // Empties `x` and replays the whole log into it. Lock held (or `x` private).
@@ -424,7 +364,7 @@ struct Queue::Impl {
     auto& h = idx.hdr();
     for (;;) {
       uint32_t seen = h.durable_seq.load(std::memory_order_acquire);
-      if (h.durable_end.load(std::memory_order_acquire) >= end && write_behind::lowest(idx) != 0) return {};
+      if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
       switch (h.sync_mu.try_lock()) {
         case sys::RobustMutex::LockResult::kOk:
           break;
@@ -444,27 +384,14 @@ struct Queue::Impl {
       Status s;
       if (h.durable_end.load(std::memory_order_acquire) < end) gather();
       // Everything published up to now rides along. sent_through is read first: it is
-      // stored after log_end, so the target covers every id up to it; the slots after both.
+      // stored after log_end, so the target covers every id up to it. Every record below the
+      // published end is in the page cache already (appends finish before they publish), so
+      // the sync path never takes the index lock.
       uint64_t ids = h.sent_through.load(std::memory_order_acquire);
       uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-      const uint64_t low = write_behind::lowest(idx);
-      if (h.durable_end.load(std::memory_order_acquire) < end || low == 0) {
-        // A staged write below the target is finished here, not waited for: its writer
-        // may be dead. Deferred records (lowest() 0) are written first, and the target moves
-        // past them. Taking the lock while holding sync_mu is safe because nothing syncs
-        // while holding this queue's index lock (receive_id syncs after its unlock; a
-        // compaction's or verify's progress callback, called under the lock, must not
-        // call Queue::sync).
-        if (low < target) {
-          auto held = lock();
-          s = held.ok() ? place_deferred() : held.status();
-          if (s.ok()) {
-            target = std::max(target, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-            s = write_behind::settle(idx, *log, target, 0);
-          }
-        }
+      if (h.durable_end.load(std::memory_order_acquire) < end) {
         const uint64_t t0 = sys::boot_ns();
-        if (s.ok()) s = log->sync(Pos::unpack(target).seq);
+        s = log->sync(Pos::unpack(target).seq);
         lead_crowd = h.durable_waiters.load();
         lead_sync_ns = sys::boot_ns() - t0;
         if (s.ok()) {
@@ -621,102 +548,19 @@ struct Queue::Impl {
     return static_cast<uint32_t>(slot);
   }
 
-  // Appends at the log end, behind the deferred records (write_behind.h: they go first),
-  // and publishes the new end; `at` holds the positions of `recs` only. Lock held.
+  // Appends at the log end and publishes the new end. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs) {
     auto& h = idx.hdr();
-    std::vector<Record> all;
-    auto listed = write_behind::deferred(idx);
-    if (!listed.empty()) recs = all = write_behind::records(listed, recs);
-    if (recs.empty()) return storage::AppendResult{{}, Pos::unpack(h.log_end), 0};
-    // A roll syncs the segment it leaves, and durability is tracked in the active segment
-    // alone: staged writes into it must be there by then.
-    if (h.pending_writes.load(std::memory_order_relaxed) != 0 && !log->fits(Pos::unpack(h.log_end), recs)) {
-      if (Status s = write_behind::settle(idx, *log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
-    }
     auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
-    if (!res.ok()) return res.status();  // the records stay listed
+    if (!res.ok()) return res.status();
     h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
-    if (!listed.empty()) {
-      crashpoint("deferred.placed");
-      write_behind::clear_deferred(idx);
-      res->at.erase(res->at.begin(), res->at.begin() + static_cast<std::ptrdiff_t>(listed.size()));
-    }
     return res;
   }
   Result<Pos> append(std::span<const Record> recs) {
     auto res = append_all(recs);
     if (!res.ok()) return res.status();
     return res->at.empty() ? res->end : res->at.front();
-  }
-
-  // Stages `recs` to be written after the unlock (queue/write_behind.h), behind the deferred
-  // records, unless they must be synced at once. Lock held.
-  std::optional<write_behind::Staged> stage(std::span<const Record> recs, Durability d, const Clocks& now) {
-    if (!behind_allowed(d)) return std::nullopt;
-    std::vector<Record> all;
-    auto listed = write_behind::deferred(idx);
-    if (!listed.empty()) recs = all = write_behind::records(listed, recs);
-    auto staged = write_behind::stage(idx, *log, recs, now.boot);
-    if (staged && !listed.empty()) {
-      write_behind::clear_deferred(idx);
-      staged->listed = std::move(listed);
-    }
-    return staged;
-  }
-  // Defers LEASE or ACK records (write_behind.h) where they would have been staged, or else
-  // stages them; false when neither (the caller appends them). Lock held.
-  bool defer_or_stage(std::span<const Record> recs, Durability d, const Clocks& now,
-                      std::optional<write_behind::Staged>* behind) {
-    if (!behind_allowed(d)) return false;
-    if (write_behind::defer(idx, recs, now.boot)) return true;
-    return (*behind = stage(recs, d, now)).has_value();
-  }
-  // Whether a change may be written after its call's unlock (or later): not when it must be
-  // synced at once.
-  bool behind_allowed(Durability d) const {
-    return d != Durability::kSync && cfg.opts.sync != SyncPolicy::kAlways;
-  }
-  // Writes the deferred records. Lock held. On an error they stay listed.
-  Status place_deferred() {
-    // No log end: a first opener's index before its rebuild, which has not met the log yet.
-    if (idx.hdr().deferred.word.load() == 0 || idx.hdr().log_end == 0) return {};
-    auto res = append_all({});
-    return res.ok() ? Status() : res.status();
-  }
-  // Writes what stage() staged, after the unlock. If that fails, the change is undone as
-  // a failed append would have left it: never made (PRODUCT.md §4, the call changes nothing).
-  Status write_staged(const std::optional<write_behind::Staged>& s) {
-    if (!s) return {};
-    crashpoint("write_behind.staged");
-    Status st = write_behind::finish(idx, *log, *s);
-    if (st.ok()) return st;
-    auto held = lock();
-    if (!held.ok()) return st;
-    // The deferred records it carried returned long ago: listed again (before the slot is
-    // taken back, so that they are somewhere at every moment), they stay made. In front of
-    // those listed since, which were made after them.
-    const auto since = write_behind::deferred(idx);
-    auto all = s->listed;
-    all.insert(all.end(), since.begin(), since.end());
-    write_behind::clear_deferred(idx);
-    const size_t over = write_behind::restore_deferred(idx, all, sys::boot_ns());
-    if (!write_behind::withdraw(idx, *log, *s)) {  // another process wrote it: done
-      write_behind::clear_deferred(idx);
-      (void)write_behind::restore_deferred(idx, since, sys::boot_ns());
-      return {};
-    }
-    if (over != 0) {  // behind the full list, in the same write
-      auto rest = write_behind::records(std::span(all).last(over));
-      if (auto at = append_all(rest); !at.ok()) {
-        spool::log().error("spool: {}: {} deferred records could not be written ({}); the rebuild undoes them "
-                           "(leases lapse, acked messages are delivered again)",
-                           dir, over, at.status().to_string());
-      }
-    }
-    if (Status r = rebuild(); !r.ok()) spool::log().error("spool: {}: {}", dir, r.to_string());
-    return st;
   }
 
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
@@ -1027,22 +871,17 @@ struct Queue::Impl {
     return {};
   }
 
-  // Logs the leases of messages just taken (lock held): deferred, or staged in one write
-  // (with `behind`), or else appended. If the append fails the index is rebuilt from the
-  // log, which undoes the leases. *end is the log end to honour the sync policy for.
-  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end,
-                    std::optional<write_behind::Staged>* behind = nullptr) {
+  // Logs the leases of messages just taken (lock held), in one append. If it fails the
+  // index is rebuilt from the log, which undoes the leases. *end is the log end to honour
+  // the sync policy for.
+  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end) {
     if (taken.empty()) return {};
     std::vector<Record> recs;
     recs.reserve(taken.size());
     for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
-    if (behind != nullptr && defer_or_stage(recs, Durability::kQueuePolicy, now, behind)) {
-      *end = idx.hdr().log_end;
-      return {};
-    }
     auto at = append(recs);
     if (!at.ok()) {
-      (void)rebuild();  // what was listed stays listed: the rebuilt index keeps it
+      (void)rebuild();
       return at.status();
     }
     *end = idx.hdr().log_end;

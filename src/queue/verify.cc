@@ -45,12 +45,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
   if (Status s = truth.attach("", true, true); !s.ok()) return s;
   auto held = q.lock();
   if (!held.ok()) return held.status();
-  if (!q.read_only) {
-    if (Status s = write_behind::settle(q.idx, *q.log, UINT64_MAX, UINT64_MAX); !s.ok()) return s;
-    if (Status s = q.place_deferred(); !s.ok()) return s;
-  }
   if (Status s = q.replay(truth); !s.ok()) return s;
-  if (Status s = q.apply_deferred(truth); !s.ok()) return s;  // none left unless read-only
   if (progress) progress(seqs->size() + 1, seqs->size() + 1);
   auto& t = truth.hdr();
   auto& h = q.idx.hdr();

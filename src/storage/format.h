@@ -17,10 +17,6 @@ inline constexpr uint32_t kRecordMagic = 0x31525053;  // "SPR1"
 inline constexpr uint32_t kRecordHeaderSize = 48;
 inline constexpr uint32_t kRecordAlign = 8;
 inline constexpr uint32_t kChecksumOffset = 40;  // the checksum covers header bytes [0, 40)
-// A zero region between valid records of at most this many bytes, a multiple of
-// kRecordHeaderSize, is control records staged and never written (queue/write_behind.h):
-// lost to a crash of the system, not corruption (docs/format.md).
-inline constexpr uint64_t kMaxUnwrittenGap = 16 * 960;
 
 enum class RecordType : uint8_t {
   kMsg = 1,

@@ -69,8 +69,9 @@ bool allocates_at_fallocate(const std::string& dir, std::string* fs) {
 // The append buffer, one per thread and reused: a fresh buffer per call made the allocator
 // grow and shrink the heap for every batch (page faults and TLB shootdowns, 3x slower for
 // 32 x 4 KiB batches). exit() destroys the main thread's thread_locals before it runs exit
-// handlers and static destructors, where a Queue may still be closed (and write its deferred
-// acks): the flag, which has no destructor, tells append() to use a buffer of its own then.
+// handlers and static destructors, where a Queue may still be closed (and append the
+// releases of its bound leases): the flag, which has no destructor, tells append() to use a
+// buffer of its own then.
 thread_local bool scratch_gone = false;
 struct Scratch {
   std::string buf;
@@ -266,12 +267,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
       spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);
     }
-    if (r.unwritten != 0) {
-      spool::log().info("spool: {}: skipped {} bytes of control records staged and never written "
-                        "(a crash of the system)", segment_path(seq), r.unwritten);
-    }
     rec.records += r.records;
-    rec.unwritten += r.unwritten;
     rec.corrupt.insert(rec.corrupt.end(), r.corrupt.begin(), r.corrupt.end());
     rec.end = Pos{seq, r.end};
   }
@@ -339,25 +335,6 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   return res;
 }
 
-std::shared_ptr<Segment> Log::fitting(Pos end, std::span<const Record> recs) {
-  if (end.seq == 0) return nullptr;
-  auto seg = segment(end.seq);
-  if (!seg.ok()) return nullptr;
-  uint64_t bytes = 0;
-  for (const auto& r : recs) bytes += format::record_size(r.payload.size());
-  return end.off + bytes <= (*seg)->info().size ? *seg : nullptr;
-}
-
-bool Log::fits(Pos end, std::span<const Record> recs) { return fitting(end, recs) != nullptr; }
-
-std::optional<Pos> Log::place(Pos end, std::span<const Record> recs, std::string& out) {
-  auto seg = fitting(end, recs);
-  if (seg == nullptr) return std::nullopt;
-  out.clear();
-  for (const auto& r : recs) seg->encode(r, out);
-  return Pos{end.seq, end.off + out.size()};
-}
-
 Status Log::clear_tail(Pos end) {
   if (end.seq == 0) return {};
   auto seg = segment(end.seq);
@@ -377,36 +354,6 @@ Status Log::clear_tail(Pos end) {
     spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
                       c.length);
     unwrite(*opts_.io, {Written{*seg, c.offset, c.offset + c.length}});
-  }
-  return {};
-}
-
-Status Log::write_placed(Pos at, std::string_view bytes, bool repair) {
-  auto seg = segment(at.seq);
-  if (!seg.ok()) {
-    if (repair && ::access(segment_path(at.seq).c_str(), F_OK) != 0 && errno == ENOENT) return {};
-    return seg.status();
-  }
-  const Segment& s = **seg;
-  if (repair) {
-    if (!s.encodes_records(at.off, bytes)) {
-      return Status(Code::kCorrupt, "a staged write for " + s.path() + " at offset " + std::to_string(at.off) +
-                                        " does not hold valid records; not written");
-    }
-    const uint8_t* have = s.data() + at.off;
-    bool same = true;
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      auto b = static_cast<uint8_t>(bytes[i]);
-      if (have[i] != 0 && have[i] != b) {
-        return Status(Code::kCorrupt, s.path() + " at offset " + std::to_string(at.off) +
-                                          " holds other data than a staged write; not overwritten");
-      }
-      same = same && have[i] == b;
-    }
-    if (same) return {};
-  }
-  if (int r = put(s, at.off, bytes.data(), bytes.size()); r < 0) {
-    return errno_status(-r, "append to " + s.path());
   }
   return {};
 }

@@ -59,7 +59,6 @@ struct Recovery {
   Pos end;  // where the next append goes
   uint64_t records = 0;
   std::vector<Corruption> corrupt;
-  uint64_t unwritten = 0;  // bytes of zero gaps left by staged control records (ScanResult)
 };
 
 class Log {
@@ -86,20 +85,9 @@ class Log {
   // way may remain, empty. `base_id` is recorded in a new segment's header.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
 
-  // Write-behind (queue/write_behind.h). place() encodes `recs` for the segment at `end`
-  // into `out` without writing them and returns the end after them, when they all fit in
-  // that segment; nullopt when they would roll (the caller then uses append()).
-  std::optional<Pos> place(Pos end, std::span<const Record> recs, std::string& out);
-  // Whether `recs` fit in the segment at `end`, so that an append there would not roll.
-  bool fits(Pos end, std::span<const Record> recs);
-  // Writes `bytes`, records place() encoded, at `at`. With `repair` (one process finishing
-  // another's write), only when they are valid records for that segment and every byte of
-  // the range is either still zero or already the same: it never overwrites anything else.
-  // A segment compaction has removed since needs no write.
-  Status write_placed(Pos at, std::string_view bytes, bool repair);
   // Zeroes what follows the logical end `end` (from recover()) in its segment, if anything
   // does: the first part of a write that a crash of the system tore. Left there, it would be
-  // sealed as damage by the next roll, and block staged writes placed over it.
+  // sealed as damage by the next roll.
   Status clear_tail(Pos end);
 
   // Spare segments: preallocated files, not part of the log, that the next rolls take
@@ -136,8 +124,6 @@ class Log {
   int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);
   std::vector<std::string> spares() const;
-  // The segment at `end` when `recs` fit in it after `end`, else null.
-  std::shared_ptr<Segment> fitting(Pos end, std::span<const Record> recs);
 
   std::string dir_;
   LogOptions opts_;

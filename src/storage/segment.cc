@@ -200,20 +200,6 @@ std::optional<RecordView> Segment::record_at(uint64_t off) const {
   return parse_record(base_ + off, size - off, info_.salt, off);
 }
 
-bool Segment::encodes_records(uint64_t off, std::string_view bytes) const {
-  if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > info_.size ||
-      bytes.size() > info_.size - off || bytes.empty()) {
-    return false;
-  }
-  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-  for (uint64_t at = 0; at < bytes.size();) {
-    auto r = parse_record(p + at, bytes.size() - at, info_.salt, off + at);
-    if (!r || format::record_size(r->payload.size()) > bytes.size() - at) return false;
-    at += format::record_size(r->payload.size());
-  }
-  return true;
-}
-
 uint64_t Segment::resync(uint64_t off) const {
   // Past the end there is nothing to find, and aligning or adding to an offset near 2^64
   // would wrap around to the start of the mapping.
@@ -276,25 +262,6 @@ std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uin
   return out;
 }
 
-bool unwritten_gap(const uint8_t* p, uint64_t len) {
-  if (len == 0 || len % kRecordHeaderSize != 0 || len > format::kMaxUnwrittenGap) return false;
-  auto zero = [](const uint8_t* from, const uint8_t* to) { return std::all_of(from, to, [](uint8_t b) { return b == 0; }); };
-  if (!zero(p + kRecordHeaderSize, p + len)) return false;
-  // A torn write kept a prefix of the first record: the bytes up to its last non-zero one.
-  // A record whose last byte (of its checksum) is set was not torn.
-  uint32_t kept = kRecordHeaderSize;
-  while (kept > 0 && p[kept - 1] == 0) --kept;
-  if (kept == kRecordHeaderSize) return false;
-  uint8_t magic[4];
-  store<uint32_t>(magic, format::kRecordMagic);
-  if (!std::equal(p, p + std::min<uint32_t>(kept, 4), magic)) return false;
-  // Staged records are control records: no payload, and a type that is written behind.
-  if (!zero(p + 4, p + 8)) return false;
-  using format::RecordType;
-  auto type = static_cast<RecordType>(p[8]);
-  return kept <= 8 || type == RecordType::kLease || type == RecordType::kAck || type == RecordType::kRelease;
-}
-
 ScanResult scan(const Segment& seg, uint64_t from,
                 const std::function<void(const RecordView&)>& visit) {
   ScanResult res;
@@ -309,12 +276,7 @@ ScanResult scan(const Segment& seg, uint64_t from,
     }
     uint64_t next = seg.resync(off + format::kRecordAlign);
     if (next >= size) break;  // nothing valid after: `off` is the logical end
-    uint64_t gap = next - off;
-    if (unwritten_gap(seg.data() + off, gap)) {
-      res.unwritten += gap;
-    } else {
-      res.corrupt.push_back({seg.info().seq, off, gap});
-    }
+    res.corrupt.push_back({seg.info().seq, off, next - off});
     off = next;
   }
   res.end = std::min(off, size);

@@ -91,9 +91,6 @@ class Segment {
 
   // The valid record at `off`, or nullopt (see "Validity" in docs/format.md).
   std::optional<RecordView> record_at(uint64_t off) const;
-  // True when `bytes` is a whole number of records valid for this segment at offset `off`
-  // (checked before one process finishes another's write: queue/write_behind.h).
-  bool encodes_records(uint64_t off, std::string_view bytes) const;
   // The first offset >= off holding a valid record, or info().size if there is none.
   uint64_t resync(uint64_t off) const;
 
@@ -114,16 +111,7 @@ struct ScanResult {
   uint64_t end = 0;      // logical end: where the next record goes
   uint64_t records = 0;  // valid records visited
   std::vector<Corruption> corrupt;
-  uint64_t unwritten = 0;  // bytes of gaps that staged control records left (not corrupt)
 };
-
-// Whether the `len` bytes at `p`, between two valid records, are what staged control records
-// (queue/write_behind.h) leave when the system crashes before their write reached the disk:
-// whole 48-byte records, at most format::kMaxUnwrittenGap bytes, all zero, except that the
-// write may have been torn: then the first record holds the start of a control record's
-// header (what is there agrees with the record magic, an empty payload and a LEASE, ACK or
-// RELEASE type) and zeros after, and the rest is zero.
-bool unwritten_gap(const uint8_t* p, uint64_t len);
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
 // valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
