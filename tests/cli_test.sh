@@ -807,6 +807,76 @@ t_work_max_runtime() {
   eq "in_flight" "$(stat_of in_flight q)" 0
 }
 
+# gone WHAT FILE...: fails if a process whose pid is in FILE (one a line) still runs, or one
+# whose process group is listed there has a member left.
+gone() {
+  local what=$1 f p
+  shift
+  for f in "$@"; do
+    for p in $(cat "$f"); do
+      alive "$p" && fail "$what: process $p still runs: $(tr '\0' ' ' <"/proc/$p/cmdline")"
+      pgrep -g "$p" >/dev/null && fail "$what: process group $p still has members: $(pgrep -a -g "$p")"
+    done
+  done
+  return 0
+}
+
+# The command a process tree: a background grandchild in its group, one that left the group
+# (setsid), and sleep in the foreground. Appends the shell's pid (= its group) to group and
+# the grandchildren's pids to kids.
+# shellcheck disable=SC2016
+TREE='echo $$ >> group; sleep 300 & echo $! >> kids; setsid sleep 300 & echo $! >> kids; sleep 300'
+
+# Issue 24: --max-runtime signalled only the shell; its sleep ran on with ppid 1 while the
+# message was delivered again: two runs of one message at once.
+t_work_max_runtime_stops_grandchildren() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  "$SPOOL" send q hang >/dev/null || fail "send"
+  : >group
+  : >kids
+  bg "$SPOOL" work q --max-runtime 500ms -- sh -c "$TREE" 2>"$D/work.err"
+  local pid=$BGPID
+  stopped() { grep -q "max-runtime" "$D/work.err"; }
+  wait_for 10 stopped
+  # The outcome is logged only once every process of the command is gone.
+  eq "grandchildren started" "$(lines kids)" 2
+  gone "after --max-runtime" group kids
+  stop_work "$pid" TERM
+  # What a command leaves behind when it exits is stopped with it too.
+  "$SPOOL" send q job >/dev/null || fail "send"
+  : >kids
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q -- sh -c 'sleep 300 & echo $! >> kids; setsid sleep 300 & echo $! >> kids; exit 0'
+  pid=$BGPID
+  acked() { [[ $(stat_of acked_total q) == 1 ]]; }
+  wait_for 10 acked
+  eq "grandchildren started" "$(lines kids)" 2
+  gone "after the command exited 0" kids
+  stop_work "$pid" TERM
+}
+
+# Issue 24: a kill -9 of spool work killed the command (parent-death signal) but not what
+# the command had started.
+t_work_sigkill_stops_grandchildren() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q a b >/dev/null || fail "send"
+  : >group
+  : >kids
+  bg "$SPOOL" work q -j 2 -- sh -c "$TREE"
+  local pid=$BGPID
+  started() { [[ $(lines kids) == 4 ]]; }
+  wait_for 10 started
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null
+  still() { ! (gone "" group kids) >/dev/null 2>&1; }
+  local i
+  for ((i = 0; i < 50; i++)); do
+    still || break
+    sleep 0.1
+  done
+  gone "5 s after kill -9 of spool work" group kids
+}
+
 t_work_sigterm_waits_for_commands() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q job >/dev/null || fail "send"
@@ -1058,6 +1128,8 @@ TESTS=(
   t_work_failure_nacks_with_backoff
   t_work_renews_lease
   t_work_max_runtime
+  t_work_max_runtime_stops_grandchildren
+  t_work_sigkill_stops_grandchildren
   t_work_sigterm_waits_for_commands
   t_work_ctrl_c_lets_commands_finish
   t_work_second_signal_stops_commands

@@ -51,9 +51,14 @@ kill_bg() {
 # /dev/null and its output in $ROOT/N.log; TEARDOWN runs when the subshell exits, pass or
 # fail. A script may define hooks: tap_before_each (in the subshell, before the test),
 # tap_after_pass N and tap_after_fail N (after the TAP line). Exits 0 only if every test
-# passed.
+# passed. TAP_ONLY=REGEX in the environment runs only the tests whose names match it.
 run_tests() {
   local teardown=$1 failed=0 n=0 t name start rc
+  if [[ -n ${TAP_ONLY:-} ]]; then
+    local -a only=()
+    for t in "${TESTS[@]}"; do [[ $t =~ $TAP_ONLY ]] && only+=("$t"); done
+    TESTS=("${only[@]}")
+  fi
   echo "1..${#TESTS[@]}"
   for t in "${TESTS[@]}"; do
     n=$((n + 1))

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/supervisor.h"
 #include "spool/lease_keeper.h"
 
 extern char** environ;
@@ -147,30 +147,14 @@ class Runner {
       *why = std::string("pipe: ") + std::strerror(errno);
       return -1;
     }
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      // A command must not outlive its worker: its lease would run out and a second worker
-      // would run the same message while the first copy still ran.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      // Its own process group: a Ctrl-C in the terminal (SIGINT to the foreground group)
-      // then reaches only `spool work`, which stops taking messages and lets the command
-      // finish, instead of killing every running command.
-      ::setpgid(0, 0);
-      // spool work ignores SIGPIPE; an ignored disposition would survive execve.
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      ::sigaction(SIGPIPE, &dfl, nullptr);
-      ::dup2(fds[0], 0);
-      ::execve(exe_.c_str(), argv.data(), envp.data());
-      ::_exit(127);
-    }
+    Supervised sup = start_supervised(exe_, argv.data(), envp.data(), fds[0]);
     ::close(fds[0]);
-    if (pid > 0) ::setpgid(pid, pid);  // also here, so no terminal signal slips in before the child's
-    if (pid < 0) {
+    if (sup.pid < 0) {
       ::close(fds[1]);
       *why = std::string("fork: ") + std::strerror(errno);
       return -1;
     }
+    pid_t pid = sup.pid;
     // The payload goes in from its own thread, so a command that never reads stdin cannot
     // block the deadline checks below; it ends with EPIPE once the command exits.
     std::thread writer([&] {
@@ -195,6 +179,7 @@ class Runner {
       if (r == pid) break;
       if (r < 0 && errno != EINTR) {
         *why = std::string("waitpid: ") + std::strerror(errno);
+        ::close(sup.status_fd);
         writer.join();
         return -1;
       }
@@ -204,18 +189,24 @@ class Runner {
       } else if (!term_sent && g_force) {
         stopped_why = "stopped by a second SIGTERM/SIGINT";
       }
+      // Through the supervisor, to the command's whole process group.
       if (!term_sent && stopped_why != nullptr) {
         ::kill(pid, SIGTERM);
         term_sent = true;
         term_at = now;
       }
       if (term_sent && !kill_sent && now - term_at > std::chrono::seconds(5)) {
-        ::kill(pid, SIGKILL);
+        ::kill(pid, SIGUSR1);
         kill_sent = true;
       }
       ::usleep(2000);
     }
     writer.join();
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !supervised_status(sup, &st)) {
+      if (sup.status_fd >= 0) ::close(sup.status_fd);
+      *why = "the command's supervisor ended without its status";
+      return -1;
+    }
     if (term_sent) {
       *why = stopped_why;
       return -1;
