@@ -32,11 +32,17 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
-// The file system type of the topmost mount on `path` (an absolute, resolved path), or ""
-// if nothing is mounted there. Later lines of mountinfo are mounted on top of earlier ones.
-std::string mounted_type(const std::string& path) {
+struct Mounted {
+  std::string type;    // "" if nothing is mounted there
+  std::string source;  // spoolfs's: "spool:QUEUE_DIR"
+};
+
+// The topmost mount on `path` (an absolute, resolved path). Later lines of mountinfo are
+// mounted on top of earlier ones.
+Mounted mounted_at(const std::string& path) {
   std::ifstream in("/proc/self/mountinfo");
-  std::string line, type;
+  std::string line;
+  Mounted top;
   while (std::getline(in, line)) {
     // id parent major:minor root MOUNTPOINT options [optional...] - TYPE source ...
     std::istringstream fields(line);
@@ -44,10 +50,14 @@ std::string mounted_type(const std::string& path) {
     for (int i = 0; i < 5 && fields >> f; ++i) point = f;
     while (fields >> f && f != "-") {
     }
-    std::string t;
-    if (fields >> t && unescape(point) == path) type = t;
+    Mounted m;
+    if (fields >> m.type && unescape(point) == path) {
+      fields >> m.source;
+      m.source = unescape(m.source);
+      top = m;
+    }
   }
-  return type;
+  return top;
 }
 
 // `mountpoint` made absolute without touching its last component, which cannot be
@@ -63,11 +73,25 @@ std::string resolve(const std::string& mountpoint) {
 
 }  // namespace
 
+bool refuse_live_mount(const std::string& mountpoint, std::string* error) {
+  // A dead mount (stat fails with ENOTCONN; realpath does not notice) is clear_dead_mount's;
+  // a missing directory, FUSE's mount reports.
+  struct stat st {};
+  char real[PATH_MAX];
+  if (::stat(mountpoint.c_str(), &st) != 0 || !::realpath(mountpoint.c_str(), real)) return true;
+  Mounted m = mounted_at(real);
+  if (m.type != "fuse.spoolfs") return true;
+  std::string queue = m.source.rfind("spool:", 0) == 0 ? m.source.substr(6) : m.source;
+  *error = mountpoint + " already holds a spoolfs mount (of " + queue +
+           "); a second one would hide it: unmount it first with: fusermount3 -u '" + mountpoint + "'";
+  return false;
+}
+
 bool clear_dead_mount(const std::string& mountpoint, std::string* notice, std::string* error) {
   struct stat st {};
   if (::stat(mountpoint.c_str(), &st) == 0 || errno != ENOTCONN) return true;
   const std::string path = resolve(mountpoint);
-  const std::string type = mounted_type(path);
+  const std::string type = mounted_at(path).type;
   if (type != "fuse.spoolfs") {
     *error = mountpoint + " holds a dead mount" + (type.empty() ? "" : " of " + type) +
              ", not spoolfs's; unmount it first: fusermount3 -u -z '" + mountpoint + "'";

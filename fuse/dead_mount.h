@@ -1,4 +1,4 @@
-// A mount left behind by a killed spoolfs, and its removal.
+// A mount left behind by a killed spoolfs, and its removal; a live one, and its refusal.
 //
 // spoolfs mounts with auto_unmount, so fusermount3 removes the mount when the daemon dies,
 // even by SIGKILL. Two cases defeat that: the watcher was killed too (SIGKILL to the whole
@@ -17,5 +17,10 @@ namespace spoolfs {
 // Returns false with *error set if a dead mount is there that is not spoolfs's (it is left
 // alone) or that could not be removed. Anything else, dead mount or not, returns true.
 bool clear_dead_mount(const std::string& mountpoint, std::string* notice, std::string* error);
+
+// False with *error set (naming the queue mounted there and how to unmount it) if
+// `mountpoint` already holds a live spoolfs mount: mounting again would stack a second
+// daemon on top of the first (issue 24), whose files would then be out of reach.
+bool refuse_live_mount(const std::string& mountpoint, std::string* error);
 
 }  // namespace spoolfs

@@ -281,7 +281,8 @@ std::string fuse_opt_escaped(const std::string& opt) {
 // Mounts, daemonizes unless -f, and serves until unmounted. Returns the exit code.
 int serve(fuse_session* se, Mount& mount, const Options& o) {
   std::string notice, error;
-  if (!spoolfs::clear_dead_mount(o.mountpoint, &notice, &error)) {
+  if (!spoolfs::refuse_live_mount(o.mountpoint, &error) ||
+      !spoolfs::clear_dead_mount(o.mountpoint, &notice, &error)) {
     return std::fprintf(stderr, "spoolfs: %s\n", error.c_str()), 1;
   }
   if (!notice.empty()) std::fprintf(stderr, "spoolfs: %s\n", notice.c_str());

@@ -579,6 +579,32 @@ t_spool_mount_runs_spoolfs() {
   grep -q "nope" "$D/err2" || fail "the error does not name the queue: $(cat "$D/err2")"
 }
 
+# Issue 24: spoolfs (and spool mount, which runs it) on a mount point that already holds a
+# spoolfs mount stacked a second daemon on top and exited 0.
+t_a_second_mount_on_a_live_one_is_refused() {
+  new_queue "$D/q"
+  new_queue "$D/q2"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  echo first >"$M/new"
+  wait_for 10 listed "$M" 1
+  local how
+  for how in spoolfs "spool mount"; do
+    if [[ $how == spoolfs ]]; then
+      timeout 10 "$SPOOLFS" "$D/q2" "$M" -f >"$D/out" 2>"$D/err"
+    else
+      timeout 10 "$SPOOL" mount "$D/q2" "$M" >"$D/out" 2>"$D/err"
+    fi
+    eq "exit code of $how on a live mount" "$?" 1
+    grep -q "already holds a spoolfs mount (of $D/q)" "$D/err" || fail "$how: unclear message: $(cat "$D/err")"
+    grep -q "fusermount3 -u" "$D/err" || fail "$how: does not say how to unmount: $(cat "$D/err")"
+    eq "mounts on $M after $how" "$(MP=$M awk '$2 == ENVIRON["MP"]' /proc/self/mounts | wc -l)" 1
+  done
+  # The first mount is untouched and still serves.
+  eq "cat through the first mount" "$(cat "$M/1")" first
+  eq "queue of the first mount: in flight" "$(stat_of in_flight "$D/q")" 1
+}
+
 # --root: every queue of DIR is a subdirectory; mkdir makes one; queues made after the mount
 # appear.
 t_root_lists_queues_and_mkdir_creates_one() {
@@ -758,6 +784,7 @@ t_commas_in_the_queue_path_are_no_mount_options() {
 
 TESTS=(
   t_spool_mount_runs_spoolfs
+  t_a_second_mount_on_a_live_one_is_refused
   t_not_a_queue_is_refused
   t_shell_round_trip
   t_read_is_a_fixed_snapshot_and_offsets_work
@@ -782,11 +809,9 @@ TESTS=(
   t_commas_in_the_queue_path_are_no_mount_options
 )
 
-# FUSE_TEST_ONLY=REGEX runs only the tests whose names match (while working on one).
-if [[ -n ${FUSE_TEST_ONLY:-} ]]; then
-  for i in "${!TESTS[@]}"; do [[ ${TESTS[i]} =~ $FUSE_TEST_ONLY ]] || unset 'TESTS[i]'; done
-  TESTS=("${TESTS[@]}")
-fi
+# FUSE_TEST_ONLY=REGEX runs only the tests whose names match (while working on one);
+# TAP_ONLY (tap.sh) does the same.
+TAP_ONLY=${TAP_ONLY:-${FUSE_TEST_ONLY:-}}
 
 # A failed test's daemon stderr is shown after its log.
 tap_after_fail() {
