@@ -668,6 +668,48 @@ bool in_timed_futex_wait(pid_t pid, pid_t tid) {
   return nr == SYS_futex && (std::stoul(op, nullptr, 16) & FUTEX_CMD_MASK) == FUTEX_WAIT && timeout != "0x0";
 }
 
+// The interval promise: a send that returned is on disk within the interval, whatever other
+// processes do meanwhile. The sync path takes no index lock, so a process stopped while it
+// holds the lock does not hold back the flusher of another one. With a 1 s interval the
+// flusher's first sync comes 1 s after the send, long after the holder parked in the lock;
+// the durable watermark must cover the send within the interval + 700 ms, while the holder
+// is still parked there. Then, traffic stopped, a lone send is covered within the same bound.
+TEST_F(QueueProcessTest, TheIntervalSyncCoversALoneSendWhileAnotherProcessHoldsTheIndexLock) {
+  QueueOptions o;
+  o.sync = SyncPolicy::kInterval;
+  o.sync_interval = 1000ms;
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  auto first = q->send("before");
+  ASSERT_TRUE(first.ok());
+  const std::string parked = dir_ / "parked";
+  pid_t holder = spawn([&] {
+    ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
+    auto h = Queue::open(qdir());
+    if (!h.ok()) return 1;
+    (void)(*h)->stats();  // takes the lock and parks in it until `parked` is removed
+    return 0;
+  });
+  ASSERT_TRUE(wait_for_file(parked, 10s)) << "the holder never took the lock";
+  ASSERT_LT(q->durable_id(), *first) << "synced before the holder parked: this round proves nothing";
+  auto covered_within = [&](uint64_t id) {
+    const uint64_t t0 = mono_ns();
+    while (q->durable_id() < id && mono_ns() - t0 < 3'000'000'000ull) std::this_thread::sleep_for(1ms);
+    return q->durable_id() >= id ? (mono_ns() - t0) / 1'000'000 : UINT64_MAX;
+  };
+  const uint64_t waited = covered_within(*first);
+  EXPECT_LE(waited, 1000u + 700u) << "the send is not durable while another process holds the lock";
+  std::printf("[ interval ] durable %llu ms after the holder parked in the lock\n",
+              static_cast<unsigned long long>(waited));
+  EXPECT_TRUE(std::filesystem::exists(parked)) << "the holder left the lock before the check";
+  std::filesystem::remove(parked);
+  ASSERT_EQ(wait_exit(holder), 0);
+  auto second = q->send("after");
+  ASSERT_TRUE(second.ok());
+  const uint64_t again = covered_within(*second);
+  EXPECT_LE(again, 1000u + 700u) << "a lone send was not synced within the interval once traffic stopped";
+}
+
 TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProcess) {
   auto q = open();
   for (int round = 0; round < 3; ++round) {

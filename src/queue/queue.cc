@@ -267,10 +267,14 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
       continue;
     }
     // Room for the drain and the index slots first: a send fails before its records are
-    // written, never after.
+    // written, never after. Spares are made outside the lock, then it looks again.
     uint64_t record_bytes = 0;
     for (auto p : payloads) record_bytes += format::record_size(p.size());
-    if (Status s = q.ensure_room(payloads.size(), record_bytes); !s.ok()) return s;
+    if (uint64_t short_by = q.spares_short(payloads.size(), record_bytes); short_by != 0) {
+      { [[maybe_unused]] auto release = std::move(held).value(); }
+      if (Status s = q.make_spares(short_by, false); !s.ok()) return s;
+      continue;
+    }
     if (Status s = q.idx.reserve(payloads.size(), d != 0); !s.ok()) return s;
     Clocks now;
     std::vector<Record> recs;

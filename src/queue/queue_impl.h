@@ -88,7 +88,8 @@ struct Queue::Impl {
   pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
   // Test hooks (crash tests): park inside the critical section, right after taking the
   // lock or right after a send's log append, until the named file is removed.
-  std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK
+  std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK (the first lock() after it is set)
+  bool parked = false;
   std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 
   std::mutex dlq_mu;
@@ -197,7 +198,11 @@ struct Queue::Impl {
     reap_dead_owners();
     // Here, where nobody holds a slot yet. On an error the region stays as it was.
     (void)idx.shrink();
-    if (!park_path.empty()) spool::park(park_path);
+    // Once: a send may lock more than once (spares are made between two locks).
+    if (!park_path.empty() && !parked) {
+      parked = true;
+      spool::park(park_path);
+    }
     return held;
   }
 
@@ -566,10 +571,11 @@ struct Queue::Impl {
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
   // that drain it (LEASE, ACK), plus a checkpoint for compaction. Before a send or a
-  // compaction copy writes `bytes` of records that would eat into that room, another spare
-  // is preallocated; when the disk cannot give one, the write fails with kNoSpace and the
-  // room stays for the drain. (Nacks, extends and expiries are not reserved for.) Lock held.
-  Status ensure_room(uint64_t new_msgs, uint64_t bytes) {
+  // compaction copy writes `bytes` of records that would eat into that room, more spares
+  // are preallocated; when the disk cannot give one, the write fails with kNoSpace and the
+  // room stays for the drain. (Nacks, extends and expiries are not reserved for.)
+  // How many spares short of that room the queue is. Lock held.
+  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes) {
     constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
     constexpr uint64_t kSlack = 4096;
     auto& h = idx.hdr();
@@ -579,16 +585,32 @@ struct Queue::Impl {
     uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + h.spares * cap;
     // Twice the records: a roll wastes the tail of a segment the next record does not fit.
     uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
-    while (room < need) {
+    return room >= need ? 0 : (need - room + cap - 1) / cap;
+  }
+  // Makes `n` spares. Without the lock (a send's: each spare is a large fallocate and two
+  // syncs, which nothing under the index lock may wait for), each is counted under a short
+  // lock of its own once it is on disk; with `locked` (compaction's copies), under the lock
+  // the caller holds.
+  Status make_spares(uint64_t n, bool locked) {
+    for (; n > 0; --n) {
       if (Status s = log->make_spare(); !s.ok()) {
-        return Status(s.code(), s.message() + "; the space left is kept so that the " + std::to_string(h.count) +
-                                    " queued messages can still be received and acked");
+        std::optional<Result<Locked>> held;
+        if (!locked) held.emplace(lock());  // the count is read under the lock
+        return Status(s.code(), s.message() + "; the space left is kept so that the " +
+                                    std::to_string(idx.hdr().count) + " queued messages can still be received and acked");
       }
-      ++h.spares;
-      room += cap;
+      if (locked) {
+        ++idx.hdr().spares;
+      } else {
+        auto held = lock();
+        if (!held.ok()) return held.status();
+        ++idx.hdr().spares;
+      }
     }
     return {};
   }
+  // Lock held.
+  Status ensure_room(uint64_t new_msgs, uint64_t bytes) { return make_spares(spares_short(new_msgs, bytes), true); }
 
   // `n` messages just became receivable: wake as many long-pollers, not all of them (a
   // thundering herd cost ~2 context switches per waiter per message). A woken waiter that

@@ -2,15 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "logging.h"
@@ -149,7 +152,15 @@ void Log::remove_leftovers() {
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
     // A segment whose creator crashed before the rename; it was never part of the log.
-    if (name.find(".seg.tmp.") != std::string::npos || name.starts_with("spare.tmp.")) {
+    // Segments are created under the index lock, spares without it: a spare's is left
+    // while its process lives (it may be making it now).
+    bool dead_spare = false;
+    if (name.starts_with("spare.tmp.")) {
+      const char* p = name.c_str() + std::strlen("spare.tmp.");
+      const pid_t pid = static_cast<pid_t>(std::strtol(p, nullptr, 10));
+      dead_spare = pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH);
+    }
+    if (name.find(".seg.tmp.") != std::string::npos || dead_spare) {
       (void)opts_.io->unlink(dir_ + "/" + name);
     }
   }
@@ -218,8 +229,11 @@ Result<uint64_t> Log::count_spares() const {
 Status Log::make_spare() {
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
   // Allocated under a temporary name and renamed, so a spare is never short; the name only
-  // has to be unique among spares.
-  std::string tmp = dir_ + "/spare.tmp." + std::to_string(::getpid());
+  // has to be unique among spares. Spares are made without the index lock, by any thread:
+  // the temporary name carries the pid (remove_leftovers() spares a live process's) and a
+  // count of this process's.
+  static std::atomic<uint64_t> made{0};
+  std::string tmp = dir_ + "/spare.tmp." + std::to_string(::getpid()) + "." + std::to_string(made++);
   (void)opts_.io->unlink(tmp);
   int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
   if (fd < 0) return errno_status(-fd, "create spare segment " + tmp);
