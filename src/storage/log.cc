@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -19,6 +20,10 @@
 
 #include "logging.h"
 #include "sys/clock.h"
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14 (uapi asm-generic/mman-common.h)
+#endif
 
 namespace spool::storage {
 namespace {
@@ -108,6 +113,19 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
     }
   }
   return std::unique_ptr<Log>(new Log(dir, std::move(opts), mapped));
+}
+
+void Log::prefault(int fd, uint64_t len) {
+  // The first store into each page of a preallocated file faults, and the kernel allocates
+  // and zeroes a page cache page then: 39% of a send loop's samples (perf, cmp_spool
+  // --case=produce --sync=never). Reading the spare in here, where no lock is held, leaves
+  // those pages in the page cache, clean (a populate for writing would dirty 64 MiB of
+  // zeros for the next fdatasync to write). Best effort: older kernels (before 5.14) refuse
+  // the advice, and stores then fault as before; the kernel may also reclaim the pages.
+  void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return;
+  (void)::madvise(m, len, MADV_POPULATE_READ);
+  ::munmap(m, len);
 }
 
 int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
@@ -275,6 +293,7 @@ Status Log::make_spare() {
   // for draining a full disk.
   int r = opts_.io->allocate(fd, 0, opts_.segment_size);
   if (r == 0) r = opts_.io->datasync(fd);
+  if (r == 0 && mapped_) prefault(fd, opts_.segment_size);
   ::close(fd);
   char name[64];
   std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));
