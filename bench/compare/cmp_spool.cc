@@ -102,7 +102,7 @@ class SpoolSystem : public cmp::System {
 
 int main(int argc, char** argv) {
   SpoolSystem sys;
-  // SPOOL_IO=io_uring selects the library's io_uring backend instead of the default pwrite:
+  // SPOOL_IO=io_uring selects the library's io_uring backend instead of the default mmap:
   // reported as a system of its own.
   const char* io = std::getenv("SPOOL_IO");
   bool uring = io != nullptr && std::string_view(io) == "io_uring";

@@ -9,7 +9,7 @@
 #   --build DIR     meson build directory to use (default: build-compare at the repo root;
 #                   set up with --buildtype=release if missing)
 #   --systems LIST  comma-separated subset of spool,beanstalkd,redis-streams,sqlite-queue,posix-mq,
-#                   spool-uring (spool with SPOOL_IO=io_uring: its io_uring backend, not the default pwrite)
+#                   spool-uring (spool with SPOOL_IO=io_uring: its io_uring backend, not the default mmap)
 #   --out FILE      also keep the JSON lines in FILE
 #   --n N / --n-large N / --n-always N   message counts (defaults below)
 #
@@ -222,7 +222,7 @@ for size in $sizes; do
   for kase in produce e2e_1c e2e_2c; do run posix-mq none "$kase" "$size" "$count"; done
   [ "$size" = 100 ] && run posix-mq none latency "$size" "$count"
 done
-# spool with its io_uring I/O backend (SPOOL_IO=io_uring) instead of the default pwrite, for comparison.
+# spool with its io_uring I/O backend (SPOOL_IO=io_uring) instead of the default mmap, for comparison.
 for sync in interval always; do
   c=$n; [ $sync = always ] && c=$n_always
   for kase in produce e2e_1c e2e_2c; do run spool-uring "$sync" "$kase" 100 "$c"; done
