@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [--test]   (--test adds clang for the fuzzers, pytest for python/tests, openssl for the TLS test)
 set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config python3 liburing-dev libfuse3-dev fuse3 libxxhash-dev
-      libboost-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libboost-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
       libnats-dev nats-server)
 [ "${1:-}" = "--test" ] && pkgs+=(clang libclang-rt-14-dev util-linux procps python3-pytest openssl)
 missing=()

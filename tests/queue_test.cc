@@ -121,18 +121,26 @@ TEST_F(QueueTest, ExpiredButNotRedeliveredReceiptStillAcks) {
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
 }
 
+// Both bounds: not before the delay, and a long poll (2 s here) wakes at the delay's end,
+// not at its own timeout (the margin is for a loaded machine; the poll's timeout is 4x it).
 TEST_F(QueueTest, DelayAndNackDelayAreRespected) {
   auto q = open();
+  auto sent_at = std::chrono::steady_clock::now();
   ASSERT_TRUE(q->send("later", 150ms).ok());
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
   EXPECT_EQ(q->stats()->delayed, 1u);
-  auto t0 = std::chrono::steady_clock::now();
   Message m = one(*q, 0ms, 2s);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+  auto waited = std::chrono::steady_clock::now() - sent_at;
+  EXPECT_GE(waited, 150ms);
+  EXPECT_LE(waited, 150ms + 350ms) << "the long poll did not wake when the delay ended";
+  auto nacked_at = std::chrono::steady_clock::now();
   ASSERT_TRUE(q->nack(m.receipt, 150ms).ok());
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
   Message again = one(*q, 0ms, 2s);
+  waited = std::chrono::steady_clock::now() - nacked_at;
   EXPECT_EQ(again.receive_count, 2u);
+  EXPECT_GE(waited, 150ms);
+  EXPECT_LE(waited, 150ms + 350ms) << "the long poll did not wake when the nack's delay ended";
 }
 
 TEST_F(QueueTest, ExtendKeepsAMessageHiddenPastItsDeadline) {
