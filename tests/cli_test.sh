@@ -412,6 +412,21 @@ t_failed_open_leaves_directory_untouched() {
   eq "files in a directory that is not a queue" "$(ls mine | tr '\n' ' ')" "file "
 }
 
+# CLI11 took an argument written [a,b] for a list: a JSON array sent as MESSAGE became two
+# messages (and [] none), `sh -c '[ -f x ]'` after work's -- lost its brackets.
+t_bracketed_arguments_are_kept() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q '[1,2]' '[]' '[x]' '[y,z]'
+  eq "ids" "$(tr '\n' ' ' <"$D/out")" "1 2 3 4 "
+  "$SPOOL" peek q -n 10 --json >"$D/out" || fail "peek"
+  eq "payloads" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | tr '\n' ' ')" "[1,2] [] [x] [y,z] "
+  timeout 20 "$SPOOL" work q --max-messages 1 -- sh -c '[ "$(cat)" = "[1,2]" ]' 2>"$D/err"
+  eq "exit code of work" "$?" 0
+  eq "acked_total (the test in brackets passed)" "$(stat_of acked_total q)" 1
+  expect 1 "$SPOOL" ack q '[1.1.00000000]'
+  err_has "[1.1.00000000]"
+}
+
 t_too_large_exit_1() {
   "$SPOOL" init q --max-payload 1K >/dev/null || fail "init"
   head -c 2048 /dev/urandom >big
@@ -732,15 +747,16 @@ t_work_payload_and_environment() {
   { printf '\377\000'; head -c 20000 /dev/urandom; } >blob
   "$SPOOL" send q <blob >id || fail "send"
   # shellcheck disable=SC2016
-  bg "$SPOOL" work q -- sh -c 'cat > got; echo "$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $SPOOL_RECEIPT" > env.txt;
+  bg "$SPOOL" work q -- sh -c 'cat > got; echo "$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $SPOOL_RECEIPT $SPOOL_QUEUE" > env.txt;
     grep ^SigIgn: /proc/self/status > sigign'
   local pid=$BGPID
   acked() { [[ $(stat_of acked_total q) == 1 ]]; }
   wait_for 10 acked
   stop_work "$pid" INT
   cmp blob got || fail "command's stdin differs from the payload"
-  local id count receipt
-  read -r id count receipt <env.txt
+  local id count receipt queue
+  read -r id count receipt queue <env.txt
+  eq "SPOOL_QUEUE (absolute)" "$queue" "$(realpath q)"
   eq "SPOOL_MESSAGE_ID" "$id" "$(cat id)"
   eq "SPOOL_RECEIVE_COUNT" "$count" 1
   [[ $receipt == "$id".1.* ]] || fail "SPOOL_RECEIPT: '$receipt'"
@@ -770,7 +786,7 @@ t_work_failure_nacks_with_backoff() {
     eq "ready after the 2 s backoff" "$(stat_of ready q)" 1
   fi
   eq "receive counts of the retries" "$(head -n 2 counts | tr '\n' ' ')" "1 2 "
-  grep -q "status 1; retry in 1s" "$D/work.err" || fail "no 1s backoff: $(cat "$D/work.err")"
+  grep -qE "status 1 after [0-9.]+s; retry in 1s" "$D/work.err" || fail "no 1s backoff: $(cat "$D/work.err")"
   grep -q "retry in 2s" "$D/work.err" || fail "no 2s backoff: $(cat "$D/work.err")"
   eq "acked_total" "$(stat_of acked_total q)" 0
   eq "in_flight" "$(stat_of in_flight q)" 0
@@ -875,6 +891,80 @@ t_work_sigkill_stops_grandchildren() {
     sleep 0.1
   done
   gone "5 s after kill -9 of spool work" group kids
+}
+
+# Issue 24: scripts polled `stats --json` to know when a worker had drained the queue.
+t_work_until_empty_exits_once_drained() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  seq 1 5 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  # A delayed message is work to come: --until-empty must wait for it, not exit at once.
+  "$SPOOL" send q --delay 1500ms late >/dev/null || fail "send --delay"
+  local t0=$SECONDS
+  timeout 20 "$SPOOL" work q --until-empty --grace 300ms -- sh -c 'cat >> done; echo >> done' \
+    >"$D/out" 2>"$D/err"
+  eq "exit code of work --until-empty" "$?" 0
+  eq "acked_total" "$(stat_of acked_total q)" 6
+  grep -qx late done || fail "exited before the delayed message was due: $(cat done)"
+  ((SECONDS - t0 < 10)) || fail "took $((SECONDS - t0)) s"
+  # An empty queue: exits after the grace time, not at once and not never.
+  local t1
+  t1=$(date +%s%N)
+  timeout 20 "$SPOOL" work q --until-empty --grace 700ms -- true
+  eq "exit code on an empty queue" "$?" 0
+  local ms=$((($(date +%s%N) - t1) / 1000000))
+  ((ms >= 700)) || fail "exited after ${ms} ms, before the 700 ms grace"
+  # A message sent during the grace time is taken, and the grace starts again.
+  (sleep 0.4 && "$SPOOL" send q during >/dev/null) &
+  timeout 20 "$SPOOL" work q --until-empty --grace 1s -- sh -c 'cat >> done; echo >> done'
+  eq "exit code" "$?" 0
+  wait
+  grep -qx during done || fail "the message sent during the grace time was not taken"
+  expect 64 "$SPOOL" work q --grace 1s -- true
+  err_has "--grace goes with --until-empty"
+  expect 64 "$SPOOL" work q --until-empty --grace soon -- true
+}
+
+t_work_max_messages() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  seq 1 10 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --max-messages 3 -j 4 -- sh -c 'cat >> done; echo >> done'
+  eq "exit code of work --max-messages 3" "$?" 0
+  eq "messages run" "$(lines done)" 3
+  eq "acked_total" "$(stat_of acked_total q)" 3
+  eq "ready" "$(stat_of ready q)" 7
+  eq "in_flight" "$(stat_of in_flight q)" 0
+  # With --until-empty, whichever comes first.
+  timeout 20 "$SPOOL" work q --max-messages 100 --until-empty --grace 200ms -- true
+  eq "exit code" "$?" 0
+  eq "acked_total" "$(stat_of acked_total q)" 10
+  expect 64 "$SPOOL" work q --max-messages 0 -- true
+  expect 64 "$SPOOL" work q --max-messages 1K -- true
+}
+
+# Issue 24: -v logs each message's outcome and duration; giving up on a message (its last
+# delivery) was silent, the dead-lettering only visible in stats.
+t_work_verbose_and_dead_letter_warning() {
+  "$SPOOL" init q --max-receives 2 >/dev/null || fail "init"
+  "$SPOOL" send q good bad >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q -v --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' \
+    >"$D/out" 2>"$D/err"
+  eq "exit code" "$?" 0
+  grep -qE '^spool work: message 1: command exited with status 0 after [0-9]+\.[0-9]{3}s; acked$' "$D/err" ||
+    fail "no outcome line for message 1: $(cat "$D/err")"
+  grep -qE '^spool work: message 2: command exited with status 1 after [0-9.]+s; retry in 1s$' "$D/err" ||
+    fail "no retry line for message 2: $(cat "$D/err")"
+  grep -qE '^spool work: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
+    fail "no dead-letter warning: $(cat "$D/err")"
+  grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
+  eq "dead" "$(stat_of dead q)" 1
+  # Quiet by default: no line for a message that succeeds; the warning stays.
+  "$SPOOL" dlq q redrive 2>/dev/null || fail "redrive"
+  "$SPOOL" send q good >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' 2>"$D/err"
+  eq "exit code" "$?" 0
+  grep -q "acked" "$D/err" && fail "an acked message was logged without -v: $(cat "$D/err")"
+  grep -q "dead-letter queue" "$D/err" || fail "no dead-letter warning without -v: $(cat "$D/err")"
+  eq "dead" "$(stat_of dead q)" 1
 }
 
 t_work_sigterm_waits_for_commands() {
@@ -1109,6 +1199,7 @@ TESTS=(
   t_binary_roundtrip_plain
   t_binary_roundtrip_json_base64
   t_send_lines
+  t_bracketed_arguments_are_kept
   t_too_large_exit_1
   t_io_errors_exit_1
   t_send_delay
@@ -1129,6 +1220,9 @@ TESTS=(
   t_work_renews_lease
   t_work_max_runtime
   t_work_max_runtime_stops_grandchildren
+  t_work_until_empty_exits_once_drained
+  t_work_max_messages
+  t_work_verbose_and_dead_letter_warning
   t_work_sigkill_stops_grandchildren
   t_work_sigterm_waits_for_commands
   t_work_ctrl_c_lets_commands_finish

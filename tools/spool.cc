@@ -35,6 +35,7 @@ constexpr int kExitError = 1;
 constexpr int kExitEmpty = 2;
 constexpr int kExitLeaseLost = 3;
 constexpr int kExitUsage = 64;
+constexpr char kMark = '\x1e';  // see "[a,b]" in run()
 
 struct UsageError {
   std::string message;
@@ -298,8 +299,14 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   work->add_option("-j", jobs, "Run up to N commands at once (default 1)")->check(CLI::Range(size_t{1}, size_t{1024}));
   work->add_option("--visibility", visibility, "Lease length, renewed while CMD runs (default: the queue's)");
   work->add_option("--max-runtime", max_runtime, "Stop CMD (SIGTERM, then SIGKILL) and nack after this long");
+  bool until_empty = false, verbose = false;
+  std::string grace, max_messages;
+  work->add_flag("--until-empty", until_empty, "Exit 0 once the queue has been empty (nothing ready, delayed or in flight) for --grace");
+  work->add_option("--grace", grace, "With --until-empty: how long the queue must stay empty (default 1s)");
+  work->add_option("--max-messages", max_messages, "Take at most N messages, let their commands finish, exit 0");
+  work->add_flag("-v,--verbose", verbose, "Log each message's outcome and duration");
   work->add_option("CMD", command, "Command and arguments, after --")->required();
-  work->footer("CMD gets SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
+  work->footer("CMD gets SPOOL_QUEUE, SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
                "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m).\n"
                "SIGTERM/SIGINT: stop taking messages, wait for running commands; a second signal\n"
                "stops them too (SIGTERM, SIGKILL 5s later) and nacks their messages.\n"
@@ -325,13 +332,30 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
     std::fprintf(stderr, "spool: unknown command '%s' (commands: %s; run 'spool --help')\n", argv[1], names.c_str());
     return kExitUsage;
   }
+  // CLI11 splits an argument written "[a,b]" into the values "a" and "b" wherever an option
+  // takes several: `spool send q '[1,2]'` sent two messages, and `spool work q -- sh -c
+  // '[ -f x ]'` ran ' -f x '. Such arguments go in with a mark that stops the split, which
+  // a transform on every option that takes a value takes off again.
+  std::vector<std::string> marked(argv, argv + argc);
+  for (size_t i = 1; i < marked.size(); ++i) {
+    if (marked[i].size() >= 2 && marked[i].front() == '[' && marked[i].back() == ']') marked[i].insert(0, 1, kMark);
+  }
+  std::vector<char*> marked_argv;
+  for (auto& a : marked) marked_argv.push_back(a.data());
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (auto* opt : sub->get_options([](CLI::Option* o) { return o->get_items_expected_max() > 0; })) {
+      opt->transform([](std::string v) { return !v.empty() && v[0] == kMark ? v.substr(1) : v; });
+    }
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(argc, marked_argv.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string help = "spool --help";
     for (auto* sub : app.get_subcommands()) help = "spool " + sub->get_name() + " --help";
-    std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", e.what(), help.c_str());
+    std::string what = e.what();
+    std::erase(what, kMark);
+    std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", what.c_str(), help.c_str());
     return kExitUsage;
   }
 
@@ -620,6 +644,14 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       o.jobs = jobs;
       if (!visibility.empty()) o.visibility = duration_arg("--visibility", visibility);
       if (!max_runtime.empty()) o.max_runtime = duration_arg("--max-runtime", max_runtime);
+      if (!grace.empty() && !until_empty) throw UsageError{"--grace goes with --until-empty"};
+      if (!grace.empty()) o.grace = duration_arg("--grace", grace);
+      o.until_empty = until_empty;
+      if (!max_messages.empty()) {
+        o.max_messages = count_arg("--max-messages", max_messages);
+        if (*o.max_messages == 0) throw UsageError{"--max-messages must be at least 1"};
+      }
+      o.verbose = verbose;
       o.command = command;
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);

@@ -1,6 +1,7 @@
 #include "cli/work.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,9 +13,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <list>
+#include <optional>
 #include <mutex>
 #include <thread>
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "cli/supervisor.h"
 #include "spool/lease_keeper.h"
@@ -49,6 +55,28 @@ std::string resolve(const std::string& name) {
   return "";
 }
 
+// spool work's log, on stderr, every line starting "spool work: ". Warnings (a command
+// failed, a message goes to the dead-letter queue) by default; -v adds one info line per
+// message and the reasons it stops. Payloads never reach it.
+spdlog::logger& wlog() {
+  static spdlog::logger* const logger = [] {
+    auto* l = new spdlog::logger("spool work", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    l->set_pattern("spool work: %v");
+    l->set_level(spdlog::level::warn);
+    return l;
+  }();
+  return *logger;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string absolute(const std::string& dir) {
+  char real[PATH_MAX];
+  return ::realpath(dir.c_str(), real) != nullptr ? std::string(real) : dir;
+}
+
 Millis backoff(uint32_t receive_count) {
   // 1 s, 2 s, 4 s, ... capped at 10 minutes.
   uint32_t shift = receive_count == 0 ? 0 : std::min<uint32_t>(receive_count - 1, 10);
@@ -59,28 +87,45 @@ class Runner {
  public:
   Runner(Queue& q, const WorkOptions& o, std::string exe)
       : q_(q), opts_(o), exe_(std::move(exe)),
-        vis_(o.visibility.count() > 0 ? o.visibility : q.options().visibility) {}
+        vis_(o.visibility.count() > 0 ? o.visibility : q.options().visibility), queue_path_(absolute(q.dir())) {}
 
   int run() {
     // A SIGKILLed `spool work` gives its messages back at once, not after the lease.
-    if (Status s = q_.bind_leases(); !s.ok()) {
-      std::fprintf(stderr, "spool work: leases not bound to this process (%s); a crash returns them only "
-                           "when they run out\n", s.to_string().c_str());
+    if (Status st = q_.bind_leases(); !st.ok()) {
+      wlog().warn("leases not bound to this process ({}); a crash returns them only when they run out",
+                  st.to_string());
     }
+    // With --until-empty, receive waits no longer than the grace time, so the exit is not
+    // late by a whole long poll.
+    const Millis wait = opts_.until_empty ? std::clamp(opts_.grace, Millis(10), Millis(500)) : Millis(500);
+    uint64_t taken = 0;
     while (!g_stop) {
       {
         std::unique_lock lock(mu_);
         cv_.wait_for(lock, Millis(200), [&] { return running_ < opts_.jobs || g_stop; });
         if (running_ >= opts_.jobs || g_stop) continue;
       }
+      if (opts_.max_messages && taken >= *opts_.max_messages) {
+        wlog().info("took --max-messages {} messages; finishing", *opts_.max_messages);
+        break;
+      }
       size_t free = opts_.jobs - running_.load();
-      auto msgs = q_.receive(free, vis_, Millis(500));
+      if (opts_.max_messages) free = static_cast<size_t>(std::min<uint64_t>(free, *opts_.max_messages - taken));
+      auto msgs = q_.receive(free, vis_, wait);
       if (!msgs.ok()) {
-        if (msgs.status().code() == Code::kEmpty) continue;
-        std::fprintf(stderr, "spool work: %s\n", msgs.status().to_string().c_str());
+        if (msgs.status().code() == Code::kEmpty) {
+          if (opts_.until_empty && drained()) {
+            wlog().info("the queue has been empty for {:.3g}s; exiting", static_cast<double>(opts_.grace.count()) / 1000);
+            break;
+          }
+          continue;
+        }
+        wlog().error("{}", msgs.status().to_string());
         failed_ = true;
         break;
       }
+      empty_since_.reset();
+      taken += msgs->size();
       reap(false);
       for (auto& m : *msgs) {
         ++running_;
@@ -95,14 +140,28 @@ class Runner {
       }
     }
     if (running_ > 0 && g_stop) {
-      std::fprintf(stderr, "spool work: stopping; waiting for %zu running command(s) (signal again to stop them)\n",
-                   running_.load());
+      wlog().warn("stopping; waiting for {} running command(s) (signal again to stop them)", running_.load());
     }
     reap(true);
     return failed_ ? 1 : 0;
   }
 
  private:
+  // --until-empty: true once the queue has held no ready, delayed or leased message (a
+  // message leased by another worker may come back; a delayed one will be due), and no
+  // command of ours has run, for the whole grace time.
+  bool drained() {
+    auto st = q_.stats();
+    bool empty = running_ == 0 && st.ok() && st->ready == 0 && st->delayed == 0 && st->in_flight == 0;
+    auto now = std::chrono::steady_clock::now();
+    if (!empty) {
+      empty_since_.reset();
+      return false;
+    }
+    if (!empty_since_) empty_since_ = now;
+    return now - *empty_since_ >= opts_.grace;
+  }
+
   void handle(const Message& m) {
     LeaseKeeper::Options ko;
     ko.extend_by = vis_;
@@ -110,18 +169,34 @@ class Runner {
     ko.max_lifetime = opts_.max_runtime ? *opts_.max_runtime + vis_ : Millis(24ll * 3600 * 1000);
     LeaseKeeper keeper(q_, m.receipt, ko);
     std::string why;
+    auto start = std::chrono::steady_clock::now();
     int status = execute(m, &why);
+    double took = seconds_since(start);
     keeper.stop();
     if (status == 0) {
       Status s = q_.ack(m.receipt);
-      if (!s.ok()) std::fprintf(stderr, "spool work: message %lu: ack failed: %s\n", m.id, s.to_string().c_str());
+      if (!s.ok()) {
+        wlog().warn("message {}: command exited with status 0 after {:.3f}s, but the ack failed: {}", m.id, took,
+                    s.to_string());
+      } else {
+        wlog().info("message {}: command exited with status 0 after {:.3f}s; acked", m.id, took);
+      }
       return;
     }
-    Millis delay = backoff(m.receive_count);
-    std::fprintf(stderr, "spool work: message %lu: %s; retry in %llds\n", m.id, why.c_str(),
-                 static_cast<long long>(delay.count() / 1000));
+    // This was the last delivery max_receives allows: the next receive moves the message to
+    // the dead-letter queue, so it is given back at once rather than after a backoff.
+    const uint32_t max_receives = q_.options().max_receives;
+    const bool last = max_receives > 0 && m.receive_count >= max_receives;
+    Millis delay = last ? Millis(0) : backoff(m.receive_count);
+    if (last) {
+      wlog().warn("message {}: {} after {:.3f}s; that was delivery {} of max_receives {}: it goes to the "
+                  "dead-letter queue (spool dlq {} list)",
+                  m.id, why, took, m.receive_count, max_receives, q_.dir());
+    } else {
+      wlog().warn("message {}: {} after {:.3f}s; retry in {}s", m.id, why, took, delay.count() / 1000);
+    }
     Status s = q_.nack(m.receipt, delay);
-    if (!s.ok()) std::fprintf(stderr, "spool work: message %lu: nack failed: %s\n", m.id, s.to_string().c_str());
+    if (!s.ok()) wlog().warn("message {}: nack failed: {}", m.id, s.to_string());
   }
 
   // Runs the command for `m`; its exit status (0 = success) and, if not 0, why.
@@ -129,9 +204,10 @@ class Runner {
     std::vector<std::string> env_store;
     for (char** e = environ; *e != nullptr; ++e) {
       if (std::strncmp(*e, "SPOOL_MESSAGE_ID=", 17) && std::strncmp(*e, "SPOOL_RECEIVE_COUNT=", 20) &&
-          std::strncmp(*e, "SPOOL_RECEIPT=", 14))
+          std::strncmp(*e, "SPOOL_RECEIPT=", 14) && std::strncmp(*e, "SPOOL_QUEUE=", 12))
         env_store.emplace_back(*e);
     }
+    env_store.push_back("SPOOL_QUEUE=" + queue_path_);
     env_store.push_back("SPOOL_MESSAGE_ID=" + std::to_string(m.id));
     env_store.push_back("SPOOL_RECEIVE_COUNT=" + std::to_string(m.receive_count));
     env_store.push_back("SPOOL_RECEIPT=" + m.receipt);
@@ -248,11 +324,13 @@ class Runner {
   const WorkOptions& opts_;
   const std::string exe_;
   const Millis vis_;
+  const std::string queue_path_;  // SPOOL_QUEUE: absolute, so a command may change directory
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<size_t> running_{0};
   std::list<Job> jobs_;
   bool failed_ = false;
+  std::optional<std::chrono::steady_clock::time_point> empty_since_;  // receive loop only
 };
 
 }  // namespace
@@ -260,9 +338,10 @@ class Runner {
 int run_work(Queue& q, const WorkOptions& opts) {
   std::string exe = resolve(opts.command.at(0));
   if (exe.empty()) {
-    std::fprintf(stderr, "spool work: command not found or not executable: %s\n", opts.command[0].c_str());
+    wlog().error("command not found or not executable: {}", opts.command[0]);
     return 1;
   }
+  if (opts.verbose) wlog().set_level(spdlog::level::info);
   struct sigaction sa {};
   sa.sa_handler = on_stop;
   ::sigaction(SIGTERM, &sa, nullptr);
