@@ -1081,6 +1081,42 @@ t_backpressure_limits() {
   ((SECONDS - t0 < 15)) || fail "took too long"
 }
 
+# Issue 24: send --lines (and several MESSAGE arguments) went as one batch, so on a queue
+# with max_ready the whole input was refused, even with --wait.
+t_send_batches_fit_max_ready() {
+  "$SPOOL" init q --max-ready 4 >/dev/null || fail "init"
+  : >done
+  # shellcheck disable=SC2016
+  bg "$SPOOL" work q --max-messages 25 -- sh -c 'cat >> done; echo >> done'
+  local pid=$BGPID
+  seq 1 20 | timeout 30 "$SPOOL" send q --lines --wait 10s >"$D/out" 2>"$D/err"
+  eq "exit code of send --lines --wait" "$?" 0
+  eq "ids printed" "$(lines "$D/out")" 20
+  timeout 30 "$SPOOL" send q a b c d e --wait 10s >"$D/out" 2>"$D/err"
+  eq "exit code of send with 5 arguments --wait" "$?" 0
+  eq "ids printed" "$(lines "$D/out")" 5
+  wait_exit "$pid" "spool work --max-messages 25"
+  eq "messages processed" "$(lines done)" 25
+  eq "order kept" "$(head -n 3 done | tr '\n' ' ')" "1 2 3 "
+  # max_bytes bounds a batch's bytes the same way.
+  "$SPOOL" init qb --max-bytes 100 >/dev/null || fail "init qb"
+  bg "$SPOOL" work qb --max-messages 10 -- true
+  pid=$BGPID
+  printf '%040d\n' $(seq 1 10) | timeout 30 "$SPOOL" send qb --lines --wait 10s >"$D/out" 2>"$D/err"
+  eq "exit code of send to max_bytes 100, 10 x 40 bytes" "$?" 0
+  wait_exit "$pid" "spool work qb"
+  # --batch N is honoured and checked.
+  "$SPOOL" init q2 >/dev/null || fail "init q2"
+  seq 1 5 | "$SPOOL" send q2 --lines --batch 2 >/dev/null || fail "send --batch 2"
+  eq "sent" "$(stat_of sent_total q2)" 5
+  expect 64 "$SPOOL" send q2 x --batch 0
+  expect 64 "$SPOOL" send q2 x --batch many
+  # Without --wait a full queue still fails at once, after what fitted was sent.
+  expect 1 "$SPOOL" send q a b c d e f
+  err_has "queue full"
+  eq "ids printed before the refusal" "$(lines "$D/out")" 4
+}
+
 t_send_and_ack_durable() {
   "$SPOOL" init q --sync never >/dev/null || fail "init"
   expect 0 "$SPOOL" send q --durable hello
@@ -1230,6 +1266,7 @@ TESTS=(
   t_work_sigkill_loses_nothing
   t_work_sigkill_releases_leases_at_once
   t_backpressure_limits
+  t_send_batches_fit_max_ready
   t_send_and_ack_durable
   t_progress_bar_only_on_a_terminal
   t_work_errors

@@ -221,7 +221,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   send->add_flag("--lines", lines, "One message per line of stdin (sent in batches)");
   bool durable = false;
   send->add_flag("--durable", durable, "Return only once the messages are on disk, whatever the queue's --sync");
-  send->add_option("--wait", wait, "When the queue is full (--max-ready/--max-bytes), wait up to this long for room");
+  send->add_option("--wait", wait, "When the queue is full (--max-ready/--max-bytes), wait up to this long for room (per batch)");
+  std::string batch;
+  send->add_option("--batch", batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
                "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list");
 
@@ -413,6 +415,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       if (!delay.empty()) so.delay = duration_arg("--delay", delay);
       if (!wait.empty()) so.wait_for_room = duration_arg("--wait", wait);
       if (durable) so.durability = Durability::kSync;
+      uint64_t max_batch = 1000;
+      if (!batch.empty()) max_batch = count_arg("--batch", batch);
+      if (max_batch == 0 || max_batch > 100000) throw UsageError{"--batch must be 1 to 100000"};
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
       std::vector<std::string> bodies = messages;
@@ -434,12 +439,24 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       } else if (lines) {
         throw UsageError{"--lines reads stdin; give either MESSAGE arguments or --lines"};
       }
-      for (size_t i = 0; i < bodies.size(); i += 1000) {
-        std::vector<std::string_view> batch(bodies.begin() + static_cast<ptrdiff_t>(i),
-                                            bodies.begin() + static_cast<ptrdiff_t>(std::min(bodies.size(), i + 1000)));
-        auto ids = q->send_batch(batch, so);
+      // Batches that fit a bounded queue: a batch larger than max_ready (or max_bytes) could
+      // never be sent, and one of half of it fits as soon as the queue is half drained.
+      const QueueOptions& qo = q->options();
+      uint64_t per_batch = max_batch;
+      if (qo.max_ready > 0) per_batch = std::min<uint64_t>(per_batch, std::max<uint64_t>(1, qo.max_ready / 2));
+      const uint64_t batch_bytes = qo.max_bytes > 0 ? std::max<uint64_t>(1, qo.max_bytes / 2) : UINT64_MAX;
+      for (size_t i = 0; i < bodies.size();) {
+        std::vector<std::string_view> chunk;
+        uint64_t bytes = 0;
+        for (; i < bodies.size() && chunk.size() < per_batch; ++i) {
+          if (!chunk.empty() && bytes + bodies[i].size() > batch_bytes) break;
+          bytes += bodies[i].size();
+          chunk.push_back(bodies[i]);
+        }
+        auto ids = q->send_batch(chunk, so);
         if (!ids.ok()) return fail(ids.status(), dir);
         for (uint64_t id : *ids) std::printf("%lu\n", id);
+        std::fflush(stdout);
       }
       return 0;
     }
