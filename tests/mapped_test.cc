@@ -266,7 +266,13 @@ TEST(MappedPowerCut, SyncAlwaysLosesNothingAcknowledged) {
     fs::create_directories(root);
     fs::create_directories(shadow);
     pid_t pid = start_recording_child(root, shadow, journal, SyncPolicy::kAlways, true);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 300));
+    // Once the child has sent something (its first send creates the segment and spares,
+    // slow on a loaded machine), a random while longer.
+    std::error_code ec;
+    for (int i = 0; i < 1000 && (!fs::exists(journal) || fs::file_size(journal, ec) == 0); ++i) {
+      std::this_thread::sleep_for(10ms);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
     ::kill(pid, SIGKILL);
     int rc = test::wait_exit(pid);
     ASSERT_EQ(rc, 128 + SIGKILL) << "the recording child ended on its own";
