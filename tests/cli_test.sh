@@ -17,6 +17,7 @@ if [[ $# -ne 1 || ! -x $1 ]]; then
 fi
 SPOOL=$(abs "$1")
 PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
+CLI_DOC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/cli.md
 export LC_ALL=C
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-cli-test.XXXXXX")
@@ -113,10 +114,23 @@ t_help_and_version() {
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge dlq stats work; do
+  for c in init send recv ack nack extend peek purge dlq stats mount compact verify work forward; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
+    out_has "Example"  # issue 24: each command's own examples
   done
+  # Issue 24: docs/cli.md lists every command spool --help shows, and has a section for it.
+  local doc=$CLI_DOC
+  if [[ -r $doc ]]; then
+    expect 0 "$SPOOL" --help
+    for c in $(sed -n '/^Subcommands:/,/^$/s/^  \([a-z]*\) .*/\1/p' "$D/out"); do
+      grep -qE "^  $c +[A-Z]" "$doc" || fail "docs/cli.md's command list lacks $c"
+      grep -qx "### spool $c" "$doc" || fail "docs/cli.md has no section for $c"
+    done
+    grep -q "Not yet implemented" "$doc" && fail "docs/cli.md still says something is not yet implemented"
+  else
+    echo "# NOTE: $doc not found: the docs' command list is not checked"
+  fi
   expect 0 "$SPOOL" recv --help
   out_has "--wait"
   out_has "--json"
@@ -636,6 +650,12 @@ t_stats_json_fields() {
   expect 0 "$SPOOL" stats q --json
   eq "lines" "$(wc -l <"$D/out")" 1
   local f
+  # Issue 24: docs/cli.md's table names every field stats --json prints.
+  if [[ -r $CLI_DOC ]]; then
+    for f in $(grep -o '"[a-z_]*":' "$D/out" | tr -d '":'); do
+      grep -qE "^\| (\`[a-z_]+\`, )*\`$f\`" "$CLI_DOC" || fail "docs/cli.md's stats table lacks $f"
+    done
+  fi
   for f in ready in_flight delayed dead oldest_ready_age_s sent_total acked_total disk_bytes segments; do
     grep -q "\"$f\":" "$D/out" || fail "stats --json lacks $f: $(cat "$D/out")"
   done
@@ -701,6 +721,11 @@ t_stats_prometheus() {
   python3 "$PROM_CHECK" <"$D/out" || fail "invalid exposition format: $(python3 "$PROM_CHECK" <"$D/out")"
   expect 0 "$SPOOL" stats q --prometheus --rate 1 --target 1s
   out_has 'spool_recommended_workers{queue="q"} 3'
+  # Issue 24: two output formats at once printed Prometheus text and ignored --json.
+  expect 64 "$SPOOL" stats q --prometheus --json
+  err_has "choose one"
+  [[ -s $D/out ]] && fail "printed something: $(cat "$D/out")"
+  return 0
 }
 
 t_stats_watch_stops_on_sigint() {
@@ -1117,6 +1142,35 @@ t_send_batches_fit_max_ready() {
   eq "ids printed before the refusal" "$(lines "$D/out")" 4
 }
 
+# Issue 24: a refused init left a directory that later commands called "not a spool queue".
+t_failed_init_leaves_nothing() {
+  expect 64 "$SPOOL" init q --segment-size 1K
+  err_has "segment_size"
+  [[ -e q ]] && fail "a refused init left q behind: $(ls -A q)"
+  expect 1 "$SPOOL" send q x
+  err_has "no such queue; create it with: spool init q"
+  mkdir empty
+  expect 64 "$SPOOL" init empty --segment-size 1K
+  eq "files left in an empty directory by a refused init" "$(ls -A empty)" ""
+  expect 0 "$SPOOL" init q
+  expect 0 "$SPOOL" init empty
+}
+
+# Issue 24: spool-dump with no arguments printed nothing and exited 0.
+t_spool_dump_usage() {
+  local dump
+  dump=$(dirname "$SPOOL")/spool-dump
+  [[ -x $dump ]] || fail "no spool-dump beside $SPOOL"
+  expect 64 "$dump"
+  err_has "usage: spool-dump"
+  err_has "no SEGMENT_FILE"
+  expect 64 "$dump" --bogus
+  err_has "unknown option '--bogus'"
+  expect 0 "$dump" --help
+  out_has "usage: spool-dump"
+  out_has "Example:"
+}
+
 t_send_and_ack_durable() {
   "$SPOOL" init q --sync never >/dev/null || fail "init"
   expect 0 "$SPOOL" send q --durable hello
@@ -1267,6 +1321,8 @@ TESTS=(
   t_work_sigkill_releases_leases_at_once
   t_backpressure_limits
   t_send_batches_fit_max_ready
+  t_failed_init_leaves_nothing
+  t_spool_dump_usage
   t_send_and_ack_durable
   t_progress_bar_only_on_a_terminal
   t_work_errors

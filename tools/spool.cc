@@ -241,32 +241,39 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   dir_opt(ack);
   ack->add_option("RECEIPT", receipts, "Receipts printed by recv")->required();
   ack->add_flag("--durable", durable, "Return only once the ack is on disk, whatever the queue's --sync");
-  ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).");
+  ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).\n"
+              "Examples: spool ack q 17.1.9f3a22c1   |   spool recv q -n 10 --json | jq -r .receipt | xargs spool ack q");
 
   auto* nack = app.add_subcommand("nack", "Return a received message to the queue");
   dir_opt(nack);
   nack->add_option("RECEIPT", receipt, "Receipt printed by recv")->required();
   nack->add_option("--delay", delay, "Ready again after this long (default now)");
+  nack->footer("Exit codes as for ack. Example: spool nack q 17.1.9f3a22c1 --delay 30s");
 
   auto* extend = app.add_subcommand("extend", "Renew a lease to DUR from now");
   dir_opt(extend);
   extend->add_option("RECEIPT", receipt, "Receipt printed by recv")->required();
   extend->add_option("DUR", dur, "New lease length")->required();
+  extend->footer("Exit codes as for ack. Example: spool extend q 17.1.9f3a22c1 5m   (spool work renews its leases itself)");
 
   auto* peek = app.add_subcommand("peek", "Show messages without receiving them");
   dir_opt(peek);
   peek->add_option("-n", n, "Up to this many, oldest first (default 1)");
   peek->add_flag("--json", json, "One JSON object per line");
+  peek->footer("Ready, in flight and delayed messages alike; nothing is received.\n"
+               "Examples: spool peek q -n 5   |   spool peek q -n 100 --json | jq -r .payload");
 
   auto* purge = app.add_subcommand("purge", "Delete every message");
   dir_opt(purge);
   purge->add_flag("--yes", yes, "Confirm");
+  purge->footer("Deletes every message (not the dead letters). Example: spool purge /var/spool/jobs --yes");
 
   auto* dlq = app.add_subcommand("dlq", "Dead letters: list them, or redrive them into the queue");
   dir_opt(dlq);
   dlq->add_option("ACTION", dlq_action, "list or redrive")->required()->check(CLI::IsMember({"list", "redrive"}));
   dlq->add_option("-n", n, "list: up to this many (default 100)");
   dlq->add_flag("--json", json, "One JSON object per line");
+  dlq->footer("Examples: spool dlq q list -n 10   |   spool dlq q list --json | jq -r .payload   |   spool dlq q redrive");
 
   auto* stats = app.add_subcommand("stats", "Show queue depth and totals");
   dir_opt(stats);
@@ -275,6 +282,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   stats->add_flag("--prometheus", prom, "Prometheus text exposition format");
   stats->add_option("--rate", rate, "Messages per second one worker handles (for recommended_workers)");
   stats->add_option("--target", target, "Latency target for the backlog (for recommended_workers)");
+  stats->footer("--json and --prometheus are two formats: give at most one.\n"
+                "Examples: spool stats q --watch   |   spool stats q --json --rate 20 --target 30s\n"
+                "          spool stats q --prometheus > /var/lib/node_exporter/textfile/spool_q.prom");
 
   std::string mountpoint;
   std::vector<std::string> mount_args;
@@ -289,12 +299,14 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   auto* compact = app.add_subcommand("compact", "Reclaim the disk of acked messages now");
   dir_opt(compact);
   compact->add_flag("--json", json, "Print the result as JSON");
+  compact->footer("Also runs on its own in the background (docs/compaction.md). Example: spool compact /var/spool/jobs");
 
   auto* verify = app.add_subcommand("verify", "Check segments, index and counters (fsck)");
   dir_opt(verify);
   verify->add_flag("--repair", repair, "Rebuild the index from the log if they disagree");
   verify->add_flag("--json", json, "Print the report as JSON");
-  verify->footer("Exit code 0 when the queue is sound (after --repair, if given), 1 when problems remain.");
+  verify->footer("Exit code 0 when the queue is sound (after --repair, if given), 1 when problems remain.\n"
+                 "Examples: spool verify /var/spool/jobs   |   spool verify /var/spool/jobs --repair --json");
 
   auto* work = app.add_subcommand("work", "Run CMD once per message, payload on stdin");
   dir_opt(work);
@@ -402,8 +414,18 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
         std::fprintf(stderr, "spool: %s is already a queue (its settings were fixed when it was created)\n", dir.c_str());
         return kExitError;
       }
+      // A refused init leaves nothing behind: not the directory (later commands would call
+      // it "not a spool queue"), nor the files the open made in an empty one.
+      struct stat before {};
+      const bool existed = ::stat(dir.c_str(), &before) == 0;
+      std::vector<std::string> made;
+      for (const char* f : {"gate", "lock"}) {
+        if (::access((dir + "/" + f).c_str(), F_OK) != 0) made.push_back(dir + "/" + f);
+      }
       auto q = Queue::open(dir, o);
       if (!q.ok()) {
+        for (const auto& f : made) ::unlink(f.c_str());
+        if (!existed) ::rmdir(dir.c_str());
         // The library rejects out-of-range settings (segment size, max payload) this way.
         if (q.status().code() == Code::kInvalidArgument) throw UsageError{q.status().message()};
         return fail(q.status(), "");
@@ -559,6 +581,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       double target_s = 0;
       if (!target.empty()) target_s = static_cast<double>(duration_arg("--target", target).count()) / 1000.0;
       if ((rate > 0) != (target_s > 0)) throw UsageError{"--rate and --target go together, both above 0"};
+      if (prom && json) throw UsageError{"--prometheus and --json are two output formats: choose one"};
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
       ::signal(SIGINT, on_interrupt);

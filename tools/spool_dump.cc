@@ -39,17 +39,34 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "spool-dump: standard output is closed, and the dump goes there (redirect it instead)\n");
     return 2;
   }
+  constexpr const char* kUsage =
+      "usage: spool-dump [--payload] SEGMENT_FILE...\n"
+      "Prints each segment file's header and records (docs/format.md); --payload adds payloads.\n"
+      "Example: spool-dump /var/spool/jobs/segments/*.seg\n";
   bool show_payload = false;
+  int files = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--payload") == 0) continue;
+    if (argv[i][0] == '-') {
+      std::fprintf(stderr, "spool-dump: unknown option '%s'\n%s", argv[i], kUsage);
+      return 64;
+    }
+    ++files;
+  }
+  if (files == 0) {
+    std::fprintf(stderr, "spool-dump: no SEGMENT_FILE given\n%s", kUsage);
+    return 64;
+  }
   int rc = 0;
   auto io = spool::io::make_pwrite_io();
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--payload") == 0) {
       show_payload = true;
       continue;
-    }
-    if (std::strcmp(argv[i], "--help") == 0 || argv[i][0] == '-') {
-      std::fprintf(stderr, "usage: spool-dump [--payload] SEGMENT_FILE...\n");
-      return 2;
     }
     auto seg = spool::storage::Segment::open(*io, argv[i], false);
     if (!seg.ok()) {
