@@ -1145,7 +1145,7 @@ t_send_batches_fit_max_ready() {
 # Issue 24: a refused init left a directory that later commands called "not a spool queue".
 t_failed_init_leaves_nothing() {
   expect 64 "$SPOOL" init q --segment-size 1K
-  err_has "segment_size"
+  err_has "segment"
   [[ -e q ]] && fail "a refused init left q behind: $(ls -A q)"
   expect 1 "$SPOOL" send q x
   err_has "no such queue; create it with: spool init q"
