@@ -188,6 +188,8 @@ t_shell_round_trip() {
   local M=$D/mnt
   mount_fs "$D/q" "$M"
   echo "hello from echo" >"$M/job" || fail "echo > MNT/job failed"
+  # RELEASE (which sends) is asynchronous to close(): the echo's message must be 1.
+  wait_for 10 count_is "$M" 1
   printf 'copied\n' >"$D/src.txt"
   cp "$D/src.txt" "$M/" || fail "cp failed"
   # RELEASE (which sends) is asynchronous to close(): wait for both messages.
