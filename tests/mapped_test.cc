@@ -215,10 +215,12 @@ void power_cut(const std::string& root, const std::string& shadow) {
 }
 
 // A child that sends (and, with `acks`, acks every third message) as fast as it can on a
-// sync=`policy` queue, journalling each call, until it is SIGKILLed.
+// sync=`policy` queue, journalling each call, until it is SIGKILLed. Returns once the child
+// has journalled its first call (its first send creates the segment and spares, slow on a
+// loaded machine), or after 10 s.
 pid_t start_recording_child(const std::string& root, const std::string& shadow, const std::string& journal,
                             SyncPolicy policy, bool acks) {
-  return test::spawn([=] {
+  pid_t pid = test::spawn([=] {
     std::snprintf(g_root, sizeof g_root, "%s", root.c_str());
     std::snprintf(g_shadow, sizeof g_shadow, "%s", shadow.c_str());
     QueueOptions o;
@@ -243,6 +245,11 @@ pid_t start_recording_child(const std::string& root, const std::string& shadow, 
       }
     }
   });
+  std::error_code ec;
+  for (int i = 0; i < 1000 && (!fs::exists(journal) || fs::file_size(journal, ec) == 0); ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  return pid;
 }
 
 // Ids held by the queue after the cut (ready, leased or delayed alike).
@@ -266,12 +273,6 @@ TEST(MappedPowerCut, SyncAlwaysLosesNothingAcknowledged) {
     fs::create_directories(root);
     fs::create_directories(shadow);
     pid_t pid = start_recording_child(root, shadow, journal, SyncPolicy::kAlways, true);
-    // Once the child has sent something (its first send creates the segment and spares,
-    // slow on a loaded machine), a random while longer.
-    std::error_code ec;
-    for (int i = 0; i < 1000 && (!fs::exists(journal) || fs::file_size(journal, ec) == 0); ++i) {
-      std::this_thread::sleep_for(10ms);
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
     ::kill(pid, SIGKILL);
     int rc = test::wait_exit(pid);
@@ -307,11 +308,6 @@ TEST(MappedPowerCut, TheCutDropsWhatWasNotSynced) {
   fs::create_directories(root);
   fs::create_directories(shadow);
   pid_t pid = start_recording_child(root, shadow, journal, SyncPolicy::kNever, false);
-  // Until the child has sent something, then a little longer.
-  std::error_code ec;
-  for (int i = 0; i < 500 && (!fs::exists(journal) || fs::file_size(journal, ec) == 0); ++i) {
-    std::this_thread::sleep_for(10ms);
-  }
   std::this_thread::sleep_for(20ms);
   ::kill(pid, SIGKILL);
   ASSERT_EQ(test::wait_exit(pid), 128 + SIGKILL);

@@ -116,8 +116,8 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
 
 void Log::prefault(int fd, uint64_t len) {
   // The first store into each page of a preallocated file faults, and the kernel allocates
-  // and zeroes a page cache page then: 39% of a send loop's samples (perf, cmp_spool
-  // --case=produce --sync=never). Reading the spare in here, where no lock is held, leaves
+  // and zeroes a page cache page then, under the index lock (docs/performance.md, "Where
+  // the time goes now"). Reading the spare in here, where no lock is held, leaves
   // those pages in the page cache, clean (a populate for writing would dirty 64 MiB of
   // zeros for the next fdatasync to write). Best effort: older kernels (before 5.14) refuse
   // the advice, and stores then fault as before; the kernel may also reclaim the pages.
