@@ -135,7 +135,13 @@ ScanResult check_scan(const Segment& seg, const uint8_t* data) {
     FUZZ_CHECK(c.length > 0 && c.offset >= format::kSegmentHeaderSize);
     FUZZ_CHECK(c.offset <= size && c.length <= size - c.offset);
     // A corrupt region is only reported when a valid record follows it; otherwise its start
-    // would be the end.
+    // would be the end. (Or when the search past damage ran out of its budget: then the
+    // last region runs to the end of the segment, which is the end.)
+    if (r.budget_spent && c.offset + c.length == size) {
+      FUZZ_CHECK(r.end == size);
+      spans.push_back({c.offset, c.offset + c.length, false});
+      continue;
+    }
     auto next = seg.record_at(c.offset + c.length);
     FUZZ_CHECK(next.has_value());
     auto it = std::lower_bound(records.begin(), records.end(), c.offset + c.length,

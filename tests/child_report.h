@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "proc_util.h"
@@ -52,30 +53,45 @@ class Report {
   long checks_ = 0;
 };
 
-// Runs `body` in a forked child; every fail() becomes a test failure here, every info() is
-// printed, every count() is added to `*counts` if given. A child killed by a signal (or
-// still running after `limit`) fails the test, and so does a report that does not end with
-// the child's "body returned" line (a child that could not write it, or exited early).
-// Returns the child's exit status.
-inline int in_child(const std::string& what, const std::function<void(Report&)>& body,
-                    std::chrono::milliseconds limit = std::chrono::seconds(120),
-                    std::map<std::string, long>* counts = nullptr, bool print_info = true) {
-  TempDir tmp;
-  std::string path = tmp / "report";
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+// A child started by start_child(): its report file and pid, for finish_child().
+struct ChildRun {
+  std::string what;
+  std::unique_ptr<TempDir> tmp;
+  std::string path;
+  pid_t pid = -1;
+};
+
+// Forks a child that runs `body` and reports to a file; the parent may act meanwhile (damage
+// the queue the child has open, say) and then collects it with finish_child().
+inline ChildRun start_child(const std::string& what, const std::function<void(Report&)>& body) {
+  ChildRun run{what, std::make_unique<TempDir>(), "", -1};
+  run.path = *run.tmp / "report";
+  int fd = ::open(run.path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) {
-    ADD_FAILURE() << what << ": cannot create the report file " << path;
-    return -1;
+    ADD_FAILURE() << what << ": cannot create the report file " << run.path;
+    return run;
   }
-  pid_t pid = spawn([&] {
+  run.pid = spawn([&] {
     Report r(fd);
     body(r);
     r.done();
     return 0;
   });
   ::close(fd);
-  int rc = wait_exit_for(pid, limit);
-  std::ifstream in(path);
+  return run;
+}
+
+// Waits for the child (at most `limit`): every fail() becomes a test failure here, every
+// info() is printed, every count() is added to `*counts` if given. A child killed by a
+// signal (or still running after `limit`) fails the test, and so does a report that does
+// not end with the child's "body returned" line (a child that could not write it, or exited
+// early). Returns the child's exit status.
+inline int finish_child(ChildRun& run, std::chrono::milliseconds limit = std::chrono::seconds(120),
+                        std::map<std::string, long>* counts = nullptr, bool print_info = true) {
+  if (run.pid < 0) return -1;
+  const std::string& what = run.what;
+  int rc = wait_exit_for(run.pid, limit);
+  std::ifstream in(run.path);
   bool finished = false;
   for (std::string line; std::getline(in, line);) {
     finished = false;
@@ -93,6 +109,14 @@ inline int in_child(const std::string& what, const std::function<void(Report&)>&
   EXPECT_TRUE(finished || rc != 0) << what << ": the child exited 0 but its report is missing or does not end with "
                                    << "the line that says its body returned; what it checked is unknown";
   return rc;
+}
+
+// Runs `body` in a forked child and collects it (start_child, then finish_child).
+inline int in_child(const std::string& what, const std::function<void(Report&)>& body,
+                    std::chrono::milliseconds limit = std::chrono::seconds(120),
+                    std::map<std::string, long>* counts = nullptr, bool print_info = true) {
+  ChildRun run = start_child(what, body);
+  return finish_child(run, limit, counts, print_info);
 }
 
 }  // namespace spool::test

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -58,6 +59,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     // make us write through it) is removed first, and O_EXCL | O_NOFOLLOW refuse one that
     // reappears. An existing index is never created by opening it, nor followed.
     if (fresh && ::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status(errno, "remove " + path);
+    path_ = path;
     fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), 0666);
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
@@ -200,6 +202,82 @@ Status SharedIndex::refresh() {
   return map_region();
 }
 
+Status SharedIndex::check_file() {
+  if (anonymous_ || fd_ < 0) return {};
+  if (lost_.load(std::memory_order_acquire)) return Status(Code::kCorrupt, lost_why_);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path_);
+  const uint64_t mapped = kHeaderBytes + (region_ != nullptr ? region_len_ : 0);
+  if (static_cast<uint64_t>(st.st_size) >= mapped) return {};
+  static std::mutex mu;  // one thread replaces the mappings
+  std::lock_guard lock(mu);
+  if (!lost_.load(std::memory_order_acquire)) {
+    lost_why_ = path_ + ": the index file was cut to " + std::to_string(st.st_size) + " bytes while this process maps " +
+                std::to_string(mapped) + " (spool never shortens it: another process truncated it). This process no "
+                "longer uses it; nothing is lost, the log holds every message: close every process using the queue, "
+                "and the next opener rebuilds the index";
+    // Private zeroed pages over the same addresses: a thread that reads the header or the
+    // region after this (a waiter waking up, a sync) gets zeros, not a SIGBUS.
+    auto cover = [](void* at, uint64_t len) {
+      if (at != nullptr) {
+        (void)::mmap(at, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      }
+    };
+    cover(hdr_, kHeaderBytes);
+    cover(region_, region_len_);
+    lost_.store(true, std::memory_order_release);
+  }
+  return Status(Code::kCorrupt, lost_why_);
+}
+
+std::string SharedIndex::check_header() const {
+  const IndexHeader& h = *hdr_;
+  auto n = [](uint64_t v) { return std::to_string(v); };
+  if (!mapped_current()) return "the mapping is not the header's geometry";
+  if (h.resizing != 0) return "a resize was interrupted";
+  if (h.win_offset >= wcap_) return "window offset " + n(h.win_offset) + " >= window size " + n(wcap_);
+  if (h.heap_size > hcap_) return "heap size " + n(h.heap_size) + " > heap capacity " + n(hcap_);
+  if (h.count > wcap_ + ocap_ || h.ovf_count > h.count || h.ovf_count * 4 > ocap_ * 3 || h.queued > h.count ||
+      h.leased > h.heap_size || h.heap_size + h.queued != h.count) {
+    return "counts: " + n(h.count) + " live, " + n(h.ovf_count) + " in the overflow table, " + n(h.queued) +
+           " queued, " + n(h.heap_size) + " in the heap, " + n(h.leased) + " leased";
+  }
+  if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id) || h.next_id > (1ull << 62) ||
+      h.sent_through.load(std::memory_order_relaxed) + 1 != h.next_id) {
+    return "ids: low " + n(h.low_id) + ", cursor " + n(h.cursor) + ", next " + n(h.next_id) + ", sent through " +
+           n(h.sent_through.load(std::memory_order_relaxed));
+  }
+  if (h.owners_claimed > kOwnerSlots) return "owner slots claimed: " + n(h.owners_claimed);
+  return "";
+}
+
+Status SharedIndex::prepare_rebuild() {
+  auto& h = *hdr_;
+  // Every attached process has the same identity (attach() refuses another): what differs
+  // from it is damage, and a rebuild makes the file ours again.
+  h.format = format_word();
+  std::string boot = sys::boot_id();
+  std::memset(h.boot_id, 0, sizeof h.boot_id);
+  std::strncpy(h.boot_id, boot.c_str(), sizeof h.boot_id - 1);
+  h.magic = kIndexMagic;
+  if (sound(false)) return mapped_current() ? Status() : map_region();
+  damaged("the region's geometry is out of bounds");
+  h.capacity = kMinWindow;
+  h.heap_cap = kMinHeap;
+  h.ovf_cap = kMinOverflow;
+  h.win_offset = 0;
+  h.resizing = 0;
+  ++h.region_gen;
+  if (!sound(false)) return Status(Code::kCorrupt, "index is smaller than its smallest region");
+  return map_region();
+}
+
+Entry& SharedIndex::bad_slot(uint32_t slot) {
+  damaged("slot " + std::to_string(slot) + " is outside the index");
+  scratch_ = Entry{};
+  return scratch_;
+}
+
 Status SharedIndex::reset() {
   auto& h = *hdr_;
   h.count = h.ovf_count = h.queued = h.heap_size = h.leased = 0;
@@ -212,7 +290,11 @@ Status SharedIndex::reset() {
 }
 
 uint64_t SharedIndex::id_of(uint32_t slot) const {
-  if (slot >= wcap_) return ovf_[slot - wcap_].id;
+  if (slot >= wcap_) {
+    if (slot - wcap_ < ocap_) return ovf_[slot - wcap_].id;
+    damaged("slot " + std::to_string(slot) + " is outside the index");
+    return 0;
+  }
   uint64_t base = wslot(hdr_->low_id);
   return hdr_->low_id + (slot >= base ? slot - base : slot + wcap_ - base);
 }
@@ -226,18 +308,45 @@ int64_t SharedIndex::find(uint64_t id) const {
     return win_[s].state == State::kEmpty ? -1 : static_cast<int64_t>(s);
   }
   const uint64_t m = ocap_ - 1;
-  for (uint64_t s = hash_id(id) & m;; s = (s + 1) & m) {
+  // At most one pass: a table with no empty slot (damage; the load is kept <= 3/4) must not
+  // make the probe go round forever under the lock.
+  uint64_t s = hash_id(id) & m;
+  for (uint64_t probes = 0; probes < ocap_; ++probes, s = (s + 1) & m) {
     if (ovf_[s].id == id) return static_cast<int64_t>(wcap_ + s);
     if (ovf_[s].id == 0) return -1;
   }
+  damaged("the overflow table has no empty slot");
+  return -1;
 }
 
-Entry& SharedIndex::entry_of(uint64_t id) { return entry(static_cast<uint32_t>(find(id))); }
+Entry& SharedIndex::entry_of(uint64_t id) {
+  int64_t slot = find(id);
+  if (slot < 0) {
+    damaged("a heap item names message " + std::to_string(id) + ", which is not in the index");
+    scratch_ = Entry{};
+    return scratch_;
+  }
+  return entry(static_cast<uint32_t>(slot));
+}
+
+int64_t SharedIndex::heap_entry(uint64_t pos, uint64_t id) const {
+  if (pos >= hdr_->heap_size || pos >= hcap_ || heap_[pos].id != id) {
+    damaged("message " + std::to_string(id) + " has heap position " + std::to_string(pos) +
+            ", which is not its heap item (heap size " + std::to_string(hdr_->heap_size) + ")");
+    return -1;
+  }
+  return static_cast<int64_t>(pos);
+}
 
 uint64_t SharedIndex::key(uint32_t slot) const {
+  if (slot >= wcap_ + ocap_) {
+    damaged("slot " + std::to_string(slot) + " is outside the index");
+    return UINT64_MAX;
+  }
   const Entry& e = slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e;
   if (e.state == State::kQueued) return ((uint64_t{e.key_hi} << 32) | e.heap_pos) << kQueuedKeyShift;
-  return heap_[e.heap_pos].key;
+  int64_t pos = heap_entry(e.heap_pos, id_of(slot));
+  return pos < 0 ? UINT64_MAX : heap_[pos].key;  // damaged: never receivable until rebuilt
 }
 
 // The region is laid out window, heap, overflow table, and the file never gets shorter
@@ -392,7 +501,12 @@ Status SharedIndex::ovf_reserve(uint64_t more) {
 uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
   const uint64_t m = ocap_ - 1;
   uint64_t s = hash_id(id) & m;
-  while (ovf_[s].id != 0) s = (s + 1) & m;
+  for (uint64_t probes = 0; ovf_[s].id != 0; s = (s + 1) & m) {
+    if (++probes == ocap_) {
+      damaged("the overflow table has no empty slot");
+      return static_cast<uint32_t>(wcap_ + ocap_);  // entry() gives the scratch entry for it
+    }
+  }
   ovf_[s] = OvfEntry{id, e};
   return static_cast<uint32_t>(wcap_ + s);
 }
@@ -400,7 +514,8 @@ uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
 void SharedIndex::ovf_erase(uint64_t hole) {
   // Backward-shift deletion keeps linear probing free of tombstones.
   const uint64_t m = ocap_ - 1;
-  for (uint64_t s = (hole + 1) & m; ovf_[s].id != 0; s = (s + 1) & m) {
+  uint64_t probes = 0;
+  for (uint64_t s = (hole + 1) & m; ovf_[s].id != 0 && ++probes < ocap_; s = (s + 1) & m) {
     uint64_t home = hash_id(ovf_[s].id) & m;
     // Move s into the hole unless its home lies cyclically in (hole, s].
     bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
@@ -417,7 +532,13 @@ void SharedIndex::advance_low(uint64_t limit) {
   if (h.count == h.ovf_count) {
     h.low_id = std::max(h.low_id, limit);
   } else {
-    while (h.low_id < limit && win_[wslot(h.low_id)].state == State::kEmpty) ++h.low_id;
+    // At most one lap: the window has a live entry (count > ovf_count), unless damaged.
+    for (uint64_t n = 0; h.low_id < limit && win_[wslot(h.low_id)].state == State::kEmpty; ++n, ++h.low_id) {
+      if (n == wcap_) {
+        damaged("the counts say the window holds a message, and it holds none");
+        break;
+      }
+    }
   }
   h.cursor = std::max(h.cursor, h.low_id);
 }
@@ -507,6 +628,10 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
   } else {
     if (Status s = fit(id, id); !s.ok()) return s;
     slot = wslot(id);
+    if (win_[slot].state != State::kEmpty) {
+      damaged("message " + std::to_string(id) + " is already in the index (next id " + std::to_string(h.next_id) + ")");
+      return Status(Code::kCorrupt, "index is damaged: message " + std::to_string(id) + " is already in it");
+    }
     if (key <= now) {
       uint64_t k = key >> kQueuedKeyShift;
       e.state = State::kQueued;
@@ -539,9 +664,11 @@ Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
     return {};
   }
   Entry& e = entry(slot);
+  int64_t at = heap_entry(e.heap_pos, id_of(slot));
+  if (at < 0) return Status(Code::kCorrupt, "index is damaged: " + damage_);
   e.state = state;
   hdr_->leased += (state == State::kLeased) - (was == State::kLeased);
-  uint64_t pos = e.heap_pos;
+  uint64_t pos = static_cast<uint64_t>(at);
   heap_[pos].key = key;
   sift_down(pos);
   sift_up(pos);
@@ -549,15 +676,19 @@ Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
 }
 
 void SharedIndex::erase(uint32_t slot) {
+  if (slot >= wcap_ + ocap_) {
+    (void)bad_slot(slot);
+    return;
+  }
   auto& h = *hdr_;
   Entry& e = entry(slot);
   const uint64_t id = id_of(slot);
   if (e.state == State::kLeased) --h.leased;
   if (e.state == State::kQueued) {
     --h.queued;
-  } else {
+  } else if (int64_t at = heap_entry(e.heap_pos, id); at >= 0) {
     // Heap removal: move the last item into the hole, then restore order both ways.
-    uint64_t pos = e.heap_pos;
+    uint64_t pos = static_cast<uint64_t>(at);
     uint64_t last = --h.heap_size;
     if (pos != last) {
       move_item(pos, heap_[last]);
@@ -580,7 +711,9 @@ int64_t SharedIndex::queue_head() {
   if (h.queued == 0) return -1;
   const uint64_t end = h.low_id + wcap_;
   while (h.cursor < end && win_[wslot(h.cursor)].state != State::kQueued) ++h.cursor;
-  return h.cursor < end ? static_cast<int64_t>(wslot(h.cursor)) : -1;
+  if (h.cursor < end) return static_cast<int64_t>(wslot(h.cursor));
+  damaged("the counts say " + std::to_string(h.queued) + " messages are queued, and none is");
+  return -1;
 }
 
 int64_t SharedIndex::next(uint64_t now) {
@@ -588,7 +721,10 @@ int64_t SharedIndex::next(uint64_t now) {
   if (int64_t q = queue_head(); q >= 0) {
     if (!heap_ready || less(HeapItem{key(static_cast<uint32_t>(q)), hdr_->cursor}, heap_[0])) return q;
   }
-  return heap_ready ? find(heap_[0].id) : -1;
+  if (!heap_ready) return -1;
+  int64_t top = find(heap_[0].id);
+  if (top < 0) damaged("the heap's first item names message " + std::to_string(heap_[0].id) + ", which is not in the index");
+  return top;
 }
 
 uint64_t SharedIndex::next_key() {
@@ -598,6 +734,10 @@ uint64_t SharedIndex::next_key() {
 }
 
 void SharedIndex::push_heap(uint32_t slot, uint64_t id, uint64_t key) {
+  if (hdr_->heap_size >= hcap_) {  // callers reserve first: only damage gets here
+    damaged("the heap is full");
+    return;
+  }
   uint64_t pos = hdr_->heap_size++;
   heap_[pos] = HeapItem{key, id};
   entry(slot).heap_pos = static_cast<uint32_t>(pos);
@@ -627,7 +767,7 @@ void SharedIndex::sift_up(uint64_t i) {
 }
 
 void SharedIndex::sift_down(uint64_t i) {
-  const uint64_t n = hdr_->heap_size;
+  const uint64_t n = std::min(hdr_->heap_size, hcap_);
   const HeapItem it = heap_[i];
   const uint64_t start = i;
   for (;;) {

@@ -34,6 +34,19 @@
 // A process that dies inside the critical section may break any of them; the next locker
 // gets EOWNERDEAD and rebuilds the whole index from the log (the log is written before the
 // index in every operation, so the log always holds the truth).
+//
+// Damage (docs/security.md, "A damaged or hostile index"): the file is shared with every
+// process that may write the queue, so no value read from it is used as an offset or a loop
+// bound unchecked, in every attached process, not only the first opener:
+//  - at every lock, check_file() (before the lock word itself is touched: a truncated file
+//    would SIGBUS) and check_header() (O(1): geometry, counters, I5's order, heap size);
+//  - at every use, the values those cannot vouch for: a heap_pos, a heap item's id, an
+//    overflow probe (bounded by the table's size), a slot, the window's low end. A bad one
+//    is never followed: the operation goes on with a harmless value (a write lands in a
+//    scratch entry, a lookup finds nothing) and the damage is recorded (damage()); the lock
+//    holder then rebuilds the index from the log before it unlocks.
+// A process that pokes the file while another holds the lock can still make that holder
+// compute nonsense, never read or write outside the mappings.
 #pragma once
 
 #include <algorithm>
@@ -190,7 +203,12 @@ class SharedIndex {
   // invalidates every Entry reference.
   int64_t find(uint64_t id) const;  // slot or -1
   uint64_t id_of(uint32_t slot) const;
-  Entry& entry(uint32_t slot) { return slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e; }
+  // An out-of-range slot (damage) gives a scratch entry and records the damage.
+  Entry& entry(uint32_t slot) {
+    if (slot < wcap_) return win_[slot];
+    if (slot - wcap_ < ocap_) return ovf_[slot - wcap_].e;
+    return bad_slot(slot);
+  }
   // When the message can next be received (a queued one's key is rounded down to 1 us).
   uint64_t key(uint32_t slot) const;
   // Adds message `id` (not present), queued if `key` <= `now`, else ready at `key`.
@@ -222,7 +240,8 @@ class SharedIndex {
   template <class F>
   void for_each_queued(F&& f) {
     uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
-    for (uint64_t id = hdr_->cursor, left = hdr_->queued; id < end && left != 0; ++id) {
+    // (From the cursor, which check_header() keeps at or above low_id.)
+    for (uint64_t id = std::max(hdr_->cursor, hdr_->low_id), left = hdr_->queued; id < end && left != 0; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
@@ -242,6 +261,28 @@ class SharedIndex {
   }
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;
+
+  // Damage checks for every lock (see the top of this file). check_file(): the file still
+  // covers what this process maps, before the lock is taken and before other reads of the
+  // header outside it (a sync, the end of a long-poll wait). Another process may have
+  // truncated it, and a page past the end of a file is a SIGBUS: when it has, kCorrupt
+  // naming the file, now and at every later call, and this process's mappings of the index
+  // are replaced by private zeroed memory, so that no thread of it touches the file again
+  // (docs/durability.md, "An index truncated by another process"). One fstat.
+  // check_header(): "" or what is wrong with the header's counters and geometry (O(1), lock
+  // held, after refresh()).
+  Status check_file();
+  std::string check_header() const;
+  // The first damage a use found since clear_damage(), or "".
+  const std::string& damage() const { return damage_; }
+  void clear_damage() { damage_.clear(); }
+  // Records damage found by a use, here or by the caller (the first one is kept).
+  void damaged(const std::string& what) const {
+    if (damage_.empty()) damage_ = what;
+  }
+  // For a rebuild: maps the region as refresh() does, or, when the header's geometry is not
+  // sound (damage), lays the smallest region out again, so that a replay can fill it.
+  Status prepare_rebuild();
 
  private:
   Status map_region();
@@ -271,9 +312,15 @@ class SharedIndex {
   }
 
   uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
+  Entry& bad_slot(uint32_t slot);
+  // Where a heap item's entry is, checked; -1 (and damage recorded) if it is not there.
+  int64_t heap_entry(uint64_t pos, uint64_t id) const;
 
   int fd_ = -1;
   bool anonymous_ = false;
+  std::string path_;
+  std::atomic<bool> lost_{false};  // check_file() found the file cut short
+  std::string lost_why_;           // written once, before lost_ is set
   IndexHeader* hdr_ = nullptr;
   void* region_ = nullptr;
   uint64_t region_len_ = 0;
@@ -283,6 +330,8 @@ class SharedIndex {
   Entry* win_ = nullptr;
   HeapItem* heap_ = nullptr;
   OvfEntry* ovf_ = nullptr;
+  mutable std::string damage_;
+  Entry scratch_{};  // what an out-of-range slot gives (entry())
 };
 
 }  // namespace spool::index

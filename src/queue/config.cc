@@ -4,10 +4,15 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdint>
 #include <fstream>
 #include <map>
 #include <sstream>
+
+#include "storage/format.h"
 
 namespace spool::queue {
 
@@ -36,7 +41,8 @@ Status write_config(const std::string& dir, const Config& c) {
       << "max_bytes = " << c.opts.max_bytes << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  (void)::unlink(tmp.c_str());  // a leftover with our pid; never written through if it is a link
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) return errno_status(errno, "create " + tmp);
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
             ::fsync(fd) == 0;
@@ -51,6 +57,54 @@ Status write_config(const std::string& dir, const Config& c) {
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
+  }
+  return {};
+}
+
+namespace {
+
+constexpr uint64_t kMaxVisibilityMs = 365ull * 24 * 3600 * 1000;        // a year
+constexpr uint64_t kMaxSyncIntervalMs = 24ull * 3600 * 1000;           // a day
+constexpr uint64_t kMaxRetentionAgeMs = 100ull * 365 * 24 * 3600 * 1000;  // a century
+
+std::string range_text(uint64_t lo, uint64_t hi) { return std::to_string(lo) + " to " + std::to_string(hi); }
+
+}  // namespace
+
+Status validate(QueueOptions& o, const std::string& where) {
+  const std::string at = where.empty() ? "" : where + ": ";
+  auto bad = [&](const char* key, long long have, const std::string& allowed) {
+    return Status(Code::kInvalidArgument, at + key + " = " + std::to_string(have) + " is out of range: it must be " +
+                                              allowed);
+  };
+  auto in = [](long long v, uint64_t lo, uint64_t hi) {
+    return v >= 0 && static_cast<uint64_t>(v) >= lo && static_cast<uint64_t>(v) <= hi;
+  };
+  // 0 would hand one message to several consumers at once (a lease that has already ended).
+  if (!in(o.visibility.count(), 1, kMaxVisibilityMs)) {
+    return bad("visibility_ms", o.visibility.count(), range_text(1, kMaxVisibilityMs) + " (milliseconds)");
+  }
+  // 0 would make the interval flusher spin.
+  if (!in(o.sync_interval.count(), 1, kMaxSyncIntervalMs)) {
+    return bad("sync_interval_ms", o.sync_interval.count(), range_text(1, kMaxSyncIntervalMs) + " (milliseconds)");
+  }
+  if (!in(o.retention_max_age.count(), 0, kMaxRetentionAgeMs)) {
+    return bad("retention_max_age_ms", o.retention_max_age.count(),
+               range_text(0, kMaxRetentionAgeMs) + " (milliseconds; 0: no limit)");
+  }
+  if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
+    return Status(Code::kInvalidArgument, at + "segment_size = " + std::to_string(o.segment_size) +
+                                              " is out of range: it must be " +
+                                              range_text(format::kMinSegmentSize, (1ull << 40) - 1) +
+                                              " (bytes: 4 KiB to 1 TiB)");
+  }
+  const uint64_t room = ((o.segment_size - format::kSegmentHeaderSize) & ~7ull) - format::kRecordHeaderSize;
+  if (o.max_payload == 0) o.max_payload = std::min<uint64_t>(1ull << 20, room);
+  const uint64_t most = std::min<uint64_t>(room, UINT32_MAX);
+  if (o.max_payload > most) {
+    return Status(Code::kInvalidArgument, at + "max_payload = " + std::to_string(o.max_payload) +
+                                              " does not fit a segment of " + std::to_string(o.segment_size) +
+                                              " bytes: it must be " + range_text(1, most));
   }
   return {};
 }
@@ -77,25 +131,51 @@ Result<Config> read_config(const std::string& dir) {
     auto eq = line.find(" = ");
     if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
   }
+  // Every value is read strictly (decimal digits only, no sign, nothing after) and checked
+  // against its range here, at every open, not only when the queue was created: the file
+  // may have been edited since.
+  Status err;
+  auto number = [&](const char* key, bool required, uint64_t hi, uint64_t fallback) -> uint64_t {
+    auto it = kv.find(key);
+    if (it == kv.end()) {
+      if (required && err.ok()) err = Status(Code::kCorrupt, path + ": the setting " + key + " is missing");
+      return fallback;
+    }
+    const std::string& v = it->second;
+    uint64_t n = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if ((ec != std::errc() || end != v.data() + v.size() || n > hi) && err.ok()) {
+      err = Status(Code::kCorrupt, path + ": " + key + " = " + v + " is not a number from 0 to " + std::to_string(hi));
+    }
+    return n;
+  };
+  constexpr uint64_t kMs = INT64_MAX;
   Config c;
-  try {
-    c.uid = std::stoull(kv.at("uid"));
-    c.opts.visibility = Millis(std::stoll(kv.at("visibility_ms")));
-    c.opts.max_receives = static_cast<uint32_t>(std::stoul(kv.at("max_receives")));
-    const std::string& s = kv.at("sync");
-    c.opts.sync = s == "always" ? SyncPolicy::kAlways
-                  : s == "never" ? SyncPolicy::kNever
-                                 : SyncPolicy::kInterval;
-    c.opts.sync_interval = Millis(std::stoll(kv.at("sync_interval_ms")));
-    c.opts.segment_size = std::stoull(kv.at("segment_size"));
-    c.opts.max_payload = std::stoull(kv.at("max_payload"));
-    if (kv.count("retention_max_age_ms")) c.opts.retention_max_age = Millis(std::stoll(kv["retention_max_age_ms"]));
-    if (kv.count("retention_max_bytes")) c.opts.retention_max_bytes = std::stoull(kv["retention_max_bytes"]);
-    if (kv.count("max_ready")) c.opts.max_ready = std::stoull(kv["max_ready"]);
-    if (kv.count("max_bytes")) c.opts.max_bytes = std::stoull(kv["max_bytes"]);
-  } catch (const std::exception&) {
-    return Status(Code::kCorrupt, path + ": missing or malformed setting");
+  c.uid = number("uid", true, UINT64_MAX, 0);
+  c.opts.visibility = Millis(static_cast<int64_t>(number("visibility_ms", true, kMs, 0)));
+  c.opts.max_receives = static_cast<uint32_t>(number("max_receives", true, UINT32_MAX, 0));
+  c.opts.sync_interval = Millis(static_cast<int64_t>(number("sync_interval_ms", true, kMs, 0)));
+  c.opts.segment_size = number("segment_size", true, UINT64_MAX, 0);
+  c.opts.max_payload = number("max_payload", true, UINT64_MAX, 0);
+  c.opts.retention_max_age = Millis(static_cast<int64_t>(number("retention_max_age_ms", false, kMs, 0)));
+  c.opts.retention_max_bytes = number("retention_max_bytes", false, UINT64_MAX, 0);
+  c.opts.max_ready = number("max_ready", false, UINT64_MAX, 0);
+  c.opts.max_bytes = number("max_bytes", false, UINT64_MAX, 0);
+  if (!err.ok()) return err;
+  const auto sync = kv.find("sync");
+  if (sync == kv.end()) return Status(Code::kCorrupt, path + ": the setting sync is missing");
+  if (sync->second == "always") {
+    c.opts.sync = SyncPolicy::kAlways;
+  } else if (sync->second == "interval") {
+    c.opts.sync = SyncPolicy::kInterval;
+  } else if (sync->second == "never") {
+    c.opts.sync = SyncPolicy::kNever;
+  } else {
+    return Status(Code::kCorrupt, path + ": sync = " + sync->second + " is not one of always, interval, never");
   }
+  if (c.uid == 0) return Status(Code::kCorrupt, path + ": uid = 0 is out of range: it must be 1 to " +
+                                                    std::to_string(UINT64_MAX));
+  if (Status s = validate(c.opts, path); !s.ok()) return Status(Code::kCorrupt, s.message());
   return c;
 }
 

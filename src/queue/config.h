@@ -17,8 +17,14 @@ struct Config {
 
 // Writes `dir`/spool.conf atomically (temp file, fsync, rename, fsync dir).
 Status write_config(const std::string& dir, const Config& c);
-// Reads it. kNotFound when absent; kIncompatible for a newer version; kCorrupt for junk.
+// Reads it. kNotFound when absent; kIncompatible for a newer version; kCorrupt for junk,
+// a missing setting, or a value out of its range (validate()), naming the key and the range.
 Result<Config> read_config(const std::string& dir);
+
+// Checks the stored settings against their ranges (and fills in the default max_payload
+// for 0). kInvalidArgument naming the key, its value and the allowed range; `where` (the
+// file, or "" for options given to create a queue) starts the message.
+Status validate(QueueOptions& o, const std::string& where);
 
 const char* sync_name(SyncPolicy p);
 

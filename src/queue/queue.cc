@@ -38,22 +38,6 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 
 namespace {
 
-Status validate(QueueOptions& o) {
-  if (o.visibility.count() <= 0) return Status(Code::kInvalidArgument, "visibility must be > 0");
-  if (o.sync_interval.count() <= 0) return Status(Code::kInvalidArgument, "sync interval must be > 0");
-  if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
-    return Status(Code::kInvalidArgument, "segment size must be between 4 KiB and 1 TiB");
-  }
-  uint64_t room = ((o.segment_size - format::kSegmentHeaderSize) & ~7ull) - format::kRecordHeaderSize;
-  if (o.max_payload == 0) o.max_payload = std::min<uint64_t>(1ull << 20, room);
-  if (o.max_payload > room || o.max_payload > UINT32_MAX) {
-    return Status(Code::kInvalidArgument, "max payload " + std::to_string(o.max_payload) +
-                                              " does not fit a segment of " + std::to_string(o.segment_size) +
-                                              " bytes (at most " + std::to_string(room) + ")");
-  }
-  return {};
-}
-
 // Whether `dir` holds anything but what a half-created queue may have left.
 bool has_foreign_files(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
@@ -122,7 +106,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     }
     queue::Config c;
     c.opts = opts;
-    if (Status s = validate(c.opts); !s.ok()) return s;
+    if (Status s = queue::validate(c.opts, ""); !s.ok()) return s;
     while (c.uid == 0) {
       if (::getrandom(&c.uid, sizeof c.uid, 0) != sizeof c.uid) c.uid = sys::real_ns();
     }
@@ -135,6 +119,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   storage::LogOptions lo;
   lo.segment_size = impl->cfg.opts.segment_size;
+  lo.max_payload = impl->cfg.opts.max_payload;  // longer lengths are no records (bounds recovery)
   lo.sync_on_roll = impl->cfg.opts.sync != SyncPolicy::kNever;
   lo.read_only = impl->read_only;
   auto log = storage::Log::open(dir + "/segments", lo);
@@ -263,6 +248,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
       { [[maybe_unused]] auto release = std::move(held).value(); }
       h.room_waiters.fetch_add(1);
       sys::futex_wait(&h.room_seq, seen, wait_ns);
+      (void)q.idx.check_file();  // before the header is touched again: see lock()
       h.room_waiters.fetch_sub(1);
       continue;
     }
@@ -362,6 +348,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     if (slice == 0) continue;
     h.waiters.fetch_add(1);
     sys::futex_wait(&h.wake_seq, seen, slice);
+    (void)q.idx.check_file();  // before the header is touched again: see lock()
     h.waiters.fetch_sub(1);
   }
 }

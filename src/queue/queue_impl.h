@@ -120,7 +120,7 @@ struct Queue::Impl {
       flush_cv.notify_all();
       flusher.join();
     }
-    if (log && idx.attached() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
+    if (log && idx.attached() && idx.check_file().ok() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
       (void)sync_to(idx.hdr().log_end);
     }
     seal_if_last();
@@ -152,7 +152,11 @@ struct Queue::Impl {
     Locked(Locked&& o) noexcept : impl_(std::exchange(o.impl_, nullptr)) {}
     Locked& operator=(Locked&&) = delete;
     ~Locked() {
-      if (impl_ != nullptr) impl_->idx.hdr().mu.unlock();
+      if (impl_ == nullptr) return;
+      // A use found a damaged value in the index (and did not follow it): rebuild it from
+      // the log before anyone else sees it (SharedIndex, "Damage").
+      if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
+      impl_->idx.hdr().mu.unlock();
     }
 
    private:
@@ -163,6 +167,12 @@ struct Queue::Impl {
   // marked consistent; if that fails the mutex is left unrecoverable and every user gets a
   // clear error until the last process closes the queue and the next opener rebuilds.
   Result<Locked> lock() {
+    // Before the lock word is touched: it is in the file, which another process may have
+    // truncated (a page past the end of a file is a SIGBUS).
+    if (Status s = idx.check_file(); !s.ok()) {
+      spool::log().error("spool: {}", s.message());
+      return s;
+    }
     auto& mu = idx.hdr().mu;
     switch (mu.lock()) {
       case sys::RobustMutex::LockResult::kOk:
@@ -189,7 +199,16 @@ struct Queue::Impl {
         return Status(Code::kIo, dir + ": cannot lock the index");
     }
     Locked held(this);
-    if (Status s = idx.refresh(); !s.ok()) return s;
+    // Every value the index gives is checked before it is used (SharedIndex, "Damage"):
+    // the header here, the rest at each use.
+    if (Status s = idx.refresh(); !s.ok()) {
+      idx.damaged(s.message());
+    } else if (std::string bad = idx.check_header(); !bad.empty()) {
+      idx.damaged(bad);
+    }
+    if (!idx.damage().empty()) {
+      if (Status s = repair_damage(); !s.ok()) return s;
+    }
     if (idx.hdr().compacted_through > forgotten_through) {
       // Another process removed old segments: let go of their mappings.
       forgotten_through = idx.hdr().compacted_through;
@@ -207,6 +226,23 @@ struct Queue::Impl {
   }
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
+
+  // The index holds a value a check refused (idx.damage()): rebuilt from the log. Lock held.
+  Status repair_damage() {
+    const std::string why = idx.damage();
+    spool::log().error("spool: {}/index is damaged ({}); rebuilding it from the log", dir, why);
+    last_repair = why;
+    idx.clear_damage();
+    Status s = rebuild();
+    if (s.ok() && !idx.damage().empty()) s = Status(Code::kCorrupt, idx.damage());
+    idx.clear_damage();
+    if (!s.ok()) {
+      s = Status(s.code(), dir + "/index is damaged (" + why + ") and rebuilding it from the log failed: " + s.message());
+      spool::log().error("spool: {}", s.message());
+    }
+    return s;
+  }
+  std::string last_repair;  // what the last repair_damage() found (verify reports it); lock held
 
   // Replays the log into the shared index. Lease bindings (instant release on death) are
   // not in the log, so they are carried over from the old index for the leases it still
@@ -251,7 +287,7 @@ struct Queue::Impl {
   Status replay(index::SharedIndex& x) {
     auto& h = x.hdr();
     ++h.region_gen;  // forces every process (and us) to remap before the next access
-    if (Status s = x.refresh(); !s.ok()) return s;
+    if (Status s = x.prepare_rebuild(); !s.ok()) return s;
     h.next_id = 1;
     if (Status s = x.reset(); !s.ok()) return s;
     h.purged_through = 0;
@@ -366,6 +402,7 @@ struct Queue::Impl {
   // that chain of wake-ups cost as much as the fdatasync, and 8 producers at kAlways got
   // 1.2x the messages of one (docs/performance.md).
   Status sync_to(uint64_t end) {
+    if (Status s = idx.check_file(); !s.ok()) return s;  // it reads the header outside the lock
     auto& h = idx.hdr();
     for (;;) {
       uint32_t seen = h.durable_seq.load(std::memory_order_acquire);
@@ -474,6 +511,7 @@ struct Queue::Impl {
         flush_cv.wait_for(lk, cfg.opts.sync_interval);
         if (stopping) break;
         lk.unlock();
+        if (!idx.check_file().ok()) break;  // truncated by another process: lock() reports it
         uint64_t end = __atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE);
         Status s = sync_to(end);
         if (!s.ok()) spool::log().error("spool: {}: {}", dir, s.to_string());
@@ -556,6 +594,10 @@ struct Queue::Impl {
   // Appends at the log end and publishes the new end. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs) {
     auto& h = idx.hdr();
+    if (Status s = log->check_end(Pos::unpack(h.log_end)); !s.ok()) {
+      idx.damaged(s.message());  // rebuilt before the unlock
+      return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
+    }
     auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
     if (!res.ok()) return res.status();
     h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
@@ -582,16 +624,30 @@ struct Queue::Impl {
     const uint64_t seg = cfg.opts.segment_size;
     const uint64_t cap = seg - format::kSegmentHeaderSize;
     Pos end = Pos::unpack(h.log_end);
-    uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + h.spares * cap;
+    // A spare beyond the last segment number a position can hold is never rolled into.
+    const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
+    uint64_t usable = std::min(h.spares, numbers_left);
+    uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + usable * cap;
     // Twice the records: a roll wastes the tail of a segment the next record does not fit.
     uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
-    return room >= need ? 0 : (need - room + cap - 1) / cap;
+    if (room >= need) return 0;
+    const uint64_t short_by = (need - room + cap - 1) / cap;
+    return short_by > numbers_left - usable ? kNoSegmentNumbers : short_by;
   }
+  // spares_short(): no number of spares would do, the log has used every segment number.
+  static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
   // Makes `n` spares. Without the lock (a send's: each spare is a large fallocate and two
   // syncs, which nothing under the index lock may wait for), each is counted under a short
   // lock of its own once it is on disk; with `locked` (compaction's copies), under the lock
   // the caller holds.
   Status make_spares(uint64_t n, bool locked) {
+    if (n == kNoSegmentNumbers) {
+      return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
+                                        std::to_string(storage::kMaxSegmentSeq) +
+                                        "); the room left is kept so that the queued messages can still be received "
+                                        "and acked. Drain the queue into a new one (a larger segment_size makes the "
+                                        "limit further away)");
+    }
     for (; n > 0; --n) {
       if (Status s = log->make_spare(); !s.ok()) {
         std::optional<Result<Locked>> held;
@@ -768,8 +824,14 @@ struct Queue::Impl {
     const uint64_t id = idx.id_of(slot);
     std::shared_ptr<storage::Segment> keep;
     auto r = log->read(Pos::unpack(e.loc), &keep);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) {
+      // A record the index points at is gone or damaged: the rebuild before the unlock
+      // drops it (or finds the message's record elsewhere), so receives move past it.
+      idx.damaged("the record of message " + std::to_string(id) + ": " + r.status().message());
+      return r.status();
+    }
     if (r->id != id || r->type != RecordType::kMsg) {
+      idx.damaged("message " + std::to_string(id) + " points at the record of another");  // rebuilt before the unlock
       return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(id));
     }
     Message m;

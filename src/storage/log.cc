@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -144,7 +145,8 @@ std::string Log::segment_path(uint64_t seq) const {
 
 uint64_t Log::max_payload() const {
   uint64_t capacity = (opts_.segment_size - format::kSegmentHeaderSize) & ~uint64_t{format::kRecordAlign - 1};
-  return capacity - format::kRecordHeaderSize;
+  uint64_t fits = capacity - format::kRecordHeaderSize;
+  return opts_.max_payload != 0 ? std::min(opts_.max_payload, fits) : fits;
 }
 
 Result<std::vector<uint64_t>> Log::segments() const {
@@ -152,11 +154,25 @@ Result<std::vector<uint64_t>> Log::segments() const {
   if (d == nullptr) return errno_status(errno, "list " + dir_);
   std::vector<uint64_t> seqs;
   while (dirent* e = ::readdir(d)) {
-    std::string name = e->d_name;
-    if (name.size() == 24 && name.ends_with(".seg") &&
-        std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; })) {
-      seqs.push_back(std::stoull(name.substr(0, 20)));
+    const std::string_view name = e->d_name;
+    if (name.size() != 24 || !name.ends_with(".seg") ||
+        !std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
     }
+    // Twenty digits can exceed 2^64; parsed without exceptions (std::stoull threw out of
+    // every opener, read-only ones included). A number the log cannot have written is
+    // not a segment of it.
+    uint64_t seq = 0;
+    auto [end, ec] = std::from_chars(name.data(), name.data() + 20, seq);
+    if (ec != std::errc() || end != name.data() + 20 || seq == 0 || seq > kMaxSegmentSeq) {
+      std::lock_guard lock(mu_);
+      if (warned_names_.emplace(name).second) {
+        spool::log().warn("spool: {}/{}: ignored: not a segment of this log (a segment number is 1 to {})", dir_,
+                          name, kMaxSegmentSeq);
+      }
+      continue;
+    }
+    seqs.push_back(seq);
   }
   ::closedir(d);
   std::sort(seqs.begin(), seqs.end());
@@ -196,6 +212,7 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
     return Status(Code::kCorrupt, segment_path(seq) + ": header names segment " +
                                       std::to_string((*seg)->info().seq));
   }
+  (*seg)->set_max_payload(max_payload());
   std::lock_guard lock(mu_);
   return cache_.emplace(seq, *seg).first->second;
 }
@@ -207,6 +224,21 @@ void Log::forget_below(uint64_t seq) {
 
 Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used) {
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
+  if (seq > kMaxSegmentSeq) {
+    // A Pos keeps 24 bits of segment number: one more segment would wrap the log end to
+    // segment 0 and the next roll would replace a live segment.
+    return Status(Code::kNoSpace, dir_ + ": the log has used every segment number (1 to " +
+                                      std::to_string(kMaxSegmentSeq) +
+                                      "); nothing more can be appended. Drain the queue into a new one "
+                                      "(a larger segment_size makes the limit further away)");
+  }
+  // A segment of this number that holds records is live: the end we were given is behind
+  // the log (a damaged index), and the rename below would replace it. One with none was
+  // created by an append that failed, and is replaced.
+  if (auto live = Segment::open(*opts_.io, segment_path(seq), false); live.ok() &&
+                                                                       (*live)->record_at(format::kSegmentHeaderSize)) {
+    return Status(Code::kCorrupt, segment_path(seq) + " holds records already: the log end given is behind the log");
+  }
   Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
   for (const std::string& spare : spares()) {
     seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare, mapped_);
@@ -221,6 +253,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
   }
   if (!seg.ok()) seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, nullptr, mapped_);
   if (!seg.ok()) return seg.status();
+  (*seg)->set_max_payload(max_payload());
   std::lock_guard lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
   return *seg;
@@ -253,7 +286,7 @@ Status Log::make_spare() {
   static std::atomic<uint64_t> made{0};
   std::string tmp = dir_ + "/spare.tmp." + std::to_string(::getpid()) + "." + std::to_string(made++);
   (void)opts_.io->unlink(tmp);
-  int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
+  int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
   if (fd < 0) return errno_status(-fd, "create spare segment " + tmp);
   // Synced, file and directory, before it counts as reserved: an unsynced spare comes back
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
@@ -310,7 +343,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
 Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id) {
   const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize;
   for (const auto& r : recs) {
-    if (format::record_size(r.payload.size()) > capacity) {
+    if (format::record_size(r.payload.size()) > capacity || r.payload.size() > max_payload()) {
       return Status(Code::kTooLarge, "record of " + std::to_string(r.payload.size()) +
                                          " bytes does not fit a segment of " +
                                          std::to_string(opts_.segment_size) + " bytes");
@@ -366,6 +399,24 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   if (Status s = flush(); !s.ok()) return fail(s);
   res.end = end;
   return res;
+}
+
+Status Log::check_end(Pos end) {
+  if (end.seq == 0) {
+    if (end.off == 0) return {};
+    return Status(Code::kCorrupt, dir_ + ": the log end names no segment but offset " + std::to_string(end.off));
+  }
+  auto seg = segment(end.seq);
+  if (!seg.ok()) return Status(Code::kCorrupt, "the log end names segment " + std::to_string(end.seq) + ": " + seg.status().message());
+  if (end.off < format::kSegmentHeaderSize || end.off > (*seg)->info().size) {
+    return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +
+                                      ", is outside the segment's records");
+  }
+  if ((*seg)->record_at(end.off)) {
+    return Status(Code::kCorrupt, (*seg)->path() + ": a record lies at the log end (offset " + std::to_string(end.off) +
+                                      "): the end is behind the log");
+  }
+  return {};
 }
 
 Status Log::clear_tail(Pos end) {

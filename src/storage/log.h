@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,12 +25,19 @@
 
 namespace spool::storage {
 
+// The highest segment number a Pos can hold (24 bits). The log never creates a segment
+// above it: an append that would roll past it fails with kNoSpace (Log::append), and a
+// segment file named with a larger number is not part of the log (Log::segments()).
+inline constexpr uint64_t kMaxSegmentSeq = (1ull << 24) - 1;
+
 // A position in the log. seq 0 means "before the first segment" (an empty log).
 struct Pos {
   uint64_t seq = 0;
   uint64_t off = 0;
   auto operator<=>(const Pos&) const = default;
-  // Packed for an atomic word: seq in the high 24 bits, offset in the low 40.
+  // Packed for an atomic word: seq in the high 24 bits, offset in the low 40. Only for
+  // seq <= kMaxSegmentSeq and off < 2^40, which the log guarantees for every position it
+  // hands out.
   uint64_t pack() const { return (seq << 40) | off; }
   static Pos unpack(uint64_t v) { return {v >> 40, v & ((1ull << 40) - 1)}; }
 };
@@ -41,6 +49,9 @@ struct LogOptions {
   // in the active segment alone. Off only for sync policy "never".
   bool sync_on_roll = true;
   bool read_only = false;
+  // The largest payload a record may have (the queue's max_payload); a longer length is
+  // not a record (docs/format.md, "Validity"). 0: whatever fits a segment.
+  uint64_t max_payload = 0;
   // default: io::default_io(). When it maps_writes() and the directory is on a filesystem
   // that allocates blocks at fallocate (ext4, xfs, tmpfs: a store into the mapping can then
   // never need a block at writeback, so never SIGBUS), records are stored through the
@@ -66,7 +77,9 @@ class Log {
   // Opens (creating `dir` unless read_only) the log kept in `dir`.
   static Result<std::unique_ptr<Log>> open(const std::string& dir, LogOptions opts);
 
-  // Sequence numbers of the segment files present, ascending.
+  // Sequence numbers of the segment files present, ascending. A name of the segment form
+  // whose number is 0, does not fit 64 bits, or is above kMaxSegmentSeq is not part of the
+  // log: it is skipped, with a warning (once per name and Log).
   Result<std::vector<uint64_t>> segments() const;
 
   // Removes temp files of segment and spare creations that crashed before their rename.
@@ -84,6 +97,11 @@ class Log {
   // is zeroed again (best effort), so recover() does not return it; a segment created on the
   // way may remain, empty. `base_id` is recorded in a new segment's header.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
+
+  // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
+  // offset lies inside it and no record starts there (else an append would overwrite one).
+  // kCorrupt saying what is wrong. Cheap: for every append.
+  Status check_end(Pos end);
 
   // Zeroes what follows the logical end `end` (from recover()) in its segment, if anything
   // does: the first part of a write that a crash of the system tore. Left there, it would be
@@ -131,9 +149,10 @@ class Log {
   std::string dir_;
   LogOptions opts_;
   bool mapped_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<Segment>> cache_;
   std::map<uint64_t, Status> failed_syncs_;
+  mutable std::set<std::string> warned_names_;  // guarded by mu_
 };
 
 }  // namespace spool::storage

@@ -59,6 +59,19 @@ uint64_t record_checksum(const uint8_t* header, std::string_view payload, uint64
   return XXH3_64bits_digest(&st);
 }
 
+// Every segment and spare is opened with O_NOFOLLOW (and created with O_EXCL): a link
+// planted in segments/ must never have spool write a header or records into its target.
+// A read-only open adds O_NONBLOCK: a FIFO planted under a segment's name must not hang it
+// (open() then refuses it as not a regular file). (O_RDWR never blocks on a FIFO; and the
+// flag is kept off writable descriptors, where io_uring would return EAGAIN for it.)
+Status open_error(int err, const std::string& what, const std::string& path) {
+  if (err == ELOOP) {
+    return Status(Code::kCorrupt, path + " is a symbolic link; spool does not follow links in a queue's "
+                                         "segments directory (remove it)");
+  }
+  return errno_status(err, what + " " + path);
+}
+
 }  // namespace
 
 Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::string& name) {
@@ -102,12 +115,12 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
   int fd;
   if (spare != nullptr) {
-    fd = io.open(tmp, O_RDWR, 0);
-    if (fd < 0) return errno_status(-fd, "open spare segment " + tmp);
+    fd = io.open(tmp, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0) return open_error(-fd, "open spare segment", tmp);
   } else {
     (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
-    fd = io.open(tmp, O_CREAT | O_EXCL | O_RDWR, 0666);
-    if (fd < 0) return errno_status(-fd, "create segment " + tmp);
+    fd = io.open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
+    if (fd < 0) return open_error(-fd, "create segment", tmp);
   }
   auto fail = [&](int err, const char* what) {
     ::close(fd);
@@ -117,6 +130,7 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   if (spare != nullptr) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fail(-errno, "stat spare for");
+    if (!S_ISREG(st.st_mode)) return fail(-EINVAL, "spare segment is not a regular file, for");
     if (static_cast<uint64_t>(st.st_size) < size) return fail(-EINVAL, "spare segment too small for");
   } else if (int r = io.allocate(fd, 0, size); r < 0) {
     return fail(r, "preallocate segment");
@@ -143,8 +157,8 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
 
 Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& path, bool writable,
                                                bool map_writes) {
-  int fd = io.open(path, writable ? O_RDWR : O_RDONLY, 0);
-  if (fd < 0) return errno_status(-fd, "open segment " + path);
+  int fd = io.open(path, (writable ? O_RDWR : O_RDONLY | O_NONBLOCK) | O_NOFOLLOW, 0);
+  if (fd < 0) return open_error(-fd, "open segment", path);
   std::shared_ptr<Segment> seg(new Segment());
   seg->fd_ = fd;
   seg->path_ = path;
@@ -173,13 +187,25 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
 }
 
 namespace {
-// The valid record at `h`, with `avail` bytes from there to the end of the segment.
-std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_t salt, uint64_t off) {
+// The valid record at `h`, with `avail` bytes from there to the end of the segment. A
+// length above `max_len` (the log's largest payload) is no record: no checksum is computed
+// over it. With `budget`, the bytes the checksum would cover are taken from it first; when
+// it has too few, *out_of_budget is set and nothing is checked.
+std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_t salt, uint64_t off,
+                                       uint64_t max_len, uint64_t* budget = nullptr,
+                                       bool* out_of_budget = nullptr) {
   if (avail < kRecordHeaderSize || load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
   uint8_t type = h[8];
   if (type == 0 || type > format::kMaxRecordType || load<uint16_t>(h + 10) != 0) return std::nullopt;
   uint64_t len = load<uint32_t>(h + 4);
-  if (len > avail - kRecordHeaderSize) return std::nullopt;
+  if (len > avail - kRecordHeaderSize || len > max_len) return std::nullopt;
+  if (budget != nullptr) {
+    if (*budget < kRecordHeaderSize + len) {
+      *out_of_budget = true;
+      return std::nullopt;
+    }
+    *budget -= kRecordHeaderSize + len;
+  }
   std::string_view payload(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
   if (record_checksum(h, payload, salt) != load<uint64_t>(h + format::kChecksumOffset)) return std::nullopt;
   return RecordView{static_cast<format::RecordType>(type),
@@ -197,17 +223,23 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
 std::optional<RecordView> Segment::record_at(uint64_t off) const {
   const uint64_t size = info_.size;
   if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > size) return std::nullopt;
-  return parse_record(base_ + off, size - off, info_.salt, off);
+  return parse_record(base_ + off, size - off, info_.salt, off, max_payload_);
 }
 
-uint64_t Segment::resync(uint64_t off) const {
+uint64_t Segment::resync(uint64_t off, uint64_t* budget, bool* out_of_budget) const {
   // Past the end there is nothing to find, and aligning or adding to an offset near 2^64
   // would wrap around to the start of the mapping.
   if (off >= info_.size) return info_.size;
   off = std::max<uint64_t>(format::align_up(off), kSegmentHeaderSize);
+  bool spent = false;
   for (; off + kRecordHeaderSize <= info_.size; off += format::kRecordAlign) {
     // Cheap magic test first; the full check only where the magic matches.
-    if (load<uint32_t>(base_ + off) == format::kRecordMagic && record_at(off)) return off;
+    if (load<uint32_t>(base_ + off) != format::kRecordMagic) continue;
+    if (parse_record(base_ + off, info_.size - off, info_.salt, off, max_payload_, budget, &spent)) return off;
+    if (spent) {
+      if (out_of_budget != nullptr) *out_of_budget = true;
+      return info_.size;
+    }
   }
   return info_.size;
 }
@@ -267,6 +299,13 @@ ScanResult scan(const Segment& seg, uint64_t from,
   ScanResult res;
   uint64_t off = std::max<uint64_t>(from, kSegmentHeaderSize);
   const uint64_t size = seg.info().size;
+  // Searching past damage checks the checksum of every candidate that has the record magic
+  // and a plausible length. Hostile bytes (the magic every 16 bytes, each with a length
+  // reaching far on) made that quadratic: 36 s for 4 MiB, under the index lock. The
+  // checksums of candidates cost at most this many bytes per scan, a few times the
+  // segment; past it the rest of the segment is reported as damaged and the end is put at
+  // the segment's end, so the next append rolls and nothing there is overwritten.
+  uint64_t budget = kResyncBudgetPerByte * size + kResyncBudgetFloor;
   while (off < size) {
     if (auto rec = seg.record_at(off)) {
       visit(*rec);
@@ -274,7 +313,14 @@ ScanResult scan(const Segment& seg, uint64_t from,
       off += rec->size;
       continue;
     }
-    uint64_t next = seg.resync(off + format::kRecordAlign);
+    bool spent = false;
+    uint64_t next = seg.resync(off + format::kRecordAlign, &budget, &spent);
+    if (spent) {
+      res.corrupt.push_back({seg.info().seq, off, size - off});
+      res.budget_spent = true;
+      off = size;
+      break;
+    }
     if (next >= size) break;  // nothing valid after: `off` is the logical end
     res.corrupt.push_back({seg.info().seq, off, next - off});
     off = next;

@@ -91,8 +91,15 @@ class Segment {
 
   // The valid record at `off`, or nullopt (see "Validity" in docs/format.md).
   std::optional<RecordView> record_at(uint64_t off) const;
-  // The first offset >= off holding a valid record, or info().size if there is none.
-  uint64_t resync(uint64_t off) const;
+  // The first offset >= off holding a valid record, or info().size if there is none. With
+  // `budget`, the checksums of the candidates it checks cost their bytes from *budget; when
+  // that runs out it stops, sets *out_of_budget and returns info().size.
+  uint64_t resync(uint64_t off, uint64_t* budget = nullptr, bool* out_of_budget = nullptr) const;
+
+  // Records with a longer payload are not valid (docs/format.md, "Validity"): the log's
+  // max_payload. Set by the log before the segment is shared; default: any that fits.
+  void set_max_payload(uint64_t n) { max_payload_ = n; }
+  uint64_t max_payload() const { return max_payload_; }
 
   // Appends the encoding of `r` for this segment (header, payload, pad) to `out`.
   void encode(const Record& r, std::string& out) const;
@@ -104,13 +111,22 @@ class Segment {
   const uint8_t* base_ = nullptr;
   uint64_t map_len_ = 0;
   bool map_writable_ = false;
+  uint64_t max_payload_ = UINT32_MAX;
   SegmentInfo info_;
 };
+
+// scan()'s bound on the bytes it checksums while searching past damage: this many per
+// byte of the segment, plus the floor (docs/format.md, "Finding the end").
+inline constexpr uint64_t kResyncBudgetPerByte = 4;
+inline constexpr uint64_t kResyncBudgetFloor = 64ull << 20;
 
 struct ScanResult {
   uint64_t end = 0;      // logical end: where the next record goes
   uint64_t records = 0;  // valid records visited
   std::vector<Corruption> corrupt;
+  // The search past damage ran out of its budget: the last corrupt region runs to the end
+  // of the segment, unsearched, and `end` is the segment's size.
+  bool budget_spent = false;
 };
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose

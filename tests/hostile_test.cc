@@ -1,0 +1,496 @@
+// Hostile or damaged files (issue 23): values in the shared index poked while processes are
+// attached, the index truncated under them, segment file names that do not fit, a log at
+// the last segment number, a segment built to make recovery quadratic, an edited
+// spool.conf, and symbolic links planted in segments/. Each case damages the files the way
+// another process (or a person) could, and checks that every process gets a clear error or
+// carries on, never crashes, hangs, or writes where it must not. Attached processes are
+// real ones (fork): docs/security.md, "Hostile or damaged files".
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "child_report.h"
+#include "index/index.h"
+#include "spool/queue.h"
+#include "storage/format.h"
+#include "storage/log.h"
+#include "storage/segment.h"
+#include "test_util.h"
+
+namespace spool {
+namespace {
+
+using namespace std::chrono_literals;
+using test::finish_child;
+using test::in_child;
+using test::Report;
+using test::start_child;
+using test::TempDir;
+namespace fs = std::filesystem;
+
+std::string slurp_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Two pipes between the test and one child: each side waits for the other's step.
+class Steps {
+ public:
+  Steps() {
+    EXPECT_EQ(::pipe(to_child_), 0);
+    EXPECT_EQ(::pipe(to_parent_), 0);
+  }
+  ~Steps() {
+    for (int fd : {to_child_[0], to_child_[1], to_parent_[0], to_parent_[1]}) ::close(fd);
+  }
+  void child_done() { (void)!::write(to_parent_[1], "x", 1); }
+  void parent_done() { (void)!::write(to_child_[1], "x", 1); }
+  bool parent_wait(int ms = 20000) { return wait(to_parent_[0], ms); }
+  bool child_wait(int ms = 20000) { return wait(to_child_[0], ms); }
+
+ private:
+  static bool wait(int fd, int ms) {
+    if (!test::readable(fd, ms)) return false;
+    char c;
+    return ::read(fd, &c, 1) == 1;
+  }
+  int to_child_[2];
+  int to_parent_[2];
+};
+
+// The index file as another process that may write the queue sees it: mapped whole.
+class IndexFile {
+ public:
+  explicit IndexFile(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDWR);
+    EXPECT_GE(fd_, 0) << path;
+    struct stat st {};
+    EXPECT_EQ(::fstat(fd_, &st), 0);
+    len_ = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    base_ = static_cast<char*>(p);
+  }
+  ~IndexFile() {
+    ::munmap(base_, len_);
+    ::close(fd_);
+  }
+  index::IndexHeader& hdr() { return *reinterpret_cast<index::IndexHeader*>(base_); }
+  index::Entry& entry_of(uint64_t id) {  // a window entry
+    auto* win = reinterpret_cast<index::Entry*>(base_ + index::kHeaderBytes);
+    return win[(id + hdr().win_offset) % hdr().capacity];
+  }
+  index::OvfEntry* overflow() {
+    return reinterpret_cast<index::OvfEntry*>(base_ + index::kHeaderBytes + hdr().capacity * sizeof(index::Entry) +
+                                             hdr().heap_cap * sizeof(index::HeapItem));
+  }
+
+ private:
+  int fd_ = -1;
+  size_t len_ = 0;
+  char* base_ = nullptr;
+};
+
+class Hostile : public test::QueueDirTest {
+ protected:
+  void fill(int n, const std::string& prefix = "m") {
+    auto q = open();
+    ASSERT_TRUE(q);
+    for (int i = 1; i <= n; ++i) ASSERT_TRUE(q->send(prefix + std::to_string(i)).ok());
+  }
+  std::string index_path() const { return qdir() + "/index"; }
+};
+
+// ---- 1. index values are checked before use, in every attached process ------------------
+
+// A heap position far outside the heap: the ack that removes the message's heap item used
+// to move an item to heap_[0x7ffffff0] (32 GiB past the mapping): SIGSEGV.
+TEST_F(Hostile, AHeapPositionPokedOutOfRangeIsNotFollowedAndTheIndexIsRebuilt) {
+  fill(3);
+  Steps steps;
+  auto child = start_child("attached consumer", [&](Report& r) {
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    auto got = (*q)->receive(2);
+    if (!r.check(got.ok() && got->size() == 2, "receive two")) return;
+    steps.child_done();
+    if (!r.check(steps.child_wait(), "the test poked the index")) return;
+    // Both uses of the poked position: set() (extend) and erase() (ack).
+    Status ext = (*q)->extend((*got)[0].receipt, 60s);
+    r.info("extend after the poke: " + ext.to_string());
+    Status ack = (*q)->ack((*got)[1].receipt);
+    r.check(ack.ok(), "ack of the other message: " + ack.to_string());
+    r.check((*q)->check_index().empty(), "the index is consistent again: " + (*q)->check_index());
+    auto st = (*q)->stats();
+    r.check(st.ok() && st->ready == 1 && st->in_flight == 1 && st->acked_total == 1,
+            "1 ready, 1 in flight, 1 acked after the rebuild");
+    auto rest = (*q)->receive(5);
+    r.check(rest.ok() && rest->size() == 1 && (*rest)[0].payload == "m3", "message 3 is still delivered");
+  });
+  ASSERT_TRUE(steps.parent_wait());
+  {
+    IndexFile f(index_path());
+    f.entry_of(1).heap_pos = 0x7ffffff0;
+    f.entry_of(2).heap_pos = 0x7ffffff0;
+  }
+  steps.parent_done();
+  finish_child(child, 60s);
+}
+
+// A full overflow table (no empty slot, none the id sought): find() used to probe it
+// forever, under the lock, so every process of the queue hung.
+TEST_F(Hostile, AFullOverflowTableDoesNotMakeALookupLoopForever) {
+  fill(2);
+  Steps steps;
+  auto child = start_child("attached consumer", [&](Report& r) {
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    auto got = (*q)->receive(1);
+    if (!r.check(got.ok() && got->size() == 1 && (*got)[0].id == 1, "receive message 1")) return;
+    if (!r.check((*q)->ack((*got)[0].receipt).ok(), "ack it")) return;  // low_id moves past 1
+    steps.child_done();
+    if (!r.check(steps.child_wait(), "the test filled the overflow table")) return;
+    // A stale receipt of an id below the window is looked up in the overflow table.
+    auto t0 = std::chrono::steady_clock::now();
+    Status again = (*q)->ack((*got)[0].receipt);
+    r.info("second ack of message 1: " + again.to_string() + " after " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+                              .count()) + " ms");
+    r.check(again.code() == Code::kNotFound, "the second ack finds nothing: " + again.to_string());
+    r.check((*q)->check_index().empty(), "the index is consistent again: " + (*q)->check_index());
+    auto rest = (*q)->receive(5);
+    r.check(rest.ok() && rest->size() == 1 && (*rest)[0].payload == "m2", "message 2 is still delivered");
+  });
+  ASSERT_TRUE(steps.parent_wait());
+  {
+    IndexFile f(index_path());
+    index::OvfEntry* ovf = f.overflow();
+    for (uint64_t s = 0; s < f.hdr().ovf_cap; ++s) ovf[s].id = (1ull << 40) + s;
+  }
+  steps.parent_done();
+  finish_child(child, 20s);  // a probe that never ends is killed here, and fails the test
+}
+
+// A log end behind the log: the next append used to overwrite message 1's record.
+TEST_F(Hostile, ALogEndPokedBehindTheLogOverwritesNothing) {
+  fill(3);
+  Steps steps;
+  auto child = start_child("attached producer", [&](Report& r) {
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    if (!r.check((*q)->stats().ok(), "stats")) return;
+    steps.child_done();
+    if (!r.check(steps.child_wait(), "the test poked the log end")) return;
+    auto id = (*q)->send("m4");
+    r.info("send after the poke: " + id.status().to_string());
+    if (!id.ok()) {
+      r.check(id.status().code() == Code::kCorrupt, "a refused send says the index is damaged");
+      id = (*q)->send("m4");  // the index was rebuilt before the unlock
+    }
+    r.check(id.ok() && *id == 4, "the send gets id 4");
+  });
+  ASSERT_TRUE(steps.parent_wait());
+  {
+    IndexFile f(index_path());
+    f.hdr().log_end = storage::Pos{1, format::kSegmentHeaderSize}.pack();
+  }
+  steps.parent_done();
+  finish_child(child, 30s);
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto all = q->receive(10);
+  ASSERT_TRUE(all.ok());
+  std::vector<std::string> got;
+  for (const auto& m : *all) got.push_back(m.payload);
+  EXPECT_EQ(got, (std::vector<std::string>{"m1", "m2", "m3", "m4"}));
+}
+
+// `truncate -s 0 index` while a consumer waits in a long poll and another process is idle:
+// both used to die of SIGBUS. Now each gets a clear error at its next touch of the index,
+// closes cleanly, and the next opener rebuilds the index with every message.
+TEST_F(Hostile, AnIndexTruncatedByAnotherProcessIsAnErrorNotASigbus) {
+  fill(5);
+  Steps steps;
+  auto child = start_child("attached consumer", [&](Report& r) {
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    auto got = (*q)->receive(5);  // writes LEASE records: the interval flusher runs too
+    if (!r.check(got.ok() && got->size() == 5, "receive all five")) return;
+    steps.child_done();
+    auto waited = (*q)->receive(1, 0ms, 3000ms);  // asleep on the futex when the file goes
+    r.info("long poll when the index was truncated: " + waited.status().to_string());
+    r.check(!waited.ok() && waited.status().code() == Code::kCorrupt &&
+                waited.status().message().find("index") != std::string::npos &&
+                waited.status().message().find("truncated") != std::string::npos,
+            "the long poll ends with an error naming the truncated index: " + waited.status().to_string());
+    auto sent = (*q)->send("late");
+    r.check(!sent.ok() && sent.status().code() == Code::kCorrupt, "a send fails the same way: " + sent.status().to_string());
+    r.check(!(*q)->stats().ok(), "so does stats");
+    q->reset();  // closes: no sync or seal touches the lost file
+    r.info("closed");
+  });
+  ASSERT_TRUE(steps.parent_wait());
+  std::this_thread::sleep_for(300ms);  // into its futex wait
+  ASSERT_EQ(::truncate(index_path().c_str(), 0), 0);
+  finish_child(child, 30s);
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready + st->in_flight, 5u) << "every message survives in the log";
+  EXPECT_EQ(q->check_index(), "");
+}
+
+// ---- 2. segment names that do not fit ----------------------------------------------------
+
+TEST_F(Hostile, SegmentNamesThatDoNotFitAreSkippedNotFatal) {
+  fill(3);
+  for (const char* name : {"99999999999999999999.seg", "00000000000016777216.seg", "00000000000000000000.seg"}) {
+    std::ofstream(qdir() + "/segments/" + name) << "junk";
+  }
+  fs::remove(index_path());
+  in_child("opener", [&](Report& r) {
+    auto q = Queue::open(qdir());  // threw std::out_of_range out of Log::segments()
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    auto all = (*q)->receive(10);
+    r.check(all.ok() && all->size() == 3, "the three messages are there");
+    auto v = (*q)->verify(false);
+    r.check(v.ok(), "verify runs: " + v.status().to_string());
+    auto st = (*q)->stats();
+    r.check(st.ok() && st->segments == 1, "one segment counted");
+  }, 60s);
+}
+
+// ---- 3. the last segment number ----------------------------------------------------------
+
+// A log whose active segment is number 2^24 - 2 (a Pos keeps 24 bits of it): appending used
+// to roll on to 2^24, whose packed end wrapped to segment 0; the next roll replaced segment
+// 1 and the ids sent since were reused.
+TEST(HostileLog, AnAppendThatWouldPassTheLastSegmentNumberFailsBeforeWrapping) {
+  TempDir dir;
+  storage::LogOptions lo;
+  lo.segment_size = format::kMinSegmentSize;
+  auto log = storage::Log::open(dir.path(), lo);
+  ASSERT_TRUE(log.ok());
+  const uint64_t first = storage::kMaxSegmentSeq - 1;
+  ASSERT_EQ(first, (1ull << 24) - 2);
+  auto seg = storage::Segment::create((*log)->io(), (*log)->segment_path(first), first, 1, lo.segment_size);
+  ASSERT_TRUE(seg.ok()) << seg.status().to_string();
+  storage::Pos end{first, format::kSegmentHeaderSize};
+  std::string body(1000, 'p');
+  Status last;
+  uint64_t id = 1;
+  for (; id < 100; ++id) {
+    storage::Record rec{format::RecordType::kMsg, 0, id, 1, 1, body};
+    auto res = (*log)->append(end, std::span(&rec, 1), id);
+    if (!res.ok()) {
+      last = res.status();
+      break;
+    }
+    ASSERT_LE(res->end.seq, storage::kMaxSegmentSeq) << "after id " << id;
+    ASSERT_EQ(storage::Pos::unpack(res->end.pack()), res->end) << "the end must survive packing, after id " << id;
+    ASSERT_EQ(storage::Pos::unpack(res->at[0].pack()), res->at[0]);
+    end = res->end;
+  }
+  EXPECT_EQ(last.code(), Code::kNoSpace) << last.to_string();
+  EXPECT_NE(last.message().find("segment number"), std::string::npos) << last.to_string();
+  EXPECT_EQ(end.seq, storage::kMaxSegmentSeq) << "the last segment was used";
+  EXPECT_GT(id, 4u) << "records were appended into both segments first";
+  auto seqs = (*log)->segments();
+  ASSERT_TRUE(seqs.ok());
+  EXPECT_EQ(*seqs, (std::vector<uint64_t>{first, first + 1}));
+}
+
+TEST_F(Hostile, AQueueAtTheLastSegmentNumberRefusesSendsAndKeepsWhatItHas) {
+  QueueOptions o;
+  o.segment_size = format::kMinSegmentSize;
+  { ASSERT_TRUE(open(o)); }
+  const uint64_t first = storage::kMaxSegmentSeq - 1;
+  {
+    storage::LogOptions lo;
+    lo.segment_size = o.segment_size;
+    auto log = storage::Log::open(qdir() + "/segments", lo);
+    ASSERT_TRUE(log.ok());
+    ASSERT_TRUE(storage::Segment::create((*log)->io(), (*log)->segment_path(first), first, 1, lo.segment_size).ok());
+  }
+  fs::remove(index_path());
+  std::vector<std::string> sent;
+  Status refused;
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    for (int i = 0; i < 100; ++i) {
+      std::string p = "p" + std::to_string(i) + std::string(100, 'x');
+      auto id = q->send(p);
+      if (!id.ok()) {
+        refused = id.status();
+        break;
+      }
+      sent.push_back(p);
+    }
+  }
+  EXPECT_EQ(refused.code(), Code::kNoSpace) << refused.to_string();
+  EXPECT_NE(refused.message().find("segment number"), std::string::npos) << refused.to_string();
+  ASSERT_GT(sent.size(), 5u);
+  fs::remove(index_path());  // a rebuild from the log brings back exactly what was sent
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  // And the room kept for the drain is inside the last segment: every one can be received
+  // and acked.
+  size_t got = 0;
+  for (;;) {
+    auto m = q->receive(1);
+    ASSERT_TRUE(m.ok() || m.status().code() == Code::kEmpty) << m.status().to_string();
+    if (!m.ok() || m->empty()) break;
+    ASSERT_LT(got, sent.size());
+    EXPECT_TRUE((*m)[0].payload == sent[got]) << "message " << got << " differs";
+    ASSERT_TRUE(q->ack((*m)[0].receipt).ok());
+    ++got;
+  }
+  EXPECT_EQ(got, sent.size());
+}
+
+// ---- 4. recovery stays linear ------------------------------------------------------------
+
+// The record magic every 16 bytes, each with a length reaching far on: every offset's
+// checksum was computed over up to the rest of the segment (36 s for 4 MiB, under the lock).
+void plant_magic(const std::string& seg_path, uint64_t from, bool lengths_to_end, uint64_t max_payload) {
+  int fd = ::open(seg_path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  struct stat st {};
+  ASSERT_EQ(::fstat(fd, &st), 0);
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::string buf(size - from, '\0');
+  for (uint64_t off = from; off + format::kRecordHeaderSize <= size; off += 16) {
+    char* h = buf.data() + (off - from);
+    uint32_t magic = format::kRecordMagic;
+    uint64_t room = size - off - format::kRecordHeaderSize;
+    uint32_t len = static_cast<uint32_t>(lengths_to_end ? room : std::min(room, max_payload));
+    std::memcpy(h, &magic, 4);
+    std::memcpy(h + 4, &len, 4);
+    h[8] = 1;  // MSG
+  }
+  ASSERT_EQ(::pwrite(fd, buf.data(), buf.size(), static_cast<off_t>(from)), static_cast<ssize_t>(buf.size()));
+  ::close(fd);
+}
+
+class HostileRecovery : public Hostile, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(HostileRecovery, ASegmentOfMagicEvery16BytesRecoversInBoundedTime) {
+  QueueOptions o;
+  o.segment_size = 4 << 20;
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->send("kept").ok());
+  }
+  const uint64_t max_payload = open(o)->options().max_payload;
+  // After the one record (48 + 4 -> 56 bytes), to the end of the 4 MiB segment.
+  plant_magic(qdir() + "/segments/00000000000000000001.seg", format::kSegmentHeaderSize + 56, GetParam(), max_payload);
+  fs::remove(index_path());
+  in_child("recovery", [&](Report& r) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto q = Queue::open(qdir(), o);  // the first opener replays the log
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.info("open (recovery) of a 4 MiB segment of hostile magic, lengths " +
+           std::string(GetParam() ? "to the segment's end" : "of max_payload") + ": " + std::to_string(s) + " s");
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    r.check(s < 5.0, "recovery took " + std::to_string(s) + " s (bound: 5 s)");
+    auto m = (*q)->receive(5);
+    r.check(m.ok() && m->size() == 1 && (*m)[0].payload == "kept", "the record before the damage is kept");
+    auto id = (*q)->send("after");
+    r.check(id.ok(), "the queue takes sends again: " + id.status().to_string());
+    auto v = (*q)->verify(false);
+    r.check(v.ok() && !v->problems.empty(), "verify reports the damage");
+  }, 120s);
+}
+INSTANTIATE_TEST_SUITE_P(Lengths, HostileRecovery, ::testing::Values(true, false),
+                         [](const auto& p) { return p.param ? "ToTheEnd" : "MaxPayload"; });
+
+// ---- 5. spool.conf is validated at every open --------------------------------------------
+
+TEST_F(Hostile, AnEditedSpoolConfIsRefusedAtOpenNamingTheKeyAndTheRange) {
+  { ASSERT_TRUE(open()); }
+  const std::string conf = qdir() + "/spool.conf";
+  const std::string good = slurp_file(conf);
+  struct Edit {
+    const char* key;
+    const char* value;
+    const char* says;
+  };
+  for (const Edit& e : {Edit{"visibility_ms", "0", "visibility_ms = 0 is out of range: it must be 1 to"},
+                        Edit{"sync_interval_ms", "0", "sync_interval_ms = 0 is out of range: it must be 1 to"},
+                        Edit{"visibility_ms", "-5", "visibility_ms = -5 is not a number"},
+                        Edit{"visibility_ms", "30000abc", "visibility_ms = 30000abc is not a number"},
+                        Edit{"max_receives", "99999999999", "max_receives = 99999999999 is not a number from 0 to"},
+                        Edit{"sync", "sometimes", "sync = sometimes is not one of always, interval, never"},
+                        Edit{"segment_size", "100", "segment_size = 100 is out of range"},
+                        Edit{"max_payload", "99999999999", "max_payload = 99999999999 does not fit"},
+                        Edit{"uid", "0", "uid = 0 is out of range"}}) {
+    std::string text = std::regex_replace(good, std::regex(std::string("\n") + e.key + " = [^\n]*"),
+                                          std::string("\n") + e.key + " = " + e.value);
+    ASSERT_NE(text, good) << e.key;
+    std::ofstream(conf, std::ios::trunc) << text;
+    auto q = Queue::open(qdir());
+    ASSERT_FALSE(q.ok()) << e.key << " = " << e.value << " was accepted";
+    EXPECT_EQ(q.status().code(), Code::kCorrupt) << q.status().to_string();
+    EXPECT_NE(q.status().message().find(e.says), std::string::npos) << q.status().to_string();
+    EXPECT_NE(q.status().message().find("spool.conf"), std::string::npos) << "names the file";
+  }
+  std::ofstream(conf, std::ios::trunc) << good;
+  EXPECT_TRUE(open());
+}
+
+// ---- 6. planted symbolic links -----------------------------------------------------------
+
+// A spare that is a link: the roll that took it wrote a segment header into the link's
+// target (and then used the target as a segment).
+TEST_F(Hostile, APlantedSpareLinkIsNeverWrittenThrough) {
+  QueueOptions o;
+  o.segment_size = format::kMinSegmentSize;
+  { ASSERT_TRUE(open(o)); }
+  const std::string target = dir_ / "victim";
+  const std::string before(3 * format::kMinSegmentSize, 'V');
+  std::ofstream(target, std::ios::binary) << before;
+  fs::create_symlink(target, qdir() + "/segments/spare-00000000000000000000-1");
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(q->send(std::string(500, 'a' + i % 26)).ok());  // several rolls
+    EXPECT_GT(q->stats()->segments, 2u);
+  }
+  EXPECT_EQ(slurp_file(target), before) << "nothing was written through the link";
+  for (const auto& e : fs::directory_iterator(qdir() + "/segments")) {
+    EXPECT_FALSE(fs::is_symlink(e.symlink_status())) << e.path() << " is a link";
+  }
+}
+
+// A segment that is a link (to another queue's segment, say): refused, naming the file.
+TEST_F(Hostile, APlantedSegmentLinkIsRefusedWithAClearError) {
+  fill(3);
+  const std::string seg = qdir() + "/segments/00000000000000000001.seg";
+  const std::string moved = dir_ / "elsewhere.seg";
+  fs::rename(seg, moved);
+  fs::create_symlink(moved, seg);
+  const std::string before = slurp_file(moved);
+  fs::remove(index_path());
+  auto q = Queue::open(qdir());
+  ASSERT_FALSE(q.ok()) << "a queue whose segment is a link opened";
+  EXPECT_NE(q.status().message().find("00000000000000000001.seg is a symbolic link"), std::string::npos)
+      << q.status().to_string();
+  EXPECT_EQ(slurp_file(moved), before);
+}
+
+}  // namespace
+}  // namespace spool
