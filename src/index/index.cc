@@ -78,6 +78,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
   }
   if (p == MAP_FAILED) return errno_status(errno, "map index " + path);
   hdr_ = static_cast<IndexHeader*>(p);
+  if (!anonymous) covered_.store(kHeaderBytes, std::memory_order_release);
   if (fresh) {
     std::memset(static_cast<void*>(hdr_), 0, kHeaderBytes);
     new (hdr_) IndexHeader();
@@ -179,6 +180,7 @@ Status SharedIndex::map_region() {
   if (region_ != nullptr) ::munmap(region_, region_len_);
   region_ = p;
   region_len_ = len;
+  if (!anonymous_) covered_.store(kHeaderBytes + len, std::memory_order_release);
   win_ = static_cast<Entry*>(p);
   heap_ = reinterpret_cast<HeapItem*>(static_cast<char*>(p) + w * sizeof(Entry));
   ovf_ = reinterpret_cast<OvfEntry*>(static_cast<char*>(p) + w * sizeof(Entry) + hc * sizeof(HeapItem));
@@ -205,9 +207,11 @@ Status SharedIndex::refresh() {
 Status SharedIndex::check_file() {
   if (anonymous_ || fd_ < 0) return {};
   if (lost_.load(std::memory_order_acquire)) return Status(Code::kCorrupt, lost_why_);
+  // Before the fstat (see covered_): read after it, a grow by another thread of this
+  // process in between made a file that was long enough look cut.
+  const uint64_t mapped = covered_.load(std::memory_order_acquire);
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path_);
-  const uint64_t mapped = kHeaderBytes + (region_ != nullptr ? region_len_ : 0);
   if (static_cast<uint64_t>(st.st_size) >= mapped) return {};
   static std::mutex mu;  // one thread replaces the mappings
   std::lock_guard lock(mu);

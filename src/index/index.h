@@ -324,6 +324,11 @@ class SharedIndex {
   IndexHeader* hdr_ = nullptr;
   void* region_ = nullptr;
   uint64_t region_len_ = 0;
+  // Bytes of the file this process maps (header + region), for check_file() in threads
+  // that do not hold the lock. Stored after the file has grown and the new range is
+  // mapped; check_file() loads it before its fstat, so a grow by this process's lock
+  // holder between the two can only make the file look longer, never cut.
+  std::atomic<uint64_t> covered_{0};
   uint64_t mapped_gen_ = UINT64_MAX;
   // The capacities the mapping was laid out with (the header's may be newer).
   uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0;
