@@ -22,6 +22,10 @@ using SysClock = std::chrono::system_clock;
 
 namespace {
 
+// A message's attribute KEY is the xattr user.spool.attr.KEY (attribute keys are valid
+// xattr name parts by their bounds: docs/semantics.md).
+constexpr std::string_view kAttrXattr = "user.spool.attr.";
+
 // How long after its lease ran out a view still remembers a message it received (for a
 // late rm or touch).
 constexpr auto kHeldGrace = std::chrono::minutes(10);
@@ -281,7 +285,7 @@ void QueueView::open(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
   if (!m.ok()) return (void)fuse_reply_err(req, errno_of(m.status()));
   {
     std::lock_guard lock(mu_);
-    held_[id] = Held{m->receipt, Meta{m->payload.size(), m->receive_count, m->enqueued, true},
+    held_[id] = Held{m->receipt, Meta{m->payload.size(), m->receive_count, m->enqueued, true, m->attributes},
                      Clock::now() + vis};
   }
   auto h = std::make_unique<Handle>();
@@ -358,6 +362,10 @@ void QueueView::listxattr(fuse_req_t req, uint64_t local, size_t size) {
     for (const char* n : {"user.spool.id", "user.spool.receive_count", "user.spool.enqueued_at",
                           "user.spool.receipt"}) {
       if (xattr_value(local, n, &v) == 0) list.append(n).push_back('\0');
+    }
+    std::lock_guard lock(mu_);
+    if (auto it = held_.find(ino::msg_id(local)); it != held_.end()) {
+      for (const auto& kv : it->second.meta.attributes) list.append(kAttrXattr).append(kv.first).push_back('\0');
     }
   }
   reply_sized(req, list, size);
@@ -594,6 +602,8 @@ int QueueView::xattr_value(uint64_t local, std::string_view name, std::string* o
     *out = spool::cli::iso_time(meta.enqueued);
   } else if (name == "user.spool.receipt" && !receipt.empty()) {
     *out = receipt;
+  } else if (name.starts_with(kAttrXattr) && meta.attributes.contains(std::string(name.substr(kAttrXattr.size())))) {
+    *out = meta.attributes.at(std::string(name.substr(kAttrXattr.size())));
   } else {
     return ENODATA;
   }

@@ -1180,6 +1180,61 @@ t_send_and_ack_durable() {
   eq "acked_total" "$(stat_of acked_total q)" 1
 }
 
+# Issue 26: attributes set with -a come back in recv/peek --json (and on stderr of a plain
+# recv); bad ones are usage errors naming the problem.
+t_send_attributes_shown_by_recv_and_peek() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q -a color=red -a trace.id=a-1 -a 'eq=x=y' hello world
+  eq "ids" "$(tr '\n' ' ' <"$D/out")" "1 2 "
+  expect 0 "$SPOOL" send q plain
+  expect 0 "$SPOOL" peek q -n 3 --json
+  eq "first line" "$(sed -n 1p "$D/out" | grep -o '"attributes":{[^}]*}')" '"attributes":{"color":"red","eq":"x=y","trace.id":"a-1"}'
+  eq "second line" "$(sed -n 2p "$D/out" | grep -o '"payload":"[a-z]*"')" '"payload":"world"'
+  eq "plain message" "$(sed -n 3p "$D/out" | grep -o '"attributes":{[^}]*}')" '"attributes":{}'
+  expect 0 "$SPOOL" recv q --json
+  out_has '"attributes":{"color":"red","eq":"x=y","trace.id":"a-1"}'
+  out_has '"receipt":"1.1.'
+  expect 0 "$SPOOL" recv q
+  eq "payload" "$(cat "$D/out")" "world"
+  err_has "attribute: color=red"
+  expect 64 "$SPOOL" send q -a 'bad key=1' x
+  err_has "attribute key 'bad key' may hold only letters, digits"
+  expect 64 "$SPOOL" send q -a novalue x
+  err_has "-a takes KEY=VALUE"
+  expect 64 "$SPOOL" send q -a k=1 -a k=2 x
+  err_has "names the attribute 'k' twice"
+  expect 64 "$SPOOL" send q -a "k=$(head -c 1100 /dev/zero | tr '\0' v)" x
+  err_has "value of 1100 bytes"
+  eq "sent_total" "$(stat_of sent_total q)" 3
+}
+
+# A second send with the same --dedup-id prints the first id and queues nothing, also after
+# the message was acked and after the index was deleted; the window is a stored setting.
+t_send_dedup_id() {
+  "$SPOOL" init q --dedup-window 10m >/dev/null || fail "init"
+  grep -qx 'dedup_window_ms = 600000' q/spool.conf || fail "window not stored: $(cat q/spool.conf)"
+  expect 0 "$SPOOL" send q --dedup-id order-1 first
+  eq "id" "$(cat "$D/out")" 1
+  expect 0 "$SPOOL" send q --dedup-id order-1 second
+  eq "duplicate id" "$(cat "$D/out")" 1
+  expect 0 "$SPOOL" send q --dedup-id order-2 other
+  eq "new id" "$(cat "$D/out")" 2
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" ack q "$(receipt_of)"
+  rm q/index
+  expect 0 "$SPOOL" send q --dedup-id order-1 third
+  eq "after ack and rebuild" "$(cat "$D/out")" 1
+  eq "sent_total" "$(stat_of sent_total q)" 2
+  expect 64 "$SPOOL" send q --dedup-id x a b
+  err_has "--dedup-id names one message"
+  expect 64 "$SPOOL" send q --dedup-id "$(head -c 129 /dev/zero | tr '\0' d)" a
+  err_has "dedup id of 129 bytes"
+  expect 64 "$SPOOL" init q2 --dedup-window 0s
+  err_has "dedup_window_ms = 0 is out of range"
+  expect 64 "$SPOOL" init q3 --dedup-window soon
+  [[ ! -e q2 && ! -e q3 ]] || fail "a refused init left a directory"
+}
+
 t_progress_bar_only_on_a_terminal() {
   command -v script >/dev/null || fail "script(1) (util-linux) is needed to give spool a terminal"
   "$SPOOL" init q --segment-size 64K >/dev/null || fail "init"
@@ -1325,6 +1380,8 @@ TESTS=(
   t_spool_dump_usage
   t_send_and_ack_durable
   t_progress_bar_only_on_a_terminal
+  t_send_attributes_shown_by_recv_and_peek
+  t_send_dedup_id
   t_work_errors
   t_failed_open_leaves_directory_untouched
   t_closed_std_fds_never_reach_queue_files

@@ -347,6 +347,30 @@ t_cli_and_mount_interoperate() {
   rm "$M/1" || fail "rm failed"
 }
 
+# Issue 26: a message's attributes are xattrs user.spool.attr.KEY of its file once this
+# mount has received it (read it), listed by listxattr; a message without is unchanged.
+t_attributes_are_xattrs() {
+  ((HAVE_PY)) || fail "python3 is needed to list xattrs"
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" -a color=red -a trace.id=t-1 "with" >/dev/null || fail "spool send failed"
+  "$SPOOL" send "$D/q" "plain" >/dev/null || fail "spool send failed"
+  wait_for 10 listed "$M" 2
+  eq "cat 1" "$(cat "$M/1")" "with"
+  eq "color" "$(xattr "$M/1" user.spool.attr.color)" red
+  eq "trace.id" "$(xattr "$M/1" user.spool.attr.trace.id)" t-1
+  local names
+  names=$(python3 -c 'import os,sys; print(" ".join(sorted(os.listxattr(sys.argv[1]))))' "$M/1")
+  [[ " $names " == *" user.spool.attr.color "* && " $names " == *" user.spool.attr.trace.id "* ]] ||
+    fail "listxattr: $names"
+  fails_with "No data" xattr "$M/1" user.spool.attr.nope
+  eq "cat 2" "$(cat "$M/2")" "plain"
+  names=$(python3 -c 'import os,sys; print(" ".join(sorted(os.listxattr(sys.argv[1]))))' "$M/2")
+  [[ $names != *attr* ]] || fail "a message without attributes lists some: $names"
+  rm "$M/1" "$M/2" || fail "rm failed"
+}
+
 t_touch_extends_the_lease() {
   new_queue "$D/q"
   local M=$D/mnt
@@ -795,6 +819,7 @@ TESTS=(
   t_rm_of_a_message_not_received_here_is_refused
   t_cli_and_mount_interoperate
   t_touch_extends_the_lease
+  t_attributes_are_xattrs
   t_expired_lease_reappears_with_receive_count_2
   t_kill_9_leaves_the_queue_intact_and_remounts
   t_a_dead_mount_is_removed_by_the_next_spoolfs

@@ -138,9 +138,11 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
       // No receipt for a payload that did not get through (recv then returns it and fails).
       if (!stdout_ok()) return;
       std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
+      for (const auto& [k, v] : m.attributes) std::fprintf(stderr, "attribute: %s=%s\n", k.c_str(), v.c_str());
     } else {
       std::printf("--- message %lu (received %u times, enqueued %s, %zu bytes)\n", m.id,
                   m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
+      for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
       std::printf("\n");
     }
@@ -212,6 +214,8 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   std::string max_ready, max_bytes;
   init->add_option("--max-ready", max_ready, "Back-pressure: refuse sends beyond N messages waiting (default off)");
   init->add_option("--max-bytes", max_bytes, "Back-pressure: refuse sends beyond this much payload queued (default off)");
+  std::string dedup_window;
+  init->add_option("--dedup-window", dedup_window, "How long a send's --dedup-id is remembered (default 5m, at most 7d)");
   init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000");
 
   auto* send = app.add_subcommand("send", "Send messages; prints each id");
@@ -222,6 +226,12 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   bool durable = false;
   send->add_flag("--durable", durable, "Return only once the messages are on disk, whatever the queue's --sync");
   send->add_option("--wait", wait, "When the queue is full (--max-ready/--max-bytes), wait up to this long for room (per batch)");
+  std::vector<std::string> attrs;
+  send->add_option("-a,--attribute", attrs, "Attribute KEY=VALUE of every message sent (repeatable)")
+      ->allow_extra_args(false);  // one KEY=VALUE per -a: the MESSAGE arguments are not attributes
+  std::string dedup_id;
+  send->add_option("--dedup-id", dedup_id, "Deduplication id of the one message sent: a second send with it within the "
+                                           "queue's --dedup-window queues nothing and prints the first message's id");
   std::string batch;
   send->add_option("--batch", batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
@@ -408,6 +418,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       if (!retention_bytes.empty()) o.retention_max_bytes = size_arg("--retention-max-bytes", retention_bytes);
       if (!max_ready.empty()) o.max_ready = count_arg("--max-ready", max_ready);
       if (!max_bytes.empty()) o.max_bytes = size_arg("--max-bytes", max_bytes);
+      if (!dedup_window.empty()) o.dedup_window = duration_arg("--dedup-window", dedup_window);
       QueueOptions probe;
       probe.create = false;
       if (Queue::open(dir, probe).ok()) {
@@ -437,6 +448,13 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       if (!delay.empty()) so.delay = duration_arg("--delay", delay);
       if (!wait.empty()) so.wait_for_room = duration_arg("--wait", wait);
       if (durable) so.durability = Durability::kSync;
+      for (const std::string& a : attrs) {
+        size_t eq = a.find('=');
+        if (eq == std::string::npos || eq == 0) throw UsageError{"-a takes KEY=VALUE, not '" + a + "'"};
+        if (!so.attributes.emplace(a.substr(0, eq), a.substr(eq + 1)).second) {
+          throw UsageError{"-a names the attribute '" + a.substr(0, eq) + "' twice"};
+        }
+      }
       uint64_t max_batch = 1000;
       if (!batch.empty()) max_batch = count_arg("--batch", batch);
       if (max_batch == 0 || max_batch > 100000) throw UsageError{"--batch must be 1 to 100000"};
@@ -461,6 +479,19 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       } else if (lines) {
         throw UsageError{"--lines reads stdin; give either MESSAGE arguments or --lines"};
       }
+      auto bad_arg = [](const Status& s) {
+        // The library names what is wrong with an attribute or a dedup id.
+        if (s.code() == Code::kInvalidArgument) throw UsageError{s.message()};
+        return s;
+      };
+      if (!dedup_id.empty()) {
+        if (bodies.size() != 1) throw UsageError{"--dedup-id names one message; send exactly one"};
+        so.dedup_id = dedup_id;
+        auto id = q->send(bodies.front(), so);
+        if (!id.ok()) return fail(bad_arg(id.status()), dir);
+        std::printf("%lu\n", *id);
+        return 0;
+      }
       // Batches that fit a bounded queue: a batch larger than max_ready (or max_bytes) could
       // never be sent, and one of half of it fits as soon as the queue is half drained.
       const QueueOptions& qo = q->options();
@@ -476,7 +507,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
           chunk.push_back(bodies[i]);
         }
         auto ids = q->send_batch(chunk, so);
-        if (!ids.ok()) return fail(ids.status(), dir);
+        if (!ids.ok()) return fail(bad_arg(ids.status()), dir);
         for (uint64_t id : *ids) std::printf("%lu\n", id);
         std::fflush(stdout);
       }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,6 +25,11 @@
 namespace spool {
 
 using Millis = std::chrono::milliseconds;
+
+// A message's attributes: small string key/value pairs carried beside the payload
+// (docs/semantics.md, "Attributes"): at most 16 pairs; keys 1 to 64 bytes of
+// [A-Za-z0-9._-]; values at most 1024 bytes; keys and values together at most 4096 bytes.
+using Attributes = std::map<std::string, std::string>;
 
 enum class SyncPolicy {
   kAlways,    // send/ack return only once on disk; concurrent callers share one fdatasync
@@ -52,6 +58,9 @@ struct QueueOptions {
   // the queue, fails with kQueueFull (or waits for room, see SendOptions).
   uint64_t max_ready = 0;
   uint64_t max_bytes = 0;
+  // [stored] How long a deduplication id is remembered after its message was sent
+  // (SendOptions::dedup_id): 1 ms to 7 days.
+  Millis dedup_window{300000};
   bool create = true;              // create the queue if the directory holds none
 };
 
@@ -65,6 +74,19 @@ struct SendOptions {
   // When the queue is at max_ready / max_bytes: wait up to this long for room (woken at once
   // when consumers make room) before failing with kQueueFull. 0: fail at once.
   Millis wait_for_room{0};
+  // Set on the message (send(); every message of a send_batch of payloads).
+  Attributes attributes = {};
+  // Deduplication (docs/semantics.md): when a message with this id was sent within the
+  // queue's dedup_window, nothing is queued and the first message's id is returned. At most
+  // 128 bytes; empty: none. send() only: a batch gives one per message (SendItem).
+  std::string dedup_id = {};
+};
+
+// One message of a send_batch that gives each message its own attributes and dedup id.
+struct SendItem {
+  std::string_view payload;
+  Attributes attributes = {};
+  std::string dedup_id = {};  // as SendOptions::dedup_id; duplicates within the batch count too
 };
 
 struct Message {
@@ -73,6 +95,7 @@ struct Message {
   uint32_t receive_count = 0;  // 1 on first delivery
   std::chrono::system_clock::time_point enqueued;
   std::string receipt;  // names this delivery's lease; empty for peek()
+  Attributes attributes = {};
 };
 
 // A received message whose payload was not copied: a view into the queue's memory-mapped
@@ -85,6 +108,7 @@ struct MessageView {
   std::chrono::system_clock::time_point enqueued;
   std::string receipt;
   std::shared_ptr<const void> keep;  // the mapping; not for use
+  Attributes attributes = {};
 };
 
 // What list() tells about a message without reading its payload.
@@ -154,6 +178,11 @@ class Queue {
   Result<uint64_t> send(std::string_view payload, const SendOptions& opts);
   Result<std::vector<uint64_t>> send_batch(std::span<const std::string_view> payloads,
                                            const SendOptions& opts);
+  // Each message with its own attributes and dedup id (opts.attributes and opts.dedup_id
+  // must be empty). Returns one id per item, in order: a duplicate's is the first message's
+  // (sent earlier, or earlier in this batch). All or nothing, as above; the new messages
+  // get consecutive ids. Bad attributes or dedup ids: kInvalidArgument naming the item.
+  Result<std::vector<uint64_t>> send_batch(std::span<const SendItem> items, const SendOptions& opts = {});
   // The durable watermark: every message with an id <= durable_id() is on disk (by this
   // or any other process's sync). Cheap (one atomic load).
   uint64_t durable_id();

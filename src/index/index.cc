@@ -21,8 +21,8 @@ namespace spool::index {
 namespace {
 
 constexpr uint64_t kCacheLine = 64;
-constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
-  return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry);
+constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = 0) {
+  return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry) + dcap * sizeof(DedupSlot);
 }
 // Mixes the id so that neighbouring ids do not form one long probe run.
 inline uint64_t hash_id(uint64_t id) {
@@ -113,7 +113,7 @@ uint64_t SharedIndex::checksum() const {
   const char* first = reinterpret_cast<const char*>(&hdr_->capacity);
   const char* last = reinterpret_cast<const char*>(&hdr_->owner_claimed[kOwnerSlots]);
   XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
-  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap));
+  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap, hdr_->dedup_cap));
   uint64_t sum = XXH3_64bits_digest(st) | 1;  // never 0, which means "not sealed"
   XXH3_freeState(st);
   return sum;
@@ -133,7 +133,7 @@ bool SharedIndex::unseal() {
 
 bool SharedIndex::mapped_current() const {
   return mapped_gen_ == hdr_->region_gen && wcap_ == hdr_->capacity && hcap_ == hdr_->heap_cap &&
-         ocap_ == hdr_->ovf_cap;
+         ocap_ == hdr_->ovf_cap && dcap_ == hdr_->dedup_cap;
 }
 
 bool SharedIndex::reusable() const { return sound(true); }
@@ -148,23 +148,24 @@ bool SharedIndex::sound(bool counters) const {
   // probe the overflow table forever. Slots are 32-bit: window + overflow < 2^32.
   if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) || h.heap_cap < kMinHeap ||
       !pow2(h.heap_cap) || h.heap_cap > (1ull << 31) || h.ovf_cap < kMinOverflow || !pow2(h.ovf_cap) ||
-      h.ovf_cap > (1ull << 30)) {
+      h.ovf_cap > (1ull << 30) ||
+      (h.dedup_cap != 0 && (h.dedup_cap < kMinDedup || !pow2(h.dedup_cap) || h.dedup_cap > kMaxDedup))) {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
   if (counters && (h.resizing != 0 || h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
-      h.win_offset >= h.capacity || h.queued > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
+      h.win_offset >= h.capacity || h.queued > h.count || h.dedup_used * 4 > h.dedup_cap * 3 || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
     return false;
   }
   struct stat st {};
-  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap);
+  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap);
   if (anonymous_) return true;
   return ::fstat(fd_, &st) == 0 && need <= static_cast<uint64_t>(st.st_size);
 }
 
 Status SharedIndex::map_region() {
-  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap;
-  uint64_t len = region_bytes(w, hc, oc);
+  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap, dc = hdr_->dedup_cap;
+  uint64_t len = region_bytes(w, hc, oc, dc);
   void* p;
   if (anonymous_) {
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -184,10 +185,12 @@ Status SharedIndex::map_region() {
   win_ = static_cast<Entry*>(p);
   heap_ = reinterpret_cast<HeapItem*>(static_cast<char*>(p) + w * sizeof(Entry));
   ovf_ = reinterpret_cast<OvfEntry*>(static_cast<char*>(p) + w * sizeof(Entry) + hc * sizeof(HeapItem));
+  ded_ = reinterpret_cast<DedupSlot*>(static_cast<char*>(p) + region_bytes(w, hc, oc));
   mapped_gen_ = hdr_->region_gen;
   wcap_ = w;
   hcap_ = hc;
   ocap_ = oc;
+  dcap_ = dc;
   return {};
 }
 
@@ -252,6 +255,7 @@ std::string SharedIndex::check_header() const {
            n(h.sent_through.load(std::memory_order_relaxed));
   }
   if (h.owners_claimed > kOwnerSlots) return "owner slots claimed: " + n(h.owners_claimed);
+  if (h.dedup_used * 4 > dcap_ * 3) return "dedup slots used: " + n(h.dedup_used) + " of " + n(dcap_);
   return "";
 }
 
@@ -269,6 +273,7 @@ Status SharedIndex::prepare_rebuild() {
   h.capacity = kMinWindow;
   h.heap_cap = kMinHeap;
   h.ovf_cap = kMinOverflow;
+  h.dedup_cap = 0;
   h.win_offset = 0;
   h.resizing = 0;
   ++h.region_gen;
@@ -291,6 +296,11 @@ Status SharedIndex::reset() {
   std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
   std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
   return {};
+}
+
+void SharedIndex::dedup_clear() {
+  if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
+  hdr_->dedup_used = 0;
 }
 
 uint64_t SharedIndex::id_of(uint32_t slot) const {
@@ -362,8 +372,15 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 // window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
 // 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
 // table are small and are copied aside; the overflow table's slots survive unless it grows.
-Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
+Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap) {
   auto& h = *hdr_;
+  if (dcap == kSameDedup) dcap = dcap_;
+  // The dedup table is last in the region: whatever moves before it overwrites it, so its
+  // slots are copied aside and placed again (its size is at most a few MB).
+  std::vector<DedupSlot> deds;
+  deds.reserve(std::min(h.dedup_used, dcap_));  // (the count may be damage)
+  for (uint64_t s = 0; s < dcap_; ++s)
+    if (ded_[s].hash != 0) deds.push_back(ded_[s]);
   const uint64_t old_w = wcap_;
   const bool same_win = wcap == old_w, same_ovf = ocap == ocap_, smaller_win = wcap < old_w;
   const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
@@ -386,23 +403,25 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     for (uint64_t s = 0; s < ocap_; ++s)
       if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
   }
-  uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap);
+  uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap);
   if (!anonymous_) {
     if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)); rc != 0) {
       return errno_status(rc, "grow index");
     }
   }
-  const uint64_t old[3] = {h.capacity, h.heap_cap, h.ovf_cap};
+  const uint64_t old[4] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap};
   h.resizing = 1;
   h.capacity = wcap;
   h.heap_cap = hcap;
   h.ovf_cap = ocap;
+  h.dedup_cap = dcap;
   h.file_bytes = std::max(h.file_bytes, bytes);
   ++h.region_gen;
   if (Status s = map_region(); !s.ok()) {
     h.capacity = old[0];
     h.heap_cap = old[1];
     h.ovf_cap = old[2];
+    h.dedup_cap = old[3];
     h.resizing = 0;
     return s;
   }
@@ -450,8 +469,70 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap) {
     std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
     for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
   }
+  if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
+  h.dedup_used = 0;
+  for (const DedupSlot& d : deds) dedup_place(d);
   h.resizing = 0;
   return {};
+}
+
+void SharedIndex::dedup_place(const DedupSlot& d) {
+  const uint64_t m = dcap_ - 1;
+  uint64_t s = d.hash & m;
+  for (uint64_t i = 0; i < dcap_ && ded_[s].hash != 0; ++i) s = (s + 1) & m;
+  if (ded_[s].hash != 0) {
+    damaged("the dedup table has no free slot");  // dedup_reserve() keeps a quarter free
+    return;
+  }
+  ded_[s] = d;
+  ++hdr_->dedup_used;
+}
+
+Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now_rt) {
+  auto& h = *hdr_;
+  if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
+  // Forget what has expired first: with a steady rate of dedup sends the table then stays
+  // at the size the window needs.
+  std::vector<DedupSlot> live;
+  for (uint64_t s = 0; s < dcap_; ++s)
+    if (ded_[s].hash != 0 && ded_[s].expires > now_rt) live.push_back(ded_[s]);
+  if (dcap_ != 0) {
+    std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
+    h.dedup_used = 0;
+    for (const DedupSlot& d : live) dedup_place(d);
+  }
+  if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
+  uint64_t dc = std::max(dcap_, kMinDedup);
+  while ((h.dedup_used + more) * 4 > dc * 3 && dc <= kMaxDedup) dc *= 2;
+  if (dc > kMaxDedup) {
+    return Status(Code::kQueueFull, "the queue remembers " + std::to_string(h.dedup_used) +
+                                        " deduplication ids within its window, and " + std::to_string(more) +
+                                        " more would pass the limit of " + std::to_string(kMaxDedup / 4 * 3) +
+                                        "; send fewer messages with a dedup id, or shorten the dedup window");
+  }
+  return resize(wcap_, hcap_, ocap_, dc);
+}
+
+void SharedIndex::dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires) {
+  if (dcap_ == 0 || (hdr_->dedup_used + 1) * 4 > dcap_ * 3) {
+    damaged("a dedup id was inserted without room");
+    return;
+  }
+  dedup_place(DedupSlot{hash == 0 ? 1 : hash, loc, expires});
+}
+
+uint64_t SharedIndex::dedup_oldest_seq(uint64_t now_rt) const {
+  uint64_t lowest = UINT64_MAX;
+  for (uint64_t s = 0; s < dcap_; ++s) {
+    if (ded_[s].hash != 0 && ded_[s].expires > now_rt) lowest = std::min(lowest, ded_[s].loc >> 40);
+  }
+  return lowest;
+}
+
+uint64_t SharedIndex::dedup_live(uint64_t now_rt) const {
+  uint64_t n = 0;
+  for (uint64_t s = 0; s < dcap_; ++s) n += ded_[s].hash != 0 && ded_[s].expires > now_rt;
+  return n;
 }
 
 // A queue that once held millions keeps a window, heap and overflow table sized for them
@@ -470,7 +551,8 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   if (w * 4 > wcap_) w = wcap_;
   if (hc * 4 > hcap_) hc = hcap_;
   if (oc * 4 > ocap_) oc = ocap_;
-  const uint64_t keep = region_bytes(w, hc, oc);
+  // (The dedup table keeps its size: it forgets expired ids as it fills, dedup_reserve.)
+  const uint64_t keep = region_bytes(w, hc, oc, dcap_);
   if (keep == region_len_ || region_len_ - keep < min_gain) return {};
   if (Status s = resize(w, hc, oc); !s.ok()) return s;
   // Hand the tail's blocks and cache pages back. Not ftruncate: other processes map the
@@ -830,6 +912,9 @@ std::string SharedIndex::check_invariants() const {
     if (std::string p = check(o.e, o.id); !p.empty()) return p;
   }
   if (n != h.count) return "I1: count";
+  uint64_t deds = 0;
+  for (uint64_t s = 0; s < dcap_; ++s) deds += ded_[s].hash != 0;
+  if (deds != h.dedup_used) return "dedup slots used: " + std::to_string(h.dedup_used) + ", occupied " + std::to_string(deds);
   if (queued != h.queued || h.heap_size != n - queued) return "I2: heap size";
   if (leased != h.leased) return "I4: leased count";
   for (uint64_t i = 1; i < h.heap_size; ++i)

@@ -2,7 +2,8 @@
 // attached process maps MAP_SHARED, guarded by one robust process-shared mutex.
 //
 // File layout: a 4 KiB header page (IndexHeader), then the region: the window, `capacity`
-// Entry slots; the heap, `heap_cap` HeapItems; the overflow table, `ovf_cap` OvfEntries. The
+// Entry slots; the heap, `heap_cap` HeapItems; the overflow table, `ovf_cap` OvfEntries; the
+// dedup table, `dedup_cap` DedupSlots (none until a send first gives a dedup id). The
 // header page is mapped once; the region is remapped when another process grew it
 // (region_gen). docs/format.md, "The shared index", says why it is shaped so.
 //
@@ -63,11 +64,15 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
-// 11: neither write-behind slots nor deferred records (one write path)
-inline constexpr uint32_t kIndexVersion = 11;
+// 11: neither write-behind slots nor deferred records (one write path); 12: dedup table
+inline constexpr uint32_t kIndexVersion = 12;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
+// The dedup table's size in slots: 0, or a power of two in [kMinDedup, kMaxDedup]. At most
+// 3/4 of the slots are used, so kMaxDedup bounds the ids remembered at once (1,572,864).
+inline constexpr uint64_t kMinDedup = 1024;
+inline constexpr uint64_t kMaxDedup = 1ull << 21;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
 // shrink() gives the region back only when that frees at least this much.
 inline constexpr uint64_t kShrinkMinBytes = 1 << 20;
@@ -102,6 +107,17 @@ struct OvfEntry {
   Entry e;
 };
 static_assert(sizeof(OvfEntry) == 32);
+
+// A remembered deduplication id: a hint, not the truth. It names the MSG record that carries
+// a dedup id whose 64-bit hash is `hash`; the queue confirms every hit against that record
+// (the id itself, and the record's enqueue time within the window), so neither a hash
+// collision nor a damaged slot can make a send be taken for a duplicate it is not.
+struct DedupSlot {
+  uint64_t hash;     // 0: empty
+  uint64_t loc;      // storage::Pos::pack() of the MSG record
+  uint64_t expires;  // CLOCK_REALTIME ns: the record's enqueue time + the queue's window
+};
+static_assert(sizeof(DedupSlot) == 24);
 
 struct alignas(64) IndexHeader {
   uint64_t magic;
@@ -139,6 +155,8 @@ struct alignas(64) IndexHeader {
   uint64_t compacted_through;  // every segment <= this was removed by compaction
   uint64_t spares;             // spare segment files (Log::make_spare) on disk
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
+  uint64_t dedup_cap;     // dedup table slots (0: none yet)
+  uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
   uint32_t owners_claimed;         // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
   // 1 while resize() moves entries: a holder killed then leaves a region laid out for
@@ -194,8 +212,9 @@ class SharedIndex {
   // Must be called with the lock held, before touching the region: remaps if it grew.
   Status refresh();
 
-  // Empties the region (counts to zero, the window starting at next_id); the caller then
-  // replays the log or has purged everything. Lock held.
+  // Empties the region but the dedup table (counts to zero, the window starting at
+  // next_id); the caller then replays the log or has purged everything (a dedup id outlives
+  // its message). Lock held.
   Status reset();
 
   // The operations below need the lock. A slot names a live message until the next
@@ -259,6 +278,28 @@ class SharedIndex {
       if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
     }
   }
+  // Deduplication ids (see DedupSlot; lock held). dedup_probe() calls f(loc, expires) for
+  // each slot with `hash` until f returns true. dedup_reserve() makes room for `more`
+  // dedup_insert()s, first forgetting the slots expired at `now_rt`, then growing the
+  // table (a remap); kQueueFull when kMaxDedup would not do. dedup_insert() cannot fail
+  // after it. dedup_oldest_seq(): the lowest segment an unexpired slot names (compaction
+  // keeps it), or UINT64_MAX.
+  template <class F>
+  void dedup_probe(uint64_t hash, F&& f) const {
+    if (dcap_ == 0) return;
+    if (hash == 0) hash = 1;  // as dedup_insert() stores it: 0 marks an empty slot
+    const uint64_t m = dcap_ - 1;
+    for (uint64_t i = 0, s = hash & m; i < dcap_ && ded_[s].hash != 0; ++i, s = (s + 1) & m) {
+      if (ded_[s].hash == hash && f(ded_[s].loc, ded_[s].expires)) return;
+    }
+  }
+  Status dedup_reserve(uint64_t more, uint64_t now_rt);
+  void dedup_clear();  // forgets every id: a replay rebuilds them
+  void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires);
+  uint64_t dedup_oldest_seq(uint64_t now_rt) const;
+  // Unexpired remembered ids, for stats (O(table)).
+  uint64_t dedup_live(uint64_t now_rt) const;
+
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;
 
@@ -292,8 +333,12 @@ class SharedIndex {
   bool sound(bool counters) const;
   uint64_t checksum() const;
   int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
-  // Re-lays the region out with the given capacities, keeping every entry.
-  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap);
+  // Re-lays the region out with the given capacities, keeping every entry (the dedup
+  // table's size is kept unless `dcap` says otherwise).
+  static constexpr uint64_t kSameDedup = UINT64_MAX;
+  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSameDedup);
+  // Places a dedup slot by probing (the table has room).
+  void dedup_place(const DedupSlot& d);
   // Makes the ids first..last (first >= low_id, none present yet) fit in the window: grows
   // it, or moves the oldest messages to the overflow table when it is mostly holes.
   Status fit(uint64_t first, uint64_t last);
@@ -331,10 +376,11 @@ class SharedIndex {
   std::atomic<uint64_t> covered_{0};
   uint64_t mapped_gen_ = UINT64_MAX;
   // The capacities the mapping was laid out with (the header's may be newer).
-  uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0;
+  uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0, dcap_ = 0;
   Entry* win_ = nullptr;
   HeapItem* heap_ = nullptr;
   OvfEntry* ovf_ = nullptr;
+  DedupSlot* ded_ = nullptr;
   mutable std::string damage_;
   Entry scratch_{};  // what an out-of-range slot gives (entry())
 };

@@ -76,8 +76,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     idx.for_each_entry(
         [&](uint32_t, uint64_t, const Entry& e) { live[Pos::unpack(e.loc).seq] += format::record_size(e.len); });
     uint64_t cum_live = 0, cum_size = 0;
+    // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
+    // one still inside the window stays (docs/compaction.md).
+    const uint64_t pinned = idx.dedup_oldest_seq(sys::real_ns());
     for (uint64_t seq : *seqs) {
-      if (seq >= active) break;
+      if (seq >= active || seq >= pinned) break;
       cum_live += live[seq];
       cum_size += cfg.opts.segment_size;
       uint64_t n = everything ? kOnDemandLiveDenominator : kAutoLiveDenominator;
@@ -128,12 +131,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       uint64_t key = idx.key(slots[i]);
       uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
       const uint64_t id = idx.id_of(slots[i]);
-      recs.push_back(Record{RecordType::kMsg, 0, id, v->t1, v->t2, v->payload, format::kFlagCopy});
+      recs.push_back(Record{RecordType::kMsg, 0, id, v->t1, v->t2, v->payload, format::kFlagCopy, v->ext});
       recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
                             id, 0, rt, {}});
     }
     uint64_t copy_bytes = 0;
-    for (const Record& r : recs) copy_bytes += format::record_size(r.payload.size());
+    for (const Record& r : recs) copy_bytes += format::record_size(r.ext.size() + r.payload.size());
     if (Status s = ensure_room(0, copy_bytes); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
     auto at = append_all(recs);
     if (!at.ok()) return at.status();

@@ -38,7 +38,8 @@ Status write_config(const std::string& dir, const Config& c) {
       << "retention_max_age_ms = " << c.opts.retention_max_age.count() << "\n"
       << "retention_max_bytes = " << c.opts.retention_max_bytes << "\n"
       << "max_ready = " << c.opts.max_ready << "\n"
-      << "max_bytes = " << c.opts.max_bytes << "\n";
+      << "max_bytes = " << c.opts.max_bytes << "\n"
+      << "dedup_window_ms = " << c.opts.dedup_window.count() << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
   (void)::unlink(tmp.c_str());  // a leftover with our pid; never written through if it is a link
@@ -66,6 +67,9 @@ namespace {
 constexpr uint64_t kMaxVisibilityMs = 365ull * 24 * 3600 * 1000;        // a year
 constexpr uint64_t kMaxSyncIntervalMs = 24ull * 3600 * 1000;           // a day
 constexpr uint64_t kMaxRetentionAgeMs = 100ull * 365 * 24 * 3600 * 1000;  // a century
+// Every id remembered within the window takes a slot of a bounded table: a week is far
+// more than redelivery or retry loops need (SQS keeps 5 minutes).
+constexpr uint64_t kMaxDedupWindowMs = 7ull * 24 * 3600 * 1000;
 
 std::string range_text(uint64_t lo, uint64_t hi) { return std::to_string(lo) + " to " + std::to_string(hi); }
 
@@ -91,6 +95,9 @@ Status validate(QueueOptions& o, const std::string& where) {
   if (!in(o.retention_max_age.count(), 0, kMaxRetentionAgeMs)) {
     return bad("retention_max_age_ms", o.retention_max_age.count(),
                range_text(0, kMaxRetentionAgeMs) + " (milliseconds; 0: no limit)");
+  }
+  if (!in(o.dedup_window.count(), 1, kMaxDedupWindowMs)) {
+    return bad("dedup_window_ms", o.dedup_window.count(), range_text(1, kMaxDedupWindowMs) + " (milliseconds)");
   }
   if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, at + "segment_size = " + std::to_string(o.segment_size) +
@@ -161,6 +168,8 @@ Result<Config> read_config(const std::string& dir) {
   c.opts.retention_max_bytes = number("retention_max_bytes", false, UINT64_MAX, 0);
   c.opts.max_ready = number("max_ready", false, UINT64_MAX, 0);
   c.opts.max_bytes = number("max_bytes", false, UINT64_MAX, 0);
+  // Queues made before deduplication have no such line: the default.
+  c.opts.dedup_window = Millis(static_cast<int64_t>(number("dedup_window_ms", false, kMs, 300000)));
   if (!err.ok()) return err;
   const auto sync = kv.find("sync");
   if (sync == kv.end()) return Status(Code::kCorrupt, path + ": the setting sync is missing");

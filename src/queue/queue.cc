@@ -7,8 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "queue/queue_impl.h"
 
@@ -119,7 +122,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   storage::LogOptions lo;
   lo.segment_size = impl->cfg.opts.segment_size;
-  lo.max_payload = impl->cfg.opts.max_payload;  // longer lengths are no records (bounds recovery)
+  // Longer lengths are no records (bounds recovery); a message's extension may add to it.
+  lo.max_payload = impl->cfg.opts.max_payload + format::kMaxExtSize;
   lo.sync_on_roll = impl->cfg.opts.sync != SyncPolicy::kNever;
   lo.read_only = impl->read_only;
   auto log = storage::Log::open(dir + "/segments", lo);
@@ -190,6 +194,83 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 
+// ---- attributes and deduplication ------------------------------------------------------
+
+namespace {
+
+// kInvalidArgument naming what is wrong with `a`; `what` names the message ("" or "item 3: ").
+Status check_attributes(const Attributes& a, const std::string& what) {
+  auto bad = [&](const std::string& why) { return Status(Code::kInvalidArgument, what + why); };
+  if (a.size() > format::kMaxAttributes) {
+    return bad(std::to_string(a.size()) + " attributes: a message carries at most " +
+               std::to_string(format::kMaxAttributes));
+  }
+  uint64_t total = 0;
+  for (const auto& [k, v] : a) {
+    if (k.empty() || k.size() > format::kMaxAttrKey) {
+      return bad("attribute key '" + k + "' must be 1 to " + std::to_string(format::kMaxAttrKey) + " bytes");
+    }
+    for (char c : k) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+        return bad("attribute key '" + k + "' may hold only letters, digits, '.', '_' and '-'");
+      }
+    }
+    if (v.size() > format::kMaxAttrValue) {
+      return bad("attribute '" + k + "' has a value of " + std::to_string(v.size()) + " bytes; at most " +
+                 std::to_string(format::kMaxAttrValue));
+    }
+    total += k.size() + v.size();
+  }
+  if (total > format::kMaxAttrTotal) {
+    return bad("attributes of " + std::to_string(total) + " bytes (keys and values); at most " +
+               std::to_string(format::kMaxAttrTotal));
+  }
+  return {};
+}
+
+Status check_dedup_id(const std::string& id, const std::string& what) {
+  if (id.size() > format::kMaxDedupId) {
+    return Status(Code::kInvalidArgument, what + "dedup id of " + std::to_string(id.size()) + " bytes; at most " +
+                                              std::to_string(format::kMaxDedupId));
+  }
+  return {};
+}
+
+uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
+
+}  // namespace
+
+void Queue::Impl::remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, uint64_t now_rt) {
+  const uint64_t expires = r.t1 + dedup_window_ns();
+  if (expires <= now_rt) return;
+  auto ext = storage::decode_ext(r.ext);
+  if (!ext.ok() || ext->dedup_id.empty()) return;
+  // A live send reserved the room; a replay makes it here, and past the table's bound (only
+  // if the window was made longer since) the oldest ids are not remembered.
+  if (Status s = x.dedup_reserve(1, now_rt); !s.ok()) {
+    spool::log().warn("spool: {}: message {}'s dedup id is not remembered: {}", dir, r.id, s.message());
+    return;
+  }
+  x.dedup_insert(dedup_hash(ext->dedup_id), pos.pack(), expires);
+}
+
+uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, uint64_t now_rt) {
+  uint64_t found = 0;
+  idx.dedup_probe(dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
+    if (expires <= now_rt) return false;
+    std::shared_ptr<storage::Segment> keep;
+    auto r = log->read(Pos::unpack(loc), &keep);
+    if (!r.ok() || r->type != RecordType::kMsg || r->ext.empty() || r->t1 + dedup_window_ns() <= now_rt) return false;
+    auto ext = storage::decode_ext(r->ext);
+    if (!ext.ok() || ext->dedup_id != dedup_id) return false;  // another id with the same hash
+    found = r->id;
+    return true;
+  });
+  return found;
+}
+
+// ---- send ------------------------------------------------------------------------------
+
 Result<uint64_t> Queue::send(std::string_view payload, Millis delay) {
   return send(payload, SendOptions{.delay = delay});
 }
@@ -199,30 +280,77 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
 }
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
-  auto ids = send_batch(std::span(&payload, 1), opts);
+  if (opts.attributes.empty() && opts.dedup_id.empty()) {
+    auto ids = send_batch(std::span(&payload, 1), opts);
+    if (!ids.ok()) return ids.status();
+    return ids->front();
+  }
+  SendItem item{payload, opts.attributes, opts.dedup_id};
+  SendOptions rest = opts;
+  rest.attributes.clear();
+  rest.dedup_id.clear();
+  auto ids = send_batch(std::span(&item, 1), rest);
   if (!ids.ok()) return ids.status();
   return ids->front();
 }
 
+// The one send path. `exts` is empty (no message has an extension) or holds one encoded
+// extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
+static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
+                                               std::span<const std::string> exts,
+                                               std::span<const std::string_view> dedup, const SendOptions& opts);
+
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
                                                 const SendOptions& opts) {
-  Impl& q = *impl_;
+  if (!opts.dedup_id.empty()) {
+    return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
+                                          "be duplicates); give each message its own with SendItem");
+  }
+  if (opts.attributes.empty()) return send_core(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+  if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
+  storage::MessageExt e;
+  e.attributes.assign(opts.attributes.begin(), opts.attributes.end());
+  std::vector<std::string> exts(payloads.size(), storage::encode_ext(e));
+  return send_core(*impl_, payloads, exts, {}, opts);
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
+  if (!opts.attributes.empty() || !opts.dedup_id.empty()) {
+    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes and dedup ids from each item, "
+                                          "not from SendOptions");
+  }
+  std::vector<std::string_view> payloads;
+  std::vector<std::string> exts;
+  std::vector<std::string_view> dedup;
+  payloads.reserve(items.size());
+  exts.reserve(items.size());
+  dedup.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const SendItem& it = items[i];
+    const std::string what = items.size() == 1 ? "" : "message " + std::to_string(i) + " of the batch: ";
+    if (Status s = check_attributes(it.attributes, what); !s.ok()) return s;
+    if (Status s = check_dedup_id(it.dedup_id, what); !s.ok()) return s;
+    storage::MessageExt e;
+    e.attributes.assign(it.attributes.begin(), it.attributes.end());
+    e.dedup_id = it.dedup_id;
+    payloads.push_back(it.payload);
+    exts.push_back(storage::encode_ext(e));
+    dedup.push_back(it.dedup_id);
+  }
+  return send_core(*impl_, payloads, exts, dedup, opts);
+}
+
+static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
+                                               std::span<const std::string> exts,
+                                               std::span<const std::string_view> dedup, const SendOptions& opts) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return std::vector<uint64_t>{};
-  uint64_t total = 0;
   for (auto p : payloads) {
     if (p.size() > q.cfg.opts.max_payload) {
       return Status(Code::kTooLarge, "message of " + std::to_string(p.size()) +
                                          " bytes exceeds the queue's max_payload of " +
                                          std::to_string(q.cfg.opts.max_payload) + " bytes");
     }
-    total += p.size();
-  }
-  if ((q.cfg.opts.max_ready != 0 && payloads.size() > q.cfg.opts.max_ready) ||
-      (q.cfg.opts.max_bytes != 0 && total > q.cfg.opts.max_bytes)) {
-    return Status(Code::kQueueFull, "a batch of " + std::to_string(payloads.size()) + " messages (" +
-                                        std::to_string(total) + " bytes) can never fit " + q.dir +
-                                        "'s max_ready / max_bytes; send it in smaller batches");
   }
   if (opts.delay.count() < 0 || opts.wait_for_room.count() < 0) {
     return Status(Code::kInvalidArgument, "delay and wait_for_room must not be negative");
@@ -236,8 +364,48 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     auto held = q.lock();
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
+    Clocks now;
+    // Duplicates first (under the lock, so two processes sending one dedup id at once queue
+    // it once): `first[i]` is the id a duplicate returns, or 0 for a message to queue;
+    // `from[i]` names the earlier message of this batch it repeats.
+    // Without dedup ids every message is queued and none of this is allocated.
+    std::vector<uint64_t> first;
+    std::vector<size_t> keep;  // indexes of the messages to queue, when some are not
+    std::vector<size_t> from;
+    uint64_t fresh_dedup = 0;
+    if (!dedup.empty()) {
+      first.assign(payloads.size(), 0);
+      from.assign(payloads.size(), SIZE_MAX);
+      std::unordered_map<std::string_view, size_t> in_batch;
+      for (size_t i = 0; i < payloads.size(); ++i) {
+        if (!dedup[i].empty()) {
+          if (auto it = in_batch.find(dedup[i]); it != in_batch.end()) {
+            from[i] = it->second;
+            continue;
+          }
+          if ((first[i] = q.find_dedup(dedup[i], now.rt)) != 0) continue;
+          in_batch.emplace(dedup[i], i);
+          ++fresh_dedup;
+        }
+        keep.push_back(i);
+      }
+    }
+    const size_t n_new = dedup.empty() ? payloads.size() : keep.size();
+    auto kept = [&](size_t k) { return dedup.empty() ? k : keep[k]; };
+    uint64_t total = 0, record_bytes = 0;
+    for (size_t k = 0; k < n_new; ++k) {
+      const size_t i = kept(k);
+      total += payloads[i].size();
+      record_bytes += format::record_size((exts.empty() ? 0 : exts[i].size()) + payloads[i].size());
+    }
+    if ((q.cfg.opts.max_ready != 0 && n_new > q.cfg.opts.max_ready) ||
+        (q.cfg.opts.max_bytes != 0 && total > q.cfg.opts.max_bytes)) {
+      return Status(Code::kQueueFull, "a batch of " + std::to_string(n_new) + " messages (" +
+                                          std::to_string(total) + " bytes) can never fit " + q.dir +
+                                          "'s max_ready / max_bytes; send it in smaller batches");
+    }
     uint32_t seen = h.room_seq.load(std::memory_order_acquire);
-    if (std::string full = q.full_reason(payloads.size(), total); !full.empty()) {
+    if (std::string full = n_new == 0 ? "" : q.full_reason(n_new, total); !full.empty()) {
       uint64_t t = sys::boot_ns();
       if (t >= give_up) {
         return Status(Code::kQueueFull, "queue full: " + q.dir + " has " + full +
@@ -254,32 +422,50 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     }
     // Room for the drain and the index slots first: a send fails before its records are
     // written, never after. Spares are made outside the lock, then it looks again.
-    uint64_t record_bytes = 0;
-    for (auto p : payloads) record_bytes += format::record_size(p.size());
-    if (uint64_t short_by = q.spares_short(payloads.size(), record_bytes); short_by != 0) {
+    if (uint64_t short_by = q.spares_short(n_new, record_bytes); short_by != 0) {
       { [[maybe_unused]] auto release = std::move(held).value(); }
       if (Status s = q.make_spares(short_by, false); !s.ok()) return s;
       continue;
     }
-    if (Status s = q.idx.reserve(payloads.size(), d != 0); !s.ok()) return s;
-    Clocks now;
+    if (Status s = q.idx.reserve(n_new, d != 0); !s.ok()) return s;
+    if (fresh_dedup != 0) {
+      if (Status s = q.idx.dedup_reserve(fresh_dedup, now.rt); !s.ok()) return s;
+    }
     std::vector<Record> recs;
-    recs.reserve(payloads.size());
-    for (size_t i = 0; i < payloads.size(); ++i) {
-      recs.push_back(Record{RecordType::kMsg, 0, h.next_id + i, now.rt, now.rt + d, payloads[i]});
+    recs.reserve(n_new);
+    for (size_t k = 0; k < n_new; ++k) {
+      const size_t i = kept(k);
+      Record r{RecordType::kMsg, 0, h.next_id + k, now.rt, now.rt + d, payloads[i]};
+      if (!exts.empty()) r.ext = exts[i];
+      recs.push_back(r);
     }
-    auto res = q.append_all(recs);
-    if (!res.ok()) return res.status();
-    if (!q.park_append_path.empty()) park(q.park_append_path);
-    for (size_t i = 0; i < recs.size(); ++i) {
-      Entry e{res->at[i].pack(), static_cast<uint32_t>(payloads[i].size()), 0, index::kNoPos, 0, State::kReady, 0};
-      (void)q.idx.insert(recs[i].id, e, now.boot + d, now.boot);  // cannot fail: reserved above
-      ids.push_back(recs[i].id);
-      h.bytes_live += payloads[i].size();
+    if (!recs.empty()) {
+      auto res = q.append_all(recs);
+      if (!res.ok()) return res.status();
+      if (!q.park_append_path.empty()) park(q.park_append_path);
+      for (size_t k = 0; k < recs.size(); ++k) {
+        const size_t i = kept(k);
+        Entry e{res->at[k].pack(), static_cast<uint32_t>(payloads[i].size()), 0, index::kNoPos, 0, State::kReady, 0};
+        (void)q.idx.insert(recs[k].id, e, now.boot + d, now.boot);  // cannot fail: reserved above
+        h.bytes_live += payloads[i].size();
+        if (!dedup.empty() && !dedup[i].empty()) {
+          // The same step replay takes for this record.
+          storage::RecordView v{RecordType::kMsg, format::kFlagExt, 0, recs[k].id, now.rt, now.rt + d,
+                                payloads[i], 0, 0, exts[i]};
+          q.remember_dedup(q.idx, res->at[k], v, now.rt);
+        }
+      }
+      h.next_id += recs.size();
+      h.sent_total += recs.size();
+      h.sent_through.store(h.next_id - 1, std::memory_order_release);
     }
-    h.next_id += recs.size();
-    h.sent_total += recs.size();
-    h.sent_through.store(h.next_id - 1, std::memory_order_release);
+    ids.resize(payloads.size());
+    for (size_t k = 0; k < n_new; ++k) ids[kept(k)] = recs[k].id;
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (first[i] != 0) ids[i] = first[i];
+      if (from[i] != SIZE_MAX) ids[i] = ids[from[i]];
+    }
+    if (recs.empty()) return ids;  // every message was a duplicate: nothing written
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written).
     while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes) {
@@ -366,7 +552,7 @@ Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibil
   for (size_t i = 0; i < msgs->size(); ++i) {
     Message& m = (*msgs)[i];
     out.push_back(MessageView{m.id, mapped[i].view, m.receive_count, m.enqueued, std::move(m.receipt),
-                              std::move(mapped[i].keep)});
+                              std::move(mapped[i].keep), std::move(m.attributes)});
   }
   return out;
 }
@@ -653,7 +839,7 @@ Result<uint64_t> Queue::redrive(size_t max) {
     }
     for (auto& m : *msgs) {
       // Send first, then ack: a crash in between duplicates, never loses.
-      if (auto id = send(m.payload); !id.ok()) return id.status();
+      if (auto id = send(m.payload, SendOptions{.attributes = m.attributes}); !id.ok()) return id.status();
       if (Status s = (*dlq)->ack(m.receipt); !s.ok()) return s;
       ++moved;
     }

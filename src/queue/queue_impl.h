@@ -290,6 +290,7 @@ struct Queue::Impl {
     if (Status s = x.prepare_rebuild(); !s.ok()) return s;
     h.next_id = 1;
     if (Status s = x.reset(); !s.ok()) return s;
+    x.dedup_clear();
     h.purged_through = 0;
     h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
     Clocks now;
@@ -303,6 +304,8 @@ struct Queue::Impl {
                          : x.find(r.id);
       switch (r.type) {
         case RecordType::kMsg: {
+          // Before the purge check: a dedup id outlives its message (docs/semantics.md).
+          if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, now.rt);
           if (r.id <= h.purged_through) return;
           if (int64_t have = x.find(r.id); have >= 0) {
             // A compaction copy of a live message: point at it, not at the original. The
@@ -382,6 +385,17 @@ struct Queue::Impl {
     }
     return {};
   }
+
+  // ---- deduplication (docs/semantics.md, "Deduplication") -------------------------------
+
+  // The dedup part of applying a MSG record, for live sends and replay alike: a new message
+  // (not a compaction copy) whose dedup id is still inside the window is remembered in the
+  // index's dedup table. Lock held (or `x` private); a send reserved the room first.
+  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, uint64_t now_rt);
+  // The id of the message that carries `dedup_id` and was sent within the window, or 0.
+  // Every hint of the table is confirmed against its record. Lock held.
+  uint64_t find_dedup(std::string_view dedup_id, uint64_t now_rt);
+  uint64_t dedup_window_ns() const { return ms_to_ns(cfg.opts.dedup_window); }
 
   // True when the log holds records the index has not seen (the index is stale).
   bool log_ahead_of_index() {
@@ -836,6 +850,14 @@ struct Queue::Impl {
     }
     Message m;
     m.id = id;
+    if (!r->ext.empty()) {
+      auto ext = storage::decode_ext(r->ext);
+      if (!ext.ok()) {
+        return Status(Code::kCorrupt, "message " + std::to_string(id) + " (" + log->segment_path(Pos::unpack(e.loc).seq) +
+                                          "): " + ext.status().message());
+      }
+      m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
+    }
     if (mapped != nullptr) {
       mapped->view = r->payload;
       mapped->keep = std::move(keep);
@@ -917,7 +939,10 @@ struct Queue::Impl {
       if (!msg.ok()) spool::log().error("spool: {}: {}", dir, body);
       auto dead_q = dead_letters();
       if (!dead_q.ok()) return dead_q.status();
-      if (auto sent = (*dead_q)->send(body); !sent.ok()) return sent.status();
+      // The attributes go with it; the dedup id does not (the DLQ is no new send).
+      SendOptions keep;
+      if (msg.ok()) keep.attributes = std::move(msg->attributes);
+      if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
       Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
       auto at = append(std::span(&dead, 1));
       if (!at.ok()) return at.status();

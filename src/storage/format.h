@@ -6,7 +6,11 @@
 
 namespace spool::format {
 
-inline constexpr uint32_t kVersion = 1;
+// 1: the first. 2: MSG records may carry an extension area (kFlagExt).
+inline constexpr uint32_t kVersion = 2;
+// The first version whose MSG records may carry an extension; older segments are read as
+// before (the bit meant nothing to them) and are never written an extended record.
+inline constexpr uint32_t kFirstExtVersion = 2;
 
 inline constexpr char kSegmentMagic[8] = {'S', 'P', 'O', 'O', 'L', 'S', 'E', 'G'};
 inline constexpr uint32_t kSegmentHeaderSize = 64;
@@ -33,6 +37,29 @@ inline constexpr uint8_t kMaxRecordType = 7;
 inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not a new send
 inline constexpr uint8_t kFlagExpired = 2;  // ACK written by a retention limit, not a consumer
 inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's nack (counted)
+inline constexpr uint8_t kFlagExt = 8;      // MSG whose payload starts with an extension area
+
+// The extension area of a MSG record (docs/format.md, "Message extension").
+inline constexpr uint32_t kExtHeaderSize = 8;  // ext_len u32 | ext_version u8 | 3 zero bytes
+inline constexpr uint8_t kExtVersion = 1;
+inline constexpr uint32_t kExtEntryHeaderSize = 4;  // type u8 | 0 u8 | len u16
+enum class ExtType : uint8_t {
+  kAttribute = 1,  // key_len u8 | key | value
+  kDedupId = 2,    // the deduplication id
+  kGroup = 3,      // reserved: the ordered-group key (issue 26, not written yet)
+  kPriority = 4,   // reserved: the priority (issue 26, not written yet)
+};
+// Bounds (docs/semantics.md, "Attributes" and "Deduplication").
+inline constexpr uint32_t kMaxAttributes = 16;
+inline constexpr uint32_t kMaxAttrKey = 64;
+inline constexpr uint32_t kMaxAttrValue = 1024;
+inline constexpr uint32_t kMaxAttrTotal = 4096;  // sum of keys and values
+inline constexpr uint32_t kMaxDedupId = 128;
+// The largest extension area: what the bounds above allow, rounded up. Records may be this
+// much longer than the queue's max_payload.
+inline constexpr uint32_t kMaxExtSize = 8192;
+static_assert(kExtHeaderSize + kMaxAttributes * (kExtEntryHeaderSize + 1) + kMaxAttrTotal +
+                  kExtEntryHeaderSize + kMaxDedupId <= kMaxExtSize);
 
 inline constexpr uint64_t align_up(uint64_t n) { return (n + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1}; }
 inline constexpr uint64_t record_size(uint64_t payload_len) {

@@ -343,8 +343,9 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
 Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id) {
   const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize;
   for (const auto& r : recs) {
-    if (format::record_size(r.payload.size()) > capacity || r.payload.size() > max_payload()) {
-      return Status(Code::kTooLarge, "record of " + std::to_string(r.payload.size()) +
+    const uint64_t len = r.ext.size() + r.payload.size();
+    if (format::record_size(len) > capacity || len > max_payload()) {
+      return Status(Code::kTooLarge, "record of " + std::to_string(len) +
                                          " bytes does not fit a segment of " +
                                          std::to_string(opts_.segment_size) + " bytes");
     }
@@ -382,8 +383,11 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     return {};
   };
   for (const auto& r : recs) {
-    uint64_t sz = format::record_size(r.payload.size());
-    if (end.off + buf.size() + sz > seg->info().size) {
+    uint64_t sz = format::record_size(r.ext.size() + r.payload.size());
+    // An extended record never goes into a segment of a version before extensions, whose
+    // readers would take the extension for payload: such a segment is sealed first.
+    const bool old_version = !r.ext.empty() && seg->info().version < format::kFirstExtVersion;
+    if (end.off + buf.size() + sz > seg->info().size || old_version) {
       if (Status s = flush(); !s.ok()) return fail(s);
       if (opts_.sync_on_roll) {
         if (Status s = sync(end.seq); !s.ok()) return fail(s);

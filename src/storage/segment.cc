@@ -191,8 +191,9 @@ namespace {
 // length above `max_len` (the log's largest payload) is no record: no checksum is computed
 // over it. With `budget`, the bytes the checksum would cover are taken from it first; when
 // it has too few, *out_of_budget is set and nothing is checked.
+// `version` is the segment's: kFlagExt means nothing in segments older than the extension.
 std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_t salt, uint64_t off,
-                                       uint64_t max_len, uint64_t* budget = nullptr,
+                                       uint64_t max_len, uint32_t version, uint64_t* budget = nullptr,
                                        bool* out_of_budget = nullptr) {
   if (avail < kRecordHeaderSize || load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
   uint8_t type = h[8];
@@ -208,22 +209,31 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
   }
   std::string_view payload(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
   if (record_checksum(h, payload, salt) != load<uint64_t>(h + format::kChecksumOffset)) return std::nullopt;
-  return RecordView{static_cast<format::RecordType>(type),
-                    h[9],
-                    load<uint32_t>(h + 12),
-                    load<uint64_t>(h + 16),
-                    load<uint64_t>(h + 24),
-                    load<uint64_t>(h + 32),
-                    payload,
-                    off,
-                    std::min<uint64_t>(format::record_size(len), avail)};
+  RecordView v{static_cast<format::RecordType>(type),
+               h[9],
+               load<uint32_t>(h + 12),
+               load<uint64_t>(h + 16),
+               load<uint64_t>(h + 24),
+               load<uint64_t>(h + 32),
+               payload,
+               off,
+               std::min<uint64_t>(format::record_size(len), avail)};
+  if (v.type == format::RecordType::kMsg && (v.flags & format::kFlagExt) != 0 && version >= format::kFirstExtVersion) {
+    // A length field past the record keeps the whole record as the extension, for
+    // decode_ext() to refuse: the record is valid (its checksum holds), its message is not.
+    uint64_t ext_len = len >= 4 ? load<uint32_t>(h + kRecordHeaderSize) : len;
+    if (ext_len > len) ext_len = len;
+    v.ext = payload.substr(0, ext_len);
+    v.payload = payload.substr(ext_len);
+  }
+  return v;
 }
 }  // namespace
 
 std::optional<RecordView> Segment::record_at(uint64_t off) const {
   const uint64_t size = info_.size;
   if (off < kSegmentHeaderSize || off % format::kRecordAlign != 0 || off > size) return std::nullopt;
-  return parse_record(base_ + off, size - off, info_.salt, off, max_payload_);
+  return parse_record(base_ + off, size - off, info_.salt, off, max_payload_, info_.version);
 }
 
 uint64_t Segment::resync(uint64_t off, uint64_t* budget, bool* out_of_budget) const {
@@ -235,7 +245,9 @@ uint64_t Segment::resync(uint64_t off, uint64_t* budget, bool* out_of_budget) co
   for (; off + kRecordHeaderSize <= info_.size; off += format::kRecordAlign) {
     // Cheap magic test first; the full check only where the magic matches.
     if (load<uint32_t>(base_ + off) != format::kRecordMagic) continue;
-    if (parse_record(base_ + off, info_.size - off, info_.salt, off, max_payload_, budget, &spent)) return off;
+    if (parse_record(base_ + off, info_.size - off, info_.salt, off, max_payload_, info_.version, budget, &spent)) {
+      return off;
+    }
     if (spent) {
       if (out_of_budget != nullptr) *out_of_budget = true;
       return info_.size;
@@ -246,20 +258,83 @@ uint64_t Segment::resync(uint64_t off, uint64_t* budget, bool* out_of_budget) co
 
 void Segment::encode(const Record& r, std::string& out) const {
   size_t at = out.size();
-  out.resize(at + format::record_size(r.payload.size()), '\0');
+  const uint64_t len = r.ext.size() + r.payload.size();
+  out.resize(at + format::record_size(len), '\0');
   auto* h = reinterpret_cast<uint8_t*>(out.data() + at);
   store<uint32_t>(h, format::kRecordMagic);
-  store<uint32_t>(h + 4, static_cast<uint32_t>(r.payload.size()));
+  store<uint32_t>(h + 4, static_cast<uint32_t>(len));
   h[8] = static_cast<uint8_t>(r.type);
-  h[9] = r.flags;
+  // The extension bit follows the extension itself, so a payload-only record is exactly
+  // what version 1 wrote.
+  h[9] = static_cast<uint8_t>(r.ext.empty() ? r.flags & ~format::kFlagExt : r.flags | format::kFlagExt);
   store<uint32_t>(h + 12, r.count);
   store<uint64_t>(h + 16, r.id);
   store<uint64_t>(h + 24, r.t1);
   store<uint64_t>(h + 32, r.t2);
   // Control records have an empty payload whose data() may be null, and memcpy from null is
   // undefined even for zero bytes.
-  if (!r.payload.empty()) std::memcpy(h + kRecordHeaderSize, r.payload.data(), r.payload.size());
-  store<uint64_t>(h + format::kChecksumOffset, record_checksum(h, r.payload, info_.salt));
+  if (!r.ext.empty()) std::memcpy(h + kRecordHeaderSize, r.ext.data(), r.ext.size());
+  if (!r.payload.empty()) std::memcpy(h + kRecordHeaderSize + r.ext.size(), r.payload.data(), r.payload.size());
+  std::string_view body(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
+  store<uint64_t>(h + format::kChecksumOffset, record_checksum(h, body, info_.salt));
+}
+
+std::string encode_ext(const MessageExt& e) {
+  if (e.attributes.empty() && e.dedup_id.empty()) return {};
+  std::string out(format::kExtHeaderSize, '\0');
+  out[4] = static_cast<char>(format::kExtVersion);
+  auto entry = [&](format::ExtType type, std::string_view a, std::string_view b) {
+    const uint64_t n = a.size() + b.size();
+    const char head[format::kExtEntryHeaderSize] = {static_cast<char>(type), 0, static_cast<char>(n & 0xff),
+                                                    static_cast<char>(n >> 8)};
+    out.append(head, sizeof head);
+    out.append(a);
+    out.append(b);
+  };
+  for (const auto& [k, v] : e.attributes) {
+    const char klen = static_cast<char>(k.size());
+    entry(format::ExtType::kAttribute, std::string(1, klen) + k, v);
+  }
+  if (!e.dedup_id.empty()) entry(format::ExtType::kDedupId, e.dedup_id, {});
+  store<uint32_t>(reinterpret_cast<uint8_t*>(out.data()), static_cast<uint32_t>(out.size()));
+  return out;
+}
+
+Result<MessageExt> decode_ext(std::string_view ext) {
+  auto bad = [](const std::string& why) { return Status(Code::kCorrupt, "message extension: " + why); };
+  const auto* p = reinterpret_cast<const uint8_t*>(ext.data());
+  if (ext.size() < format::kExtHeaderSize || load<uint32_t>(p) != ext.size()) {
+    return bad("its length field does not match the record");
+  }
+  if (p[4] != format::kExtVersion || p[5] != 0 || p[6] != 0 || p[7] != 0) {
+    return bad("version " + std::to_string(p[4]) + " is not " + std::to_string(format::kExtVersion));
+  }
+  MessageExt e;
+  for (uint64_t o = format::kExtHeaderSize; o < ext.size();) {
+    if (ext.size() - o < format::kExtEntryHeaderSize) return bad("an entry header is cut short");
+    const auto type = static_cast<format::ExtType>(p[o]);
+    const uint64_t n = load<uint16_t>(p + o + 2);
+    o += format::kExtEntryHeaderSize;
+    if (n > ext.size() - o) return bad("an entry runs past the extension");
+    std::string_view v = ext.substr(o, n);
+    o += n;
+    switch (type) {
+      case format::ExtType::kAttribute: {
+        if (v.empty() || static_cast<uint8_t>(v[0]) + 1u > v.size()) return bad("an attribute's key is cut short");
+        const size_t klen = static_cast<uint8_t>(v[0]);
+        std::string key(v.substr(1, klen));
+        if (!e.attributes.empty() && e.attributes.back().first >= key) return bad("attribute keys out of order");
+        e.attributes.emplace_back(std::move(key), std::string(v.substr(1 + klen)));
+        break;
+      }
+      case format::ExtType::kDedupId:
+        e.dedup_id.assign(v);
+        break;
+      default:
+        break;  // a later version's optional entry
+    }
+  }
+  return e;
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "io/io.h"
@@ -29,6 +30,9 @@ struct Record {
   uint64_t t2 = 0;
   std::string_view payload;
   uint8_t flags = 0;  // format::kFlag*
+  // MSG only: the encoded extension area (encode_ext()), written before the payload; the
+  // encoder sets kFlagExt when it is not empty. Empty: the record is as in version 1.
+  std::string_view ext = {};
 };
 
 // A validated record inside a mapping; `payload` points into the mapping (zero-copy) and
@@ -40,9 +44,13 @@ struct RecordView {
   uint64_t id;
   uint64_t t1;
   uint64_t t2;
-  std::string_view payload;
+  std::string_view payload;  // the message body (after the extension area, if any)
   uint64_t offset;  // of the record header in the segment
   uint64_t size;    // header + payload + pad
+  // The extension area of a MSG with kFlagExt in a segment of version >= 2 (decode it with
+  // decode_ext()), else empty. If its length field is longer than the record, the whole
+  // record is here and decode_ext() reports it.
+  std::string_view ext = {};
 };
 
 struct SegmentInfo {
@@ -151,6 +159,17 @@ struct Checkpoint {
 };
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);
+
+// The contents of a MSG record's extension area (docs/format.md, "Message extension").
+struct MessageExt {
+  std::vector<std::pair<std::string, std::string>> attributes;  // in key order, keys unique
+  std::string dedup_id;                                         // empty: none
+};
+// The encoding of `e` ("" for an empty one: no extension). The caller checked the bounds.
+std::string encode_ext(const MessageExt& e);
+// Decodes an extension area; kCorrupt naming what is wrong. Entry types it does not know
+// are skipped (docs/format.md says which may be added so).
+Result<MessageExt> decode_ext(std::string_view ext);
 
 // Parses and validates a segment header from raw bytes; used by open() and the fuzzer.
 Result<SegmentInfo> parse_header(const uint8_t* data, uint64_t len, const std::string& name);

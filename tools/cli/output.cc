@@ -77,6 +77,18 @@ nlohmann::json message_json(const Message& m) {
   } else {
     j["payload_base64"] = base64(m.payload);
   }
+  // Always present, so that `jq .attributes.KEY` needs no guard; a value that is not UTF-8
+  // (JSON strings must be) is given in base64 under attributes_base64 instead.
+  nlohmann::json attrs = nlohmann::json::object(), attrs64 = nlohmann::json::object();
+  for (const auto& [k, v] : m.attributes) {
+    if (valid_utf8(v)) {
+      attrs[k] = v;
+    } else {
+      attrs64[k] = base64(v);
+    }
+  }
+  j["attributes"] = std::move(attrs);
+  if (!attrs64.empty()) j["attributes_base64"] = std::move(attrs64);
   return j;
 }
 
