@@ -21,6 +21,7 @@
 #include "child_report.h"
 #include "proc_util.h"
 #include "spool/queue.h"
+#include "storage/format.h"
 #include "test_util.h"
 
 namespace spool {
@@ -417,7 +418,7 @@ TEST(NewerFormat, ASegmentOfANewerVersionIsIncompatibleAndSaysUpgradeSpool) {
   ASSERT_GE(fd, 0);
   uint8_t h[64];
   ASSERT_EQ(::pread(fd, h, 64, 0), 64);
-  uint32_t version = 2;
+  uint32_t version = format::kVersion + 1;  // one this build does not know
   std::memcpy(h + 8, &version, 4);
   uint64_t sum = XXH3_64bits(h, 56);
   std::memcpy(h + 56, &sum, 8);
