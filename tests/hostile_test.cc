@@ -406,7 +406,8 @@ TEST_P(HostileRecovery, ASegmentOfMagicEvery16BytesRecoversInBoundedTime) {
     r.info("open (recovery) of a 4 MiB segment of hostile magic, lengths " +
            std::string(GetParam() ? "to the segment's end" : "of max_payload") + ": " + std::to_string(s) + " s");
     if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
-    r.check(s < 5.0, "recovery took " + std::to_string(s) + " s (bound: 5 s)");
+    // Unbounded, it took 36 s on this VM; 15 s leaves room for ASan on a loaded machine.
+    r.check(s < 15.0, "recovery took " + std::to_string(s) + " s (bound: 15 s)");
     auto m = (*q)->receive(5);
     r.check(m.ok() && m->size() == 1 && (*m)[0].payload == "kept", "the record before the damage is kept");
     auto id = (*q)->send("after");

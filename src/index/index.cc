@@ -48,7 +48,7 @@ SharedIndex::~SharedIndex() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) {
+Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, mode_t mode) {
   anonymous_ = anonymous;
   void* p = nullptr;
   if (anonymous) {
@@ -60,10 +60,11 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     // reappears. An existing index is never created by opening it, nor followed.
     if (fresh && ::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status(errno, "remove " + path);
     path_ = path;
-    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), 0666);
+    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), mode);
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
+    if (st.st_uid == ::geteuid() && (st.st_mode & 07777) != mode) (void)::fchmod(fd_, mode);  // past the umask
     uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file

@@ -33,6 +33,7 @@
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "sys/clock.h"
+#include "sys/file_modes.h"
 #include "sys/futex.h"
 #include "sys/ofd_lock.h"
 
@@ -83,6 +84,8 @@ struct Queue::Impl {
   bool read_only = false;
   std::unique_ptr<storage::Log> log;
   index::SharedIndex idx;
+  // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
+  sys::FileModes modes;
   int gate_fd = -1;
   int lock_fd = -1;
   pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
@@ -707,7 +710,7 @@ struct Queue::Impl {
 
   Status open_owners() {
     if (owners_fd.load() >= 0) return {};
-    int fd = ::open((dir + "/owners").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    int fd = sys::open_state_file(dir + "/owners", modes);
     if (fd < 0) return errno_status(errno, "open " + dir + "/owners");
     int none = -1;
     if (!owners_fd.compare_exchange_strong(none, fd)) {
@@ -978,6 +981,7 @@ struct Queue::Impl {
       QueueOptions o = cfg.opts;
       o.max_receives = 0;
       o.create = !read_only;
+      o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
       auto q = Queue::open(dir + "/dlq", o);
       if (!q.ok()) return q.status();
       dlq = std::move(q).value();

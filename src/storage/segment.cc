@@ -111,7 +111,7 @@ Segment::~Segment() {
 
 Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size, const std::string* spare,
-                                                 bool map_writes) {
+                                                 bool map_writes, mode_t mode) {
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
   int fd;
   if (spare != nullptr) {
@@ -121,6 +121,7 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
     (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
     fd = io.open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
     if (fd < 0) return open_error(-fd, "create segment", tmp);
+    if (mode != 0) (void)::fchmod(fd, mode);
   }
   auto fail = [&](int err, const char* what) {
     ::close(fd);

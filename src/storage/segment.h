@@ -6,6 +6,8 @@
 // its mapping readable) while any shared_ptr to it lives, even after the file is unlinked.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -71,10 +73,11 @@ class Segment {
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
   // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
   // new one; on failure it stays a spare.
-  // `map_writes` as for open().
+  // `map_writes` as for open(). `mode` (0: what the umask leaves) is set on a new file.
   static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size,
-                                                 const std::string* spare = nullptr, bool map_writes = false);
+                                                 const std::string* spare = nullptr, bool map_writes = false,
+                                                 mode_t mode = 0);
   // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
   // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
   // With `map_writes` (and `writable`) the mapping is writable too: wdata().
