@@ -324,6 +324,7 @@ class SharedIndex {
   bool anonymous_ = false;
   std::string path_;
   std::atomic<bool> lost_{false};  // check_file() found the file cut short
+  std::atomic<bool> faulted_{false};  // a SIGBUS on a mapping of it was caught (sys/sigbus_guard.h)
   std::string lost_why_;           // written once, before lost_ is set
   IndexHeader* hdr_ = nullptr;
   void* region_ = nullptr;

@@ -458,6 +458,10 @@ Status Log::sync(uint64_t seq) {
   }
   auto seg = segment(seq);
   if (!seg.ok()) return seg.status();
+  if ((*seg)->cut()) {
+    return Status(Code::kCorrupt, (*seg)->path() + " was truncated by another process while this one mapped it; "
+                                  "what was stored in its cut part is lost");
+  }
   if (int r = opts_.io->datasync((*seg)->fd()); r < 0) {
     // Never retry into a false success: the kernel may have dropped the dirty pages.
     Status s = errno_status(-r, "fdatasync " + (*seg)->path() + " (segment is now failed)");

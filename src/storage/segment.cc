@@ -14,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "sys/sigbus_guard.h"
+
 namespace spool::storage {
 namespace {
 
@@ -105,6 +107,7 @@ Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::stri
 }
 
 Segment::~Segment() {
+  sys::unguard_mapping(base_);
   if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), map_len_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -184,6 +187,7 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
                    fd, 0);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
+  sys::guard_mapping(p, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, &seg->cut_);
   return seg;
 }
 

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -102,6 +103,10 @@ class Segment {
   // Records with a longer payload are not valid (docs/format.md, "Validity"): the log's
   // max_payload. Set by the log before the segment is shared; default: any that fits.
   void set_max_payload(uint64_t n) { max_payload_ = n; }
+
+  // True once another process truncated the file under this mapping and an access past its
+  // new end was caught: the mapping reads zeros since, and stores through it are lost.
+  bool cut() const { return cut_.load(std::memory_order_acquire); }
   uint64_t max_payload() const { return max_payload_; }
 
   // Appends the encoding of `r` for this segment (header, payload, pad) to `out`.
@@ -113,6 +118,7 @@ class Segment {
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
   uint64_t map_len_ = 0;
+  std::atomic<bool> cut_{false};  // a SIGBUS on the mapping was caught (sys/sigbus_guard.h)
   bool map_writable_ = false;
   uint64_t max_payload_ = UINT32_MAX;
   SegmentInfo info_;
