@@ -252,6 +252,65 @@ TEST_F(Hostile, AnIndexTruncatedByAnotherProcessIsAnErrorNotASigbus) {
   EXPECT_EQ(q->check_index(), "");
 }
 
+// The window the checks above cannot close: a process inside a locked operation when the
+// file is cut. The holder parks in the lock, the test truncates the index, the holder goes
+// on touching the header and region; the SIGBUS guard (sys/sigbus_guard.h) gives it zero
+// pages instead of a crash, and its next call reports the cut file. Without the guard the
+// child dies of signal 7.
+TEST_F(Hostile, AnIndexTruncatedInsideAnotherProcessLockedCallIsAnErrorNotASigbus) {
+  fill(5);
+  const std::string parked = dir_ / "parked";
+  auto child = start_child("lock holder", [&](Report& r) {
+    ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    auto got = (*q)->receive(3);  // parks in its lock; the index is cut meanwhile
+    r.info("the receive that was inside its lock: " + got.status().to_string());
+    auto after = (*q)->send("late");
+    r.check(!after.ok() && after.status().code() == Code::kCorrupt &&
+                after.status().message().find("index") != std::string::npos,
+            "the next call names the cut index: " + after.status().to_string());
+    q->reset();
+  });
+  ASSERT_TRUE(test::wait_for_file(parked, 10s)) << "the child never parked in its lock";
+  ASSERT_EQ(::truncate(index_path().c_str(), 0), 0);
+  fs::remove(parked);
+  finish_child(child, 30s);
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->ready + st->in_flight, 5u) << "every message survives in the log";
+}
+
+// A segment cut under a mapping: reads of the cut part see zeros (no record), the log
+// refuses to call the segment durable, and nothing crashes.
+TEST(HostileSegment, ASegmentTruncatedUnderItsMappingReadsAsNoRecordsAndFailsItsSync) {
+  TempDir d;
+  storage::LogOptions lo;
+  lo.segment_size = 64 << 10;
+  auto log = storage::Log::open(d / "segments", lo);
+  ASSERT_TRUE(log.ok()) << log.status().to_string();
+  std::vector<storage::Record> recs;
+  std::string body(1000, 'x');
+  for (uint64_t id = 1; id <= 20; ++id) recs.push_back(storage::Record{format::RecordType::kMsg, 0, id, 0, 0, body});
+  auto at = (*log)->append(storage::Pos{}, recs, 1);
+  ASSERT_TRUE(at.ok()) << at.status().to_string();
+  ASSERT_TRUE((*log)->sync(at->end.seq).ok());
+  const storage::Pos last = at->at.back();
+  std::shared_ptr<storage::Segment> keep;
+  ASSERT_TRUE((*log)->read(last, &keep).ok());
+  ASSERT_EQ(::truncate((*log)->segment_path(last.seq).c_str(), 4096), 0);
+  in_child("reader of the cut segment", [&](Report& r) {
+    auto rec = keep->record_at(last.off);  // past the new end: a SIGBUS, caught
+    r.check(!rec.has_value(), "a record was read from the cut part");
+    r.check(keep->cut(), "the segment does not know it was cut");
+    Status s = (*log)->sync(last.seq);
+    r.check(s.code() == Code::kCorrupt && s.message().find("truncated") != std::string::npos,
+            "sync of the cut segment: " + s.to_string());
+  }, 30s);
+}
+
 // ---- 2. segment names that do not fit ----------------------------------------------------
 
 TEST_F(Hostile, SegmentNamesThatDoNotFitAreSkippedNotFatal) {
@@ -406,7 +465,8 @@ TEST_P(HostileRecovery, ASegmentOfMagicEvery16BytesRecoversInBoundedTime) {
     r.info("open (recovery) of a 4 MiB segment of hostile magic, lengths " +
            std::string(GetParam() ? "to the segment's end" : "of max_payload") + ": " + std::to_string(s) + " s");
     if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
-    r.check(s < 5.0, "recovery took " + std::to_string(s) + " s (bound: 5 s)");
+    // Unbounded, it took 36 s on this VM; 15 s leaves room for ASan on a loaded machine.
+    r.check(s < 15.0, "recovery took " + std::to_string(s) + " s (bound: 15 s)");
     auto m = (*q)->receive(5);
     r.check(m.ok() && m->size() == 1 && (*m)[0].payload == "kept", "the record before the damage is kept");
     auto id = (*q)->send("after");

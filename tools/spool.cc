@@ -4,6 +4,7 @@
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
 // receipt); 64 usage error; 1 any other error.
 #include <dirent.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,6 +60,20 @@ uint64_t count_arg(const std::string& flag, const std::string& text) {
     throw UsageError{"bad count '" + text + "' for " + flag + " (a whole number, such as 100000)"};
   }
   return std::stoull(text);
+}
+
+// A group by name or number (as chgrp takes it).
+int64_t group_arg(const std::string& text) {
+  if (!text.empty() && text.size() <= 9 && text.find_first_not_of("0123456789") == std::string::npos) {
+    return static_cast<int64_t>(std::stoul(text));
+  }
+  struct group gr {};
+  struct group* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getgrnam_r(text.c_str(), &gr, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+    throw UsageError{"--group " + text + ": no such group"};
+  }
+  return static_cast<int64_t>(found->gr_gid);
 }
 
 // What to suggest for a path that is not a queue: `spool init` only works on a new or empty
@@ -216,7 +231,11 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   init->add_option("--max-bytes", max_bytes, "Back-pressure: refuse sends beyond this much payload queued (default off)");
   std::string dedup_window;
   init->add_option("--dedup-window", dedup_window, "How long a send's --dedup-id is remembered (default 5m, at most 7d)");
-  init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000");
+  std::string mode, group;
+  init->add_option("--mode", mode, "Octal mode of the queue's files, e.g. 0660 for a queue a group shares (default: from the umask)");
+  init->add_option("--group", group, "Group (name or number) that owns the queue; every file made later, by anyone, takes it");
+  init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000\n"
+               "Shared by a group: spool init /srv/q --group workers --mode 0660");
 
   auto* send = app.add_subcommand("send", "Send messages; prints each id");
   dir_opt(send);
@@ -419,6 +438,12 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       if (!max_ready.empty()) o.max_ready = count_arg("--max-ready", max_ready);
       if (!max_bytes.empty()) o.max_bytes = size_arg("--max-bytes", max_bytes);
       if (!dedup_window.empty()) o.dedup_window = duration_arg("--dedup-window", dedup_window);
+      if (!mode.empty()) {
+        const bool octal = mode.size() <= 4 && mode.find_first_not_of("01234567") == std::string::npos;
+        o.mode = octal ? static_cast<uint32_t>(std::stoul(mode, nullptr, 8)) : 01000;
+        if (!octal || o.mode == 0) throw UsageError{"--mode " + mode + ": an octal file mode such as 0660 or 0640"};
+      }
+      if (!group.empty()) o.group = group_arg(group);
       QueueOptions probe;
       probe.create = false;
       if (Queue::open(dir, probe).ok()) {

@@ -62,6 +62,14 @@ struct QueueOptions {
   // (SendOptions::dedup_id): 1 ms to 7 days.
   Millis dedup_window{300000};
   bool create = true;              // create the queue if the directory holds none
+  // At creation only (the directory holds no spool.conf yet): the mode of the queue's
+  // files (0: what the umask leaves of 0666; 0660 for a queue a group shares, 0664 to let
+  // everyone else read it) and the group of its directory (-1: the creator's). The
+  // directory gets that mode (plus search where it grants read, and set-group-ID when the
+  // group may write), and every file spool makes in it later, by any user, takes the mode
+  // and group the directory has then (docs/security.md, "Who may do what").
+  uint32_t mode = 0;
+  int64_t group = -1;
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue

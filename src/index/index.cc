@@ -16,6 +16,7 @@
 
 #include "sys/clock.h"
 #include "sys/crashpoint.h"
+#include "sys/sigbus_guard.h"
 
 namespace spool::index {
 namespace {
@@ -43,12 +44,16 @@ uint64_t format_word() {
 }
 
 SharedIndex::~SharedIndex() {
+  if (!anonymous_) {
+    sys::unguard_mapping(region_);
+    sys::unguard_mapping(hdr_);
+  }
   if (region_ != nullptr) ::munmap(region_, region_len_);
   if (hdr_ != nullptr) ::munmap(hdr_, kHeaderBytes);
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) {
+Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, mode_t mode) {
   anonymous_ = anonymous;
   void* p = nullptr;
   if (anonymous) {
@@ -60,10 +65,11 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
     // reappears. An existing index is never created by opening it, nor followed.
     if (fresh && ::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status(errno, "remove " + path);
     path_ = path;
-    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), 0666);
+    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), mode);
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
+    if (st.st_uid == ::geteuid() && (st.st_mode & 07777) != mode) (void)::fchmod(fd_, mode);  // past the umask
     uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
@@ -78,7 +84,10 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous) 
   }
   if (p == MAP_FAILED) return errno_status(errno, "map index " + path);
   hdr_ = static_cast<IndexHeader*>(p);
-  if (!anonymous) covered_.store(kHeaderBytes, std::memory_order_release);
+  if (!anonymous) {
+    sys::guard_mapping(hdr_, kHeaderBytes, PROT_READ | PROT_WRITE, &faulted_);
+    covered_.store(kHeaderBytes, std::memory_order_release);
+  }
   if (fresh) {
     std::memset(static_cast<void*>(hdr_), 0, kHeaderBytes);
     new (hdr_) IndexHeader();
@@ -178,6 +187,10 @@ Status SharedIndex::map_region() {
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, kHeaderBytes);
   }
   if (p == MAP_FAILED) return errno_status(errno, "map index region");
+  if (!anonymous_) {
+    sys::unguard_mapping(region_);
+    sys::guard_mapping(p, len, PROT_READ | PROT_WRITE, &faulted_);
+  }
   if (region_ != nullptr) ::munmap(region_, region_len_);
   region_ = p;
   region_len_ = len;
@@ -213,14 +226,16 @@ Status SharedIndex::check_file() {
   // Before the fstat (see covered_): read after it, a grow by another thread of this
   // process in between made a file that was long enough look cut.
   const uint64_t mapped = covered_.load(std::memory_order_acquire);
+  const bool faulted = faulted_.load(std::memory_order_acquire);
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path_);
-  if (static_cast<uint64_t>(st.st_size) >= mapped) return {};
+  if (!faulted && static_cast<uint64_t>(st.st_size) >= mapped) return {};
   static std::mutex mu;  // one thread replaces the mappings
   std::lock_guard lock(mu);
   if (!lost_.load(std::memory_order_acquire)) {
     lost_why_ = path_ + ": the index file was cut to " + std::to_string(st.st_size) + " bytes while this process maps " +
-                std::to_string(mapped) + " (spool never shortens it: another process truncated it). This process no "
+                std::to_string(mapped) + (faulted ? " and used it (a SIGBUS, caught)" : "") +
+                " (spool never shortens it: another process truncated it). This process no "
                 "longer uses it; nothing is lost, the log holds every message: close every process using the queue, "
                 "and the next opener rebuilds the index";
     // Private zeroed pages over the same addresses: a thread that reads the header or the

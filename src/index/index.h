@@ -50,6 +50,8 @@
 // compute nonsense, never read or write outside the mappings.
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -192,7 +194,9 @@ class SharedIndex {
   // Maps `path`. With `fresh`, (re)creates it: mutexes initialised, region empty; only a
   // first opener (no other process attached) may do that. Without it, validates magic,
   // format word and bounds. `anonymous` keeps the index in private memory (read-only users).
-  Status attach(const std::string& path, bool fresh, bool anonymous = false);
+  // `mode`: what a fresh file gets whatever the umask (a queue's state-file mode,
+  // sys/file_modes.h); an existing one this process owns is set to it too.
+  Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600);
   // True when the mapped header matches this build and boot (used by the first opener to
   // decide whether the existing file can be reused).
   bool reusable() const;
@@ -365,6 +369,7 @@ class SharedIndex {
   bool anonymous_ = false;
   std::string path_;
   std::atomic<bool> lost_{false};  // check_file() found the file cut short
+  std::atomic<bool> faulted_{false};  // a SIGBUS on a mapping of it was caught (sys/sigbus_guard.h)
   std::string lost_why_;           // written once, before lost_ is set
   IndexHeader* hdr_ = nullptr;
   void* region_ = nullptr;

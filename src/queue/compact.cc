@@ -51,7 +51,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   if (Status s = writable(); !s.ok()) return s;
   CompactResult res;
   std::string lock_path = dir + "/compact.lock";
-  CompactLockFd guard(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666));
+  CompactLockFd guard(sys::open_state_file(lock_path, modes));
   if (guard.fd < 0) return errno_status(errno, "open " + lock_path);
   // Unregistered only past 256 guarded descriptors in one process: compaction still works,
   // only a fork during it would keep the lock (logged).

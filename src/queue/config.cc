@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "storage/format.h"
+#include "sys/file_modes.h"
 
 namespace spool::queue {
 
@@ -45,6 +47,9 @@ Status write_config(const std::string& dir, const Config& c) {
   (void)::unlink(tmp.c_str());  // a leftover with our pid; never written through if it is a link
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) return errno_status(errno, "create " + tmp);
+  // Readable by whoever may read the directory, whatever the umask (sys/file_modes.h).
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) == 0) (void)::fchmod(fd, sys::modes_for(dst.st_mode).data);
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
             ::fsync(fd) == 0;
   int err = errno;

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "queue/queue_impl.h"
+#include "sys/file_modes.h"
 
 namespace spool {
 
@@ -40,6 +41,29 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 }
 
 namespace {
+
+// The mode and group a new queue was asked for (QueueOptions::mode, group), given to its
+// directory: the group first (a chown may clear set-group-ID), then the mode.
+Status share_dir(const std::string& dir, const QueueOptions& opts) {
+  if (opts.mode > 0777 || (opts.mode != 0 && (opts.mode & 0600) != 0600)) {
+    char m[16];
+    std::snprintf(m, sizeof m, "%04o", opts.mode);
+    return Status(Code::kInvalidArgument, std::string("mode ") + m +
+                                              " is not a queue's file mode: it must be at most 0777 and let the "
+                                              "owner read and write (0600 at least)");
+  }
+  if (opts.group >= 0 && ::chown(dir.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(opts.group)) != 0) {
+    return errno_status(errno, "give " + dir + " to group " + std::to_string(opts.group));
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  const mode_t files = opts.mode != 0 ? static_cast<mode_t>(opts.mode) : (st.st_mode & 0666);
+  const mode_t want = sys::dir_mode_for(files);
+  if ((st.st_mode & 07777) != want && ::chmod(dir.c_str(), want) != 0) {
+    return errno_status(errno, "set the mode of " + dir);
+  }
+  return {};
+}
 
 // Whether `dir` holds anything but what a half-created queue may have left.
 bool has_foreign_files(const std::string& dir) {
@@ -85,9 +109,18 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
                                           "use an empty or new directory");
   }
 
+  if (!configured && (opts.mode != 0 || opts.group >= 0)) {
+    // Settings first: a refused creation must not have changed the directory.
+    QueueOptions checked = opts;
+    if (Status s = queue::validate(checked, ""); !s.ok()) return s;
+    if (Status s = share_dir(dir, opts); !s.ok()) return s;
+    if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  }
+  impl->modes = sys::modes_for(st.st_mode);
+
   // The gate serialises attach/detach decisions; see "First opener" in docs/durability.md.
   if (!impl->read_only) {
-    impl->gate_fd = ::open((dir + "/gate").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    impl->gate_fd = sys::open_state_file(dir + "/gate", impl->modes);
     if (impl->gate_fd < 0) return errno_status(errno, "open " + dir + "/gate");
     while (::flock(impl->gate_fd, LOCK_EX) != 0) {
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
@@ -126,6 +159,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   lo.max_payload = impl->cfg.opts.max_payload + format::kMaxExtSize;
   lo.sync_on_roll = impl->cfg.opts.sync != SyncPolicy::kNever;
   lo.read_only = impl->read_only;
+  lo.dir_mode = impl->modes.dir;
+  lo.file_mode = impl->modes.data;
   auto log = storage::Log::open(dir + "/segments", lo);
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
@@ -142,12 +177,13 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
 
-  impl->lock_fd = ::open((dir + "/lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  impl->lock_fd = sys::open_state_file(dir + "/lock", impl->modes);
   if (impl->lock_fd < 0) return errno_status(errno, "open " + dir + "/lock");
   bool first = ::flock(impl->lock_fd, LOCK_EX | LOCK_NB) == 0;
   std::string index_path = dir + "/index";
   if (first) {
     impl->log->remove_leftovers();
+    for (const char* f : {"/owners", "/compact.lock"}) sys::fix_state_file(dir + f, impl->modes);
     // Nobody else is attached: reuse the index only if it is intact, from this boot, and
     // not behind the log; otherwise start it afresh (this also re-creates the mutexes,
     // which after a reboot would be locked forever).
@@ -160,7 +196,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // have those records overwrite newer ones.
     // A seal from the last clean close must still match: that catches damage the
     // invariants cannot see (a flipped record position or receive count).
-    bool reuse = impl->idx.attach(index_path, false).ok() && impl->idx.refresh().ok();
+    bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state).ok() && impl->idx.refresh().ok();
     if (reuse && !impl->idx.unseal()) {
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
@@ -174,7 +210,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
       const std::string fresh_path = index_path + ".new";
-      if (Status s = impl->idx.attach(fresh_path, true); !s.ok()) return s;
+      if (Status s = impl->idx.attach(fresh_path, true, false, impl->modes.state); !s.ok()) return s;
       if (::rename(fresh_path.c_str(), index_path.c_str()) != 0) {
         return errno_status(errno, "rename " + fresh_path + " to " + index_path);
       }

@@ -33,6 +33,7 @@
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "sys/clock.h"
+#include "sys/file_modes.h"
 #include "sys/futex.h"
 #include "sys/ofd_lock.h"
 
@@ -83,6 +84,9 @@ struct Queue::Impl {
   bool read_only = false;
   std::unique_ptr<storage::Log> log;
   index::SharedIndex idx;
+  // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
+  sys::FileModes modes;
+  std::atomic<bool> told_lost{false};  // the lost index was logged
   int gate_fd = -1;
   int lock_fd = -1;
   pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
@@ -170,7 +174,7 @@ struct Queue::Impl {
     // Before the lock word is touched: it is in the file, which another process may have
     // truncated (a page past the end of a file is a SIGBUS).
     if (Status s = idx.check_file(); !s.ok()) {
-      spool::log().error("spool: {}", s.message());
+      if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());  // once: every call fails so
       return s;
     }
     auto& mu = idx.hdr().mu;
@@ -721,7 +725,7 @@ struct Queue::Impl {
 
   Status open_owners() {
     if (owners_fd.load() >= 0) return {};
-    int fd = ::open((dir + "/owners").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    int fd = sys::open_state_file(dir + "/owners", modes);
     if (fd < 0) return errno_status(errno, "open " + dir + "/owners");
     int none = -1;
     if (!owners_fd.compare_exchange_strong(none, fd)) {
@@ -916,9 +920,10 @@ struct Queue::Impl {
   bool compact_stopping = false;  // guarded by compact_mu
   uint64_t forgotten_through = 0;  // segments <= this dropped from the log's cache
 
-  // Takes the receivable message in `slot` (lock held). A message past max_receives, or
-  // one whose record cannot be read, goes to the dead-letter queue (nullopt); otherwise it
-  // is leased in the index and returned, and the caller logs the lease with log_leases().
+  // Takes the receivable message in `slot` (lock held). A message past max_receives goes to
+  // the dead-letter queue (nullopt); one whose record cannot be read is kCorrupt (the index
+  // is rebuilt before the unlock); otherwise it is leased in the index and returned, and
+  // the caller logs the lease with log_leases().
   Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end,
                                       Mapped* mapped = nullptr) {
     auto& h = idx.hdr();
@@ -930,13 +935,17 @@ struct Queue::Impl {
       *end = h.log_end;
       return std::optional<Message>();
     }
+    if (!msg.ok()) {
+      // load() recorded this as damage of the index, which the rebuild from the log before
+      // this call unlocks mends: the message is back if its record is intact (the index
+      // pointed wrong), gone if the damage destroyed it. No DEAD record: that dropped intact
+      // messages whose index entry had been overwritten (tests/damage_campaign_test.cc).
+      return Status(Code::kCorrupt, "message " + std::to_string(id) + " could not be read (" + msg.status().message() +
+                                        "); the index is rebuilt from the log, try again");
+    }
     Entry& e = idx.entry(slot);
-    bool poison = cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives;
-    if (poison || !msg.ok()) {
-      std::string body = msg.ok() ? (mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload))
-                                  : "spool: message " + std::to_string(id) +
-                                        " could not be read: " + msg.status().to_string();
-      if (!msg.ok()) spool::log().error("spool: {}: {}", dir, body);
+    if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
+      std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
       auto dead_q = dead_letters();
       if (!dead_q.ok()) return dead_q.status();
       // The attributes go with it; the dedup id does not (the DLQ is no new send).
@@ -1003,6 +1012,7 @@ struct Queue::Impl {
       QueueOptions o = cfg.opts;
       o.max_receives = 0;
       o.create = !read_only;
+      o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
       auto q = Queue::open(dir + "/dlq", o);
       if (!q.ok()) return q.status();
       dlq = std::move(q).value();

@@ -95,8 +95,12 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   if (opts.segment_size < format::kMinSegmentSize || opts.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, "segment size must be between 4 KiB and 1 TiB");
   }
-  if (!opts.read_only && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
-    return errno_status(errno, "create " + dir);
+  if (!opts.read_only) {
+    if (::mkdir(dir.c_str(), 0777) == 0) {
+      if (opts.dir_mode != 0 && ::chmod(dir.c_str(), opts.dir_mode) != 0) return errno_status(errno, "set the mode of " + dir);
+    } else if (errno != EEXIST) {
+      return errno_status(errno, "create " + dir);
+    }
   }
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open log directory " + dir);
@@ -241,7 +245,8 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
   }
   Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
   for (const std::string& spare : spares()) {
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare, mapped_);
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare, mapped_,
+                          opts_.file_mode);
     if (seg.ok()) {
       ++*spares_used;
       break;
@@ -251,7 +256,10 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
     spool::log().warn("spool: {}: spare segment not used: {}", dir_, seg.status().message());
     if (opts_.io->unlink(spare) == 0) ++*spares_used;
   }
-  if (!seg.ok()) seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, nullptr, mapped_);
+  if (!seg.ok()) {
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, nullptr, mapped_,
+                          opts_.file_mode);
+  }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());
   std::lock_guard lock(mu_);
@@ -288,6 +296,7 @@ Status Log::make_spare() {
   (void)opts_.io->unlink(tmp);
   int fd = opts_.io->open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
   if (fd < 0) return errno_status(-fd, "create spare segment " + tmp);
+  if (opts_.file_mode != 0) (void)::fchmod(fd, opts_.file_mode);
   // Synced, file and directory, before it counts as reserved: an unsynced spare comes back
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
   // for draining a full disk.
@@ -453,6 +462,10 @@ Status Log::sync(uint64_t seq) {
   }
   auto seg = segment(seq);
   if (!seg.ok()) return seg.status();
+  if ((*seg)->cut()) {
+    return Status(Code::kCorrupt, (*seg)->path() + " was truncated by another process while this one mapped it; "
+                                  "what was stored in its cut part is lost");
+  }
   if (int r = opts_.io->datasync((*seg)->fd()); r < 0) {
     // Never retry into a false success: the kernel may have dropped the dirty pages.
     Status s = errno_status(-r, "fdatasync " + (*seg)->path() + " (segment is now failed)");

@@ -9,6 +9,8 @@
 // concurrent appends with the same `end` are the caller's bug.
 #pragma once
 
+#include <sys/types.h>
+
 #include <compare>
 #include <cstdint>
 #include <map>
@@ -49,6 +51,10 @@ struct LogOptions {
   // in the active segment alone. Off only for sync policy "never".
   bool sync_on_roll = true;
   bool read_only = false;
+  // What the segments directory, when this creates it, and each segment and spare get,
+  // whatever the umask (the queue's modes, sys/file_modes.h). 0: what the umask leaves.
+  mode_t dir_mode = 0;
+  mode_t file_mode = 0;
   // The largest payload a record may have (the queue's max_payload); a longer length is
   // not a record (docs/format.md, "Validity"). 0: whatever fits a segment.
   uint64_t max_payload = 0;

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "sys/sigbus_guard.h"
+
 namespace spool::storage {
 namespace {
 
@@ -105,13 +107,14 @@ Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::stri
 }
 
 Segment::~Segment() {
+  sys::unguard_mapping(base_);
   if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), map_len_);
   if (fd_ >= 0) ::close(fd_);
 }
 
 Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size, const std::string* spare,
-                                                 bool map_writes) {
+                                                 bool map_writes, mode_t mode) {
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
   int fd;
   if (spare != nullptr) {
@@ -121,6 +124,7 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
     (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
     fd = io.open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
     if (fd < 0) return open_error(-fd, "create segment", tmp);
+    if (mode != 0) (void)::fchmod(fd, mode);
   }
   auto fail = [&](int err, const char* what) {
     ::close(fd);
@@ -183,6 +187,7 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
                    fd, 0);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
+  sys::guard_mapping(p, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, &seg->cut_);
   return seg;
 }
 

@@ -6,6 +6,9 @@
 // its mapping readable) while any shared_ptr to it lives, even after the file is unlinked.
 #pragma once
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -79,10 +82,11 @@ class Segment {
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
   // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
   // new one; on failure it stays a spare.
-  // `map_writes` as for open().
+  // `map_writes` as for open(). `mode` (0: what the umask leaves) is set on a new file.
   static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size,
-                                                 const std::string* spare = nullptr, bool map_writes = false);
+                                                 const std::string* spare = nullptr, bool map_writes = false,
+                                                 mode_t mode = 0);
   // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
   // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
   // With `map_writes` (and `writable`) the mapping is writable too: wdata().
@@ -107,6 +111,10 @@ class Segment {
   // Records with a longer payload are not valid (docs/format.md, "Validity"): the log's
   // max_payload. Set by the log before the segment is shared; default: any that fits.
   void set_max_payload(uint64_t n) { max_payload_ = n; }
+
+  // True once another process truncated the file under this mapping and an access past its
+  // new end was caught: the mapping reads zeros since, and stores through it are lost.
+  bool cut() const { return cut_.load(std::memory_order_acquire); }
   uint64_t max_payload() const { return max_payload_; }
 
   // Appends the encoding of `r` for this segment (header, payload, pad) to `out`.
@@ -118,6 +126,7 @@ class Segment {
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
   uint64_t map_len_ = 0;
+  std::atomic<bool> cut_{false};  // a SIGBUS on the mapping was caught (sys/sigbus_guard.h)
   bool map_writable_ = false;
   uint64_t max_payload_ = UINT32_MAX;
   SegmentInfo info_;

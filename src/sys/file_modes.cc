@@ -1,0 +1,52 @@
+#include "sys/file_modes.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace spool::sys {
+
+FileModes modes_for(mode_t dir_mode) {
+  FileModes m;
+  m.dir = dir_mode & 07777;
+  m.data = dir_mode & 0666;
+  const mode_t w = dir_mode & 0222;
+  m.state = w | (w << 1);  // read and write for each class that has write
+  return m;
+}
+
+mode_t dir_mode_for(mode_t file_mode) {
+  const mode_t f = file_mode & 0666;
+  mode_t d = f | ((f & 0444) >> 2);
+  if ((f & 0020) != 0) d |= S_ISGID;
+  return d;
+}
+
+int open_state_file(const std::string& path, const FileModes& modes) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, modes.state);
+  if (fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 07777) != modes.state) {
+    (void)::fchmod(fd, modes.state);  // best effort: the file works either way
+  }
+  return fd;
+}
+
+void fix_state_file(const std::string& path, const FileModes& modes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 07777) != modes.state) {
+    (void)::fchmod(fd, modes.state);
+  }
+  ::close(fd);
+}
+
+Status set_mode(int fd, mode_t mode, const std::string& path) {
+  if (::fchmod(fd, mode) != 0) return errno_status(errno, "set the mode of " + path);
+  return {};
+}
+
+}  // namespace spool::sys

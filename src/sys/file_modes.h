@@ -1,0 +1,46 @@
+// The permissions of the files spool creates in a queue directory, derived from the
+// directory's own mode bits, so that the directory's permissions are the access control
+// (PRODUCT.md §4a, docs/security.md) whoever creates a file and whatever their umask.
+//
+// A class (owner, group, other) that may write the directory may change the queue: it gets
+// read and write on every file. A class that may only read the directory gets read access
+// to the files that hold what it may see (segments, spool.conf) and none to the files that
+// coordinate writers (index, gate, lock, owners, compact.lock): flock() and OFD locks work
+// on a read-only descriptor, so a reader who could open those could stop every writer.
+// Read-only openers use none of them (they replay the log into a private index).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+#include "spool/status.h"
+
+namespace spool::sys {
+
+struct FileModes {
+  mode_t dir = 0;    // segments/ and a dead-letter queue: the queue directory's own mode
+  mode_t data = 0;   // segments, spares, spool.conf
+  mode_t state = 0;  // index, gate, lock, owners, compact.lock
+};
+
+FileModes modes_for(mode_t dir_mode);
+
+// The mode bits of a queue directory that `spool init --mode M` asks for: M for its files,
+// search (x) wherever M grants read, and set-group-ID when a group may write, so that files
+// made later by any member take the directory's group.
+mode_t dir_mode_for(mode_t file_mode);
+
+// Opens (creating if needed) a state file of the queue at `path`, never following a link,
+// and sets the mode `modes` gives it when this process owns it (a file created under a
+// umask, or by an older spool, may grant a reader more). -1 and errno on failure.
+int open_state_file(const std::string& path, const FileModes& modes);
+
+// The same for a state file that exists but is not opened at every open (owners,
+// compact.lock): set to the mode when this process owns it; nothing if it does not exist.
+void fix_state_file(const std::string& path, const FileModes& modes);
+
+// Sets a file this process just created to `mode` (the umask took bits away from it).
+Status set_mode(int fd, mode_t mode, const std::string& path);
+
+}  // namespace spool::sys

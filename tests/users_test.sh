@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Queues and more than one user (PRODUCT.md §4a, docs/security.md "Who may do what"): a
+# queue a group shares stays usable by every member whoever rebuilds its index, rolls its
+# segments or makes its dead-letter queue, whatever their umask; a user who may only read a
+# queue cannot stop its writers by locking its files. The users are real: this test creates
+# them (useradd) and runs the spool binary as them (setpriv).
+#
+#   bash tests/users_test.sh build/tools/spool
+#
+# Output is TAP. Needs root (to create users); without it, "1..0 # SKIP reason".
+set -u
+source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
+
+if [[ $# -ne 1 || ! -x $1 ]]; then
+  echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
+  exit 2
+fi
+skip_all() {
+  echo "1..0 # SKIP MULTI-USER TESTS NOT RUN: $* -- sharing a queue between users is untested here"
+  exit 0
+}
+[[ $(id -u) == 0 ]] || skip_all "not root (uid $(id -u)): users cannot be created"
+for tool in useradd groupadd userdel groupdel setpriv flock; do
+  command -v $tool >/dev/null || skip_all "$tool is not installed"
+done
+export LC_ALL=C
+
+ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-users-test.XXXXXX")
+chmod 0755 "$ROOT"
+# The binary, where every user can run it (the build tree may be private).
+mkdir "$ROOT/bin"
+cp "$1" "$ROOT/bin/spool"
+chmod 0755 "$ROOT/bin" "$ROOT/bin/spool"
+SPOOL=$ROOT/bin/spool
+
+# Two members of a group and one outsider, made for this run and removed after it.
+G=spooltest-$$
+A=spta-$$
+B=sptb-$$
+R=sptr-$$
+cleanup() {
+  for u in "$A" "$B" "$R"; do userdel "$u" 2>/dev/null; done
+  groupdel "$G" 2>/dev/null
+  rm -rf "$ROOT"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+groupadd "$G" || skip_all "groupadd failed"
+useradd -M -U -G "$G" -s /usr/sbin/nologin "$A" || skip_all "useradd failed"
+useradd -M -U -G "$G" -s /usr/sbin/nologin "$B" || skip_all "useradd failed"
+useradd -M -U -s /usr/sbin/nologin "$R" || skip_all "useradd failed"
+
+# as USER CMD...: runs CMD as USER, with USER's groups, from the current directory.
+as() {
+  local u=$1
+  shift
+  setpriv --reuid="$u" --regid="$(id -g "$u")" --init-groups -- "$@"
+}
+
+# mode_group PATH: "MODE GROUP" of PATH, as stat prints them (e.g. "2770 spooltest-1").
+mode_group() { stat -c '%a %G' "$1"; }
+
+# Every file under DIR (not directories) has mode WANT and group GROUP.
+all_files_are() {
+  local dir=$1 want=$2 group=$3 f
+  while IFS= read -r f; do
+    eq "mode and group of ${f#"$D"/}" "$(mode_group "$f")" "$want $group"
+  done < <(find "$dir" -type f)
+}
+
+# ---------------------------------------------------------------- tests
+
+# A queue shared by a group: A creates it; B, with umask 077, fills several segments (rolls
+# and spares), removes the index so that the next open rebuilds it, and makes the
+# dead-letter queue; A then still receives, acks, sends and compacts. Every file either of
+# them made is the queue's group and mode.
+t_group_shared_queue_stays_usable_by_every_member() {
+  chmod 1777 "$D"
+  as "$A" "$SPOOL" init q --group "$G" --mode 0660 --segment-size 64K --max-receives 1 --visibility 200ms ||
+    fail "init --group --mode"
+  eq "the queue directory" "$(mode_group q)" "2770 $G"
+  # A message whose 200 ms lease runs out; the next receive dead-letters it (max 1), and
+  # that makes the dead-letter queue.
+  as "$B" sh -c "umask 077; exec '$SPOOL' send q poison >/dev/null" || fail "B sends"
+  as "$B" sh -c "umask 077; exec '$SPOOL' recv q >/dev/null 2>&1" || fail "B receives"
+  sleep 0.4
+  as "$B" sh -c "umask 077; exec '$SPOOL' recv q >/dev/null 2>&1"
+  [[ -d q/dlq ]] || fail "no dead-letter queue was made"
+  eq "the dead-letter queue's directory" "$(mode_group q/dlq)" "2770 $G"
+  seq 1 2000 | sed 's/$/ 0123456789012345678901234567890123456789/' >lines
+  as "$B" sh -c "umask 077; exec '$SPOOL' send q --lines <lines >/dev/null" || fail "B sends"
+  local segs
+  segs=$(find q/segments -name '*.seg' | wc -l)
+  ((segs >= 2)) || fail "only $segs segment(s): the sends did not roll"
+  as "$B" rm q/index || fail "B removes the index"
+  as "$B" sh -c "umask 077; exec '$SPOOL' stats q >/dev/null" || fail "B's stats (rebuilds the index)"
+  eq "owner of the rebuilt index" "$(stat -c %U q/index)" "$B"
+  all_files_are q 660 "$G"
+  # A, a member with the same rights, still uses everything B made.
+  as "$A" "$SPOOL" recv q -n 100 --json >got || fail "A receives"
+  eq "messages A received" "$(wc -l <got)" 100
+  sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' got | as "$A" xargs "$SPOOL" ack q || fail "A acks"
+  as "$A" "$SPOOL" send q "from A" >/dev/null || fail "A sends"
+  as "$A" "$SPOOL" compact q >/dev/null || fail "A compacts"
+  as "$A" "$SPOOL" stats q --json >st || fail "A's stats"
+  grep -q '"dead_lettered_total":1' st || fail "the dead letter is not counted: $(cat st)"
+  all_files_are q 660 "$G"
+  # Someone outside the group cannot even look.
+  ! as "$R" "$SPOOL" stats q >/dev/null 2>&1 || fail "an outsider read a 0660 queue's stats"
+}
+
+# A private queue others may read (the usual umask 022: 0644 files). The outsider R gets
+# stats and peek, and cannot open any file writers lock: flock(1) on them fails, so R cannot
+# stop A's sends and receives. R's lock on a segment (R may read payloads) stops nothing.
+t_a_reader_cannot_block_writers() {
+  chmod 1777 "$D"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" "$SPOOL" send q one two three >/dev/null || fail "send"
+  eq "the queue directory" "$(stat -c %a q)" 755
+  as "$R" "$SPOOL" stats q --json >st || fail "the reader's stats"
+  grep -q '"ready":3' st || fail "stats: $(cat st)"
+  as "$R" "$SPOOL" peek q -n 3 --json >peeked || fail "the reader's peek"
+  eq "peeked" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' peeked | tr '\n' ' ')" "one two three "
+  # spool work binds its leases (it makes owners); a compaction makes compact.lock.
+  as "$A" timeout 20 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' 2>/dev/null ||
+    fail "spool work"
+  as "$A" "$SPOOL" compact q >/dev/null || fail "compact"
+  local f
+  for f in gate lock index owners compact.lock; do
+    [[ -e q/$f ]] || fail "q/$f does not exist"
+    eq "mode of $f" "$(stat -c %a "q/$f")" 600
+    ! as "$R" flock -n -x "q/$f" true 2>/dev/null || fail "the reader could lock q/$f"
+  done
+  local seg
+  seg=$(find q/segments -name '*.seg' | head -n 1)
+  as "$R" flock -x "$seg" sleep 30 &
+  BGPIDS+=($!)
+  sleep 0.2
+  as "$A" timeout 10 "$SPOOL" send q four >/dev/null || fail "a send while the reader locks a segment"
+  as "$A" timeout 10 "$SPOOL" recv q -n 4 >/dev/null || fail "a receive while the reader locks a segment"
+}
+
+# A queue made by an older spool left its lock files 0644: the first open by their owner
+# takes the read bits of those who may not write away again.
+t_lock_files_an_older_spool_left_readable_are_tightened() {
+  chmod 1777 "$D"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" "$SPOOL" send q x >/dev/null || fail "send"
+  as "$A" timeout 20 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' 2>/dev/null ||
+    fail "spool work (makes owners)"
+  chmod 0644 q/gate q/lock q/index q/owners || fail "chmod"
+  as "$R" flock -n -x q/lock true || fail "the reader could not lock the 0644 file (the premise)"
+  as "$A" "$SPOOL" stats q >/dev/null || fail "stats"
+  for f in gate lock index owners; do
+    eq "mode of $f" "$(stat -c %a "q/$f")" 600
+    ! as "$R" flock -n -x "q/$f" true 2>/dev/null || fail "the reader could still lock q/$f"
+  done
+}
+
+# Bad --mode and --group values are refused with what is wrong, and leave nothing behind.
+t_bad_mode_or_group_is_refused_and_leaves_nothing() {
+  chmod 1777 "$D"
+  expect_err() {
+    local want=$1 text=$2
+    shift 2
+    "$@" >out 2>err
+    local rc=$?
+    eq "exit code of $*" "$rc" "$want"
+    grep -qF -- "$text" err || fail "stderr of $* lacks '$text': $(cat err)"
+    [[ ! -e q ]] || fail "$* left q behind"
+  }
+  expect_err 64 "an octal file mode" "$SPOOL" init q --mode 0999
+  expect_err 64 "an octal file mode" "$SPOOL" init q --mode rw-rw----
+  expect_err 64 "0600 at least" "$SPOOL" init q --mode 0440
+  expect_err 64 "no such group" "$SPOOL" init q --group "no-such-group-$$"
+  # A user may only give a queue to a group they are in.
+  expect_err 1 "Operation not permitted" as "$R" "$SPOOL" init q --group "$G" --mode 0660
+}
+
+TESTS=(
+  t_group_shared_queue_stays_usable_by_every_member
+  t_a_reader_cannot_block_writers
+  t_lock_files_an_older_spool_left_readable_are_tightened
+  t_bad_mode_or_group_is_refused_and_leaves_nothing
+)
+run_tests kill_bg
