@@ -950,7 +950,7 @@ struct Queue::Impl {
       if (!dead_q.ok()) return dead_q.status();
       // The attributes go with it; the dedup id does not (the DLQ is no new send).
       SendOptions keep;
-      if (msg.ok()) keep.attributes = std::move(msg->attributes);
+      keep.attributes = std::move(msg->attributes);
       if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
       Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
       auto at = append(std::span(&dead, 1));
