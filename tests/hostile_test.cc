@@ -37,13 +37,6 @@ using test::start_child;
 using test::TempDir;
 namespace fs = std::filesystem;
 
-std::string slurp_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // Two pipes between the test and one child: each side waits for the other's step.
 class Steps {
  public:
@@ -483,7 +476,7 @@ INSTANTIATE_TEST_SUITE_P(Lengths, HostileRecovery, ::testing::Values(true, false
 TEST_F(Hostile, AnEditedSpoolConfIsRefusedAtOpenNamingTheKeyAndTheRange) {
   { ASSERT_TRUE(open()); }
   const std::string conf = qdir() + "/spool.conf";
-  const std::string good = slurp_file(conf);
+  const std::string good = test::slurp(conf);
   struct Edit {
     const char* key;
     const char* value;
@@ -530,7 +523,7 @@ TEST_F(Hostile, APlantedSpareLinkIsNeverWrittenThrough) {
     for (int i = 0; i < 20; ++i) ASSERT_TRUE(q->send(std::string(500, 'a' + i % 26)).ok());  // several rolls
     EXPECT_GT(q->stats()->segments, 2u);
   }
-  EXPECT_EQ(slurp_file(target), before) << "nothing was written through the link";
+  EXPECT_EQ(test::slurp(target), before) << "nothing was written through the link";
   for (const auto& e : fs::directory_iterator(qdir() + "/segments")) {
     EXPECT_FALSE(fs::is_symlink(e.symlink_status())) << e.path() << " is a link";
   }
@@ -543,13 +536,13 @@ TEST_F(Hostile, APlantedSegmentLinkIsRefusedWithAClearError) {
   const std::string moved = dir_ / "elsewhere.seg";
   fs::rename(seg, moved);
   fs::create_symlink(moved, seg);
-  const std::string before = slurp_file(moved);
+  const std::string before = test::slurp(moved);
   fs::remove(index_path());
   auto q = Queue::open(qdir());
   ASSERT_FALSE(q.ok()) << "a queue whose segment is a link opened";
   EXPECT_NE(q.status().message().find("00000000000000000001.seg is a symbolic link"), std::string::npos)
       << q.status().to_string();
-  EXPECT_EQ(slurp_file(moved), before);
+  EXPECT_EQ(test::slurp(moved), before);
 }
 
 }  // namespace

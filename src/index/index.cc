@@ -16,6 +16,7 @@
 
 #include "sys/clock.h"
 #include "sys/crashpoint.h"
+#include "sys/file_modes.h"
 #include "sys/sigbus_guard.h"
 
 namespace spool::index {
@@ -69,7 +70,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     if (fd_ < 0) return errno_status(errno, "open index " + path);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
-    if (st.st_uid == ::geteuid() && (st.st_mode & 07777) != mode) (void)::fchmod(fd_, mode);  // past the umask
+    sys::set_own_mode(fd_, mode);  // past the umask
     uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file

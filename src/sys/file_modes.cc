@@ -26,11 +26,7 @@ mode_t dir_mode_for(mode_t file_mode) {
 
 int open_state_file(const std::string& path, const FileModes& modes) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, modes.state);
-  if (fd < 0) return -1;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 07777) != modes.state) {
-    (void)::fchmod(fd, modes.state);  // best effort: the file works either way
-  }
+  if (fd >= 0) set_own_mode(fd, modes.state);
   return fd;
 }
 
@@ -38,15 +34,13 @@ void fix_state_file(const std::string& path, const FileModes& modes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return;
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 07777) != modes.state) {
-    (void)::fchmod(fd, modes.state);
-  }
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) set_own_mode(fd, modes.state);
   ::close(fd);
 }
 
-Status set_mode(int fd, mode_t mode, const std::string& path) {
-  if (::fchmod(fd, mode) != 0) return errno_status(errno, "set the mode of " + path);
-  return {};
+void set_own_mode(int fd, mode_t mode) {
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 07777) != mode) (void)::fchmod(fd, mode);
 }
 
 }  // namespace spool::sys

@@ -14,7 +14,6 @@
 
 #include <string>
 
-#include "spool/status.h"
 
 namespace spool::sys {
 
@@ -40,7 +39,8 @@ int open_state_file(const std::string& path, const FileModes& modes);
 // compact.lock): set to the mode when this process owns it; nothing if it does not exist.
 void fix_state_file(const std::string& path, const FileModes& modes);
 
-// Sets a file this process just created to `mode` (the umask took bits away from it).
-Status set_mode(int fd, mode_t mode, const std::string& path);
+// Sets `fd` to `mode` when this process owns the file and its mode differs (best effort:
+// the file works either way). What the three above and the index's attach share.
+void set_own_mode(int fd, mode_t mode);
 
 }  // namespace spool::sys
