@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh --test
 fuzz_seconds=${SPOOL_FUZZ_SECONDS:-40}
 passed=0; failed=0; skipped=0
+# Every failure is named again at the very end, with the end of its output: CI shows the
+# tail of a long log, where the first suite's errors have long scrolled away.
+summary=$(mktemp); trap 'rm -f "$summary"' EXIT
+fail() {  # fail WHAT: counts one failure and names it in the final summary
+  failed=$((failed + 1)); echo "FAILED: $1" >>"$summary"
+}
 
 count() {  # count TESTLOG: adds a meson test log's results to the totals
   # A test that never wrote its log (the build or `meson test` itself failed) is a failure,
@@ -18,10 +24,10 @@ count() {  # count TESTLOG: adds a meson test log's results to the totals
   local log=$1 out
   if [ ! -f "$log" ]; then
     echo "FAILED: no $log: meson test did not run to the end (see its errors above)"
-    failed=$((failed + 1))
+    fail "no $log: meson test did not run to the end"
     return
   fi
-  if ! out=$(python3 - "$log" <<'PY'
+  if ! out=$(python3 - "$log" "$summary" <<'PY'
 import json, re, sys
 p = f = s = 0
 gtest_skip = re.compile(r"^\[  SKIPPED \] (\S+?)(?:, where .*)? \(\d+ ms\)$")
@@ -32,7 +38,11 @@ for line in open(sys.argv[1]):
     r, name, lines = t["result"], t["name"], (t.get("stdout") or "").splitlines()
     if r in ("OK", "EXPECTEDFAIL"): p += 1
     elif r == "SKIP": s += 1
-    else: f += 1
+    else:
+        f += 1
+        with open(sys.argv[2], "a") as out:
+            out.write(f"FAILED: {name} ({r}); the end of its output:\n")
+            out.writelines("    " + l + "\n" for l in lines[-30:])
     if r == "SKIP":  # one skip, with the reason a TAP plan "1..0 # SKIP why" gives
         why = [m.group(1) for m in map(tap_plan_skip.match, map(str.strip, lines)) if m]
         print(f"skipped: {name}: the whole test" + (f" ({why[0]})" if why else ""))
@@ -48,7 +58,7 @@ print(p, f, s)
 PY
   ); then
     echo "FAILED: cannot read $log"
-    failed=$((failed + 1))
+    fail "cannot read $log"
     return
   fi
   local p f s
@@ -63,7 +73,7 @@ suite() {  # suite BUILD_DIR MESON_ARGS...
   rm -f "$dir/meson-logs/testlog.json"
   if ! ninja -C "$dir"; then
     echo "FAILED: the build in $dir; its tests did not run"
-    failed=$((failed + 1))
+    fail "the build in $dir"
     return
   fi
   meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 || true
@@ -104,16 +114,16 @@ if not want:
     sys.exit("no tsan tests")
 print(" ".join(sorted(os.path.relpath(os.path.realpath(f), root) for f in want)))
 ' $dir); then
-    echo "FAILED: cannot list the targets of the tsan tests in $dir"; failed=$((failed + 1))
+    echo "FAILED: cannot list the targets of the tsan tests in $dir"; fail "listing the tsan targets"
   elif read -ra tsan_targets <<<"$tsan_targets" && ! ninja -C $dir "${tsan_targets[@]}"; then
-    echo "FAILED: the ThreadSanitizer build in $dir; its tests did not run"; failed=$((failed + 1))
+    echo "FAILED: the ThreadSanitizer build in $dir; its tests did not run"; fail "the build in $dir"
   else
     meson test -C $dir --no-rebuild --suite tsan --print-errorlogs --num-processes 2 || true
     count "$dir/meson-logs/testlog.json"
   fi
   for report in $dir/tsan-report.*; do
     [ -f "$report" ] || continue
-    echo "ThreadSanitizer report $report:"; cat "$report"; failed=$((failed + 1))
+    echo "ThreadSanitizer report $report:"; cat "$report"; fail "ThreadSanitizer report $report"
   done
   echo "== fuzzers, ${fuzz_seconds}s each"
   dir=build-fuzz
@@ -148,11 +158,12 @@ print(" ".join(sorted(os.path.relpath(os.path.realpath(f), root) for f in want))
     if [ "$result" = ok ]; then
       echo "fuzz $name: ok ($entries corpus entries)"; passed=$((passed + 1))
     else
-      echo "fuzz $name: FAILED"; tail -n 40 "$target.log"; failed=$((failed + 1))
+      echo "fuzz $name: FAILED"; tail -n 40 "$target.log"; fail "fuzz $name"
     fi
   done
 fi
 # passed/failed count meson tests (and fuzz targets); skipped counts whole tests meson skipped
 # plus the skipped cases inside the others (each one is listed above as "skipped: ...").
+if [ -s "$summary" ]; then echo "== failures"; cat "$summary"; fi
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" = 0 ]

@@ -142,7 +142,7 @@ TEST_F(AttributesTest, BadAttributesAndDedupIdsAreRefusedNamingTheProblem) {
 }
 
 // "Payload-only sends cost no more than today": the record is byte for byte the version-1
-// record (no extension bit, no extension bytes), so the next record follows at 64 + 56.
+// record (no extension bit, no extension bytes), so the next record follows 56 bytes on.
 TEST_F(AttributesTest, APayloadOnlySendWritesTheRecordVersionOneWrote) {
   auto q = open();
   ASSERT_NE(q, nullptr);
@@ -154,13 +154,13 @@ TEST_F(AttributesTest, APayloadOnlySendWritesTheRecordVersionOneWrote) {
   ASSERT_GT(seg.size(), 300u);
   uint32_t version, len1, len2;
   std::memcpy(&version, seg.data() + 8, 4);
-  std::memcpy(&len1, seg.data() + 64 + 4, 4);
+  std::memcpy(&len1, seg.data() + test::kFirstRecordOffset + 4, 4);
   EXPECT_EQ(version, format::kVersion);
   EXPECT_EQ(len1, 2u);
-  EXPECT_EQ(static_cast<uint8_t>(seg[64 + 9]), 0) << "flags of a payload-only record";
-  EXPECT_EQ(seg.substr(64 + 48, 2), "hi");
-  std::memcpy(&len2, seg.data() + 120 + 4, 4);
-  EXPECT_EQ(static_cast<uint8_t>(seg[120 + 9]), format::kFlagExt) << "the second record is at 120, extended";
+  EXPECT_EQ(static_cast<uint8_t>(seg[test::kFirstRecordOffset + 9]), 0) << "flags of a payload-only record";
+  EXPECT_EQ(seg.substr(test::kFirstRecordOffset + 48, 2), "hi");
+  std::memcpy(&len2, seg.data() + test::kFirstRecordOffset + 56 + 4, 4);
+  EXPECT_EQ(static_cast<uint8_t>(seg[test::kFirstRecordOffset + 56 + 9]), format::kFlagExt) << "the second record follows, extended";
   EXPECT_GT(len2, 2u);
 }
 

@@ -143,7 +143,7 @@ TEST_F(CompactTest, ViewIntoARemovedSegmentStillReadsCorrectBytes) {
   auto log = storage::Log::open(qdir() + "/segments", lo);
   ASSERT_TRUE(log.ok());
   std::shared_ptr<storage::Segment> keep;
-  auto view = (*log)->read(storage::Pos{1, format::kSegmentHeaderSize}, &keep);
+  auto view = (*log)->read(storage::Pos{1, test::kFirstRecordOffset}, &keep);
   ASSERT_TRUE(view.ok());
   std::string_view payload = view->payload;
   auto all = q->receive(1000, 60s);

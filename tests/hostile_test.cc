@@ -449,7 +449,7 @@ TEST_P(HostileRecovery, ASegmentOfMagicEvery16BytesRecoversInBoundedTime) {
   }
   const uint64_t max_payload = open(o)->options().max_payload;
   // After the one record (48 + 4 -> 56 bytes), to the end of the 4 MiB segment.
-  plant_magic(qdir() + "/segments/00000000000000000001.seg", format::kSegmentHeaderSize + 56, GetParam(), max_payload);
+  plant_magic(qdir() + "/segments/00000000000000000001.seg", test::kFirstRecordOffset + 56, GetParam(), max_payload);
   fs::remove(index_path());
   in_child("recovery", [&](Report& r) {
     auto t0 = std::chrono::steady_clock::now();

@@ -16,6 +16,10 @@
 
 namespace spool::test {
 
+// Where a queue's first record goes in a segment: after the 64-byte header and the CLOCK
+// record (48 + 8 bytes) that opens every segment a queue writes (docs/format.md, "Time").
+inline constexpr uint64_t kFirstRecordOffset = 64 + 56;
+
 class TempDir {
  public:
   TempDir();

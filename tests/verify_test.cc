@@ -70,14 +70,14 @@ TEST_F(VerifyTest, FindsACorruptRecordByFileAndOffset) {
   std::string seg = dir_ / "q/segments/00000000000000000001.seg";
   int fd = ::open(seg.c_str(), O_RDWR);
   char c = 0;
-  ASSERT_EQ(::pread(fd, &c, 1, 64 + 48 + 3), 1);  // inside the first record's payload
+  ASSERT_EQ(::pread(fd, &c, 1, test::kFirstRecordOffset + 48 + 3), 1);  // inside the first message's payload
   c ^= 0x10;
-  ASSERT_EQ(::pwrite(fd, &c, 1, 64 + 48 + 3), 1);
+  ASSERT_EQ(::pwrite(fd, &c, 1, test::kFirstRecordOffset + 48 + 3), 1);
   ::close(fd);
   auto r = q_->verify(false);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(mentions(*r, "00000000000000000001.seg")) << "names the file";
-  EXPECT_TRUE(mentions(*r, "offset 64")) << "and the offset";
+  EXPECT_TRUE(mentions(*r, "offset " + std::to_string(test::kFirstRecordOffset))) << "and the offset";
 }
 
 TEST_F(VerifyTest, FindsAMissingSegment) {

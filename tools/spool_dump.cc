@@ -20,6 +20,7 @@ const char* type_name(spool::format::RecordType t) {
     case spool::format::RecordType::kDead: return "DEAD";
     case spool::format::RecordType::kPurge: return "PURGE";
     case spool::format::RecordType::kCheckpoint: return "CHECKPOINT";
+    case spool::format::RecordType::kClock: return "CLOCK";
   }
   return "?";
 }

@@ -504,14 +504,14 @@ void SharedIndex::dedup_place(const DedupSlot& d) {
   ++hdr_->dedup_used;
 }
 
-Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now_rt) {
+Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
   auto& h = *hdr_;
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
   // Forget what has expired first: with a steady rate of dedup sends the table then stays
   // at the size the window needs.
   std::vector<DedupSlot> live;
   for (uint64_t s = 0; s < dcap_; ++s)
-    if (ded_[s].hash != 0 && ded_[s].expires > now_rt) live.push_back(ded_[s]);
+    if (ded_[s].hash != 0 && ded_[s].expires > now) live.push_back(ded_[s]);
   if (dcap_ != 0) {
     std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
     h.dedup_used = 0;
@@ -537,17 +537,17 @@ void SharedIndex::dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires) {
   dedup_place(DedupSlot{hash == 0 ? 1 : hash, loc, expires});
 }
 
-uint64_t SharedIndex::dedup_oldest_seq(uint64_t now_rt) const {
+uint64_t SharedIndex::dedup_oldest_seq(uint64_t now) const {
   uint64_t lowest = UINT64_MAX;
   for (uint64_t s = 0; s < dcap_; ++s) {
-    if (ded_[s].hash != 0 && ded_[s].expires > now_rt) lowest = std::min(lowest, ded_[s].loc >> 40);
+    if (ded_[s].hash != 0 && ded_[s].expires > now) lowest = std::min(lowest, ded_[s].loc >> 40);
   }
   return lowest;
 }
 
-uint64_t SharedIndex::dedup_live(uint64_t now_rt) const {
+uint64_t SharedIndex::dedup_live(uint64_t now) const {
   uint64_t n = 0;
-  for (uint64_t s = 0; s < dcap_; ++s) n += ded_[s].hash != 0 && ded_[s].expires > now_rt;
+  for (uint64_t s = 0; s < dcap_; ++s) n += ded_[s].hash != 0 && ded_[s].expires > now;
   return n;
 }
 

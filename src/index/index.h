@@ -67,7 +67,7 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table
-inline constexpr uint32_t kIndexVersion = 12;
+inline constexpr uint32_t kIndexVersion = 13;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -117,9 +117,17 @@ static_assert(sizeof(OvfEntry) == 32);
 struct DedupSlot {
   uint64_t hash;     // 0: empty
   uint64_t loc;      // storage::Pos::pack() of the MSG record
-  uint64_t expires;  // CLOCK_REALTIME ns: the record's enqueue time + the queue's window
+  uint64_t expires;  // CLOCK_BOOTTIME ns: the record's enqueue time + the queue's window
 };
 static_assert(sizeof(DedupSlot) == 24);
+
+// Where the log clock was set to the wall clock (a CLOCK record, queue/log_clock.h): records
+// from `at` on store CLOCK_BOOTTIME + `off` until the next anchor.
+struct ClockAnchor {
+  uint64_t at;   // storage::Pos::pack() of the CLOCK record
+  uint64_t off;  // CLOCK_REALTIME - CLOCK_BOOTTIME then (two's complement: wall before boot wraps)
+};
+inline constexpr uint32_t kClockAnchors = 64;
 
 struct alignas(64) IndexHeader {
   uint64_t magic;
@@ -159,6 +167,12 @@ struct alignas(64) IndexHeader {
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
   uint64_t dedup_cap;     // dedup table slots (0: none yet)
   uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
+  // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
+  // clock_n), and where the first of them is.
+  uint32_t clock_n;
+  uint64_t clock_first;
+
+  ClockAnchor clock[kClockAnchors];
   uint32_t owners_claimed;         // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
   // 1 while resize() moves entries: a holder killed then leaves a region laid out for
@@ -202,6 +216,7 @@ class SharedIndex {
   bool reusable() const;
 
   IndexHeader& hdr() { return *hdr_; }
+  const IndexHeader& hdr() const { return *hdr_; }
   bool attached() const { return hdr_ != nullptr; }
   // Clean close: the last process to detach seals the index (lock held, region mapped).
   void seal();
@@ -284,7 +299,7 @@ class SharedIndex {
   }
   // Deduplication ids (see DedupSlot; lock held). dedup_probe() calls f(loc, expires) for
   // each slot with `hash` until f returns true. dedup_reserve() makes room for `more`
-  // dedup_insert()s, first forgetting the slots expired at `now_rt`, then growing the
+  // dedup_insert()s, first forgetting the slots expired at `now`, then growing the
   // table (a remap); kQueueFull when kMaxDedup would not do. dedup_insert() cannot fail
   // after it. dedup_oldest_seq(): the lowest segment an unexpired slot names (compaction
   // keeps it), or UINT64_MAX.
@@ -297,12 +312,12 @@ class SharedIndex {
       if (ded_[s].hash == hash && f(ded_[s].loc, ded_[s].expires)) return;
     }
   }
-  Status dedup_reserve(uint64_t more, uint64_t now_rt);
+  Status dedup_reserve(uint64_t more, uint64_t now);
   void dedup_clear();  // forgets every id: a replay rebuilds them
   void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires);
-  uint64_t dedup_oldest_seq(uint64_t now_rt) const;
+  uint64_t dedup_oldest_seq(uint64_t now) const;
   // Unexpired remembered ids, for stats (O(table)).
-  uint64_t dedup_live(uint64_t now_rt) const;
+  uint64_t dedup_live(uint64_t now) const;
 
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;

@@ -78,7 +78,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     uint64_t cum_live = 0, cum_size = 0;
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
-    const uint64_t pinned = idx.dedup_oldest_seq(sys::real_ns());
+    const uint64_t pinned = idx.dedup_oldest_seq(sys::boot_ns());
     for (uint64_t seq : *seqs) {
       if (seq >= active || seq >= pinned) break;
       cum_live += live[seq];
@@ -118,7 +118,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       }
     }
     if (slots.empty()) continue;
-    Clocks now;
+    Clocks now = clocks();
     std::vector<Record> recs;
     std::vector<std::shared_ptr<storage::Segment>> keep(slots.size());
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -131,9 +131,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       uint64_t key = idx.key(slots[i]);
       uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
       const uint64_t id = idx.id_of(slots[i]);
-      recs.push_back(Record{RecordType::kMsg, 0, id, v->t1, v->t2, v->payload, format::kFlagCopy, v->ext});
+      // The copy goes under the current anchor: its times are restated on today's log clock.
+      const uint64_t at = e.loc;
+      recs.push_back(Record{RecordType::kMsg, 0, id, queue::rebase(idx.hdr(), at, v->t1, now),
+                            queue::rebase(idx.hdr(), at, v->t2, now), v->payload, format::kFlagCopy, v->ext});
       recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
-                            id, 0, rt, {}});
+                            id, now.rt, rt, {}});
     }
     uint64_t copy_bytes = 0;
     for (const Record& r : recs) copy_bytes += format::record_size(r.ext.size() + r.payload.size());

@@ -276,27 +276,31 @@ uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size
 
 }  // namespace
 
-void Queue::Impl::remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, uint64_t now_rt) {
-  const uint64_t expires = r.t1 + dedup_window_ns();
-  if (expires <= now_rt) return;
+void Queue::Impl::remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now) {
+  const uint64_t expires = enqueue_key(x, pos, r.t1, now) + dedup_window_ns();
+  if (expires <= now.boot) return;
   auto ext = storage::decode_ext(r.ext);
   if (!ext.ok() || ext->dedup_id.empty()) return;
   // A live send reserved the room; a replay makes it here, and past the table's bound (only
   // if the window was made longer since) the oldest ids are not remembered.
-  if (Status s = x.dedup_reserve(1, now_rt); !s.ok()) {
+  if (Status s = x.dedup_reserve(1, now.boot); !s.ok()) {
     spool::log().warn("spool: {}: message {}'s dedup id is not remembered: {}", dir, r.id, s.message());
     return;
   }
   x.dedup_insert(dedup_hash(ext->dedup_id), pos.pack(), expires);
 }
 
-uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, uint64_t now_rt) {
+uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
   uint64_t found = 0;
   idx.dedup_probe(dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
-    if (expires <= now_rt) return false;
+    if (expires <= now.boot) return false;
     std::shared_ptr<storage::Segment> keep;
-    auto r = log->read(Pos::unpack(loc), &keep);
-    if (!r.ok() || r->type != RecordType::kMsg || r->ext.empty() || r->t1 + dedup_window_ns() <= now_rt) return false;
+    const Pos at = Pos::unpack(loc);
+    auto r = log->read(at, &keep);
+    if (!r.ok() || r->type != RecordType::kMsg || r->ext.empty() ||
+        enqueue_key(idx, at, r->t1, now) + dedup_window_ns() <= now.boot) {
+      return false;
+    }
     auto ext = storage::decode_ext(r->ext);
     if (!ext.ok() || ext->dedup_id != dedup_id) return false;  // another id with the same hash
     found = r->id;
@@ -400,7 +404,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     auto held = q.lock();
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
-    Clocks now;
+    Clocks now = q.clocks();
     // Duplicates first (under the lock, so two processes sending one dedup id at once queue
     // it once): `first[i]` is the id a duplicate returns, or 0 for a message to queue;
     // `from[i]` names the earlier message of this batch it repeats.
@@ -419,7 +423,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
             from[i] = it->second;
             continue;
           }
-          if ((first[i] = q.find_dedup(dedup[i], now.rt)) != 0) continue;
+          if ((first[i] = q.find_dedup(dedup[i], now)) != 0) continue;
           in_batch.emplace(dedup[i], i);
           ++fresh_dedup;
         }
@@ -465,7 +469,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     }
     if (Status s = q.idx.reserve(n_new, d != 0); !s.ok()) return s;
     if (fresh_dedup != 0) {
-      if (Status s = q.idx.dedup_reserve(fresh_dedup, now.rt); !s.ok()) return s;
+      if (Status s = q.idx.dedup_reserve(fresh_dedup, now.boot); !s.ok()) return s;
     }
     std::vector<Record> recs;
     recs.reserve(n_new);
@@ -488,7 +492,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
           // The same step replay takes for this record.
           storage::RecordView v{RecordType::kMsg, format::kFlagExt, 0, recs[k].id, now.rt, now.rt + d,
                                 payloads[i], 0, 0, exts[i]};
-          q.remember_dedup(q.idx, res->at[k], v, now.rt);
+          q.remember_dedup(q.idx, res->at[k], v, now);
         }
       }
       h.next_id += recs.size();
@@ -543,7 +547,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
       auto held = q.lock();
       if (!held.ok()) return held.status();
       seen = h.wake_seq.load(std::memory_order_acquire);
-      Clocks now;
+      Clocks now = q.clocks();
       // Every queued message taken gets a heap item: room for them first, so that taking
       // one cannot fail halfway (the others have theirs).
       if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.queued)); !s.ok()) return s;
@@ -607,7 +611,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
-    Clocks now;
+    Clocks now = q.clocks();
     const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
     if (q.idx.key(static_cast<uint32_t>(slot)) > now.boot) {
       return Status(Code::kEmpty, "message " + std::to_string(id) +
@@ -695,10 +699,10 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     if (!slot.ok()) return slot.status();
     auto& h = q.idx.hdr();
     Entry& e = q.idx.entry(*slot);
-    Clocks now;
+    Clocks now = q.clocks();
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
-    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, 0, now.rt + ns, {}, format::kFlagNack};
-    if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, 0, now.rt + ns, {}};
+    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, now.rt, now.rt + ns, {}, format::kFlagNack};
+    if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, now.rt, now.rt + ns, {}};
     if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
     switch (what) {
       case Change::kAck:
@@ -824,10 +828,8 @@ Result<Stats> Queue::stats() {
       }
     }
     if (!head.empty()) {
-      if (auto m = q.load(head.front()); m.ok()) {
-        st.oldest_ready_age_s = std::max(0.0, std::chrono::duration<double>(
-                                                  std::chrono::system_clock::now() - m->enqueued).count());
-      }
+      uint64_t age = 0;
+      if (auto m = q.load(head.front(), nullptr, nullptr, &age); m.ok()) st.oldest_ready_age_s = static_cast<double>(age) / 1e9;
     }
     st.sent_total = h.sent_total;
     st.acked_total = h.acked_total;

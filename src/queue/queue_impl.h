@@ -32,6 +32,7 @@
 #include "sys/crashpoint.h"
 #include "spool/queue.h"
 #include "storage/log.h"
+#include "queue/log_clock.h"
 #include "sys/clock.h"
 #include "sys/file_modes.h"
 #include "sys/futex.h"
@@ -59,19 +60,8 @@ inline constexpr uint64_t kSyncWaitSliceNs = 20'000'000;
 
 inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull; }
 
-// Converts a CLOCK_REALTIME instant from the log into a CLOCK_BOOTTIME key for this boot.
-struct Clocks {
-  uint64_t rt = sys::real_ns();
-  uint64_t boot = sys::boot_ns();
-  uint64_t to_key(uint64_t t_rt) const {
-    if (t_rt >= rt) return boot + (t_rt - rt);
-    uint64_t past = rt - t_rt;
-    return past >= boot ? 0 : boot - past;
-  }
-};
-
 }  // namespace detail
-using detail::Clocks;
+using queue::Clocks;
 using detail::ms_to_ns;
 using detail::kMaxWaitSliceNs;
 using detail::kReapIntervalNs;
@@ -297,10 +287,11 @@ struct Queue::Impl {
     x.dedup_clear();
     h.purged_through = 0;
     h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
-    Clocks now;
+    queue::ReplayClock clock(h, queue::read_clocks(h));
     Status failed;
     auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
       if (!failed.ok()) return;
+      if (r.type == RecordType::kClock) return clock.clock_record(pos.pack(), r);
       if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
       int64_t slot = r.type == RecordType::kMsg || r.type == RecordType::kPurge ||
                              r.type == RecordType::kCheckpoint
@@ -309,7 +300,7 @@ struct Queue::Impl {
       switch (r.type) {
         case RecordType::kMsg: {
           // Before the purge check: a dedup id outlives its message (docs/semantics.md).
-          if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, now.rt);
+          if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
           if (r.id <= h.purged_through) return;
           if (int64_t have = x.find(r.id); have >= 0) {
             // A compaction copy of a live message: point at it, not at the original. The
@@ -320,7 +311,7 @@ struct Queue::Impl {
             return;
           }
           Entry e{pos.pack(), static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
-          auto ins = x.insert(r.id, e, now.to_key(r.t2), now.boot);
+          auto ins = x.insert(r.id, e, clock.ready_key(pos.pack(), r.t1, r.t2), clock.now().boot);
           if (!ins.ok()) failed = ins.status();
           if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
           h.bytes_live += r.payload.size();
@@ -329,13 +320,18 @@ struct Queue::Impl {
         case RecordType::kLease:
           if (slot < 0) return;
           x.entry(slot).count = r.count;
-          if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, now.to_key(r.t2)); !s.ok()) failed = s;
+          if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, clock.lease_key(pos.pack(), r.t2)); !s.ok()) {
+            failed = s;
+          }
           return;
         case RecordType::kRelease:
           if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
           if (slot < 0) return;
           x.entry(slot).count = r.count;
-          if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, now.to_key(r.t2)); !s.ok()) failed = s;
+          if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, clock.ready_key(pos.pack(), r.t1, r.t2));
+              !s.ok()) {
+            failed = s;
+          }
           return;
         case RecordType::kAck:
           ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
@@ -354,6 +350,8 @@ struct Queue::Impl {
           h.purged_through = std::max(h.purged_through, r.id);
           return;
         }
+        case RecordType::kClock:  // handled above
+          return;
         case RecordType::kCheckpoint: {
           // Totals of everything before it, including compacted-away segments.
           auto cp = storage::decode_checkpoint(r.payload);
@@ -395,10 +393,15 @@ struct Queue::Impl {
   // The dedup part of applying a MSG record, for live sends and replay alike: a new message
   // (not a compaction copy) whose dedup id is still inside the window is remembered in the
   // index's dedup table. Lock held (or `x` private); a send reserved the room first.
-  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, uint64_t now_rt);
+  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now);
   // The id of the message that carries `dedup_id` and was sent within the window, or 0.
   // Every hint of the table is confirmed against its record. Lock held.
-  uint64_t find_dedup(std::string_view dedup_id, uint64_t now_rt);
+  uint64_t find_dedup(std::string_view dedup_id, const Clocks& now);
+  // The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time
+  // after now (a wall clock that went back since an earlier boot) counts as now.
+  static uint64_t enqueue_key(const index::SharedIndex& x, Pos at, uint64_t t1, const Clocks& now) {
+    return std::min(now.boot, now.key(queue::rebase(x.hdr(), at.pack(), t1, now)));
+  }
   uint64_t dedup_window_ns() const { return ms_to_ns(cfg.opts.dedup_window); }
 
   // True when the log holds records the index has not seen (the index is stale).
@@ -616,7 +619,11 @@ struct Queue::Impl {
       idx.damaged(s.message());  // rebuilt before the unlock
       return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
     }
-    auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id);
+    // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
+    const uint64_t boot = queue::boot_hash();
+    std::optional<Record> opener;
+    if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot);
+    auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr);
     if (!res.ok()) return res.status();
     h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
     __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
@@ -626,6 +633,26 @@ struct Queue::Impl {
     auto res = append_all(recs);
     if (!res.ok()) return res.status();
     return res->at.empty() ? res->end : res->at.front();
+  }
+
+  // The clocks for the records written under this hold of the lock. A CLOCK record goes
+  // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
+  // clock keeps its offset: exact for this boot still, only further from the wall clock.
+  Clocks clocks() {
+    auto& h = idx.hdr();
+    Clocks c = queue::read_clocks(h);
+    if (read_only || !queue::anchor_due(h, c)) return c;
+    Clocks next = c;
+    next.rt = next.real;
+    const uint64_t boot = queue::boot_hash();
+    Record r = queue::anchor_record(next, boot);
+    auto at = append(std::span(&r, 1));
+    if (!at.ok()) {
+      spool::log().warn("spool: {}: cannot write a clock record: {}", dir, at.status().to_string());
+      return c;
+    }
+    queue::add_anchor(h, at->pack(), next.rt - next.boot);
+    return next;
   }
 
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
@@ -763,7 +790,7 @@ struct Queue::Impl {
     auto& h = idx.hdr();
     bool mine[index::kOwnerSlots + 1] = {};
     for (uint32_t k : ks) mine[k + 1] = true;
-    Clocks now;
+    Clocks now = clocks();
     std::vector<uint32_t> victims;
     idx.for_each_entry([&](uint32_t s, uint64_t, Entry& e) {
       if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner]) return;
@@ -777,7 +804,7 @@ struct Queue::Impl {
       std::vector<Record> recs;
       for (uint32_t s : victims) {
         const Entry& e = idx.entry(s);
-        recs.push_back(Record{RecordType::kRelease, e.count, idx.id_of(s), 0, now.rt, {}});
+        recs.push_back(Record{RecordType::kRelease, e.count, idx.id_of(s), now.rt, now.rt, {}});
       }
       bool logged = append(recs).ok();  // if not, the leases simply run out as usual
       for (uint32_t s : victims) {
@@ -837,7 +864,9 @@ struct Queue::Impl {
   };
 
   // The message in `slot`, its payload copied, or with `mapped` left in the segment.
-  Result<Message> load(uint32_t slot, Mapped* mapped = nullptr) {
+  // `now`: the clocks of the caller's lock hold (read here if null); *age_ns: how long ago
+  // the message was sent, on the boot clock.
+  Result<Message> load(uint32_t slot, Mapped* mapped = nullptr, const Clocks* now = nullptr, uint64_t* age_ns = nullptr) {
     const Entry& e = idx.entry(slot);
     const uint64_t id = idx.id_of(slot);
     std::shared_ptr<storage::Segment> keep;
@@ -869,8 +898,13 @@ struct Queue::Impl {
       m.payload.assign(r->payload);
     }
     m.receive_count = e.count;
+    // The wall clock of the send as of now: the record's time, converted to this boot's
+    // clock and back, so that a wall-clock step since moves it along.
+    const Clocks c = now != nullptr ? *now : queue::read_clocks(idx.hdr());
+    const uint64_t age = c.boot - enqueue_key(idx, Pos::unpack(e.loc), r->t1, c);
+    if (age_ns != nullptr) *age_ns = age;
     m.enqueued = std::chrono::system_clock::time_point(
-        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(r->t1)));
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real - age)));
     return m;
   }
 
@@ -928,9 +962,9 @@ struct Queue::Impl {
                                       Mapped* mapped = nullptr) {
     auto& h = idx.hdr();
     const uint64_t id = idx.id_of(slot);
-    auto msg = load(slot, mapped);
-    if (msg.ok() && cfg.opts.retention_max_age.count() > 0 &&
-        std::chrono::system_clock::now() - msg->enqueued > cfg.opts.retention_max_age) {
+    uint64_t age = 0;
+    auto msg = load(slot, mapped, &now, &age);
+    if (msg.ok() && cfg.opts.retention_max_age.count() > 0 && age > ms_to_ns(cfg.opts.retention_max_age)) {
       if (Status s = expire(slot); !s.ok()) return s;
       *end = h.log_end;
       return std::optional<Message>();
@@ -996,7 +1030,7 @@ struct Queue::Impl {
     if (taken.empty()) return {};
     std::vector<Record> recs;
     recs.reserve(taken.size());
-    for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, 0, now.rt + vis, {}});
+    for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, now.rt, now.rt + vis, {}});
     auto at = append(recs);
     if (!at.ok()) {
       (void)rebuild();

@@ -6,7 +6,7 @@
 
 namespace spool::format {
 
-// 1: the first. 2: MSG records may carry an extension area (kFlagExt).
+// 1: the first. 2: MSG records may carry an extension area (kFlagExt); CLOCK records.
 inline constexpr uint32_t kVersion = 2;
 // The first version whose MSG records may carry an extension; older segments are read as
 // before (the bit meant nothing to them) and are never written an extended record.
@@ -30,8 +30,9 @@ enum class RecordType : uint8_t {
   kDead = 5,
   kPurge = 6,
   kCheckpoint = 7,
+  kClock = 8,  // payload: 8 bytes, the writer's boot (queue/log_clock.h)
 };
-inline constexpr uint8_t kMaxRecordType = 7;
+inline constexpr uint8_t kMaxRecordType = 8;
 
 // Record flags.
 inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not a new send

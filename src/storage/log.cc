@@ -349,8 +349,9 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
   return rec;
 }
 
-Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id) {
-  const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize;
+Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id, const Record* opener) {
+  const uint64_t opener_size = opener == nullptr ? 0 : format::record_size(opener->ext.size() + opener->payload.size());
+  const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize - opener_size;
   for (const auto& r : recs) {
     const uint64_t len = r.ext.size() + r.payload.size();
     if (format::record_size(len) > capacity || len > max_payload()) {
@@ -376,6 +377,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   std::string& buf = scratch_gone ? exiting : scratch.buf;
   if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
   buf.clear();
+  if (end.off == format::kSegmentHeaderSize && opener != nullptr && !recs.empty()) seg->encode(*opener, buf);
   std::vector<Written> written;
   auto fail = [&](Status s) {
     unwrite(*opts_.io, written);
@@ -405,6 +407,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       if (!next.ok()) return fail(next.status());
       seg = *next;
       end = {end.seq + 1, format::kSegmentHeaderSize};
+      if (opener != nullptr) seg->encode(*opener, buf);
     }
     res.at.push_back({end.seq, end.off + buf.size()});
     seg->encode(r, buf);

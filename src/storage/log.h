@@ -101,8 +101,11 @@ class Log {
   // record does not fit. A record larger than a whole segment is kTooLarge and nothing is
   // written. On an error the end is not advanced, and whatever part of the batch was written
   // is zeroed again (best effort), so recover() does not return it; a segment created on the
-  // way may remain, empty. `base_id` is recorded in a new segment's header.
-  Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0);
+  // way may remain, empty. `base_id` is recorded in a new segment's header. `opener`, if
+  // given, is written first into every segment this append starts (a queue states its
+  // clock there, so that each segment can be read without the ones before it).
+  Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0,
+                              const Record* opener = nullptr);
 
   // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
   // offset lies inside it and no record starts there (else an append would overwrite one).

@@ -1,6 +1,6 @@
 // Clocks. The index orders deadlines on CLOCK_BOOTTIME (monotonic, counts suspend, immune
-// to wall-clock jumps); the log stores CLOCK_REALTIME so deadlines mean something after a
-// reboot, when CLOCK_BOOTTIME restarts. Conversion happens when the index is rebuilt.
+// to wall-clock steps); the log stores times on a clock tied to it by CLOCK records
+// (queue/log_clock.h), which stays near CLOCK_REALTIME.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,80 @@
+// The log clock (docs/format.md, "Time"). Records store times on a clock that is
+// CLOCK_BOOTTIME plus an offset fixed at an anchor: a CLOCK record, written by the lock
+// holder before the first record of each boot and whenever the wall clock has moved more
+// than kClockSlack away from the log clock (a step, or slew that added up); and restated,
+// same offset, at the start of every segment, so that what compaction leaves still
+// names its anchors. So a record's
+// time converts back to this boot's CLOCK_BOOTTIME exactly, whatever the wall clock did
+// since, and stays near the wall clock for people and for later boots.
+//
+// The index orders deadlines on CLOCK_BOOTTIME ("keys"). Contract of the conversions:
+//  - a record of this boot: exact, through the anchor in force where it was written;
+//  - a record of an earlier boot (written under another boot's anchor): by the wall clock,
+//    and a lease of it has ended (no process of that boot can hold it); a delay is held no
+//    longer than the record itself asked for (t2 - t1);
+//  - a record older than any anchor (a log of spool 0.1, or the first records of a
+//    segment after a prefix compaction removed, written by a batch that rolled over into
+//    it before its restatement): by the wall clock, as before.
+#pragma once
+
+#include <cstdint>
+
+#include "index/index.h"
+#include "storage/segment.h"
+
+namespace spool::queue {
+
+inline constexpr uint64_t kClockSlackNs = 1'000'000'000;
+
+// One moment on the clocks a lock holder needs.
+struct Clocks {
+  uint64_t boot = 0;  // CLOCK_BOOTTIME: the index's keys
+  uint64_t rt = 0;    // the log clock: what records written now store
+  uint64_t real = 0;  // CLOCK_REALTIME
+  // The key of `t`, an instant on the current log clock (0 for instants before this boot).
+  // Offsets and differences are taken modulo 2^64, so a wall clock behind the boot clock
+  // (an RTC-less device before NTP) works too; boot times stay below 2^63.
+  uint64_t key(uint64_t t) const {
+    const uint64_t k = t - (rt - boot);
+    return static_cast<int64_t>(k) < 0 ? 0 : k;
+  }
+};
+
+// This boot's identity for CLOCK records: a hash of /proc/sys/kernel/random/boot_id, never 0.
+uint64_t boot_hash();
+
+// Reads the clocks; `rt` follows the header's newest anchor (the wall clock if it has none).
+Clocks read_clocks(const index::IndexHeader& h);
+// True when the wall clock needs a new anchor: none this boot, or drift past kClockSlackNs
+// (while the index has room for one: kClockAnchors a boot).
+bool anchor_due(const index::IndexHeader& h, const Clocks& c);
+// The CLOCK record stating `c`'s log clock (t1 = c.rt, t2 = c.boot); `boot` backs the payload.
+storage::Record anchor_record(const Clocks& c, const uint64_t& boot);
+// The CLOCK record that restates the newest anchor's offset (the header has one).
+storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot);
+// Enters an anchor written at `at` (packed Pos) with offset `off` (none past kClockAnchors).
+void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off);
+// `t`, a time a record at `at` stores, on the current log clock of `now`. Times of earlier
+// boots and of logs without anchors are taken as wall-clock times.
+uint64_t rebase(const index::IndexHeader& h, uint64_t at, uint64_t t, const Clocks& now);
+
+// Replay's side: which boot wrote the records seen so far. Replay resets the header's
+// anchors, then reports every CLOCK record in log order.
+class ReplayClock {
+ public:
+  ReplayClock(index::IndexHeader& h, const Clocks& now);
+  void clock_record(uint64_t at, const storage::RecordView& r);
+  // Keys for the times of a record at `at`: a lease deadline, a ready-at time (MSG with
+  // its enqueue time as t1, RELEASE with its write time or 0).
+  uint64_t lease_key(uint64_t at, uint64_t t2) const;
+  uint64_t ready_key(uint64_t at, uint64_t t1, uint64_t t2) const;
+  const Clocks& now() const { return now_; }
+
+ private:
+  bool this_boot(uint64_t at) const;
+  index::IndexHeader& h_;
+  Clocks now_;
+  bool foreign_ = false;  // a CLOCK record of another boot was seen
+};
+
+}  // namespace spool::queue

@@ -1,0 +1,267 @@
+// Clock steps (issue 23, "Time"; docs/semantics.md "Clocks"). The wall clock of this
+// process is moved by the test: this executable defines clock_gettime(), which every call
+// in libspool.a (linked statically) binds to, and adds `g_wall_step_ns` to CLOCK_REALTIME.
+// CLOCK_BOOTTIME is left alone, as a real step leaves it. A step must neither drop a
+// message nor hold it longer than its lease, delay or age asked for; a lease from an
+// earlier boot ends at once.
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_util.h"
+
+namespace {
+std::atomic<int64_t> g_wall_step_ns{0};
+}
+
+extern "C" int clock_gettime(clockid_t clock, struct timespec* ts) noexcept {
+  long r = ::syscall(SYS_clock_gettime, clock, ts);
+  if (r != 0 || clock != CLOCK_REALTIME) return static_cast<int>(r);
+  int64_t ns = static_cast<int64_t>(ts->tv_sec) * 1'000'000'000 + ts->tv_nsec + g_wall_step_ns.load();
+  ts->tv_sec = ns / 1'000'000'000;
+  ts->tv_nsec = ns % 1'000'000'000;
+  return 0;
+}
+
+namespace spool::test {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr int64_t kHour = 3600ll * 1'000'000'000;
+constexpr int64_t kDay = 24 * kHour;
+
+// How many messages a receive() got: kEmpty is none; any other error fails the test.
+size_t got_n(const Result<std::vector<Message>>& r) {
+  if (!r.ok()) {
+    EXPECT_EQ(r.status().code(), Code::kEmpty) << r.status().to_string();
+    return 0;
+  }
+  return r->size();
+}
+
+class ClockStep : public QueueDirTest {
+ protected:
+  void TearDown() override { g_wall_step_ns = 0; }
+  // Closes the queue, removes its index and opens it again: the index is rebuilt from the log.
+  std::unique_ptr<Queue> rebuilt(std::unique_ptr<Queue> q, const QueueOptions& o = {}) {
+    q.reset();
+    std::filesystem::remove(qdir() + "/index");
+    return open(o);
+  }
+};
+
+TEST_F(ClockStep, TheInterposedWallClockMoves) {
+  // The premise of every case below: libspool's clock reads go through the definition above.
+  timespec a{}, b{};
+  ::clock_gettime(CLOCK_REALTIME, &a);
+  g_wall_step_ns = 2 * kHour;
+  ::clock_gettime(CLOCK_REALTIME, &b);
+  EXPECT_GE(b.tv_sec - a.tv_sec, 2 * 3600 - 1);
+}
+
+TEST_F(ClockStep, AForwardStepDoesNotAgeAMessagePastRetention) {
+  QueueOptions o;
+  o.retention_max_age = 60s;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("young").ok());
+  g_wall_step_ns = 2 * kHour;
+  auto got = q->receive(1);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 1u) << "a 2 h step dropped a message sent a moment ago";
+  EXPECT_EQ(got->front().payload, "young");
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  const auto wall_now = std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+  const auto sent_ago = wall_now - got->front().enqueued.time_since_epoch();
+  EXPECT_LT(std::chrono::abs(sent_ago), 60s) << "enqueued did not move with the wall clock's step";
+  EXPECT_EQ(q->stats()->expired_total, 0u);
+}
+
+TEST_F(ClockStep, ABackwardStepDoesNotKeepAMessagePastRetention) {
+  QueueOptions o;
+  o.retention_max_age = 300ms;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("old").ok());
+  g_wall_step_ns = -kDay;
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(got_n(q->receive(1)), 0u) << "a -1 day step kept a message past its 300 ms retention";
+  EXPECT_EQ(q->stats()->expired_total, 1u);
+}
+
+TEST_F(ClockStep, AfterABackwardStepAndARebuildAnExpiredLeaseEnds) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("m").ok());
+  auto first = q->receive(1, 1000ms);
+  ASSERT_TRUE(first.ok() && first->size() == 1);
+  g_wall_step_ns = -kDay;
+  q = rebuilt(std::move(q));
+  ASSERT_TRUE(q);
+  std::this_thread::sleep_for(1200ms);
+  auto again = q->receive(1);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_EQ(again->size(), 1u) << "a 1 s lease rebuilt after a -1 day step is still in flight";
+  EXPECT_EQ(again->front().receive_count, 2u);
+}
+
+TEST_F(ClockStep, AfterAForwardStepAndARebuildALeaseHolds) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("m").ok());
+  auto first = q->receive(1, 30000ms);
+  ASSERT_TRUE(first.ok() && first->size() == 1);
+  g_wall_step_ns = kDay;
+  q = rebuilt(std::move(q));
+  ASSERT_TRUE(q);
+  EXPECT_EQ(got_n(q->receive(1)), 0u) << "a 30 s lease ended early: a +1 day step and a rebuild";
+  EXPECT_TRUE(q->ack(first->front().receipt).ok());
+}
+
+TEST_F(ClockStep, AfterAForwardStepAndARebuildADelayHolds) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("later", 1000ms).ok());
+  g_wall_step_ns = kDay;
+  q = rebuilt(std::move(q));
+  ASSERT_TRUE(q);
+  EXPECT_EQ(got_n(q->receive(1)), 0u) << "a 1 s delay ended at once: a +1 day step and a rebuild";
+  EXPECT_EQ(got_n(q->receive(1, 0ms, 5000ms)), 1u) << "the delayed message never came";
+}
+
+TEST_F(ClockStep, ADedupIdOutlivesAForwardStep) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  SendOptions so;
+  so.dedup_id = "order-17";
+  auto a = q->send("once", so);
+  ASSERT_TRUE(a.ok());
+  g_wall_step_ns = 2 * kHour;
+  auto b = q->send("once", so);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*a, *b) << "a 2 h step made the 5 min dedup window forget the id";
+  q = rebuilt(std::move(q));
+  ASSERT_TRUE(q);
+  auto c = q->send("once", so);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(*a, *c) << "after a rebuild";
+  EXPECT_EQ(q->stats()->ready, 1u);
+}
+
+TEST_F(ClockStep, MessagesSurviveStepsBothWaysAcrossCompactionAndRebuild) {
+  QueueOptions o;
+  o.retention_max_age = 3600s;
+  o.segment_size = 64 << 10;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  std::string body(4000, 'x');
+  // 80 steps: more than the index keeps anchors for in one boot (64), after which the log
+  // clock keeps its last offset.
+  for (int i = 0; i < 80; ++i) {
+    g_wall_step_ns = (i % 2 == 0 ? 1 : -1) * (i + 1) * kHour;
+    ASSERT_TRUE(q->send(body + std::to_string(i)).ok());
+  }
+  // Three in four acked, the rest nacked: compaction has segments to empty and messages
+  // to copy, whose times it must restate.
+  std::vector<Message> all;
+  while (all.size() < 80) {
+    auto got = q->receive(80 - all.size());
+    ASSERT_GT(got_n(got), 0u) << "after " << all.size() << " of 80";
+    for (auto& m : *got) all.push_back(std::move(m));
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_TRUE((i % 4 == 0 ? q->nack(all[i].receipt) : q->ack(all[i].receipt)).ok());
+  }
+  auto c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_GT(c->segments_removed, 0u) << "the test needs compaction to remove segments";
+  EXPECT_GT(c->messages_copied, 0u) << "the test needs compaction to copy messages";
+  g_wall_step_ns = 3 * kDay;
+  q = rebuilt(std::move(q), o);
+  ASSERT_TRUE(q);
+  size_t left = 0;
+  for (size_t n; (n = got_n(q->receive(100))) != 0;) left += n;
+  EXPECT_EQ(left, 20u) << "wall-clock steps of up to 80 h aged messages of an hour's retention";
+  EXPECT_EQ(q->stats()->expired_total, 0u);
+}
+
+// The CLOCK records of the segments in `dir`, rewritten as another boot's.
+int mark_clock_records_as_another_boot(const std::string& dir) {
+  int marked = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir + "/segments")) {
+    const std::string name = f.path().filename();
+    if (f.path().extension() != ".seg") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string data((std::istreambuf_iterator<char>(io)), {});
+    uint64_t salt = 0;
+    std::memcpy(&salt, data.data() + 16, 8);
+    for (size_t off = 64; off + 48 <= data.size();) {
+      uint32_t magic = 0, len = 0;
+      std::memcpy(&magic, data.data() + off, 4);
+      std::memcpy(&len, data.data() + off + 4, 4);
+      if (magic != 0x31525053) break;
+      if (data[off + 8] == 8 && len == 8) {  // CLOCK: its payload names the boot
+        uint64_t boot = 0;
+        std::memcpy(&boot, data.data() + off + 48, 8);
+        boot ^= 0x5a5a5a5a5a5a5a5aull;
+        std::memcpy(data.data() + off + 48, &boot, 8);
+        XXH3_state_t* st = XXH3_createState();
+        XXH3_64bits_reset_withSeed(st, salt);
+        XXH3_64bits_update(st, data.data() + off, 40);
+        XXH3_64bits_update(st, data.data() + off + 48, len);
+        uint64_t sum = XXH3_64bits_digest(st);
+        XXH3_freeState(st);
+        std::memcpy(data.data() + off + 40, &sum, 8);
+        ++marked;
+      }
+      off += 48 + ((len + 7) & ~size_t{7});
+    }
+    io.seekp(0);
+    io.write(data.data(), static_cast<std::streamsize>(data.size()));
+  }
+  return marked;
+}
+
+TEST_F(ClockStep, ALeaseFromAnEarlierBootEndsAtOnce) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("from before the reboot").ok());
+  auto first = q->receive(1, 3600000ms);
+  ASSERT_TRUE(first.ok() && first->size() == 1);
+  q.reset();
+  ASSERT_GE(mark_clock_records_as_another_boot(qdir()), 1) << "no CLOCK record in the log";
+  std::filesystem::remove(qdir() + "/index");
+  q = open();
+  ASSERT_TRUE(q);
+  auto again = q->receive(1);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_EQ(again->size(), 1u) << "an hour's lease of an earlier boot is still in flight";
+  EXPECT_EQ(again->front().receive_count, 2u);
+}
+
+TEST_F(ClockStep, ADelayFromAnEarlierBootIsNotStretchedByAWallClockThatWentBack) {
+  auto q = open();
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("soon", 1000ms).ok());
+  q.reset();
+  ASSERT_GE(mark_clock_records_as_another_boot(qdir()), 1);
+  std::filesystem::remove(qdir() + "/index");
+  g_wall_step_ns = -kDay;  // this boot's wall clock is a day behind the last one's
+  q = open();
+  ASSERT_TRUE(q);
+  EXPECT_EQ(got_n(q->receive(1, 0ms, 5000ms)), 1u) << "a 1 s delay of an earlier boot was held for a day";
+}
+
+}  // namespace
+}  // namespace spool::test
