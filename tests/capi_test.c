@@ -549,6 +549,8 @@ static void test_attributes_round_trip(void) {
   CHECK(got == NULL && count == 0, "a message without attributes");
   CHECK_CODE(spool_message_attributes(m, 2, &got, &count), SPOOL_INVALID_ARGUMENT);
   CHECK(strstr(spool_last_error(), "message 2 of a batch of 2") != NULL, "index past the batch");
+  CHECK_CODE(spool_message_attributes(&m[1], 0, &got, &count), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "not &msgs[i]") != NULL, "a pointer into the batch");
   /* Still readable after the ack, until the batch is freed. */
   CHECK_CODE(spool_ack(q, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
   CHECK_CODE(spool_nack(q, m[1].receipt, 0), SPOOL_OK);

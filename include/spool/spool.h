@@ -242,7 +242,7 @@ void spool_messages_free(spool_message* msgs);
 /* The attributes of msgs[i], where msgs is a whole batch as spool_receive, spool_receive_id
  * or spool_peek returned it: *attrs is an array of *count pairs in key order (NULL and 0 when
  * it has none), valid until spool_messages_free. SPOOL_INVALID_ARGUMENT if i is not in the
- * batch. */
+ * batch, or if msgs is a pointer into a batch (&msgs[i]) rather than the array itself. */
 spool_code spool_message_attributes(const spool_message* msgs, size_t i,
                                     const spool_attribute** attrs, size_t* count);
 

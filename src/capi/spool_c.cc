@@ -234,6 +234,10 @@ bool to_send_options(const std::string& fn, const spool_send_options* o, spool::
 
 // A batch of messages handed to C. Lives in one allocation with the array after it.
 struct Batch {
+  // Tells a batch from a pointer into one (&msgs[i] given for msgs): the accessors refuse
+  // those instead of reading a Batch that is not there.
+  static constexpr uint64_t kMagic = 0x73706f6f6c426174;  // "spoolBat"
+  uint64_t magic = kMagic;
   std::vector<spool::MessageView> views;  // spool_receive: payloads point into mappings
   std::vector<spool::Message> copies;     // spool_receive_id, spool_peek: owned payloads
   // attrs[i]: message i's attributes as C pairs, pointing into the strings of its
@@ -268,6 +272,11 @@ const Batch* owner_of(const spool_message* msgs) {
 // Message i's attributes in the batch `msgs`, or null (with the error set) if i is past it.
 const std::vector<spool_attribute>* attributes_of(const char* fn, const spool_message* msgs, size_t i) {
   const Batch* b = owner_of(msgs);
+  if (b->magic != Batch::kMagic) {
+    fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": msgs is not a batch from spool_receive, spool_receive_id or "
+                                                   "spool_peek (pass the array itself and the index, not &msgs[i])");
+    return nullptr;
+  }
   if (i >= b->count) {
     fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": message " + std::to_string(i) + " of a batch of " +
                                      std::to_string(b->count));
