@@ -17,8 +17,16 @@
 
 #include "index/index.h"
 #include "proc_util.h"
+#include "spool/spool.h"
 #include "storage/format.h"
 #include "test_util.h"
+
+// The bounds spool.h states are the ones the format enforces.
+static_assert(SPOOL_MAX_ATTRIBUTES == spool::format::kMaxAttributes);
+static_assert(SPOOL_MAX_ATTRIBUTE_KEY == spool::format::kMaxAttrKey);
+static_assert(SPOOL_MAX_ATTRIBUTE_VALUE == spool::format::kMaxAttrValue);
+static_assert(SPOOL_MAX_ATTRIBUTES_TOTAL == spool::format::kMaxAttrTotal);
+static_assert(SPOOL_MAX_DEDUP_ID == spool::format::kMaxDedupId);
 
 namespace spool {
 namespace {
@@ -314,17 +322,28 @@ TEST_F(AttributesTest, TheWindowEndsAndAnExpiredIdIsNotRebuilt) {
   o.dedup_window = 300ms;
   auto q = open(o);
   ASSERT_NE(q, nullptr);
+  auto remembered = [&] {
+    auto st = q->stats();
+    EXPECT_TRUE(st.ok()) << st.status().to_string();
+    return st.ok() ? st->dedup_ids : UINT64_MAX;
+  };
+  EXPECT_EQ(remembered(), 0u) << "no dedup id sent yet";
   uint64_t a = send(*q, "one", {}, "w");
   EXPECT_EQ(send(*q, "again", {}, "w"), a);
+  send(*q, "other", {}, "w2");
+  EXPECT_EQ(remembered(), 2u);
   std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(remembered(), 0u) << "Stats::dedup_ids counts only ids inside the window";
   uint64_t b = send(*q, "later", {}, "w");
   EXPECT_NE(b, a) << "the window has passed";
   q = rebuilt(std::move(q), o);
   ASSERT_NE(q, nullptr);
+  EXPECT_EQ(remembered(), 1u) << "the rebuild remembers the id inside the window";
   EXPECT_EQ(send(*q, "rebuilt", {}, "w"), b) << "the id still inside the window was rebuilt";
   std::this_thread::sleep_for(400ms);
   q = rebuilt(std::move(q), o);
   ASSERT_NE(q, nullptr);
+  EXPECT_EQ(remembered(), 0u);
   EXPECT_NE(send(*q, "after", {}, "w"), b) << "an expired id was rebuilt from the log";
 }
 

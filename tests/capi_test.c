@@ -2,7 +2,8 @@
  * real processes: a producer and two competing consumers forked from this test, each opening
  * the queue itself, every message acked exactly once; a consumer killed with SIGKILL while it
  * holds a bound lease; stale receipts; the error texts and their thread-locality; the size
- * field of the option structs; dead letters and redrive.
+ * field of the option structs, and callers built against 0.1.0's shorter structs; dead
+ * letters and redrive; attributes and dedup ids (issue 26) with their bounds.
  *
  *   capi_test            (exit 0: all passed; 1: a check failed, named on stderr)
  */
@@ -136,6 +137,17 @@ static void test_errors(void) {
 
 /* ------------------------------------------------------------ option struct sizes */
 
+/* spool_get_stats as a caller whose spool_stats is `size` bytes: the rest reads 0xab... if
+ * the library left it alone. */
+static spool_stats stats_sized(spool_queue* q, size_t size) {
+  spool_stats st;
+  memset(&st, 0xab, sizeof st);
+  st.size = size;
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.size == size, "size kept");
+  return st;
+}
+
 static void test_option_sizes(void) {
   char dir[300];
   path_in_root(dir, sizeof dir, "sizes");
@@ -156,16 +168,9 @@ static void test_option_sizes(void) {
   CHECK(got.sync == SPOOL_SYNC_INTERVAL, "sync default");
 
   /* A short spool_stats: only the fields that fit are written. */
-  struct {
-    spool_stats head;
-    uint64_t guard;
-  } s;
-  memset(&s, 0xab, sizeof s);
-  s.head.size = offsetof(spool_stats, in_flight);
-  CHECK_CODE(spool_get_stats(q, &s.head), SPOOL_OK);
-  CHECK(s.head.ready == 0, "ready written");
-  CHECK(s.head.in_flight == 0xababababababababull, "in_flight left alone");
-  CHECK(s.head.size == offsetof(spool_stats, in_flight), "size kept");
+  spool_stats s = stats_sized(q, offsetof(spool_stats, in_flight));
+  CHECK(s.ready == 0, "ready written");
+  CHECK(s.in_flight == 0xababababababababull, "in_flight left alone");
   spool_close(q);
 }
 
@@ -481,6 +486,344 @@ static void test_delayed_send(void) {
         (unsigned long long)spool_workers_needed(&st, 10, 1));
 }
 
+/* ------------------------------------------------------------ attributes (issue 26) */
+
+/* Opens (creates) the queue `name` in the test's root; o may be NULL. */
+static spool_queue* open_in_root(const char* name, const spool_options* o) {
+  char dir[300];
+  path_in_root(dir, sizeof dir, name);
+  spool_queue* q = NULL;
+  CHECK_CODE(spool_open(dir, o, &q), SPOOL_OK);
+  return q;
+}
+
+static uint64_t sent_total(spool_queue* q) {
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  return st.sent_total;
+}
+
+/* Sends "x" with the n attributes `a`; returns the code. */
+static spool_code send_with(spool_queue* q, const spool_attribute* a, size_t n) {
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.attributes = a;
+  so.attribute_count = n;
+  return spool_send(q, "x", 1, &so, NULL);
+}
+
+static void test_attributes_round_trip(void) {
+  spool_queue* q = open_in_root("attributes", NULL);
+  const spool_attribute a[3] = {
+      {"trace", "abc", 3}, {"bin", "\0\xff", 2}, {"k.v-1_X", NULL, 0}};
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.attributes = a;
+  so.attribute_count = 3;
+  uint64_t id = 0;
+  CHECK_CODE(spool_send(q, "with", 4, &so, &id), SPOOL_OK);
+  CHECK_CODE(spool_send(q, "plain", 5, NULL, NULL), SPOOL_OK);
+
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_receive(q, 2, 0, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 2 && m[0].id == id, "both messages");
+  const spool_attribute* got = NULL;
+  size_t count = 0;
+  CHECK_CODE(spool_message_attributes(m, 0, &got, &count), SPOOL_OK);
+  CHECK(count == 3, "3 attributes, got %zu", count);
+  /* In key order. */
+  CHECK(strcmp(got[0].key, "bin") == 0 && got[0].value_len == 2 &&
+            memcmp(got[0].value, "\0\xff", 2) == 0 && ((const char*)got[0].value)[2] == 0,
+        "binary value, NUL after it");
+  CHECK(strcmp(got[1].key, "k.v-1_X") == 0 && got[1].value_len == 0, "empty value");
+  CHECK(strcmp(got[2].key, "trace") == 0 && got[2].value_len == 3 &&
+            strcmp((const char*)got[2].value, "abc") == 0, "text value");
+  const void* v = NULL;
+  size_t vlen = 0;
+  CHECK_CODE(spool_message_attribute(m, 0, "trace", &v, &vlen), SPOOL_OK);
+  CHECK(vlen == 3 && memcmp(v, "abc", 3) == 0, "lookup");
+  CHECK_CODE(spool_message_attribute(m, 0, "nope", &v, &vlen), SPOOL_NOT_FOUND);
+  CHECK(v == NULL && vlen == 0 && strstr(spool_last_error(), "'nope'") != NULL, "names the key");
+  CHECK_CODE(spool_message_attributes(m, 1, &got, &count), SPOOL_OK);
+  CHECK(got == NULL && count == 0, "a message without attributes");
+  CHECK_CODE(spool_message_attributes(m, 2, &got, &count), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "message 2 of a batch of 2") != NULL, "index past the batch");
+  CHECK_CODE(spool_message_attributes(&m[1], 0, &got, &count), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "not &msgs[i]") != NULL, "a pointer into the batch");
+  /* Still readable after the ack, until the batch is freed. */
+  CHECK_CODE(spool_ack(q, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  CHECK_CODE(spool_nack(q, m[1].receipt, 0), SPOOL_OK);
+  CHECK_CODE(spool_message_attribute(m, 0, "bin", &v, NULL), SPOOL_OK);
+  CHECK(memcmp(v, "\0\xff", 2) == 0, "value after the ack");
+  spool_messages_free(m);
+
+  /* A batch sharing attributes; peek and receive_id carry them too. */
+  const void* ptrs[2] = {"b1", "b2"};
+  size_t lens[2] = {2, 2};
+  uint64_t ids[2];
+  so.attribute_count = 1; /* just "trace" */
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 2, &so, ids), SPOOL_OK);
+  CHECK_CODE(spool_peek(q, 10, &m, &n), SPOOL_OK);
+  CHECK(n == 3, "peek %zu", n);
+  CHECK_CODE(spool_message_attributes(m, 0, &got, &count), SPOOL_OK);
+  CHECK(count == 0, "the plain one");
+  for (size_t i = 1; i < 3; ++i) {
+    CHECK_CODE(spool_message_attribute(m, i, "trace", &v, &vlen), SPOOL_OK);
+    CHECK(vlen == 3, "shared attribute on message %zu", i);
+  }
+  spool_messages_free(m);
+  CHECK_CODE(spool_receive_id(q, ids[1], 0, &m), SPOOL_OK);
+  CHECK_CODE(spool_message_attributes(m, 0, &got, &count), SPOOL_OK);
+  CHECK(count == 1 && strcmp(got[0].key, "trace") == 0, "receive_id");
+  spool_messages_free(m);
+  spool_close(q);
+  printf("ok: attributes round-trip (send, batch, receive, peek, receive_id)\n");
+}
+
+static void test_attribute_bounds(void) {
+  spool_queue* q = open_in_root("attribute-bounds", NULL);
+  char keys[17][8];
+  static char big[1100];
+  memset(big, 'v', sizeof big);
+  spool_attribute a[17];
+  for (int i = 0; i < 17; ++i) {
+    snprintf(keys[i], sizeof keys[i], "k%d", i);
+    a[i] = (spool_attribute){keys[i], "v", 1};
+  }
+  CHECK_CODE(send_with(q, a, 16), SPOOL_OK); /* 16 is allowed */
+  CHECK_CODE(send_with(q, a, 17), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "attribute_count is 17") != NULL &&
+            strstr(spool_last_error(), "at most 16") != NULL,
+        "17 pairs");
+
+  spool_attribute bad[2] = {{"ok", "1", 1}, {"bad key!", "1", 1}};
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "'bad key!'") != NULL, "names the key");
+  bad[1].key = "";
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "1 to 64 bytes") != NULL, "empty key");
+  static char long_key[66];
+  memset(long_key, 'k', 65);
+  bad[1].key = long_key;
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  bad[1].key = NULL;
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "opts->attributes[1].key is NULL") != NULL, "NULL key");
+  bad[1] = (spool_attribute){"ok", "2", 1};
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "'ok' is given twice") != NULL, "repeated key");
+  bad[1] = (spool_attribute){"big", big, 1025};
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "'big'") != NULL && strstr(spool_last_error(), "1025") != NULL,
+        "value too long");
+  bad[1].value_len = 1024;
+  CHECK_CODE(send_with(q, bad, 2), SPOOL_OK); /* 1024 is allowed */
+  spool_attribute total[5];
+  for (int i = 0; i < 5; ++i) total[i] = (spool_attribute){keys[i], big, 1000};
+  CHECK_CODE(send_with(q, total, 5), SPOOL_INVALID_ARGUMENT); /* 5010 bytes */
+  CHECK(strstr(spool_last_error(), "at most 4096") != NULL, "total");
+  CHECK_CODE(send_with(q, NULL, 1), SPOOL_INVALID_ARGUMENT);
+
+  /* Dedup ids: at most 128 bytes. */
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.dedup_id = big;
+  so.dedup_id_len = 128;
+  CHECK_CODE(spool_send(q, "d", 1, &so, NULL), SPOOL_OK);
+  so.dedup_id_len = 129;
+  CHECK_CODE(spool_send(q, "d", 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "129 bytes; at most 128") != NULL, "long dedup id");
+
+  /* In a batch of items, one bad item refuses the whole batch and is named. */
+  spool_send_item items[3] = {
+      {"i0", 2, NULL, 0, NULL, 0}, {"i1", 2, a, 1, "id-1", 4}, {"i2", 2, bad, 1, NULL, 0}};
+  spool_attribute badkey = {"sp ace", "", 0};
+  items[2].attributes = &badkey;
+  const uint64_t before = sent_total(q);
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "message 2 of the batch") != NULL &&
+            strstr(spool_last_error(), "'sp ace'") != NULL,
+        "names the item and the key");
+  items[2].attributes = a;
+  items[2].attribute_count = 17;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "items[2].attribute_count is 17") != NULL, "17 in an item");
+  CHECK(sent_total(q) == before, "nothing of a refused batch was queued");
+  /* Attributes and a dedup id in opts are refused with items: each item has its own. */
+  items[2].attribute_count = 1;
+  so.dedup_id_len = 0;
+  so.attributes = a;
+  so.attribute_count = 1;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "each item gives its own") != NULL, "opts with items");
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_OK);
+  CHECK(sent_total(q) == before + 3, "the good batch");
+  spool_close(q);
+  printf("ok: attribute and dedup id bounds: clear errors, nothing queued\n");
+}
+
+/* ------------------------------------------------------------ deduplication (issue 26) */
+
+static uint64_t send_dedup(spool_queue* q, const char* payload, const void* dedup, size_t len) {
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.dedup_id = dedup;
+  so.dedup_id_len = len;
+  uint64_t id = 0;
+  CHECK_CODE(spool_send(q, payload, strlen(payload), &so, &id), SPOOL_OK);
+  return id;
+}
+
+static void test_dedup(void) {
+  spool_options o;
+  spool_options_init(&o);
+  o.dedup_window_ms = 60000;
+  spool_queue* q = open_in_root("dedup", &o);
+  spool_options got = {.size = sizeof got};
+  CHECK_CODE(spool_get_options(q, &got), SPOOL_OK);
+  CHECK(got.dedup_window_ms == 60000, "stored window %llu", (unsigned long long)got.dedup_window_ms);
+
+  const uint64_t a = send_dedup(q, "first", "order-1", 7);
+  CHECK(send_dedup(q, "again", "order-1", 7) == a, "a duplicate gets the first id");
+  const uint64_t b = send_dedup(q, "second", "order-2", 7);
+  CHECK(b != a, "another id is another message");
+  /* Any bytes: ids differing after a NUL are different ids. */
+  const uint64_t c = send_dedup(q, "nul-1", "x\0a", 3);
+  const uint64_t d = send_dedup(q, "nul-2", "x\0b", 3);
+  CHECK(c != d, "the whole length counts");
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.sent_total == 4 && st.ready == 4, "4 sent, %llu", (unsigned long long)st.sent_total);
+  CHECK(st.dedup_ids == 4, "4 remembered, %llu", (unsigned long long)st.dedup_ids);
+
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_receive(q, 10, 0, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 4 && m[0].payload_len == 5 && memcmp(m[0].payload, "first", 5) == 0 &&
+            memcmp(m[1].payload, "second", 6) == 0,
+        "the first message once, then the other");
+  for (size_t i = 0; i < n; ++i) CHECK_CODE(spool_ack(q, m[i].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(m);
+  /* Acked is still sent: inside the window the id is still a duplicate. */
+  CHECK(send_dedup(q, "late", "order-1", 7) == a, "after the ack");
+
+  /* A batch of payloads cannot share a dedup id. */
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.dedup_id = "shared";
+  so.dedup_id_len = 6;
+  const void* ptrs[2] = {"p", "q"};
+  size_t lens[2] = {1, 1};
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 2, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "with spool_send_items") != NULL, "says what to do");
+
+  /* Items: against an earlier send, and within the batch. */
+  spool_send_item items[4] = {{"x", 1, NULL, 0, "order-1", 7},
+                              {"y", 1, NULL, 0, "order-3", 7},
+                              {"z", 1, NULL, 0, "order-3", 7},
+                              {"w", 1, NULL, 0, NULL, 0}};
+  uint64_t ids[4];
+  CHECK_CODE(spool_send_items(q, items, 4, sizeof items[0], NULL, ids), SPOOL_OK);
+  CHECK(ids[0] == a, "an earlier send's id");
+  CHECK(ids[2] == ids[1] && ids[3] == ids[1] + 1, "ids %llu %llu %llu", (unsigned long long)ids[1],
+        (unsigned long long)ids[2], (unsigned long long)ids[3]);
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.sent_total == 6 && st.dedup_ids == 5, "sent %llu, remembered %llu",
+        (unsigned long long)st.sent_total, (unsigned long long)st.dedup_ids);
+  spool_close(q);
+
+  /* The window ends: the id is forgotten and a send with it is new. */
+  o.dedup_window_ms = 500; /* long enough for two sends on a loaded machine */
+  q = open_in_root("dedup-window", &o);
+  const uint64_t w = send_dedup(q, "w1", "w", 1);
+  CHECK(send_dedup(q, "w2", "w", 1) == w, "inside the window");
+  usleep(700 * 1000);
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.dedup_ids == 0, "forgotten: %llu", (unsigned long long)st.dedup_ids);
+  CHECK(send_dedup(q, "w3", "w", 1) != w, "a new message after the window");
+  spool_close(q);
+  printf("ok: dedup ids (same id once, different ids twice, batch items, window, stats)\n");
+}
+
+/* ------------------------------------------------------------ callers of 0.1.0 (issue 26) */
+
+/* A program built against 0.1.0's spool.h has the shorter structs: spool_send_options ends
+ * after wait_for_room_ms (32 bytes), spool_options after create (88), spool_stats after
+ * next_id. The library must neither read nor write past them. */
+static void test_old_struct_sizes(void) {
+  /* The 0.1.0 init functions (called by name, past the macros) fill only the old fields. */
+  spool_options o;
+  memset(&o, 0xab, sizeof o);
+  (spool_options_init)(&o);
+  CHECK(o.size == offsetof(spool_options, dedup_window_ms), "legacy options size %zu", o.size);
+  CHECK(o.dedup_window_ms == 0xababababababababull, "legacy init wrote past 0.1.0's struct");
+  CHECK(o.visibility_ms == 30000 && o.create == 1, "legacy defaults");
+  spool_send_options so;
+  memset(&so, 0xab, sizeof so);
+  (spool_send_options_init)(&so);
+  CHECK(so.size == offsetof(spool_send_options, attributes), "legacy send options size %zu", so.size);
+  CHECK(so.attribute_count == (size_t)0xababababababababull && so.dedup_id_len == so.attribute_count,
+        "legacy send init wrote past 0.1.0's struct");
+  /* The sized init writes no byte past the size it is given. */
+  memset(&so, 0xab, sizeof so);
+  spool_send_options_init_size(&so, offsetof(spool_send_options, durability));
+  CHECK(so.size == offsetof(spool_send_options, durability) && so.delay_ms == 0, "short init");
+  CHECK(so.durability == (int)0xabababab, "short init stopped at its size");
+  spool_send_options_init(&so); /* the macro: the whole struct of this header */
+  CHECK(so.size == sizeof so && so.attributes == NULL && so.dedup_id_len == 0, "macro init");
+
+  /* Open with an old options struct: the garbage past it is not read (as a window it would
+   * be refused: 0xabab... ms is more than 7 days). */
+  spool_queue* q = open_in_root("old-sizes", &o);
+  spool_options got = {.size = sizeof got};
+  CHECK_CODE(spool_get_options(q, &got), SPOOL_OK);
+  CHECK(got.dedup_window_ms == 300000, "the default window, %llu", (unsigned long long)got.dedup_window_ms);
+
+  /* Send with an old send options struct whose newer fields hold garbage (pointers that
+   * would crash if read): no attributes, no dedup id. */
+  memset(&so, 0xff, sizeof so);
+  (spool_send_options_init)(&so);
+  uint64_t id1 = 0, id2 = 0;
+  CHECK_CODE(spool_send(q, "old1", 4, &so, &id1), SPOOL_OK);
+  CHECK_CODE(spool_send(q, "old2", 4, &so, &id2), SPOOL_OK);
+  CHECK(id2 == id1 + 1, "no dedup id was read: two messages");
+  const void* ptrs[1] = {"old3"};
+  size_t lens[1] = {4};
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 1, &so, NULL), SPOOL_OK);
+  /* Items of an older, shorter layout (payload and length only), by their stride. */
+  struct {
+    const void* payload;
+    size_t len;
+  } small[2] = {{"s1", 2}, {"s2", 2}};
+  uint64_t ids[2];
+  CHECK_CODE(spool_send_items(q, (const spool_send_item*)(const void*)small, 2, sizeof small[0], &so, ids),
+             SPOOL_OK);
+  CHECK(ids[1] == ids[0] + 1, "short items");
+  CHECK_CODE(spool_send_items(q, (const spool_send_item*)(const void*)small, 2, sizeof(void*), NULL, ids),
+             SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "item_size") != NULL, "too small an item size");
+
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_receive(q, 10, 0, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 5, "5 messages, %zu", n);
+  for (size_t i = 0; i < n; ++i) {
+    const spool_attribute* a = NULL;
+    size_t count = 9;
+    CHECK_CODE(spool_message_attributes(m, i, &a, &count), SPOOL_OK);
+    CHECK(count == 0, "message %zu has no attributes", i);
+  }
+  spool_messages_free(m);
+
+  /* An old spool_stats: dedup_ids is past its end and left alone. */
+  spool_stats s = stats_sized(q, offsetof(spool_stats, dedup_ids));
+  CHECK(s.in_flight == 5 && s.next_id != 0xababababababababull, "old fields written");
+  CHECK(s.dedup_ids == 0xababababababababull, "dedup_ids left alone");
+  spool_close(q);
+  printf("ok: 0.1.0-sized option, send option, item and stats structs\n");
+}
+
 int main(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(g_root, sizeof g_root, "%s/spool-capi-test.XXXXXX", tmp ? tmp : "/tmp");
@@ -489,6 +832,10 @@ int main(void) {
   test_option_sizes();
   test_leases();
   test_delayed_send();
+  test_attributes_round_trip();
+  test_attribute_bounds();
+  test_dedup();
+  test_old_struct_sizes();
   test_killed_consumer();
   test_competing_processes();
   char cmd[400];

@@ -1219,6 +1219,9 @@ t_send_dedup_id() {
   eq "duplicate id" "$(cat "$D/out")" 1
   expect 0 "$SPOOL" send q --dedup-id order-2 other
   eq "new id" "$(cat "$D/out")" 2
+  eq "dedup_ids" "$(stat_of dedup_ids q)" 2
+  expect 0 "$SPOOL" stats q --prometheus
+  out_has 'spool_dedup_ids{queue="q"} 2'
   expect 0 "$SPOOL" recv q
   expect 0 "$SPOOL" ack q "$(receipt_of)"
   rm q/index

@@ -142,6 +142,9 @@ struct Stats {
   uint64_t bytes_on_disk = 0;
   uint64_t segments = 0;
   uint64_t next_id = 0;
+  // Deduplication ids remembered now: those of messages sent with one within the queue's
+  // dedup_window (a count of the index's dedup table, O(table size)).
+  uint64_t dedup_ids = 0;
   // Workers needed to drain the ready backlog within `latency_target_s` when each worker
   // handles `rate_per_worker` messages per second: ceil(ready / (rate × target)).
   uint64_t workers_needed(double rate_per_worker, double latency_target_s) const;

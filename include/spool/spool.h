@@ -10,10 +10,15 @@
  *    the call's output parameters are left unset (pointers NULL, counts 0 where stated) and
  *    spool_last_error() tells what went wrong.
  *  - Times are milliseconds (uint64_t) unless a name says otherwise.
- *  - Structs that may grow (spool_options, spool_send_options, spool_stats) start with a
- *    `size` field: set it to sizeof the struct you compiled with (the *_init functions do).
- *    The library reads and writes only the fields that fit in `size`, so a program built
- *    against an older header keeps working with a newer library.
+ *  - Structs the caller fills or provides that may grow (spool_options, spool_send_options,
+ *    spool_stats) start with a `size` field: set it to sizeof the struct you compiled with
+ *    (the *_init macros pass it). The library reads and writes only the fields that fit in
+ *    `size`, so a program built against an older header keeps working with a newer library;
+ *    a field added later reads as its default for it. An array the caller passes
+ *    (spool_send_items) takes the element size as a parameter for the same reason. Structs
+ *    the library hands out (spool_message, spool_attribute, spool_message_info) never grow
+ *    within a soname: what a message gains later comes through functions, as its
+ *    attributes do (spool_message_attributes).
  *
  * Thread-safety: a spool_queue may be used by several threads at once (as spool::Queue).
  * spool_last_error() is per thread. Do not use a spool_queue in a child after fork(); open
@@ -80,10 +85,19 @@ typedef struct spool_options {
   uint64_t max_ready;            /* [stored] back-pressure: ready+delayed limit; 0: off */
   uint64_t max_bytes;            /* [stored] back-pressure: payload bytes limit; 0: off */
   int create;                    /* create the queue if the directory holds none; 1 */
+  /* ---- since 0.2.0 (a struct of 0.1.0 ends here: its size is 88 on LP64) */
+  uint64_t dedup_window_ms;      /* [stored] how long a dedup id is remembered; 300000 */
 } spool_options;
 
-/* Fills *opts with the defaults and opts->size. */
+/* Fills the first `size` bytes of *opts (at most sizeof(spool_options) of this header) with
+ * the defaults, and opts->size with that many. Call it through the macro below, which
+ * passes the size of the struct the caller was compiled with. */
+void spool_options_init_size(spool_options* opts, size_t size);
+/* The function of 0.1.0, kept for programs built against it and for FFIs that look it up by
+ * name: it fills only the fields of 0.1.0's spool_options (size 88), never more, so it is
+ * safe for their shorter struct. A C program compiled with this header gets the macro. */
 void spool_options_init(spool_options* opts);
+#define spool_options_init(opts) spool_options_init_size((opts), sizeof *(opts))
 
 /* Opens (or creates) the queue in directory `dir`; opts may be NULL for the defaults.
  * On success *out is a handle to close with spool_close. Errors: SPOOL_NOT_A_QUEUE,
@@ -110,26 +124,82 @@ typedef enum spool_durability {
   SPOOL_DURABILITY_SYNC = 1   /* this call returns only once on disk (shares fdatasyncs) */
 } spool_durability;
 
+/* Bounds of a message's attributes and dedup id (docs/semantics.md, "Attributes" and
+ * "Deduplication"), checked at send: SPOOL_INVALID_ARGUMENT naming the key and the bound. */
+#define SPOOL_MAX_ATTRIBUTES 16        /* pairs per message */
+#define SPOOL_MAX_ATTRIBUTE_KEY 64     /* bytes of a key: 1 to 64 of [A-Za-z0-9._-] */
+#define SPOOL_MAX_ATTRIBUTE_VALUE 1024 /* bytes of a value (any bytes) */
+#define SPOOL_MAX_ATTRIBUTES_TOTAL 4096 /* bytes of all keys and values together */
+#define SPOOL_MAX_DEDUP_ID 128         /* bytes of a dedup id (any bytes) */
+
+/* One attribute of a message: given to a send, or handed out with a received message. Fixed
+ * layout: it never grows. */
+typedef struct spool_attribute {
+  const char* key;   /* NUL-terminated */
+  const void* value; /* value_len bytes; from the library also followed by a NUL */
+  size_t value_len;
+} spool_attribute;
+
 typedef struct spool_send_options {
   size_t size;               /* sizeof(spool_send_options) */
   uint64_t delay_ms;         /* receivable only after this; 0 */
   int durability;            /* a spool_durability; SPOOL_DURABILITY_QUEUE */
   uint64_t wait_for_room_ms; /* at a back-pressure limit, wait this long for room; 0: fail */
+  /* ---- since 0.2.0 (a struct of 0.1.0 ends here: its size is 32 on LP64) */
+  /* Set on the message (spool_send; every message of spool_send_batch): attribute_count
+   * pairs, distinct keys, read during the call only. NULL, 0: none. Not with
+   * spool_send_items (each item has its own). */
+  const spool_attribute* attributes;
+  size_t attribute_count;
+  /* Deduplication (spool_send only): when a message with this id (dedup_id_len bytes, any
+   * bytes) was sent within the queue's dedup window, nothing is queued and *id gets the first
+   * message's id. NULL, 0: none. */
+  const void* dedup_id;
+  size_t dedup_id_len;
 } spool_send_options;
 
+/* Fills the first `size` bytes of *opts (at most sizeof(spool_send_options)) with the
+ * defaults (no delay, the queue's durability, no attributes, no dedup id), and opts->size
+ * with that many; called through the macro below. */
+void spool_send_options_init_size(spool_send_options* opts, size_t size);
+/* 0.1.0's function: fills only 0.1.0's fields (size 32), see spool_options_init. */
 void spool_send_options_init(spool_send_options* opts);
+#define spool_send_options_init(opts) spool_send_options_init_size((opts), sizeof *(opts))
 
 /* Appends one message of `len` bytes (any bytes; payload may be NULL when len is 0). opts may
  * be NULL (no delay, the queue's durability). *id (if id is not NULL) gets its id; ids
- * increase. Errors: SPOOL_TOO_LARGE, SPOOL_QUEUE_FULL, SPOOL_NO_SPACE, SPOOL_READ_ONLY,
- * SPOOL_IO. */
+ * increase; a duplicate (opts->dedup_id) gets the first message's. Errors: SPOOL_TOO_LARGE,
+ * SPOOL_QUEUE_FULL, SPOOL_NO_SPACE, SPOOL_READ_ONLY, SPOOL_IO, SPOOL_INVALID_ARGUMENT (bad
+ * attributes or dedup id: the message names the key and the bound). */
 spool_code spool_send(spool_queue* q, const void* payload, size_t len,
                       const spool_send_options* opts, uint64_t* id);
 
 /* All or nothing: either all n payloads are queued with consecutive ids (written to ids[0..n)
- * if ids is not NULL) or none is. */
+ * if ids is not NULL) or none is. opts->attributes go on every message; a dedup id cannot be
+ * shared by a batch (SPOOL_INVALID_ARGUMENT): give each message its own with
+ * spool_send_items. */
 spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const size_t* lens,
                             size_t n, const spool_send_options* opts, uint64_t* ids);
+
+/* One message of spool_send_items. */
+typedef struct spool_send_item {
+  const void* payload;                /* len bytes (NULL when len is 0) */
+  size_t len;
+  const spool_attribute* attributes;  /* as spool_send_options; NULL, 0: none */
+  size_t attribute_count;
+  const void* dedup_id;               /* as spool_send_options; NULL, 0: none */
+  size_t dedup_id_len;
+} spool_send_item;
+
+/* A batch in which each message has its own attributes and dedup id. item_size is
+ * sizeof(spool_send_item) as the caller compiled it (the array's stride; fields past it read
+ * as none). ids[i] (n entries, if ids is not NULL) gets item i's id: a duplicate's is the
+ * first message's (sent earlier, or earlier in this batch). All or nothing; the new messages
+ * get consecutive ids. opts (may be NULL) gives delay, durability and wait_for_room; its
+ * attributes and dedup id must be unset. Bad attributes or dedup ids: SPOOL_INVALID_ARGUMENT
+ * naming the item. */
+spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t n,
+                            size_t item_size, const spool_send_options* opts, uint64_t* ids);
 
 /* The durable watermark: every message with an id <= this is on disk. One atomic load. */
 uint64_t spool_durable_id(spool_queue* q);
@@ -168,6 +238,19 @@ spool_code spool_peek(spool_queue* q, size_t max, spool_message** msgs, size_t* 
 /* Frees a batch from spool_receive, spool_receive_id or spool_peek (the pointer returned
  * there, whole). NULL is a no-op. */
 void spool_messages_free(spool_message* msgs);
+
+/* The attributes of msgs[i], where msgs is a whole batch as spool_receive, spool_receive_id
+ * or spool_peek returned it: *attrs is an array of *count pairs in key order (NULL and 0 when
+ * it has none), valid until spool_messages_free. SPOOL_INVALID_ARGUMENT if i is not in the
+ * batch, or if msgs is a pointer into a batch (&msgs[i]) rather than the array itself. */
+spool_code spool_message_attributes(const spool_message* msgs, size_t i,
+                                    const spool_attribute** attrs, size_t* count);
+
+/* Looks up the attribute `key` of msgs[i] (msgs as above): SPOOL_OK with *value (followed by
+ * a NUL) and *value_len (either may be NULL), valid until spool_messages_free;
+ * SPOOL_NOT_FOUND (outputs NULL, 0) when the message has no such attribute. */
+spool_code spool_message_attribute(const spool_message* msgs, size_t i, const char* key,
+                                   const void** value, size_t* value_len);
 
 /* What spool_list tells about a message without reading its payload. */
 typedef struct spool_message_info {
@@ -240,6 +323,8 @@ typedef struct spool_stats {
   uint64_t bytes_on_disk;
   uint64_t segments;
   uint64_t next_id;
+  /* ---- since 0.2.0 */
+  uint64_t dedup_ids; /* dedup ids remembered now (sent within the dedup window) */
 } spool_stats;
 
 /* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */

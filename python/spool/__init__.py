@@ -13,6 +13,11 @@ compiler. Semantics: docs/semantics.md; this binding: docs/python.md.
         for msg in q.messages(idle_timeout=5):   # the lease is renewed while you work
             handle(msg.payload)                  # acked when the body finishes
 
+Messages may carry attributes (``q.send(body, attributes={"trace": "7f3a"})``; read back as
+``msg.attributes``, a dict of str to bytes, or ``msg.text_attributes`` decoded) and a
+deduplication id (``q.send(body, dedup_id="order-17")``: a second send of that id within the
+queue's dedup window queues nothing and returns the first message's id).
+
 Errors are exceptions, one class per code, all subclasses of :class:`spool.Error`.
 
 Threads and processes: a :class:`Queue` may be shared by the threads of one process, and
@@ -25,18 +30,24 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
 from . import _capi
 from ._capi import lib as _lib
 
 __all__ = [
-    "Queue", "Message", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
+    "Queue", "Message", "SendItem", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
     "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
     "IoError", "Corrupt", "ReadOnly", "library_path",
 ]
 
 Payload = Union[bytes, bytearray, memoryview, str]
+AttributeValue = Union[bytes, bytearray, memoryview, str]
+"""An attribute value given to a send: any bytes, or str sent as UTF-8."""
+Attributes = Mapping[str, AttributeValue]
+"""A message's attributes at send: at most 16; keys 1 to 64 characters of [A-Za-z0-9._-];
+values at most 1024 bytes; keys and values together at most 4096 bytes (InvalidArgument
+naming the key and the bound otherwise)."""
 
 library_path: str = _capi._find()
 """What the C library was loaded as (``$SPOOL_LIBRARY``, or the name found)."""
@@ -142,12 +153,50 @@ def _ms(seconds: float, what: str) -> int:
     return int(round(seconds * 1000))
 
 
-def _bytes(payload: Payload) -> bytes:
+def _bytes(payload: Payload, what: str = "a payload") -> bytes:
     if isinstance(payload, str):
         return payload.encode()
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return bytes(payload)
-    raise TypeError(f"a payload is bytes or str, not {type(payload).__name__}")
+    raise TypeError(f"{what} is bytes or str, not {type(payload).__name__}")
+
+
+def _address(data: bytes) -> Optional[int]:
+    """The address of ``data``'s buffer (no copy): valid while ``data`` lives."""
+    return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+
+
+def _c_attributes(attributes: Optional[Attributes], keep: list[Any]) -> tuple[Any, int]:
+    """``attributes`` as a C array of spool_attribute and its length ((None, 0) for none).
+    The bytes the array points into are appended to ``keep``: hold it during the call."""
+    if not attributes:
+        return None, 0
+    if not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes is a mapping of str to bytes or str, not "
+                        f"{type(attributes).__name__}")
+    arr = (_capi.spool_attribute * len(attributes))()
+    for i, (key, value) in enumerate(attributes.items()):
+        if not isinstance(key, str):
+            raise TypeError(f"an attribute key is str, not {type(key).__name__}")
+        if "\0" in key:
+            raise InvalidArgument(f"invalid argument: attribute key {key!r} holds a NUL", 4)
+        k = key.encode()
+        v = _bytes(value, f"attribute {key!r}")
+        keep.extend((k, v))
+        arr[i].key = k
+        arr[i].value = _address(v)
+        arr[i].value_len = len(v)
+    keep.append(arr)
+    return arr, len(attributes)
+
+
+def _c_dedup_id(dedup_id: Union[str, bytes, None], keep: list[Any]) -> tuple[Optional[int], int]:
+    """A dedup id's address and length ((None, 0) for none); its bytes go to ``keep``."""
+    if dedup_id is None:
+        return None, 0
+    d = _bytes(dedup_id, "a dedup id")
+    keep.append(d)
+    return _address(d), len(d)
 
 
 _SYNC = {"always": 0, "interval": 1, "never": 2}
@@ -172,6 +221,7 @@ class Stats:
     bytes_on_disk: int
     segments: int
     next_id: int
+    dedup_ids: int  # dedup ids remembered now (sent within the queue's dedup window)
 
     def workers_needed(self, rate_per_worker: float, latency_target: float) -> int:
         """Workers that drain the ready backlog within ``latency_target`` seconds when each
@@ -180,17 +230,29 @@ class Stats:
         return int(_lib.spool_workers_needed(ctypes.byref(s), rate_per_worker, latency_target))
 
 
+@dataclass(frozen=True)
+class SendItem:
+    """One message of :meth:`Queue.send_batch` with attributes and a dedup id of its own."""
+    payload: Payload
+    attributes: Optional[Attributes] = None
+    dedup_id: Union[str, bytes, None] = None
+
+
 class Message:
     """One delivery of a message. ``payload`` is a copy (bytes), ``text`` the same decoded
-    as UTF-8. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews the
-    lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
+    as UTF-8; ``attributes`` the attributes it was sent with (a dict of str to bytes, the
+    values as sent: str values come back UTF-8 encoded), ``text_attributes`` the same with
+    the values decoded. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
+    the lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
 
-    __slots__ = ("id", "payload", "receive_count", "enqueued", "receipt", "_queue", "_keeper",
-                 "settled", "lease_lost")
+    __slots__ = ("id", "payload", "attributes", "receive_count", "enqueued", "receipt", "_queue",
+                 "_keeper", "settled", "lease_lost")
 
-    def __init__(self, queue: "Queue", m: _capi.spool_message) -> None:
+    def __init__(self, queue: "Queue", m: _capi.spool_message,
+                 attributes: dict[str, bytes]) -> None:
         self.id: int = m.id
         self.payload: bytes = ctypes.string_at(m.payload, m.payload_len) if m.payload_len else b""
+        self.attributes: dict[str, bytes] = attributes
         self.receive_count: int = m.receive_count
         self.enqueued: float = m.enqueued_ns / 1e9  # seconds since the epoch, like time.time()
         self.receipt: str = (m.receipt or b"").decode()
@@ -203,6 +265,12 @@ class Message:
     def text(self) -> str:
         """The payload decoded as UTF-8."""
         return self.payload.decode()
+
+    @property
+    def text_attributes(self) -> dict[str, str]:
+        """The attributes with their values decoded as UTF-8 (UnicodeDecodeError for a value
+        that is not)."""
+        return {k: v.decode() for k, v in self.attributes.items()}
 
     def ack(self, *, sync: bool = False) -> None:
         """Deletes the message. ``sync=True``: returns only once the ack is on disk.
@@ -250,6 +318,8 @@ class Queue:
     :param max_ready: [stored] back-pressure: sends fail with QueueFull past this many
         waiting messages (0: off)
     :param max_bytes: [stored] back-pressure on payload bytes (0: off)
+    :param dedup_window: [stored] how long a dedup id is remembered after its message was
+        sent (300 s; 0.001 s to 7 days)
     :param create: create the queue if the directory holds none (True)
 
     Raises NotAQueue, Incompatible, ReadOnly, IoError. Use as a context manager, or call
@@ -261,9 +331,10 @@ class Queue:
                  sync_interval: Optional[float] = None, segment_size: Optional[int] = None,
                  max_payload: Optional[int] = None, retention_max_age: Optional[float] = None,
                  retention_max_bytes: Optional[int] = None, max_ready: Optional[int] = None,
-                 max_bytes: Optional[int] = None, create: bool = True) -> None:
+                 max_bytes: Optional[int] = None, dedup_window: Optional[float] = None,
+                 create: bool = True) -> None:
         o = _capi.spool_options()
-        _lib.spool_options_init(ctypes.byref(o))
+        _lib.spool_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
         if visibility is not None:
             o.visibility_ms = _ms(visibility, "visibility")
         if max_receives is not None:
@@ -281,6 +352,8 @@ class Queue:
                 setattr(o, name, value)
         if retention_max_age is not None:
             o.retention_max_age_ms = _ms(retention_max_age, "retention_max_age")
+        if dedup_window is not None:
+            o.dedup_window_ms = _ms(dedup_window, "dedup_window")
         o.create = 1 if create else 0
         handle = ctypes.c_void_p()
         self._h: Optional[int] = None
@@ -336,43 +409,84 @@ class Queue:
         _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
         return o.visibility_ms / 1000
 
+    @property
+    def dedup_window(self) -> float:
+        """The queue's stored dedup window, in seconds."""
+        o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
+        _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
+        return o.dedup_window_ms / 1000
+
     # -- sending
 
     @staticmethod
-    def _send_options(delay: float, sync: bool, wait_for_room: float) -> _capi.spool_send_options:
+    def _send_options(delay: float, sync: bool, wait_for_room: float,
+                      attributes: Optional[Attributes], dedup_id: Union[str, bytes, None],
+                      keep: list[Any]) -> _capi.spool_send_options:
+        """The C send options; what their pointers point into is appended to ``keep``."""
         so = _capi.spool_send_options()
-        _lib.spool_send_options_init(ctypes.byref(so))
+        _lib.spool_send_options_init_size(ctypes.byref(so), ctypes.sizeof(so))
         so.delay_ms = _ms(delay, "delay")
         so.durability = 1 if sync else 0
         so.wait_for_room_ms = _ms(wait_for_room, "wait_for_room")
+        so.attributes, so.attribute_count = _c_attributes(attributes, keep)
+        so.dedup_id, so.dedup_id_len = _c_dedup_id(dedup_id, keep)
         return so
 
     def send(self, payload: Payload, *, delay: float = 0.0, sync: bool = False,
-             wait_for_room: float = 0.0) -> int:
+             wait_for_room: float = 0.0, attributes: Optional[Attributes] = None,
+             dedup_id: Union[str, bytes, None] = None) -> int:
         """Appends a message (bytes, or str sent as UTF-8); returns its id (ids increase).
         ``delay``: receivable only after this many seconds. ``sync``: return only once on
         disk. ``wait_for_room``: at a back-pressure limit, wait up to this long for room
-        before raising QueueFull. Raises TooLarge, QueueFull, NoSpace, ReadOnly, IoError."""
+        before raising QueueFull. ``attributes``: str keys, bytes or str values, returned
+        with the message (see :data:`Attributes` for the bounds). ``dedup_id`` (str or
+        bytes, 1 to 128 bytes): if a message with this id was sent within the queue's dedup
+        window, nothing is queued and that message's id is returned. Raises TooLarge,
+        QueueFull, NoSpace, ReadOnly, IoError, InvalidArgument (bad attributes or dedup id,
+        naming the key and the bound)."""
         data = _bytes(payload)
-        so = self._send_options(delay, sync, wait_for_room)
+        keep: list[Any] = []
+        so = self._send_options(delay, sync, wait_for_room, attributes, dedup_id, keep)
         out = ctypes.c_uint64()
         _check(_lib.spool_send(self._handle(), data, len(data), ctypes.byref(so),
                                ctypes.byref(out)))
         return out.value
 
-    def send_batch(self, payloads: Iterable[Payload], *, delay: float = 0.0, sync: bool = False,
-                   wait_for_room: float = 0.0) -> list[int]:
-        """All or nothing: queues every payload with consecutive ids, or none. Much cheaper
-        per message than send() in a loop."""
-        datas = [_bytes(p) for p in payloads]
-        n = len(datas)
+    def send_batch(self, payloads: Iterable[Union[Payload, SendItem]], *, delay: float = 0.0,
+                   sync: bool = False, wait_for_room: float = 0.0,
+                   attributes: Optional[Attributes] = None) -> list[int]:
+        """All or nothing: queues every message with consecutive ids, or none. Much cheaper
+        per message than send() in a loop. ``attributes`` go on every message. An element
+        may be a :class:`SendItem` with attributes (added to the shared ones, its own
+        winning for a key in both) and a dedup id of its own; the id returned for a
+        duplicate (of an earlier send, or of an earlier item of this batch) is the first
+        message's."""
+        items = list(payloads)
+        n = len(items)
         if n == 0:
             return []
-        ptrs = (ctypes.c_char_p * n)(*datas)
-        lens = (ctypes.c_size_t * n)(*(len(d) for d in datas))
         ids = (ctypes.c_uint64 * n)()
-        so = self._send_options(delay, sync, wait_for_room)
-        _check(_lib.spool_send_batch(self._handle(), ptrs, lens, n, ctypes.byref(so), ids))
+        keep: list[Any] = []
+        if not any(isinstance(it, SendItem) for it in items):
+            datas = [_bytes(p) for p in items]  # type: ignore[arg-type]
+            ptrs = (ctypes.c_char_p * n)(*datas)
+            lens = (ctypes.c_size_t * n)(*(len(d) for d in datas))
+            so = self._send_options(delay, sync, wait_for_room, attributes, None, keep)
+            _check(_lib.spool_send_batch(self._handle(), ptrs, lens, n, ctypes.byref(so), ids))
+            return list(ids)
+        arr = (_capi.spool_send_item * n)()
+        for i, it in enumerate(items):
+            item = it if isinstance(it, SendItem) else SendItem(it)
+            data = _bytes(item.payload)
+            keep.append(data)
+            merged = {**(attributes or {}), **(item.attributes or {})}
+            arr[i].payload = _address(data)
+            arr[i].len = len(data)
+            arr[i].attributes, arr[i].attribute_count = _c_attributes(merged, keep)
+            arr[i].dedup_id, arr[i].dedup_id_len = _c_dedup_id(item.dedup_id, keep)
+        so = self._send_options(delay, sync, wait_for_room, None, None, keep)
+        _check(_lib.spool_send_items(self._handle(), arr, n, ctypes.sizeof(_capi.spool_send_item),
+                                     ctypes.byref(so), ids))
         return list(ids)
 
     @property
@@ -384,9 +498,17 @@ class Queue:
 
     def _batch(self, ptr: "ctypes._Pointer[_capi.spool_message]", n: int) -> list[Message]:
         try:
-            return [Message(self, ptr[i]) for i in range(n)]
+            return [Message(self, ptr[i], self._attributes(ptr, i)) for i in range(n)]
         finally:
             _lib.spool_messages_free(ptr)
+
+    @staticmethod
+    def _attributes(ptr: "ctypes._Pointer[_capi.spool_message]", i: int) -> dict[str, bytes]:
+        attrs = ctypes.POINTER(_capi.spool_attribute)()
+        n = ctypes.c_size_t()
+        _check(_lib.spool_message_attributes(ptr, i, ctypes.byref(attrs), ctypes.byref(n)))
+        return {attrs[k].key.decode(): ctypes.string_at(attrs[k].value, attrs[k].value_len)
+                for k in range(n.value)}
 
     def receive(self, max: int = 1, *, visibility: Optional[float] = None,
                 wait: float = 0.0) -> list[Message]:
@@ -513,7 +635,7 @@ class Queue:
         _check(_lib.spool_get_stats(self._handle(), ctypes.byref(s)))
         return Stats(s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
                      s.acked_total, s.dead_lettered_total, s.expired_total, s.nacked_total,
-                     s.bytes, s.bytes_on_disk, s.segments, s.next_id)
+                     s.bytes, s.bytes_on_disk, s.segments, s.next_id, s.dedup_ids)
 
     def sync(self) -> None:
         """Makes every write so far durable, whatever the sync policy."""

@@ -33,7 +33,26 @@ class spool_options(ctypes.Structure):
         ("max_ready", c_uint64),
         ("max_bytes", c_uint64),
         ("create", c_int),
+        ("dedup_window_ms", c_uint64),  # since 0.2.0
     ]
+
+
+class spool_attribute(ctypes.Structure):
+    _fields_ = [
+        ("key", c_char_p),
+        ("value", c_void_p),
+        ("value_len", c_size_t),
+    ]
+
+
+# What a send gives a message besides its payload: the tail of spool_send_options (since
+# 0.2.0) and of spool_send_item.
+_MESSAGE_EXTRAS = [
+    ("attributes", POINTER(spool_attribute)),
+    ("attribute_count", c_size_t),
+    ("dedup_id", c_void_p),
+    ("dedup_id_len", c_size_t),
+]
 
 
 class spool_send_options(ctypes.Structure):
@@ -42,7 +61,11 @@ class spool_send_options(ctypes.Structure):
         ("delay_ms", c_uint64),
         ("durability", c_int),
         ("wait_for_room_ms", c_uint64),
-    ]
+    ] + _MESSAGE_EXTRAS
+
+
+class spool_send_item(ctypes.Structure):
+    _fields_ = [("payload", c_void_p), ("len", c_size_t)] + _MESSAGE_EXTRAS
 
 
 class spool_message(ctypes.Structure):
@@ -73,6 +96,7 @@ class spool_stats(ctypes.Structure):
         ("bytes_on_disk", c_uint64),
         ("segments", c_uint64),
         ("next_id", c_uint64),
+        ("dedup_ids", c_uint64),  # since 0.2.0
     ]
 
 
@@ -104,21 +128,28 @@ def _load() -> ctypes.CDLL:
     sigs = {
         "spool_code_name": (c_char_p, [c_int]),
         "spool_last_error": (c_char_p, []),
-        "spool_options_init": (None, [POINTER(spool_options)]),
+        # The *_init_size functions, given ctypes.sizeof of these Structures (spool.h's
+        # init macros are not reachable from ctypes).
+        "spool_options_init_size": (None, [POINTER(spool_options), c_size_t]),
         "spool_open": (c_int, [c_char_p, POINTER(spool_options), POINTER(c_void_p)]),
         "spool_close": (None, [q]),
         "spool_dir": (c_char_p, [q]),
         "spool_get_options": (c_int, [q, POINTER(spool_options)]),
-        "spool_send_options_init": (None, [POINTER(spool_send_options)]),
+        "spool_send_options_init_size": (None, [POINTER(spool_send_options), c_size_t]),
         "spool_send": (c_int, [q, c_char_p, c_size_t, POINTER(spool_send_options),
                                POINTER(c_uint64)]),
         "spool_send_batch": (c_int, [q, POINTER(c_char_p), POINTER(c_size_t), c_size_t,
+                                     POINTER(spool_send_options), POINTER(c_uint64)]),
+        "spool_send_items": (c_int, [q, POINTER(spool_send_item), c_size_t, c_size_t,
                                      POINTER(spool_send_options), POINTER(c_uint64)]),
         "spool_durable_id": (c_uint64, [q]),
         "spool_receive": (c_int, [q, c_size_t, c_uint64, c_uint64, msg_pp, POINTER(c_size_t)]),
         "spool_receive_id": (c_int, [q, c_uint64, c_uint64, msg_pp]),
         "spool_peek": (c_int, [q, c_size_t, msg_pp, POINTER(c_size_t)]),
         "spool_messages_free": (None, [POINTER(spool_message)]),
+        "spool_message_attributes": (c_int, [POINTER(spool_message), c_size_t,
+                                             POINTER(POINTER(spool_attribute)),
+                                             POINTER(c_size_t)]),
         "spool_free": (None, [c_void_p]),
         "spool_ack": (c_int, [q, c_char_p, c_int]),
         "spool_nack": (c_int, [q, c_char_p, c_uint64]),

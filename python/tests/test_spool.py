@@ -5,6 +5,7 @@ other threads."""
 from __future__ import annotations
 
 import collections
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -107,6 +108,123 @@ def test_back_pressure_raises_queue_full(qdir):
         with pytest.raises(spool.QueueFull):
             q.send("3", wait_for_room=0.2)
         assert time.monotonic() - t0 >= 0.15
+
+
+# ------------------------------------------------------------------ attributes and dedup (issue 26)
+
+def test_attributes_round_trip_as_bytes_values(qdir):
+    with spool.Queue(qdir) as q:
+        a = q.send("with", attributes={"trace": "abc", "bin": b"\x00\xff", "empty": "",
+                                       "k.v-1_X": "héllo"})
+        b = q.send("plain")
+        msgs = q.receive(max=10)
+        assert [m.id for m in msgs] == [a, b]
+        assert msgs[0].attributes == {"trace": b"abc", "bin": b"\x00\xff", "empty": b"",
+                                      "k.v-1_X": "héllo".encode()}
+        assert msgs[1].attributes == {}
+        with pytest.raises(UnicodeDecodeError):
+            msgs[0].text_attributes
+        for m in msgs:
+            m.nack()
+        # peek and receive_id carry them too.
+        assert q.peek()[0].attributes["trace"] == b"abc"
+        assert q.receive_id(a).attributes["empty"] == b""
+        # A batch: shared attributes, and SendItems with their own added (theirs win).
+        ids = q.send_batch(["x", spool.SendItem("y", attributes={"n": "2", "shared": "mine"})],
+                           attributes={"shared": "all"})
+        got = {m.id: m for m in q.receive(max=10)}
+        assert got[ids[0]].text_attributes == {"shared": "all"}
+        assert got[ids[1]].text_attributes == {"shared": "mine", "n": "2"}
+        ids = q.send_batch(["p", "q"], attributes={"t": b"1"})
+        assert all(m.attributes == {"t": b"1"} for m in q.receive(max=10))
+
+
+def test_attribute_bounds_raise_invalid_argument_naming_the_problem(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("16 is fine", attributes={f"k{i}": "v" for i in range(16)})
+        sent = q.stats().sent_total
+        with pytest.raises(spool.InvalidArgument, match=r"17.*at most 16"):
+            q.send("x", attributes={f"k{i}": "v" for i in range(17)})
+        with pytest.raises(spool.InvalidArgument, match=r"'bad key!'"):
+            q.send("x", attributes={"ok": "1", "bad key!": "1"})
+        with pytest.raises(spool.InvalidArgument, match=r"1 to 64"):
+            q.send("x", attributes={"k" * 65: "1"})
+        with pytest.raises(spool.InvalidArgument, match=r"'big'.*1025"):
+            q.send("x", attributes={"big": b"v" * 1025})
+        with pytest.raises(spool.InvalidArgument, match=r"at most 4096"):
+            q.send("x", attributes={f"k{i}": b"v" * 1000 for i in range(5)})
+        with pytest.raises(spool.InvalidArgument, match="NUL"):
+            q.send("x", attributes={"a\0b": "1"})
+        with pytest.raises(TypeError):
+            q.send("x", attributes={1: "1"})  # type: ignore[dict-item]
+        with pytest.raises(TypeError):
+            q.send("x", attributes={"n": 1})  # type: ignore[dict-item]
+        with pytest.raises(spool.InvalidArgument, match=r"129 bytes; at most 128"):
+            q.send("x", dedup_id="d" * 129)
+        # One bad item refuses the whole batch, naming it.
+        with pytest.raises(spool.InvalidArgument, match=r"message 1 of the batch.*'sp ace'"):
+            q.send_batch([spool.SendItem("a"), spool.SendItem("b", attributes={"sp ace": "1"})])
+        assert q.stats().sent_total == sent
+
+
+def test_dedup_same_id_once_different_ids_twice(qdir):
+    with spool.Queue(qdir, dedup_window=60) as q:
+        assert q.dedup_window == 60
+        a = q.send("first", dedup_id="order-1")
+        assert q.send("again", dedup_id="order-1") == a
+        assert q.send("bytes", dedup_id=b"order-1") == a  # str ids are their UTF-8 bytes
+        b = q.send("second", dedup_id="order-2")
+        assert b != a
+        st = q.stats()
+        assert (st.sent_total, st.ready, st.dedup_ids) == (2, 2, 2)
+        assert [m.text for m in q.receive(max=10)] == ["first", "second"]
+        # Items: against an earlier send, and within the batch.
+        ids = q.send_batch([spool.SendItem("x", dedup_id="order-1"),
+                            spool.SendItem("y", dedup_id="order-3"),
+                            spool.SendItem("z", dedup_id="order-3"), "w"])
+        assert ids[0] == a and ids[2] == ids[1] and ids[3] == ids[1] + 1
+        assert (q.stats().sent_total, q.stats().dedup_ids) == (4, 3)
+        # Another process sending the same id queues nothing and gets the same id.
+        child = run_python("""
+            import sys, spool
+            with spool.Queue(sys.argv[1]) as q:
+                print(q.send("from the child", dedup_id="order-2"))
+        """, qdir, stdout=subprocess.PIPE)
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0 and int(out) == b
+        assert q.stats().sent_total == 4
+
+
+def test_dedup_id_is_forgotten_after_the_window(qdir):
+    with spool.Queue(qdir, dedup_window=0.5) as q:
+        a = q.send("1", dedup_id="w")
+        assert q.send("2", dedup_id="w") == a
+        time.sleep(0.7)
+        assert q.stats().dedup_ids == 0
+        assert q.send("3", dedup_id="w") != a
+
+
+def test_caller_of_the_shorter_0_1_0_send_options_struct(qdir):
+    """A binding written for 0.1.0 has a 32-byte spool_send_options: the library's old
+    init function writes only those bytes, and spool_send reads only them (the newer fields
+    here hold 0xff garbage: read as pointers, they would crash)."""
+    lib = spool._capi.lib
+    full = spool._capi.spool_send_options
+    so = full()
+    ctypes.memset(ctypes.byref(so), 0xFF, ctypes.sizeof(full))
+    legacy = lib.spool_send_options_init
+    legacy.argtypes, legacy.restype = [ctypes.POINTER(full)], None
+    legacy(ctypes.byref(so))
+    assert so.size == full.attributes.offset == 32
+    assert so.attribute_count == so.dedup_id_len == 2**64 - 1  # not written
+    with spool.Queue(qdir) as q:
+        ids = []
+        for _ in range(2):
+            out = ctypes.c_uint64()
+            assert lib.spool_send(q._handle(), b"old", 3, ctypes.byref(so), ctypes.byref(out)) == 0
+            ids.append(out.value)
+        assert ids[1] == ids[0] + 1  # no dedup id was read
+        assert [m.attributes for m in q.receive(max=10)] == [{}, {}]
 
 
 def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):

@@ -5,7 +5,13 @@
 // caller. Errors go to a thread-local string (spool_last_error). Message batches are one
 // allocation: a Batch (which keeps the mappings of zero-copy views, or the copied payloads of
 // peek, and the receipts alive) followed by the spool_message array the caller sees; freeing
-// finds the Batch just before the array.
+// finds the Batch just before the array, and the attributes of message i in it.
+//
+// Structs that grow (docs/api.md, "Structs that grow"): a field is read only when the
+// caller's `size` (or spool_send_items' item_size) holds it (SPOOL_HAS); the *_init functions
+// write no byte past the size they are given. The 0.1.0 names spool_options_init and
+// spool_send_options_init, which spool.h now maps to the *_init_size functions by a macro,
+// stay as functions that fill 0.1.0's layout only.
 #include "spool/spool.h"
 
 #include <chrono>
@@ -16,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -92,6 +99,90 @@ spool::Durability durability(int d) {
   return d == SPOOL_DURABILITY_SYNC ? spool::Durability::kSync : spool::Durability::kQueuePolicy;
 }
 
+// The sizes of the structs of 0.1.0, whose first added field starts where they ended.
+constexpr size_t kOptionsSize010 = offsetof(spool_options, dedup_window_ms);
+constexpr size_t kSendOptionsSize010 = offsetof(spool_send_options, attributes);
+static_assert(sizeof(void*) != 8 || (kOptionsSize010 == 88 && kSendOptionsSize010 == 32),
+              "the sizes spool.h states for 0.1.0's structs");
+
+// Writes the defaults `full` (a whole struct, its size field first) over the first
+// min(size, sizeof) bytes of `out`, and that count into its size field.
+template <class S>
+void init_prefix(S* out, const S& full, size_t size) {
+  const size_t n = size < sizeof(S) ? size : sizeof(S);
+  if (n < sizeof(size_t)) return;  // not even the size field fits: nothing to fill
+  std::memcpy(static_cast<void*>(out), &full, n);
+  out->size = n;
+}
+
+// The attributes a C caller gives. Errors read "<fn>: <owner>attributes[2].key is NULL",
+// where owner is "opts->" or "items[3].". Checks what only the C side can get wrong (NULLs,
+// a repeated key, a count that may be garbage); the C++ API checks and names the bounds.
+bool to_attributes(const spool_attribute* attrs, size_t n, const std::string& fn, const std::string& owner,
+                   spool::Attributes* out, std::string* why) {
+  if (n == 0) return true;
+  if (attrs == nullptr) {
+    *why = fn + ": " + owner + "attributes is NULL with attribute_count " + std::to_string(n);
+    return false;
+  }
+  if (n > SPOOL_MAX_ATTRIBUTES) {  // before reading that many
+    *why = fn + ": " + owner + "attribute_count is " + std::to_string(n) + ": a message carries at most " +
+           std::to_string(SPOOL_MAX_ATTRIBUTES) + " attributes";
+    return false;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const spool_attribute& a = attrs[i];
+    const std::string which = fn + ": " + owner + "attributes[" + std::to_string(i) + "]";
+    if (a.key == nullptr) {
+      *why = which + ".key is NULL";
+      return false;
+    }
+    if (a.value == nullptr && a.value_len > 0) {
+      *why = which + ".value is NULL with value_len " + std::to_string(a.value_len);
+      return false;
+    }
+    std::string value;
+    if (a.value_len > 0) value.assign(static_cast<const char*>(a.value), a.value_len);
+    if (!out->emplace(a.key, std::move(value)).second) {
+      *why = which + ": the key '" + std::string(a.key) + "' is given twice";
+      return false;
+    }
+  }
+  return true;
+}
+
+bool to_dedup_id(const void* id, size_t len, const std::string& fn, const std::string& owner, std::string* out,
+                 std::string* why) {
+  if (len == 0) return true;
+  if (id == nullptr) {
+    *why = fn + ": " + owner + "dedup_id is NULL with dedup_id_len " + std::to_string(len);
+    return false;
+  }
+  out->assign(static_cast<const char*>(id), len);
+  return true;
+}
+
+// QueueOptions as the C struct, whole (size: this header's).
+spool_options c_options(const spool::QueueOptions& o) {
+  spool_options c{};
+  c.size = sizeof(spool_options);
+  c.visibility_ms = static_cast<uint64_t>(o.visibility.count());
+  c.max_receives = o.max_receives;
+  c.sync = o.sync == spool::SyncPolicy::kAlways  ? SPOOL_SYNC_ALWAYS
+           : o.sync == spool::SyncPolicy::kNever ? SPOOL_SYNC_NEVER
+                                                  : SPOOL_SYNC_INTERVAL;
+  c.sync_interval_ms = static_cast<uint64_t>(o.sync_interval.count());
+  c.segment_size = o.segment_size;
+  c.max_payload = o.max_payload;
+  c.retention_max_age_ms = static_cast<uint64_t>(o.retention_max_age.count());
+  c.retention_max_bytes = o.retention_max_bytes;
+  c.max_ready = o.max_ready;
+  c.max_bytes = o.max_bytes;
+  c.create = o.create ? 1 : 0;
+  c.dedup_window_ms = static_cast<uint64_t>(o.dedup_window.count());
+  return c;
+}
+
 bool to_queue_options(const spool_options* o, spool::QueueOptions* out, std::string* why) {
   if (o == nullptr) return true;
   if (o->size < sizeof(size_t)) {
@@ -119,25 +210,39 @@ bool to_queue_options(const spool_options* o, spool::QueueOptions* out, std::str
   if (SPOOL_HAS(o, max_ready)) out->max_ready = o->max_ready;
   if (SPOOL_HAS(o, max_bytes)) out->max_bytes = o->max_bytes;
   if (SPOOL_HAS(o, create)) out->create = o->create != 0;
+  if (SPOOL_HAS(o, dedup_window_ms)) out->dedup_window = ms(o->dedup_window_ms);
   return true;
 }
 
-bool to_send_options(const spool_send_options* o, spool::SendOptions* out, std::string* why) {
+bool to_send_options(const std::string& fn, const spool_send_options* o, spool::SendOptions* out,
+                     std::string* why) {
   if (o == nullptr) return true;
   if (o->size < sizeof(size_t)) {
-    *why = "send: opts->size is not set (call spool_send_options_init)";
+    *why = fn + ": opts->size is not set (call spool_send_options_init)";
     return false;
   }
   if (SPOOL_HAS(o, delay_ms)) out->delay = ms(o->delay_ms);
   if (SPOOL_HAS(o, durability)) out->durability = durability(o->durability);
   if (SPOOL_HAS(o, wait_for_room_ms)) out->wait_for_room = ms(o->wait_for_room_ms);
+  if (SPOOL_HAS(o, attribute_count) &&
+      !to_attributes(o->attributes, o->attribute_count, fn, "opts->", &out->attributes, why))
+    return false;
+  if (SPOOL_HAS(o, dedup_id_len) && !to_dedup_id(o->dedup_id, o->dedup_id_len, fn, "opts->", &out->dedup_id, why))
+    return false;
   return true;
 }
 
 // A batch of messages handed to C. Lives in one allocation with the array after it.
 struct Batch {
+  // Tells a batch from a pointer into one (&msgs[i] given for msgs): the accessors refuse
+  // those instead of reading a Batch that is not there.
+  static constexpr uint64_t kMagic = 0x73706f6f6c426174;  // "spoolBat"
+  uint64_t magic = kMagic;
   std::vector<spool::MessageView> views;  // spool_receive: payloads point into mappings
   std::vector<spool::Message> copies;     // spool_receive_id, spool_peek: owned payloads
+  // attrs[i]: message i's attributes as C pairs, pointing into the strings of its
+  // Attributes in views / copies (map nodes: their addresses do not move).
+  std::vector<std::vector<spool_attribute>> attrs;
   size_t count = 0;
 };
 // The array starts this far into the allocation (a multiple of both alignments).
@@ -160,6 +265,26 @@ Batch* owner_of(spool_message* msgs) {
   return std::launder(reinterpret_cast<Batch*>(reinterpret_cast<char*>(msgs) - kArrayOffset));
 }
 
+const Batch* owner_of(const spool_message* msgs) {
+  return std::launder(reinterpret_cast<const Batch*>(reinterpret_cast<const char*>(msgs) - kArrayOffset));
+}
+
+// Message i's attributes in the batch `msgs`, or null (with the error set) if i is past it.
+const std::vector<spool_attribute>* attributes_of(const char* fn, const spool_message* msgs, size_t i) {
+  const Batch* b = owner_of(msgs);
+  if (b->magic != Batch::kMagic) {
+    fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": msgs is not a batch from spool_receive, spool_receive_id or "
+                                                   "spool_peek (pass the array itself and the index, not &msgs[i])");
+    return nullptr;
+  }
+  if (i >= b->count) {
+    fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": message " + std::to_string(i) + " of a batch of " +
+                                     std::to_string(b->count));
+    return nullptr;
+  }
+  return &b->attrs[i];
+}
+
 // Moves `msgs` (MessageView or Message) into a new batch and fills its array from them.
 template <class M>
 spool_message* batch_of(std::vector<M> msgs, std::vector<M> Batch::*slot) {
@@ -167,10 +292,13 @@ spool_message* batch_of(std::vector<M> msgs, std::vector<M> Batch::*slot) {
   spool_message* out = new_batch(msgs.size(), &b);
   std::vector<M>& kept = b->*slot;
   kept = std::move(msgs);
+  b->attrs.resize(kept.size());
   for (size_t i = 0; i < kept.size(); ++i) {
     const M& m = kept[i];
     out[i] = spool_message{m.id, m.payload.data(), m.payload.size(), m.receive_count,
                            to_ns(m.enqueued), m.receipt.c_str()};
+    b->attrs[i].reserve(m.attributes.size());
+    for (const auto& [k, v] : m.attributes) b->attrs[i].push_back(spool_attribute{k.c_str(), v.c_str(), v.size()});
   }
   return out;
 }
@@ -194,23 +322,12 @@ const char* spool_code_name(int code) {
 
 const char* spool_last_error(void) { return t_last_error.c_str(); }
 
-void spool_options_init(spool_options* opts) {
+void spool_options_init_size(spool_options* opts, size_t size) {
   if (opts == nullptr) return;
-  const spool::QueueOptions d;
-  *opts = spool_options{};
-  opts->size = sizeof(spool_options);
-  opts->visibility_ms = static_cast<uint64_t>(d.visibility.count());
-  opts->max_receives = d.max_receives;
-  opts->sync = SPOOL_SYNC_INTERVAL;
-  opts->sync_interval_ms = static_cast<uint64_t>(d.sync_interval.count());
-  opts->segment_size = d.segment_size;
-  opts->max_payload = d.max_payload;
-  opts->retention_max_age_ms = static_cast<uint64_t>(d.retention_max_age.count());
-  opts->retention_max_bytes = d.retention_max_bytes;
-  opts->max_ready = d.max_ready;
-  opts->max_bytes = d.max_bytes;
-  opts->create = d.create ? 1 : 0;
+  init_prefix(opts, c_options(spool::QueueOptions{}), size);
 }
+
+void(spool_options_init)(spool_options* opts) { spool_options_init_size(opts, kOptionsSize010); }
 
 spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** out) {
   return guard("spool_open", [&] {
@@ -244,33 +361,24 @@ spool_code spool_get_options(spool_queue* q, spool_options* out) {
     if (out->size < sizeof(size_t))
       return fail(SPOOL_INVALID_ARGUMENT, "spool_get_options: out->size is not set");
     const size_t size = out->size;
-    spool_options full;
-    spool_options_init(&full);
-    const spool::QueueOptions& o = q->queue->options();
-    full.visibility_ms = static_cast<uint64_t>(o.visibility.count());
-    full.max_receives = o.max_receives;
-    full.sync = o.sync == spool::SyncPolicy::kAlways   ? SPOOL_SYNC_ALWAYS
-                : o.sync == spool::SyncPolicy::kNever ? SPOOL_SYNC_NEVER
-                                                       : SPOOL_SYNC_INTERVAL;
-    full.sync_interval_ms = static_cast<uint64_t>(o.sync_interval.count());
-    full.segment_size = o.segment_size;
-    full.max_payload = o.max_payload;
-    full.retention_max_age_ms = static_cast<uint64_t>(o.retention_max_age.count());
-    full.retention_max_bytes = o.retention_max_bytes;
-    full.max_ready = o.max_ready;
-    full.max_bytes = o.max_bytes;
+    spool_options full = c_options(q->queue->options());
     full.create = 0;
-    std::memcpy(out, &full, size < sizeof full ? size : sizeof full);
+    std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;
     return SPOOL_OK;
   });
 }
 
-void spool_send_options_init(spool_send_options* opts) {
+void spool_send_options_init_size(spool_send_options* opts, size_t size) {
   if (opts == nullptr) return;
-  *opts = spool_send_options{};
-  opts->size = sizeof(spool_send_options);
-  opts->durability = SPOOL_DURABILITY_QUEUE;
+  spool_send_options full{};
+  full.size = sizeof(spool_send_options);
+  full.durability = SPOOL_DURABILITY_QUEUE;
+  init_prefix(opts, full, size);
+}
+
+void(spool_send_options_init)(spool_send_options* opts) {
+  spool_send_options_init_size(opts, kSendOptionsSize010);
 }
 
 spool_code spool_send(spool_queue* q, const void* payload, size_t len,
@@ -280,7 +388,7 @@ spool_code spool_send(spool_queue* q, const void* payload, size_t len,
     if (payload == nullptr && len > 0) return null_arg("spool_send", "payload");
     spool::SendOptions so;
     std::string why;
-    if (!to_send_options(opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, "spool_" + why);
+    if (!to_send_options("spool_send", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
     auto r = q->queue->send(std::string_view(static_cast<const char*>(payload), len), so);
     if (!r.ok()) return fail(r.status());
     if (id != nullptr) *id = *r;
@@ -296,7 +404,11 @@ spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const s
       return null_arg("spool_send_batch", "payloads or lens");
     spool::SendOptions so;
     std::string why;
-    if (!to_send_options(opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, "spool_" + why);
+    if (!to_send_options("spool_send_batch", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
+    if (!so.dedup_id.empty())
+      return fail(SPOOL_INVALID_ARGUMENT,
+                  "spool_send_batch: a batch cannot share opts->dedup_id (all but the first message would be "
+                  "duplicates); give each message its own with spool_send_items");
     std::vector<std::string_view> views;
     views.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -306,6 +418,43 @@ spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const s
       views.emplace_back(static_cast<const char*>(payloads[i]), lens[i]);
     }
     auto r = q->queue->send_batch(views, so);
+    if (!r.ok()) return fail(r.status());
+    if (ids != nullptr)
+      for (size_t i = 0; i < r->size(); ++i) ids[i] = (*r)[i];
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t n,
+                            size_t item_size, const spool_send_options* opts, uint64_t* ids) {
+  return guard("spool_send_items", [&] {
+    if (q == nullptr) return null_arg("spool_send_items", "q");
+    if (n > 0 && items == nullptr) return null_arg("spool_send_items", "items");
+    constexpr size_t kLeast = offsetof(spool_send_item, len) + sizeof(size_t);
+    if (n > 0 && item_size < kLeast)
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: item_size is " + std::to_string(item_size) +
+                                              ", less than a payload and its length; pass sizeof(spool_send_item)");
+    spool::SendOptions so;
+    std::string why;
+    if (!to_send_options("spool_send_items", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
+    if (!so.attributes.empty() || !so.dedup_id.empty())
+      return fail(SPOOL_INVALID_ARGUMENT,
+                  "spool_send_items: opts->attributes and opts->dedup_id must be unset: each item gives its own");
+    std::vector<spool::SendItem> conv(n);
+    for (size_t i = 0; i < n; ++i) {
+      // The caller's array has its own stride; read only what an item of that size holds.
+      spool_send_item it{};
+      std::memcpy(&it, reinterpret_cast<const char*>(items) + i * item_size,
+                  item_size < sizeof it ? item_size : sizeof it);
+      const std::string owner = "items[" + std::to_string(i) + "].";
+      if (it.payload == nullptr && it.len > 0)
+        return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: " + owner + "payload is NULL");
+      conv[i].payload = std::string_view(static_cast<const char*>(it.payload), it.len);
+      if (!to_attributes(it.attributes, it.attribute_count, "spool_send_items", owner, &conv[i].attributes, &why) ||
+          !to_dedup_id(it.dedup_id, it.dedup_id_len, "spool_send_items", owner, &conv[i].dedup_id, &why))
+        return fail(SPOOL_INVALID_ARGUMENT, why);
+    }
+    auto r = q->queue->send_batch(std::span<const spool::SendItem>(conv), so);
     if (!r.ok()) return fail(r.status());
     if (ids != nullptr)
       for (size_t i = 0; i < r->size(); ++i) ids[i] = (*r)[i];
@@ -368,6 +517,42 @@ void spool_messages_free(spool_message* msgs) {
   Batch* b = owner_of(msgs);
   b->~Batch();
   ::operator delete(static_cast<void*>(b));
+}
+
+spool_code spool_message_attributes(const spool_message* msgs, size_t i,
+                                    const spool_attribute** attrs, size_t* count) {
+  return guard("spool_message_attributes", [&] {
+    if (attrs == nullptr || count == nullptr) return null_arg("spool_message_attributes", "attrs or count");
+    *attrs = nullptr;
+    *count = 0;
+    if (msgs == nullptr) return null_arg("spool_message_attributes", "msgs");
+    const auto* a = attributes_of("spool_message_attributes", msgs, i);
+    if (a == nullptr) return SPOOL_INVALID_ARGUMENT;
+    if (!a->empty()) {
+      *attrs = a->data();
+      *count = a->size();
+    }
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_message_attribute(const spool_message* msgs, size_t i, const char* key,
+                                   const void** value, size_t* value_len) {
+  return guard("spool_message_attribute", [&] {
+    if (value != nullptr) *value = nullptr;
+    if (value_len != nullptr) *value_len = 0;
+    if (msgs == nullptr || key == nullptr) return null_arg("spool_message_attribute", "msgs or key");
+    const auto* a = attributes_of("spool_message_attribute", msgs, i);
+    if (a == nullptr) return SPOOL_INVALID_ARGUMENT;
+    for (const spool_attribute& p : *a) {
+      if (std::strcmp(p.key, key) != 0) continue;
+      if (value != nullptr) *value = p.value;
+      if (value_len != nullptr) *value_len = p.value_len;
+      return SPOOL_OK;
+    }
+    return fail(SPOOL_NOT_FOUND, "spool_message_attribute: message " + std::to_string(msgs[i].id) +
+                                     " has no attribute '" + key + "'");
+  });
 }
 
 spool_code spool_list(spool_queue* q, size_t max, int ready_only, spool_message_info** infos,
@@ -480,9 +665,9 @@ spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
     spool_stats full{sizeof(spool_stats), s.ready, s.in_flight, s.delayed, s.dead,
                      s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
                      s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
-                     s.next_id};
+                     s.next_id, s.dedup_ids};
     const size_t size = out->size;
-    std::memcpy(out, &full, size < sizeof full ? size : sizeof full);
+    std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;
     return SPOOL_OK;
   });

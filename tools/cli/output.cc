@@ -105,7 +105,8 @@ nlohmann::json stats_json(const Stats& s) {
           {"nacked_total", s.nacked_total},
           {"bytes", s.bytes},
           {"disk_bytes", s.bytes_on_disk},
-          {"segments", s.segments}};
+          {"segments", s.segments},
+          {"dedup_ids", s.dedup_ids}};
 }
 
 std::string prometheus(const std::string& queue, const Stats& s) {
@@ -141,6 +142,7 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   metric("spool_bytes", "gauge", "Payload bytes of the messages in the queue.", s.bytes);
   metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
   metric("spool_segments", "gauge", "Segment files.", s.segments);
+  metric("spool_dedup_ids", "gauge", "Deduplication ids remembered (sent within the dedup window).", s.dedup_ids);
   return o.str();
 }
 
@@ -159,11 +161,12 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 "expired total  %lu\n"
                 "dead-lettered  %lu\n"
                 "payload        %.1f MiB\n"
-                "segments       %lu (%.1f MiB on disk)\n",
+                "segments       %lu (%.1f MiB on disk)\n"
+                "dedup ids      %lu\n",
                 queue.c_str(), s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s,
                 s.sent_total, s.acked_total, s.nacked_total, s.expired_total, s.dead_lettered_total,
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
-                static_cast<double>(s.bytes_on_disk) / (1 << 20));
+                static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);
   std::string out = buf;
   if (prev != nullptr && seconds > 0) {
     auto rate = [&](uint64_t now, uint64_t before) {
