@@ -162,6 +162,24 @@ t_headers_become_attributes() {
   eq "in the stream" "$(stream_count)" 0
 }
 
+# The server down when pull starts: one warning, then it pulls once the server is up.
+t_server_down_at_start() {
+  "$SPOOL" init q || fail "init"
+  start_server
+  publish 1 100
+  kill -TERM "$SERVER"
+  wait "$SERVER"
+  pull_bg
+  wait_for 10 grep -q "cannot reach NATS" "$D/pull.err"
+  sleep 1
+  eq "warnings while unreachable" "$(grep -c "cannot reach" "$D/pull.err")" 1
+  start_server
+  wait_for 30 sent_at_least 100
+  wait_for 10 stream_is 0
+  stop "$PULL" "spool pull"
+  in_queue_once 100
+}
+
 t_errors_are_one_line() {
   "$SPOOL" init q || fail "init"
   start_server
@@ -221,6 +239,7 @@ TESTS=(
   t_10000_exactly_once_across_kill_9_and_server_restart
   t_full_queue_holds_the_rest_in_the_stream
   t_headers_become_attributes
+  t_server_down_at_start
   t_errors_are_one_line
   t_credentials_never_shown
 )
