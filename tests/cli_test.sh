@@ -114,7 +114,7 @@ t_help_and_version() {
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge dlq stats mount compact verify work forward; do
+  for c in init send recv ack nack extend peek purge dlq stats mount compact verify work forward pull; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples

@@ -10,55 +10,11 @@
 # the processes it starts are killed when it ends, pass or fail.
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/nats.sh"
 
-if [[ $# -ne 3 || ! -x $1 || ! -x $2 || ! -x $3 ]]; then
-  echo "usage: $0 PATH_TO_SPOOL PATH_TO_NATS_DRAIN PATH_TO_NATS_SERVER" >&2
-  exit 2
-fi
-SPOOL=$(abs "$1")
-DRAIN=$(abs "$2")
-NATS_SERVER=$(abs "$3")
-export LC_ALL=C
-
-ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-forward-test.XXXXXX")
-trap 'rm -rf "$ROOT"' EXIT
-trap 'exit 130' INT TERM
+nats_test_args forward "$@"
 
 # ---------------------------------------------------------------- helpers
-
-# stop PID WHAT: SIGTERM, then fails unless it exits 0 within 15 s.
-stop() {
-  kill -TERM "$1" || fail "$2 is not running"
-  local i
-  for ((i = 0; i < 150; i++)); do
-    alive "$1" || break
-    sleep 0.1
-  done
-  wait "$1"
-  eq "exit code of $2 after SIGTERM" "$?" 0
-}
-
-# The test's server: PORT and URL are chosen once per test, so a restart keeps the address.
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
-# free_port: a port in 20000..59999 on which nothing listens (a refused connection).
-free_port() {
-  local PORT
-  while :; do
-    PORT=$((20000 + RANDOM % 40000))
-    port_open || break
-  done
-  echo "$PORT"
-}
-# start_server [OPTIONS...]: with further nats-server options (auth, TLS) if given.
-start_server() {
-  bg "$NATS_SERVER" -js -a 127.0.0.1 -p "$PORT" -sd "$D/store" -l "$D/nats.log" "$@"
-  SERVER=$BGPID
-  wait_for 10 port_open
-}
-kill_server() {
-  kill -KILL "$SERVER"
-  wait "$SERVER" 2>/dev/null
-}
 
 # send_range Q FROM TO: sends the numbers FROM..TO, one message each.
 send_range() { seq "$2" "$3" | "$SPOOL" send "$1" --lines >/dev/null || fail "send $2..$3"; }
@@ -76,8 +32,6 @@ feed() {
 stream_count() { "$DRAIN" "$URL" JOBS count 2>/dev/null || echo 0; }
 count_at_least() { (($(stream_count) >= $1)); }
 count_is() { (($(stream_count) == $1)); }
-# qstat FIELD [Q]: one field of `spool stats --json`.
-qstat() { "$SPOOL" stats "${2:-q}" --json | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
 queue_empty() {
   "$SPOOL" stats q --json >"$D/stats.json" || fail "stats failed"
   grep -q '"delayed":0[,}]' "$D/stats.json" && grep -q '"in_flight":0[,}]' "$D/stats.json" &&
@@ -272,22 +226,6 @@ t_errors_are_one_line() {
   eq "exit code for a missing queue" "$?" 1
 }
 
-# no_secret SECRET FILE...: none of the files holds SECRET.
-no_secret() {
-  local secret=$1 f
-  shift
-  for f in "$@"; do
-    [[ -e $f ]] || continue
-    grep -qF -- "$secret" "$f" && fail "$f shows the secret: $(cat "$f")"
-  done
-  return 0
-}
-# cmdline_lacks PID SECRET: /proc/PID/cmdline (what ps shows) does not hold SECRET.
-cmdline_lacks() {
-  tr '\0' ' ' <"/proc/$1/cmdline" >"$D/cmdline" || fail "no /proc/$1/cmdline"
-  echo "# cmdline: $(cat "$D/cmdline")"
-  no_secret "$2" "$D/cmdline"
-}
 # fwd ARGS...: spool forward q --subject jobs --stream JOBS ARGS... (--nats among them),
 # stdout in $D/fwd.out, stderr in $D/fwd.err (both kept, for no_secret), exit code in RC.
 fwd() {
@@ -486,11 +424,4 @@ TESTS=(
   t_tls_ca_and_client_certificate
 )
 
-# Each test gets its own server address, kept across the restarts it does.
-tap_before_each() {
-  PORT=$(free_port)
-  URL=nats://127.0.0.1:$PORT
-}
-# A passing test's "# " lines (its figures) are shown too.
-tap_after_pass() { grep '^# ' "$ROOT/$1.log"; }
 run_tests kill_bg

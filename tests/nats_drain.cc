@@ -4,11 +4,18 @@
 //   nats_drain URL STREAM drain   consumes every message with a pull consumer (acking it, so
 //                                 a work-queue stream ends empty) and prints one line each:
 //                                 SPOOL_ID RECEIVE_COUNT ENQUEUED_AT NATS_MSG_ID PAYLOAD
+//   nats_drain URL STREAM publish SUBJECT FROM TO [KEY=VALUE...]
+//                                 creates the stream if missing (work queue, file storage,
+//                                 subject SUBJECT), then publishes FROM..TO: payload the
+//                                 number, header Nats-Msg-Id m-NUMBER, and the KEY=VALUEs
+//   nats_drain URL STREAM consumer NAME
+//                                 prints the consumer's NumPending and NumAckPending
 //
 // Exit code 0 on success, 1 on any error (printed on stderr).
 #include <nats/nats.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -23,6 +30,52 @@ int die(const char* what, natsStatus s) {
 std::string header(natsMsg* m, const char* key) {
   const char* v = nullptr;
   return natsMsgHeader_Get(m, key, &v) == NATS_OK && v != nullptr ? v : "-";
+}
+
+int publish(jsCtx* js, const char* stream, int argc, char** argv) {
+  const char* subject = argv[0];
+  const long from = std::atol(argv[1]), to = std::atol(argv[2]);
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  const char* subjects[] = {subject};
+  cfg.Name = stream;
+  cfg.Subjects = subjects;
+  cfg.SubjectsLen = 1;
+  cfg.Retention = js_WorkQueuePolicy;
+  cfg.Storage = js_FileStorage;
+  natsStatus s = js_AddStream(nullptr, js, &cfg, nullptr, &jerr);
+  if (s != NATS_OK && jerr != JSStreamNameExistErr) return die("add stream", s);
+  for (long i = from; i <= to; ++i) {
+    std::string body = std::to_string(i), id = "m-" + body;
+    natsMsg* m = nullptr;
+    s = natsMsg_Create(&m, subject, nullptr, body.data(), static_cast<int>(body.size()));
+    for (int h = 3; s == NATS_OK && h < argc; ++h) {
+      std::string kv = argv[h];
+      size_t eq = kv.find('=');
+      s = natsMsgHeader_Add(m, kv.substr(0, eq).c_str(), eq == std::string::npos ? "" : kv.c_str() + eq + 1);
+    }
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MsgId = id.c_str();
+    if (s == NATS_OK) s = js_PublishMsgAsync(js, &m, &po);
+    natsMsg_Destroy(m);
+    if (s != NATS_OK) return die("publish", s);
+  }
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  po.MaxWait = 30000;
+  s = js_PublishAsyncComplete(js, &po);
+  return s == NATS_OK ? 0 : die("publish complete", s);
+}
+
+int consumer(jsCtx* js, const char* stream, const char* name) {
+  jsConsumerInfo* ci = nullptr;
+  natsStatus s = js_GetConsumerInfo(&ci, js, stream, name, nullptr, nullptr);
+  if (s != NATS_OK) return die("consumer info", s);
+  std::printf("%lu %lu\n", static_cast<unsigned long>(ci->NumPending), static_cast<unsigned long>(ci->NumAckPending));
+  jsConsumerInfo_Destroy(ci);
+  return 0;
 }
 
 int run(natsConnection* nc, const char* stream, bool drain) {
@@ -86,14 +139,24 @@ int run(natsConnection* nc, const char* stream, bool drain) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4 || (std::strcmp(argv[3], "count") != 0 && std::strcmp(argv[3], "drain") != 0)) {
-    std::fprintf(stderr, "usage: nats_drain URL STREAM count|drain\n");
+  bool pub = argc >= 7 && std::strcmp(argv[3], "publish") == 0;
+  bool cons = argc == 5 && std::strcmp(argv[3], "consumer") == 0;
+  if (!pub && !cons && (argc != 4 || (std::strcmp(argv[3], "count") != 0 && std::strcmp(argv[3], "drain") != 0))) {
+    std::fprintf(stderr, "usage: nats_drain URL STREAM count|drain|publish SUBJECT FROM TO [KEY=VALUE...]|consumer NAME\n");
     return 2;
   }
   natsConnection* nc = nullptr;
   natsStatus s = natsConnection_ConnectTo(&nc, argv[1]);
   if (s != NATS_OK) return die("connect", s);
-  int rc = run(nc, argv[2], std::strcmp(argv[3], "drain") == 0);
+  int rc = 0;
+  if (pub || cons) {
+    jsCtx* js = nullptr;
+    s = natsConnection_JetStream(&js, nc, nullptr);
+    rc = s != NATS_OK ? die("JetStream", s) : pub ? publish(js, argv[2], argc - 4, argv + 4) : consumer(js, argv[2], argv[4]);
+    jsCtx_Destroy(js);
+  } else {
+    rc = run(nc, argv[2], std::strcmp(argv[3], "drain") == 0);
+  }
   natsConnection_Destroy(nc);
   nats_CloseAndWait(2000);
   return rc;

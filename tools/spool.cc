@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli/forward.h"
+#include "cli/pull.h"
 #include "cli/output.h"
 #include "cli/progress.h"
 #include "cli/std_fds.h"
@@ -357,6 +358,8 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
 
   cli::ForwardArgs forward_args;
   auto* forward = cli::add_forward_command(app, dir, forward_args);
+  cli::PullArgs pull_args;
+  auto* pull = cli::add_pull_command(app, dir, pull_args);
 
   // An unknown command is named (CLI11 would only say that a subcommand is required).
   bool known_command = true;
@@ -403,7 +406,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   }
 
   // The --nats URL's password leaves /proc/PID/cmdline now that CLI11 has a copy of it.
-  if (*forward) cli::hide_url_secrets(argc, argv);
+  if (*forward || *pull) cli::hide_url_secrets(argc, argv);
 
   // A command whose output is the data refuses a closed stdout before it touches the queue:
   // with /dev/null there a received message would be lost silently (docs/cli.md).
@@ -734,6 +737,11 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
       return cli::run_forward(*q, forward_args);
+    }
+    if (*pull) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      return cli::run_pull(*q, pull_args);
     }
     if (*work) {
       cli::WorkOptions o;

@@ -1,0 +1,525 @@
+#include "cli/pull.h"
+
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "cli/units.h"
+#include "sys/crashpoint.h"
+
+namespace spool::cli {
+namespace {
+
+// A stream or consumer name: what JetStream accepts (no white space, '.', '*', '>', path
+// separators).
+std::string check_js_name(const std::string& name) {
+  if (name.empty()) return "empty name";
+  if (name.find_first_of(" \t\r\n.*>/\\") != std::string::npos) {
+    return "'" + name + "' holds a character JetStream does not allow in a name (white space . * > / \\)";
+  }
+  return "";
+}
+
+// A subject filter: dot-separated tokens, '*' a whole token, '>' only the last one.
+std::string check_filter(const std::string& subject) { return check_subject_text(subject, true); }
+
+}  // namespace
+
+CLI::App* add_pull_command(CLI::App& app, std::string& dir, PullArgs& a) {
+  auto* c = app.add_subcommand("pull", "Pull messages from a NATS JetStream consumer into the queue; each is acked "
+                                       "there once it is on disk here");
+  c->add_option("DIR", dir, "Queue directory")->required();
+  add_nats_options(c, a.nats);
+  c->add_option("--stream", a.stream, "Stream to consume (must exist)")
+      ->required()
+      ->check(CLI::Validator(check_js_name, "NAME"));
+  c->add_option("--consumer", a.consumer,
+                "Durable pull consumer; created if missing (explicit acks, no delivery limit)")
+      ->required()
+      ->check(CLI::Validator(check_js_name, "NAME"));
+  c->add_option("--filter", a.filter, "Subject filter of the consumer (wildcards allowed); an existing consumer "
+                                      "must have this filter")
+      ->check(CLI::Validator(check_filter, "SUBJECT"));
+  c->add_option("--ack-wait", a.ack_wait, "AckWait of a consumer pull creates (default 30s); at most half the "
+                                          "queue's dedup window")
+      ->check(CLI::Validator(check_positive_duration, "DURATION"));
+  c->add_option("-j", a.batch, "Messages fetched, queued, synced and acked at once (default 256)")
+      ->check(CLI::Range(size_t{1}, size_t{4096}));
+  c->add_flag("--once", a.once, "Exit when the consumer has nothing pending (nothing to fetch, nothing unacked)");
+  c->footer(
+      "Exactly once into the queue: a batch is sent with a dedup id per message, js:STREAM:CREATED:SEQ\n"
+      "(the stream's creation time and the message's stream sequence), synced to disk, and only\n"
+      "then acked to JetStream. A redelivery after a crash is dropped by the queue's dedup window,\n"
+      "which must be at least twice the consumer's AckWait (checked at start).\n"
+      "Headers become attributes; nats.stream, nats.seq, nats.subject and Nats-Msg-Id first, then\n"
+      "the others by name while they fit (docs/beyond-one-host.md says which do not).\n"
+      "A full queue (--max-ready/--max-bytes): fetching stops; the fetched messages wait (their\n"
+      "AckWait renewed), the rest stays in the stream.\n"
+      "Reconnects for ever. SIGTERM/SIGINT: finish the batch in hand (one waiting for room goes\n"
+      "back to the stream), exit 0. Credentials and TLS as for spool forward.\n"
+      "Example: spool pull /var/spool/work --nats nats://hub:4222 --stream JOBS --consumer edge-7");
+  return c;
+}
+
+#if !SPOOL_HAVE_NATS
+
+int run_pull(Queue&, const PullArgs&) {
+  return nats_not_built("spool pull");
+}
+
+#else
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_stop(int) { g_stop = true; }
+
+constexpr int64_t kNsPerMs = 1000 * 1000;
+
+// Attribute limits of the queue (include/spool/queue.h, Attributes).
+constexpr size_t kMaxPairs = 16, kMaxKey = 64, kMaxValue = 1024, kMaxTotal = 4096;
+// Kept for the marker of dropped headers: "nats.headers-dropped" and a count.
+constexpr size_t kDroppedKeyBytes = 20 + 5;
+
+bool valid_key(std::string_view k) {
+  if (k.empty() || k.size() > kMaxKey) return false;
+  return std::all_of(k.begin(), k.end(), [](char ch) {
+    return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+           ch == '_' || ch == '-';
+  });
+}
+
+// A message's attributes from its stream position and headers (docs/beyond-one-host.md,
+// "Headers and attributes"): nats.stream, nats.seq, nats.subject and Nats-Msg-Id first, then
+// the other headers in name order while they fit; `*dropped` counts the headers left out.
+Attributes to_attributes(natsMsg* m, const std::string& stream, uint64_t seq, size_t* dropped) {
+  Attributes a;
+  size_t total = 0;
+  *dropped = 0;
+  auto put = [&](const std::string& k, const std::string& v, size_t reserve) {
+    if (!valid_key(k) || v.size() > kMaxValue || a.size() + (reserve > 0 ? 1 : 0) >= kMaxPairs ||
+        total + k.size() + v.size() + reserve > kMaxTotal || a.count(k) != 0) {
+      return false;
+    }
+    a.emplace(k, v);
+    total += k.size() + v.size();
+    return true;
+  };
+  put("nats.stream", stream, 0);
+  put("nats.seq", std::to_string(seq), 0);
+  const char* subject = natsMsg_GetSubject(m);
+  if (subject != nullptr && !put("nats.subject", subject, 0)) ++*dropped;
+  const char** keys = nullptr;
+  int n = 0;
+  if (natsMsgHeader_Keys(m, &keys, &n) != NATS_OK) return a;
+  std::vector<std::string> names(keys, keys + n);
+  std::free(static_cast<void*>(keys));
+  std::sort(names.begin(), names.end());
+  // Nats-Msg-Id first: it names the message to its publisher.
+  auto id = std::find(names.begin(), names.end(), "Nats-Msg-Id");
+  if (id != names.end()) std::rotate(names.begin(), id, id + 1);
+  for (const auto& k : names) {
+    const char** values = nullptr;
+    int nv = 0;
+    std::string v;
+    if (natsMsgHeader_Values(m, k.c_str(), &values, &nv) == NATS_OK) {
+      for (int i = 0; i < nv; ++i) v += (i > 0 ? ", " : "") + std::string(values[i]);
+      std::free(static_cast<void*>(values));
+    }
+    // Room for the marker is kept while any header is left to place.
+    if (!put(k, v, kDroppedKeyBytes)) ++*dropped;
+  }
+  if (*dropped > 0) put("nats.headers-dropped", std::to_string(*dropped), 0);
+  return a;
+}
+
+class Puller {
+ public:
+  Puller(Queue& q, const PullArgs& a, Credentials creds)
+      : q_(q), args_(a), creds_(std::move(creds)), warnings_("spool pull", creds_.secrets),
+        url_(redact_url(a.nats.url)) {}
+
+  ~Puller() {
+    closing_ = true;
+    natsSubscription_Destroy(sub_);
+    jsCtx_Destroy(js_);
+    natsConnection_Destroy(nc_);
+    nats_CloseAndWait(2000);
+  }
+
+  int run() {
+    NatsCallbacks cb{on_disconnected, on_reconnected, on_async_error, this};
+    int rc = connect_nats(args_.nats, creds_, warnings_, "spool pull " + q_.dir(), cb,
+                          "(the queue stays usable meanwhile)", g_stop, &nc_);
+    if (rc == 0) return summary(0);
+    if (rc > 0) return rc;
+    for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
+      Setup st = prepare();
+      if (st == Setup::kOk) break;
+      if (st == Setup::kFatal) return 1;
+      if (!sleep_unless(g_stop, pause)) return summary(0);
+    }
+    std::fprintf(stderr, "spool pull: pulling stream %s (consumer %s) at %s into %s\n", args_.stream.c_str(),
+                 args_.consumer.c_str(), url_.c_str(), q_.dir().c_str());
+    rc = pull();
+    // Acks are sent without waiting for the server; they reach it before the exit.
+    natsConnection_FlushTimeout(nc_, 2000);
+    return summary(rc);
+  }
+
+  static void on_disconnected(natsConnection*, void* self) {
+    auto* p = static_cast<Puller*>(self);
+    if (!p->closing_) p->warnings_.warn("lost the connection to NATS; reconnecting");
+  }
+  static void on_reconnected(natsConnection*, void* self) {
+    auto* p = static_cast<Puller*>(self);
+    if (!p->closing_) p->warnings_.warn("reconnected to NATS");
+  }
+  static void on_async_error(natsConnection*, natsSubscription*, natsStatus err, void* self) {
+    static_cast<Puller*>(self)->warnings_.warn(std::string("NATS: ") + natsStatus_GetText(err));
+  }
+
+ private:
+  using Setup = NatsSetup;
+
+  // One fetched message on its way into the queue.
+  struct Item {
+    natsMsg* msg = nullptr;
+    uint64_t seq = 0;
+    std::string dedup_id;
+    Attributes attributes;
+  };
+
+  Setup classify(natsStatus s, const std::string& what) { return classify_setup_failure(warnings_, s, what, url_); }
+
+
+  // The stream (its creation time goes into the dedup ids), the consumer (created if
+  // missing, checked if not) and the pull subscription bound to it.
+  Setup prepare() {
+    if (js_ == nullptr) {
+      if (natsStatus s = natsConnection_JetStream(&js_, nc_, nullptr); s != NATS_OK) return classify(s, "JetStream");
+    }
+    const std::string& stream = args_.stream;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    jsStreamInfo* si = nullptr;
+    natsStatus s = js_GetStreamInfo(&si, js_, stream.c_str(), nullptr, &jerr);
+    if (s == NATS_NOT_FOUND) {
+      std::fprintf(stderr, "spool pull: no stream %s at %s (spool pull consumes a stream that exists)\n",
+                   stream.c_str(), url_.c_str());
+      return Setup::kFatal;
+    }
+    if (s != NATS_OK) return classify(s, "cannot look up stream " + stream);
+    dedup_prefix_ = "js:" + stream + ":" + std::to_string(si->Created) + ":";
+    jsStreamInfo_Destroy(si);
+    if (dedup_prefix_.size() + 20 > 128) {
+      std::fprintf(stderr, "spool pull: stream name %s is too long for spool's dedup ids (at most %zu bytes)\n",
+                   stream.c_str(), 128 - (dedup_prefix_.size() - stream.size()) - 20);
+      return Setup::kFatal;
+    }
+    jsConsumerInfo* ci = nullptr;
+    s = js_GetConsumerInfo(&ci, js_, stream.c_str(), args_.consumer.c_str(), nullptr, &jerr);
+    if (s == NATS_NOT_FOUND) {
+      jsConsumerConfig cc;
+      jsConsumerConfig_Init(&cc);
+      cc.Durable = args_.consumer.c_str();
+      cc.AckPolicy = js_AckExplicit;
+      cc.AckWait = parse_duration(args_.ack_wait)->count() * kNsPerMs;
+      cc.MaxDeliver = -1;  // the local queue counts deliveries (max_receives); a nak while full is no failure
+      cc.MaxAckPending = static_cast<int64_t>(std::max<size_t>(1000, 4 * args_.batch));
+      if (!args_.filter.empty()) cc.FilterSubject = args_.filter.c_str();
+      s = js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr);
+      if (s == NATS_OK) {
+        std::fprintf(stderr, "spool pull: created consumer %s on stream %s (AckWait %s%s%s)\n",
+                     args_.consumer.c_str(), stream.c_str(), args_.ack_wait.c_str(),
+                     args_.filter.empty() ? "" : ", filter ", args_.filter.c_str());
+      } else if (jerr == JSConsumerNameExistErr || jerr == JSConsumerExistingActiveErr) {
+        return Setup::kRetry;  // another puller created it just now: look it up again
+      } else {
+        return classify(s, "cannot create consumer " + args_.consumer + " on stream " + stream);
+      }
+    } else if (s != NATS_OK) {
+      return classify(s, "cannot look up consumer " + args_.consumer);
+    }
+    Setup st = check_consumer(ci);
+    jsConsumerInfo_Destroy(ci);
+    if (st != Setup::kOk) return st;
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = stream.c_str();
+    so.Consumer = args_.consumer.c_str();  // bind to it, as it is
+    s = js_PullSubscribe(&sub_, js_, filter_.c_str(), args_.consumer.c_str(), nullptr, &so, &jerr);
+    if (s != NATS_OK) return classify(s, "cannot subscribe to consumer " + args_.consumer);
+    return Setup::kOk;
+  }
+
+  // The consumer must be a pull consumer with explicit acks, of the filter asked for, and its
+  // AckWait short enough for the queue's dedup window to cover a redelivery.
+  Setup check_consumer(const jsConsumerInfo* ci) {
+    const jsConsumerConfig* c = ci->Config;
+    const std::string name = args_.consumer;
+    if (c->DeliverSubject != nullptr && *c->DeliverSubject != '\0') {
+      std::fprintf(stderr, "spool pull: consumer %s is a push consumer (it has a deliver subject); give the name "
+                           "of a pull consumer, or a new name\n", name.c_str());
+      return Setup::kFatal;
+    }
+    if (c->AckPolicy != js_AckExplicit) {
+      std::fprintf(stderr, "spool pull: consumer %s does not use explicit acks; spool pull acks each message once "
+                           "it is on disk, and needs AckPolicy explicit\n", name.c_str());
+      return Setup::kFatal;
+    }
+    filter_ = c->FilterSubject != nullptr ? c->FilterSubject : "";
+    if (!args_.filter.empty() && filter_ != args_.filter) {
+      std::fprintf(stderr, "spool pull: consumer %s filters %s, not %s (drop --filter, or use another consumer "
+                           "name)\n", name.c_str(), filter_.empty() ? "nothing" : filter_.c_str(), args_.filter.c_str());
+      return Setup::kFatal;
+    }
+    ack_wait_ = Millis(c->AckWait / kNsPerMs);
+    if (ack_wait_.count() <= 0) ack_wait_ = Millis(30000);  // the server's default
+    const Millis window = q_.options().dedup_window;
+    if (window < 2 * ack_wait_) {
+      std::fprintf(stderr, "spool pull: the queue's dedup window (%lld ms) is shorter than twice consumer %s's "
+                           "AckWait (%lld ms): a message redelivered after a crash could be queued twice; use a "
+                           "consumer with AckWait at most %lld ms (--ack-wait), or a queue made with "
+                           "--dedup-window of at least %lld ms\n",
+                   static_cast<long long>(window.count()), name.c_str(), static_cast<long long>(ack_wait_.count()),
+                   static_cast<long long>(window.count() / 2), static_cast<long long>(2 * ack_wait_.count()));
+      return Setup::kFatal;
+    }
+    return Setup::kOk;
+  }
+
+  // Batches that can fit the queue's max_ready (half of it, as `spool send` does).
+  size_t batch_size() const {
+    const uint64_t max_ready = q_.options().max_ready;
+    if (max_ready == 0) return args_.batch;
+    return std::min<size_t>(args_.batch, std::max<uint64_t>(1, max_ready / 2));
+  }
+
+  // The main loop: fetch a batch, queue it, sync, ack. Returns the exit code.
+  int pull() {
+    const size_t batch = batch_size();
+    while (!g_stop) {
+      natsMsgList list{};
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      natsStatus s = natsSubscription_Fetch(&list, sub_, static_cast<int>(batch), 1000, &jerr);
+      if (list.Count > 0) {
+        std::vector<natsMsg*> msgs(list.Msgs, list.Msgs + list.Count);
+        int rc = deliver(msgs);
+        natsMsgList_Destroy(&list);
+        if (rc >= 0) return rc;
+        // A short batch may have been the last: --once looks now, not after an empty fetch.
+        if (args_.once && msgs.size() < batch && nothing_pending()) break;
+        continue;
+      }
+      natsMsgList_Destroy(&list);
+      if (s == NATS_TIMEOUT || s == NATS_OK) {
+        if (args_.once && nothing_pending()) break;
+        continue;
+      }
+      warnings_.warn("fetch failed: " + warnings_.nats_text(s) + "; retrying", "fetch");
+      if (!sleep_unless(g_stop, Millis(250))) break;
+    }
+    return 0;
+  }
+
+  // --once: the consumer has nothing left to deliver and nothing delivered unacked.
+  bool nothing_pending() {
+    natsConnection_FlushTimeout(nc_, 2000);  // our acks first, so that they are not counted
+    jsConsumerInfo* ci = nullptr;
+    if (js_GetConsumerInfo(&ci, js_, args_.stream.c_str(), args_.consumer.c_str(), nullptr, nullptr) != NATS_OK) {
+      return false;
+    }
+    bool done = ci->NumPending == 0 && ci->NumAckPending == 0;
+    jsConsumerInfo_Destroy(ci);
+    return done;
+  }
+
+  // Queues, syncs and acks `msgs` (the caller frees them). -1 to go on, else the exit code.
+  int deliver(const std::vector<natsMsg*>& msgs) {
+    std::vector<Item> items;
+    items.reserve(msgs.size());
+    for (natsMsg* m : msgs) {
+      jsMsgMetaData* meta = nullptr;
+      if (natsMsg_GetMetaData(&meta, m) != NATS_OK) {
+        warnings_.warn("a fetched message has no JetStream metadata; left to be redelivered", "metadata");
+        continue;
+      }
+      Item it{m, meta->Sequence.Stream, "", {}};
+      jsMsgMetaData_Destroy(meta);
+      // Already queued by this process (its ack was lost, say with the connection): ack only.
+      if (recent_.count(it.seq) != 0) {
+        natsMsg_Ack(m, nullptr);
+        ++duplicates_;
+        continue;
+      }
+      it.dedup_id = dedup_prefix_ + std::to_string(it.seq);
+      size_t dropped = 0;
+      it.attributes = to_attributes(m, args_.stream, it.seq, &dropped);
+      if (dropped > 0) {
+        warnings_.warn("message " + std::to_string(it.seq) + " of stream " + args_.stream + ": " +
+                           std::to_string(dropped) + " header(s) did not fit the queue's attributes; the message is "
+                           "queued without them (attribute nats.headers-dropped)", "headers");
+      }
+      items.push_back(std::move(it));
+    }
+    return send_all(items);
+  }
+
+  // Sends `items` (synced), then acks them; waits while the queue is full. -1 to go on.
+  int send_all(std::vector<Item>& items) {
+    if (items.empty()) return -1;
+    const QueueOptions& qo = q_.options();
+    uint64_t bytes = 0;
+    for (const auto& it : items) bytes += static_cast<uint64_t>(natsMsg_GetDataLength(it.msg));
+    bool never_fits = (qo.max_ready != 0 && items.size() > qo.max_ready) || (qo.max_bytes != 0 && bytes > qo.max_bytes);
+    if (never_fits && items.size() > 1) {  // in halves, each of which may fit
+      std::vector<Item> rest(std::make_move_iterator(items.begin() + static_cast<std::ptrdiff_t>(items.size() / 2)),
+                             std::make_move_iterator(items.end()));
+      items.resize(items.size() / 2);
+      if (int rc = send_all(items); rc >= 0) {
+        for (auto& it : rest) natsMsg_Nak(it.msg, nullptr);  // not queued: for the next fetch
+        returned_ += rest.size();
+        return rc;
+      }
+      return send_all(rest);
+    }
+    if (never_fits) {  // one message larger than max_bytes
+      refuse(items[0], "it alone is larger than the queue's max_bytes");
+      return -1;
+    }
+    std::vector<SendItem> batch;
+    batch.reserve(items.size());
+    for (const auto& it : items) {
+      batch.push_back(SendItem{std::string_view(natsMsg_GetData(it.msg), static_cast<size_t>(natsMsg_GetDataLength(it.msg))),
+                               it.attributes, it.dedup_id});
+    }
+    SendOptions so;
+    so.durability = Durability::kSync;  // on disk before the ack below
+    so.wait_for_room = Millis(500);
+    auto next_renewal = SteadyClock::now() + ack_wait_ / 3;
+    bool said_full = false;
+    for (;;) {
+      uint64_t next_id = 0;
+      if (auto st = q_.stats(); st.ok()) next_id = st->next_id;
+      auto ids = q_.send_batch(std::span<const SendItem>(batch), so);
+      if (ids.ok()) {
+        crashpoint("pull.after_sync");
+        for (size_t i = 0; i < items.size(); ++i) {
+          natsMsg_Ack(items[i].msg, nullptr);
+          remember(items[i].seq);
+          ++((*ids)[i] >= next_id ? pulled_ : duplicates_);
+        }
+        if (said_full) warnings_.warn("the queue has room again; fetching", "room");
+        return -1;
+      }
+      Code code = ids.status().code();
+      if (code == Code::kQueueFull || code == Code::kNoSpace) {
+        if (!said_full) {
+          warnings_.warn("holding " + std::to_string(items.size()) + " fetched message(s) and fetching no more: " +
+                             ids.status().message(), "full");
+          said_full = true;
+        }
+        if (g_stop) {  // SIGTERM while waiting for room: back to the stream, at once
+          for (auto& it : items) natsMsg_Nak(it.msg, nullptr);
+          returned_ += items.size();
+          return 0;
+        }
+        if (SteadyClock::now() >= next_renewal) {  // keep them ours in the stream meanwhile
+          for (auto& it : items) natsMsg_InProgress(it.msg, nullptr);
+          next_renewal = SteadyClock::now() + ack_wait_ / 3;
+        }
+        if (code == Code::kNoSpace) sleep_unless(g_stop, Millis(500));
+        continue;
+      }
+      if (items.size() > 1) {  // find the message the queue refuses: one at a time
+        for (size_t i = 0; i < items.size(); ++i) {
+          std::vector<Item> one;
+          one.push_back(std::move(items[i]));
+          if (int rc = send_all(one); rc >= 0) {
+            for (size_t j = i + 1; j < items.size(); ++j) natsMsg_Nak(items[j].msg, nullptr);
+            returned_ += items.size() - i - 1;
+            return rc;
+          }
+        }
+        return -1;
+      }
+      if (code == Code::kTooLarge || code == Code::kInvalidArgument) {
+        refuse(items[0], ids.status().message());
+        return -1;
+      }
+      std::fprintf(stderr, "spool pull: send failed: %s\n", ids.status().to_string().c_str());
+      natsMsg_Nak(items[0].msg, nullptr);
+      return 1;
+    }
+  }
+
+  // A message the queue can never take: it stays in the stream (never dropped), retried later.
+  void refuse(const Item& it, const std::string& why) {
+    natsMsg_NakWithDelay(it.msg, 60000, nullptr);
+    ++refused_;
+    warnings_.warn("message " + std::to_string(it.seq) + " of stream " + args_.stream + " cannot be queued (" + why +
+                       "); left in the stream, retried in 60 s",
+                   "refused " + why);
+  }
+
+  // The stream sequences this process queued lately (bounded): a redelivery of one of them
+  // (an ack lost with the connection) is acked without a send, even past the dedup window.
+  void remember(uint64_t seq) {
+    if (!recent_.insert(seq).second) return;
+    recent_order_.push_back(seq);
+    if (recent_order_.size() > kRecent) {
+      recent_.erase(recent_order_.front());
+      recent_order_.pop_front();
+    }
+  }
+
+  int summary(int rc) {
+    std::fprintf(stderr, "spool pull: pulled %lu messages (%lu already in the queue), %lu returned to the stream, "
+                         "%lu refused\n",
+                 pulled_, duplicates_, returned_, refused_);
+    return rc;
+  }
+
+  static constexpr size_t kRecent = 65536;
+
+  Queue& q_;
+  const PullArgs& args_;
+  const Credentials creds_;
+  Warnings warnings_;
+  const std::string url_;  // args_.nats.url as shown: redact_url()
+  natsConnection* nc_ = nullptr;
+  jsCtx* js_ = nullptr;
+  natsSubscription* sub_ = nullptr;
+  std::string dedup_prefix_;  // "js:STREAM:CREATED:"
+  std::string filter_;        // the consumer's filter subject ("" for none)
+  Millis ack_wait_{30000};    // the consumer's AckWait
+  std::atomic<bool> closing_{false};
+  std::unordered_set<uint64_t> recent_;
+  std::deque<uint64_t> recent_order_;
+  unsigned long pulled_ = 0, duplicates_ = 0, returned_ = 0, refused_ = 0;
+};
+
+}  // namespace
+
+int run_pull(Queue& q, const PullArgs& args) {
+  Credentials creds;
+  if (int rc = load_nats_credentials(args.nats, "spool pull", &creds); rc != 0) return rc;
+  on_stop_signals(on_stop);
+  Puller p(q, args, std::move(creds));
+  return p.run();
+}
+
+#endif  // SPOOL_HAVE_NATS
+
+}  // namespace spool::cli
