@@ -838,7 +838,7 @@ Result<Stats> Queue::stats() {
     st.nacked_total = h.nacked_total;
     st.bytes = h.bytes_live;
     st.next_id = h.next_id;
-    st.dedup_ids = q.idx.dedup_live(sys::real_ns());
+    st.dedup_ids = q.idx.dedup_live(sys::boot_ns());  // expiries are boot-clock keys
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {
     st.segments = seqs->size();
