@@ -41,8 +41,13 @@ for line in open(sys.argv[1]):
     else:
         f += 1
         with open(sys.argv[2], "a") as out:
-            out.write(f"FAILED: {name} ({r}); the end of its output:\n")
-            out.writelines("    " + l + "\n" for l in lines[-30:])
+            # gtest's "Failure" lines with the 4 after each (the assertion), then the end.
+            picked = [i + k for i, l in enumerate(lines) if "Failure" in l for k in range(5)]
+            picked = sorted(set(i for i in picked if i < len(lines)))[:40]
+            out.write(f"FAILED: {name} ({r}); its failures and the end of its output:\n")
+            out.writelines("    " + lines[i] + "\n" for i in picked)
+            if picked: out.write("    ...\n")
+            out.writelines("    " + l + "\n" for l in lines[-20:])
     if r == "SKIP":  # one skip, with the reason a TAP plan "1..0 # SKIP why" gives
         why = [m.group(1) for m in map(tap_plan_skip.match, map(str.strip, lines)) if m]
         print(f"skipped: {name}: the whole test" + (f" ({why[0]})" if why else ""))
