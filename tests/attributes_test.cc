@@ -319,7 +319,9 @@ TEST_F(AttributesTest, SendBatchDedupsPerMessageAndWithinTheBatch) {
 
 TEST_F(AttributesTest, TheWindowEndsAndAnExpiredIdIsNotRebuilt) {
   QueueOptions o;
-  o.dedup_window = 300ms;
+  // 3 s: the rebuild between send b and the check must fit inside the window even under
+  // ASan on a loaded machine (300 ms did not: stop 31's run); the sleeps outlast it.
+  o.dedup_window = 3000ms;
   auto q = open(o);
   ASSERT_NE(q, nullptr);
   auto remembered = [&] {
@@ -332,7 +334,7 @@ TEST_F(AttributesTest, TheWindowEndsAndAnExpiredIdIsNotRebuilt) {
   EXPECT_EQ(send(*q, "again", {}, "w"), a);
   send(*q, "other", {}, "w2");
   EXPECT_EQ(remembered(), 2u);
-  std::this_thread::sleep_for(400ms);
+  std::this_thread::sleep_for(3300ms);
   EXPECT_EQ(remembered(), 0u) << "Stats::dedup_ids counts only ids inside the window";
   uint64_t b = send(*q, "later", {}, "w");
   EXPECT_NE(b, a) << "the window has passed";
@@ -340,7 +342,7 @@ TEST_F(AttributesTest, TheWindowEndsAndAnExpiredIdIsNotRebuilt) {
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(remembered(), 1u) << "the rebuild remembers the id inside the window";
   EXPECT_EQ(send(*q, "rebuilt", {}, "w"), b) << "the id still inside the window was rebuilt";
-  std::this_thread::sleep_for(400ms);
+  std::this_thread::sleep_for(3300ms);
   q = rebuilt(std::move(q), o);
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(remembered(), 0u);

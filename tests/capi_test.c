@@ -734,11 +734,11 @@ static void test_dedup(void) {
   spool_close(q);
 
   /* The window ends: the id is forgotten and a send with it is new. */
-  o.dedup_window_ms = 500; /* long enough for two sends on a loaded machine */
+  o.dedup_window_ms = 2000; /* long enough for two sends on a loaded machine, under ASan */
   q = open_in_root("dedup-window", &o);
   const uint64_t w = send_dedup(q, "w1", "w", 1);
   CHECK(send_dedup(q, "w2", "w", 1) == w, "inside the window");
-  usleep(700 * 1000);
+  usleep(2300 * 1000);
   CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
   CHECK(st.dedup_ids == 0, "forgotten: %llu", (unsigned long long)st.dedup_ids);
   CHECK(send_dedup(q, "w3", "w", 1) != w, "a new message after the window");
