@@ -16,12 +16,6 @@ namespace {
 
 uint32_t anchors(const index::IndexHeader& h) { return std::min(h.clock_n, index::kClockAnchors); }
 
-// The key of `t` on a clock `off` ahead of CLOCK_BOOTTIME (see Clocks::key).
-uint64_t key_at(uint64_t t, uint64_t off) {
-  const uint64_t k = t - off;
-  return static_cast<int64_t>(k) < 0 ? 0 : k;
-}
-
 // The offset of the anchor in force at `at` (lock held; `at` at or after clock_first).
 uint64_t offset_at(const index::IndexHeader& h, uint64_t at) {
   const uint32_t n = anchors(h);

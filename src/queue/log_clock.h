@@ -26,18 +26,22 @@ namespace spool::queue {
 
 inline constexpr uint64_t kClockSlackNs = 1'000'000'000;
 
+// The key (CLOCK_BOOTTIME) of `t`, an instant on a clock `off` ahead of CLOCK_BOOTTIME; 0
+// for instants before this boot. Offsets and differences are taken modulo 2^64, so a wall
+// clock behind the boot clock (an RTC-less device before NTP) works too; boot times stay
+// below 2^63.
+inline uint64_t key_at(uint64_t t, uint64_t off) {
+  const uint64_t k = t - off;
+  return static_cast<int64_t>(k) < 0 ? 0 : k;
+}
+
 // One moment on the clocks a lock holder needs.
 struct Clocks {
   uint64_t boot = 0;  // CLOCK_BOOTTIME: the index's keys
   uint64_t rt = 0;    // the log clock: what records written now store
   uint64_t real = 0;  // CLOCK_REALTIME
   // The key of `t`, an instant on the current log clock (0 for instants before this boot).
-  // Offsets and differences are taken modulo 2^64, so a wall clock behind the boot clock
-  // (an RTC-less device before NTP) works too; boot times stay below 2^63.
-  uint64_t key(uint64_t t) const {
-    const uint64_t k = t - (rt - boot);
-    return static_cast<int64_t>(k) < 0 ? 0 : k;
-  }
+  uint64_t key(uint64_t t) const { return key_at(t, rt - boot); }
 };
 
 // This boot's identity for CLOCK records: a hash of /proc/sys/kernel/random/boot_id, never 0.
