@@ -117,6 +117,79 @@ TEST_F(CompactTest, LiveMessagesKeepPayloadCountAndLeaseAcrossCompactionAndRebui
   EXPECT_TRUE(q->ack(held_receipt).ok()) << "a receipt from before compaction still works";
 }
 
+// A compaction killed in the middle of its append can leave the COPY of a message without
+// the LEASE or RELEASE record that follows it (a batch is torn between two records, or
+// between two segments at a roll). The rebuild after that death must not point the message
+// at such a lone copy: a later compaction then removes the original and every record of the
+// message's receives, and the next rebuild gives it receive count 0 again (the crash
+// campaign's RECEIVE_COUNT_REPEAT: a message delivered twice with receive count 1).
+TEST_F(CompactTest, ALoneCopyLeftByAKilledCompactionKeepsTheReceiveCount) {
+  constexpr uint64_t kSegment = 64 << 10;
+  uint64_t target = 0;
+  std::string target_body = "target" + std::string(1000, 't');
+  {
+    auto q = open(kSegment);
+    auto id = q->send(target_body);
+    ASSERT_TRUE(id.ok());
+    target = *id;
+    // Fillers: segment 1 fills up and the log rolls into segment 2.
+    for (int i = 0; i < 70; ++i) ASSERT_TRUE(q->send("filler " + std::to_string(i) + std::string(1000, 'f')).ok());
+    ASSERT_GE(q->stats()->segments, 2u);
+  }
+  {
+    // Another open: the compaction the roll asked of the first one's thread must not see
+    // the acks below (it would copy the target whole and remove segment 1 itself).
+    auto q = open(kSegment);
+    auto got = q->receive(1000, 60s);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->size(), 71u);
+    for (auto& m : *got) {
+      ASSERT_EQ(m.receive_count, 1u);
+      if (m.id == target) {
+        ASSERT_TRUE(q->nack(m.receipt).ok());  // RELEASE, count 1: ready again
+      } else {
+        ASSERT_TRUE(q->ack(m.receipt).ok());
+      }
+    }
+  }
+  // What the killed compaction left: the MSG copy, and no state record after it.
+  {
+    storage::LogOptions lo;
+    lo.segment_size = kSegment;
+    lo.max_payload = 4096 + format::kMaxExtSize;
+    auto log = storage::Log::open(qdir() + "/segments", lo);
+    ASSERT_TRUE(log.ok());
+    uint64_t t1 = 0, t2 = 0, next_id = 0;
+    auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& v) {
+      if (v.type == format::RecordType::kMsg && v.id == target) t1 = v.t1, t2 = v.t2;
+      next_id = std::max(next_id, v.id + 1);
+    });
+    ASSERT_TRUE(rec.ok());
+    ASSERT_EQ(rec->end.seq, 2u);
+    storage::Record copy{format::RecordType::kMsg, 0, target, t1, t2, target_body, format::kFlagCopy};
+    ASSERT_TRUE((*log)->append(rec->end, std::span(&copy, 1), next_id, nullptr).ok());
+  }
+  std::filesystem::remove(qdir() + "/index");
+  {
+    auto q = open(kSegment);  // the rebuild (as after the compactor's death)
+    auto r = q->compact();
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_GE(r->segments_removed, 1u) << "segment 1 (the original and its LEASE, RELEASE) is gone";
+    EXPECT_EQ(q->check_index(), "");
+  }
+  std::filesystem::remove(qdir() + "/index");
+  auto q = open(kSegment);
+  auto v = q->verify(false);
+  ASSERT_TRUE(v.ok());
+  EXPECT_TRUE(v->ok()) << v->problems.front();
+  auto got = q->receive(10, 60s, 0ms);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 1u);
+  EXPECT_EQ(got->front().id, target);
+  EXPECT_EQ(got->front().payload, target_body);
+  EXPECT_EQ(got->front().receive_count, 2u) << "the receive count went back: delivery 1 again";
+}
+
 TEST_F(CompactTest, PurgedMessagesStayPurgedAfterTheirPurgeRecordIsCompacted) {
   {
     auto q = open(64 << 10);

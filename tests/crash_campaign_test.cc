@@ -214,7 +214,8 @@ pid_t start_work(const std::string& cli, const std::string& q_dir, const std::st
     ::dup2(err, 2);
     ::setenv("J", journal.c_str(), 1);
     const char* script =
-        "read up rest < /proc/uptime; echo \"$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $up\" >> \"$J\"; "
+        "IFS=: read -r tag rest; read up rest < /proc/uptime; "
+        "echo \"$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $up $tag\" >> \"$J\"; "
         "[ $((SPOOL_MESSAGE_ID % 17)) -ne 0 ] || [ \"$SPOOL_RECEIVE_COUNT\" -gt 1 ]";
     std::string vis = std::to_string(kWorkVis.count()) + "ms";
     ::execl(cli.c_str(), cli.c_str(), "work", q_dir.c_str(), "--visibility", vis.c_str(), "--", "sh", "-c", script,
@@ -230,6 +231,7 @@ struct Delivery {
   uint64_t id = 0;
   uint32_t count = 0;
   std::string who;       // "C0.3" (role, slot, incarnation), "W0.2", "D" (the final drain)
+  std::string tag;       // the payload's tag
   uint64_t t0 = 0, t1 = 0;  // receive called / returned (CLOCK_BOOTTIME); W: t0 = 0
   uint64_t vis_ns = 0;
   uint64_t deadline = 0;  // lower bound of the lease deadline (extends included)
@@ -269,7 +271,8 @@ struct Ledger {
                                   ": first to " + o.who + " (receive " + std::to_string(o.t0) + ".." +
                                   std::to_string(o.t1) + (o.acked ? ", acked" : "") + (o.nack_tried ? ", nacked" : "") +
                                   "), again to " + d.who + " (receive " + std::to_string(d.t0) + ".." +
-                                  std::to_string(d.t1) + ")");
+                                  std::to_string(d.t1) + ")" +
+                                  (!o.tag.empty() && !d.tag.empty() && o.tag != d.tag ? "; tags differ: " + o.tag + " / " + d.tag : ""));
       return;
     }
     deliveries[key] = std::move(d);
@@ -294,6 +297,9 @@ struct Ledger {
         attempted.insert(tag);
       } else if (kind == 'S') {
         s >> id >> tag;
+        if (auto it = sent.find(id); it != sent.end() && it->second != tag) {
+          errors.push_back(who + ": id " + std::to_string(id) + " given to two sends: " + it->second + " and " + tag);
+        }
         sent[id] = tag;
         ++sends;
       } else if (kind == 'K') {
@@ -306,6 +312,7 @@ struct Ledger {
         uint64_t vis_ms = 0;
         s >> d.id >> d.count >> d.t0 >> d.t1 >> vis_ms >> tag;
         d.who = who;
+        d.tag = tag;
         d.vis_ns = vis_ms * 1'000'000;
         d.deadline = d.t0 + d.vis_ns;
         add(d);
@@ -358,6 +365,7 @@ struct Ledger {
       Delivery d;
       double up = 0;
       if (!(s >> d.id >> d.count >> up)) continue;
+      s >> d.tag;
       d.who = who;
       d.t1 = static_cast<uint64_t>(up * 1e9);
       d.w_failed = d.id % 17 == 0 && d.count == 1;
@@ -799,6 +807,11 @@ class Campaign {
       } else {
         ++fig_.check_failures;
         ADD_FAILURE() << "verify: " << v->problems.size() << " problems, first: " << v->problems.front();
+        if (std::getenv("CAMPAIGN_DEBUG") != nullptr) {
+          std::string cmd = "cp -a '" + root_ + "' /tmp/campaign-verify-" + std::to_string(::getpid()) + "-" +
+                            std::to_string(fig_.cycles);
+          if (std::system(cmd.c_str()) == 0) std::printf("kept %s\n", cmd.c_str());
+        }
       }
     }
     auto st = Q.stats();
@@ -888,6 +901,13 @@ class Campaign {
 
   void drain_and_account() {
     wait_detached();
+    if (std::getenv("CAMPAIGN_DEBUG") != nullptr) {
+      // The queue as the cycles left it, before the drain (and its compactions) change it:
+      // kept if a delivery count repeats (account()).
+      kept_ = "/tmp/campaign-dup-" + std::to_string(::getpid());
+      std::string cmd = "cp -a '" + root_ + "' '" + kept_ + "'";
+      if (std::system(cmd.c_str()) != 0) std::printf("could not copy %s\n", root_.c_str());
+    }
     if (std::getenv("SPOOL_KNOWN_BUG_REUSE_AFTER_OWNER_DEATH") != nullptr) fs::remove(qdir_ + "/index");
     auto q = Queue::open(qdir_, campaign_options());
     ASSERT_TRUE(q.ok()) << q.status().to_string();
@@ -920,6 +940,7 @@ class Campaign {
           ++fig_.phantom;
           ADD_FAILURE() << "drained message " << m.id << " (" << tag << ") was never sent";
         }
+        d.tag = tag;
         Status s = Q.ack(m.receipt);
         EXPECT_TRUE(s.ok()) << s.to_string();
         d.acked = s.ok();
@@ -943,6 +964,23 @@ class Campaign {
       }
     }
     fig_.duplicate = led_.duplicate_deliveries.size();
+    if (std::getenv("CAMPAIGN_DEBUG") != nullptr && !led_.duplicate_deliveries.empty()) {
+      // Keep the evidence: the queue directory and the journals, and the log's records of
+      // each message delivered twice with one count.
+      const std::string& keep = kept_;
+      std::string cmd;
+      std::string dump = cli_.empty() ? std::string("spool-dump") : fs::path(cli_).parent_path().string() + "/spool-dump";
+      for (auto& [id, count] : led_.duplicate_deliveries) {
+        std::printf("kept %s; records of message %" PRIu64 " (delivery %u twice):\n", keep.c_str(), id, count);
+        std::fflush(stdout);
+        cmd = "for f in '" + keep + "'/q/segments/*.seg; do echo \"== $f\"; '" + dump + "' \"$f\" | grep 'id " +
+              std::to_string(id) + " '; done; grep -H -e ' " + std::to_string(id) + " ' -e '^" + std::to_string(id) +
+              " ' '" + keep + "'/j/*.log";
+        (void)std::system(cmd.c_str());
+      }
+    } else if (!kept_.empty()) {
+      fs::remove_all(kept_);
+    }
     for (auto& detail : led_.duplicate_details) {
       if (std::getenv("SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT") != nullptr) {
         std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT: delivered twice with one receive count: %s ***\n\n",
@@ -1017,6 +1055,7 @@ class Campaign {
   }
 
   std::string root_, qdir_, cli_;
+  std::string kept_;  // CAMPAIGN_DEBUG: a copy of root_ before the drain
   std::mt19937_64 rng_;
   SurvivorControl* ctl_ = nullptr;  // null: no survivors
   std::vector<Survivor> survivors_;

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include "index/index.h"
 #include "logging.h"
 #include "queue/config.h"
@@ -288,6 +289,16 @@ struct Queue::Impl {
     h.purged_through = 0;
     h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
     queue::ReplayClock clock(h, queue::read_clocks(h));
+    // Compaction copies of messages already in `x`, by id: not yet followed by a LEASE or
+    // RELEASE record of that message (see kMsg below).
+    std::unordered_map<uint64_t, uint64_t> unconfirmed_copies;
+    auto confirm_copy = [&](uint64_t id, int64_t slot) {
+      if (unconfirmed_copies.empty()) return;
+      auto it = unconfirmed_copies.find(id);
+      if (it == unconfirmed_copies.end()) return;
+      if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
+      unconfirmed_copies.erase(it);
+    };
     Status failed;
     auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
       if (!failed.ok()) return;
@@ -303,11 +314,18 @@ struct Queue::Impl {
           if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
           if (r.id <= h.purged_through) return;
           if (int64_t have = x.find(r.id); have >= 0) {
-            // A compaction copy of a live message: point at it, not at the original. The
-            // original's segment is about to go (a repair in the middle of a compaction must
-            // not leave the index pointing into it), and a copy that replay can read is
-            // complete; it was synced before any original was unlinked.
-            if ((r.flags & format::kFlagCopy) != 0) x.entry(static_cast<uint32_t>(have)).loc = pos.pack();
+            // A compaction copy of a live message: point at it, not at the original (the
+            // original's segment is about to go, and a repair in the middle of a compaction
+            // must not leave the index pointing into it) -- but only once a LEASE or RELEASE
+            // record of the message follows the copy (the one compaction writes right after
+            // it, or a later one). A compaction killed in the middle of its append can leave
+            // a copy without that record (the batch torn between the two, or at a roll);
+            // pointing at such a copy let the next compaction remove the original together
+            // with every record of the message's receives, and the rebuild after that gave
+            // the message receive count 0 again (RECEIVE_COUNT_REPEAT). Unconfirmed, the
+            // index keeps the original, which nothing removes before the message is copied
+            // again in full.
+            if ((r.flags & format::kFlagCopy) != 0) unconfirmed_copies[r.id] = pos.pack();
             return;
           }
           Entry e{pos.pack(), static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
@@ -319,6 +337,7 @@ struct Queue::Impl {
         }
         case RecordType::kLease:
           if (slot < 0) return;
+          confirm_copy(r.id, slot);
           x.entry(slot).count = r.count;
           if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, clock.lease_key(pos.pack(), r.t2)); !s.ok()) {
             failed = s;
@@ -327,6 +346,7 @@ struct Queue::Impl {
         case RecordType::kRelease:
           if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
           if (slot < 0) return;
+          confirm_copy(r.id, slot);
           x.entry(slot).count = r.count;
           if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, clock.ready_key(pos.pack(), r.t1, r.t2));
               !s.ok()) {
@@ -335,10 +355,12 @@ struct Queue::Impl {
           return;
         case RecordType::kAck:
           ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
+          confirm_copy(r.id, -1);
           if (slot >= 0) drop(x, slot);
           return;
         case RecordType::kDead:
           ++h.dead_total;
+          confirm_copy(r.id, -1);
           if (slot >= 0) drop(x, slot);
           return;
         case RecordType::kPurge: {
