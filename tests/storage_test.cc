@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY  // the layout of XXH3_state_t, for smear_stack()
 #include <xxhash.h>
@@ -996,6 +998,48 @@ TEST_F(SegmentOpenTest, UnreadableSegmentIsAnErrorNotACrash) {
   auto rec = (*log)->recover([](Pos, const RecordView&) {});
   ASSERT_FALSE(rec.ok());
   EXPECT_EQ(rec.status().code(), Code::kReadOnly) << rec.status().to_string();
+}
+
+// A store through the mapping that stops in the middle (here a read-only page stops it; a
+// kill -9 does the same between two instructions) leaves a prefix of the records: whole
+// records, then one whose first word is zero. With one memcpy of the batch, glibc stored
+// the batch's first bytes last, and the first record was the headless one.
+TEST(StoreRecords, AStoreStoppedInTheMiddleLeavesWholeRecordsThenAHeadlessOne) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  // A batch of 2 KiB, below the size where glibc's memcpy turns to `rep movsb` (which
+  // stores forwards); record 4 reaches the read-only page.
+  constexpr uint64_t kPayload = 200, kCount = 8;
+  const uint64_t size = record_size(kPayload);
+  const uint64_t kStart = 2 * page - 4 * size - 16;
+  void* m = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* dst = static_cast<uint8_t*>(m);
+  std::string src(kCount * size, '\0');
+  for (uint64_t i = 0; i < kCount; ++i) {
+    uint8_t* h = reinterpret_cast<uint8_t*>(src.data()) + i * size;
+    const uint32_t magic = format::kRecordMagic, len = kPayload;
+    std::memcpy(h, &magic, 4);
+    std::memcpy(h + 4, &len, 4);
+    std::memset(h + 8, static_cast<int>('a' + i), size - 8);
+  }
+  ASSERT_EQ(::mprotect(dst + 2 * page, page, PROT_READ), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    store_records(dst + kStart, reinterpret_cast<const uint8_t*>(src.data()), src.size());
+    ::_exit(0);  // not reached: the store into the read-only page faults
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the store was not stopped by the read-only page";
+  const uint64_t stopped = (2 * page - kStart) / size;  // the record that reaches the page
+  for (uint64_t i = 0; i < stopped; ++i) {
+    EXPECT_EQ(std::memcmp(dst + kStart + i * size, src.data() + i * size, size), 0) << "record " << i << " is not whole";
+  }
+  uint64_t first = 1;
+  std::memcpy(&first, dst + kStart + stopped * size, 8);
+  EXPECT_EQ(first, 0u) << "the record the store stopped in has its first word";
+  ::munmap(m, 3 * page);
 }
 
 }  // namespace

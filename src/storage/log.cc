@@ -134,7 +134,7 @@ void Log::prefault(int fd, uint64_t len) {
 
 int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
   if (uint8_t* m = seg.wdata()) {
-    std::memcpy(m + off, p, len);
+    store_records(m + off, static_cast<const uint8_t*>(p), len);
     return 0;
   }
   iovec iov{const_cast<void*>(p), len};
@@ -439,16 +439,10 @@ Status Log::clear_tail(Pos end) {
   if (end.seq == 0) return {};
   auto seg = segment(end.seq);
   if (!seg.ok()) return seg.status();
-  const uint8_t* d = (*seg)->data();
+  // A store killed in the middle leaves at most one record's remnant after the end, its
+  // first word still zero (store_records): where the rest of it lies is unknown, so the
+  // whole unused tail is looked at. Only a rebuild calls this, after a crash or damage.
   const uint64_t size = (*seg)->info().size;
-  // A torn write's remnant starts at the end (what precedes it are whole records): a look
-  // at the next record's worth of bytes decides, and only a remnant costs a pass over the
-  // segment's unused tail. (A tear that kept later sectors and not the first is left: a
-  // later roll seals it, and verify reports it.)
-  auto zero = [](uint8_t b) { return b == 0; };
-  if (end.off >= size || std::all_of(d + end.off, d + std::min<uint64_t>(size, end.off + format::kRecordHeaderSize), zero)) {
-    return {};
-  }
   // What a roll would seal as damage (the file is its full size: only the bytes after the end).
   for (const Corruption& c : sealed_tail_damage(**seg, end.off, size)) {
     spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),

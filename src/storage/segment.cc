@@ -364,11 +364,29 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
                     payload.size() >= 56 ? load<uint64_t>(p + 48) : 0};
 }
 
+void store_records(uint8_t* dst, const uint8_t* src, uint64_t len) {
+  for (uint64_t at = 0; at < len;) {
+    const uint64_t size = std::min(format::record_size(load<uint32_t>(src + at + 4)), len - at);
+    std::memcpy(dst + at + 8, src + at + 8, size - 8);
+    // The first word goes last, in one store; a release store also keeps the compiler (and
+    // a weakly ordered CPU, for readers in other processes) from moving it before the copy.
+    uint64_t first = 0;
+    std::memcpy(&first, src + at, 8);
+    __atomic_store_n(reinterpret_cast<uint64_t*>(dst + at), first, __ATOMIC_RELEASE);
+    at += size;
+  }
+}
+
 std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size) {
   std::vector<Corruption> out;
   const uint64_t size = seg.info().size;
+  // Backwards, eight bytes at a time where aligned: a rebuild looks at up to a whole
+  // segment of zero-fill here.
+  const uint8_t* d = seg.data();
   uint64_t last = size;
-  while (last > end && seg.data()[last - 1] == 0) --last;
+  while (last > end && last % 8 != 0 && d[last - 1] == 0) --last;
+  while (last >= end + 8 && last % 8 == 0 && load<uint64_t>(d + last - 8) == 0) last -= 8;
+  while (last > end && d[last - 1] == 0) --last;
   if (last > end) out.push_back(Corruption{seg.info().seq, end, last - end});
   if (size < segment_size) out.push_back(Corruption{seg.info().seq, size, segment_size - size});
   return out;

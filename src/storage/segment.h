@@ -146,6 +146,15 @@ struct ScanResult {
   bool budget_spent = false;
 };
 
+// Copies `len` bytes of whole encoded records from `src` to `dst` (a writable mapping of a
+// segment), so that a process killed at any instruction leaves a prefix of them: complete
+// records, then at most one whose first word (magic and length) is still zero, then the
+// zeros that were there. Each record's first word is stored last, after the rest of it.
+// memcpy gives no order: glibc's stores a large copy's first bytes after the rest, and a
+// kill in between left the batch's first record headless before its complete followers,
+// which replay then skipped to (a hole in the log). Both `dst` and `src` are 8-aligned.
+void store_records(uint8_t* dst, const uint8_t* src, uint64_t len);
+
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
 // valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
 // the zero-fill it was preallocated with), and a file shorter than `segment_size`.
