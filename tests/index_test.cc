@@ -8,9 +8,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "index/index.h"
@@ -393,6 +395,32 @@ TEST(SharedIndex, AShrinkPunchesTheTailOutOfTheFileAndOtherMappingsFollow) {
 
 TEST_F(IndexWindow, ABatchBiggerThanTheWindowGrowsIt) { send_a_big_batch(true); }
 TEST_F(IndexWindow, ABatchBiggerThanAnEmptyWindowGrowsIt) { send_a_big_batch(false); }
+
+// An opener attaches without the lock, while another process may be rebuilding: the
+// identity it checks (magic, format, boot id) must never look cleared. The rebuild zeroed
+// the boot id, then copied it, and a campaign once saw an open refused as "another boot".
+TEST(SharedIndex, ARebuildOfASoundIndexNeverClearsItsIdentity) {
+  test::TempDir d;
+  SharedIndex x;
+  ASSERT_TRUE(x.attach(d / "index", true).ok());
+  ASSERT_TRUE(x.refresh().ok());
+  const char* boot = x.hdr().boot_id;
+  ASSERT_NE(boot[0], 0);
+  std::atomic<bool> done{false};
+  std::thread rebuilder([&] {
+    for (int i = 0; i < 30000; ++i) (void)x.prepare_rebuild();
+    done = true;
+  });
+  uint64_t cleared = 0, looks = 0;
+  while (!done.load(std::memory_order_relaxed)) {
+    ++looks;
+    if (__atomic_load_n(&boot[0], __ATOMIC_RELAXED) == 0) ++cleared;
+  }
+  rebuilder.join();
+  EXPECT_EQ(cleared, 0u) << "of " << looks << " looks at the boot id during rebuilds";
+  SharedIndex other;
+  EXPECT_TRUE(other.attach(d / "index", false).ok());
+}
 
 }  // namespace
 }  // namespace spool

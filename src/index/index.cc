@@ -278,12 +278,14 @@ std::string SharedIndex::check_header() const {
 Status SharedIndex::prepare_rebuild() {
   auto& h = *hdr_;
   // Every attached process has the same identity (attach() refuses another): what differs
-  // from it is damage, and a rebuild makes the file ours again.
-  h.format = format_word();
-  std::string boot = sys::boot_id();
-  std::memset(h.boot_id, 0, sizeof h.boot_id);
-  std::strncpy(h.boot_id, boot.c_str(), sizeof h.boot_id - 1);
-  h.magic = kIndexMagic;
+  // from it is damage, and a rebuild makes the file ours again. Written only where it
+  // differs: an opener attaches without the lock, and an identity cleared for a moment
+  // (the boot id was zeroed, then copied) made it refuse a sound index as "another boot".
+  if (h.format != format_word()) h.format = format_word();
+  char boot[sizeof h.boot_id] = {};
+  std::strncpy(boot, sys::boot_id().c_str(), sizeof boot - 1);
+  if (std::memcmp(h.boot_id, boot, sizeof boot) != 0) std::memcpy(h.boot_id, boot, sizeof boot);
+  if (h.magic != kIndexMagic) h.magic = kIndexMagic;
   if (sound(false)) return mapped_current() ? Status() : map_region();
   damaged("the region's geometry is out of bounds");
   h.capacity = kMinWindow;
