@@ -545,5 +545,55 @@ TEST_F(Hostile, APlantedSegmentLinkIsRefusedWithAClearError) {
   EXPECT_EQ(test::slurp(moved), before);
 }
 
+// A link or a FIFO in place of one of the queue's top-level files: refused with an error
+// naming the file, and nothing written to a link's target. spool.conf was read by path
+// (a link to a copy of it was followed; a FIFO hung the open for good); the lock files
+// were refused as "Too many levels of symbolic links", or locked and used if a FIFO.
+TEST_F(Hostile, APlantedLinkOrFifoAtATopLevelFileIsRefusedNamingIt) {
+  fill(3);
+  {
+    auto q = open();
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->bind_leases().ok());  // owners exists
+    ASSERT_TRUE(q->compact().ok());      // compact.lock exists
+  }
+  const std::string target = dir_ / "victim", saved = dir_ / "saved";
+  for (const std::string name : {"spool.conf", "gate", "lock", "owners", "compact.lock"}) {
+    for (bool fifo : {false, true}) {
+      SCOPED_TRACE(name + (fifo ? " as a FIFO" : " as a link"));
+      const std::string path = qdir() + "/" + name;
+      fs::rename(path, saved);
+      if (fifo) {
+        ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+      } else {
+        fs::copy_file(saved, target, fs::copy_options::overwrite_existing);  // following it would work
+        fs::create_symlink(target, path);
+      }
+      const std::string before = fifo ? "" : test::slurp(target);
+      Status st;
+      if (auto q = Queue::open(qdir()); !q.ok()) {
+        st = q.status();
+      } else if (name == "owners") {
+        st = (*q)->bind_leases();
+      } else if (name == "compact.lock") {
+        auto c = (*q)->compact();
+        if (!c.ok()) st = c.status();
+      }
+      EXPECT_FALSE(st.ok()) << "used as it was";
+      EXPECT_EQ(st.code(), Code::kCorrupt) << st.to_string();
+      EXPECT_NE(st.message().find(path + (fifo ? " is not a regular file" : " is a symbolic link")), std::string::npos)
+          << st.to_string();
+      if (!fifo) {
+        EXPECT_EQ(test::slurp(target), before) << "written through the link";
+      }
+      fs::remove(path);
+      fs::rename(saved, path);
+    }
+  }
+  auto q = open();
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->stats()->ready, 3u);
+}
+
 }  // namespace
 }  // namespace spool

@@ -53,7 +53,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   CompactResult res;
   std::string lock_path = dir + "/compact.lock";
   CompactLockFd guard(sys::open_state_file(lock_path, modes));
-  if (guard.fd < 0) return errno_status(errno, "open " + lock_path);
+  if (guard.fd < 0) return sys::queue_file_error(errno, "open", lock_path);
   // Unregistered only past 256 guarded descriptors in one process: compaction still works,
   // only a fork during it would keep the lock (logged).
   if (guard.fd >= 0 && !guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);

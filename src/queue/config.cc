@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -123,11 +122,31 @@ Status validate(QueueOptions& o, const std::string& where) {
 
 Result<Config> read_config(const std::string& dir) {
   std::string path = dir + "/spool.conf";
-  std::ifstream in(path);
-  if (!in) {
+  // Not followed if a link, not waited on if a FIFO, not read past what a configuration
+  // can hold: whoever may write the directory can put anything under this name.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     if (errno == ENOENT) return Status(Code::kNotFound, path + " does not exist");
-    return errno_status(errno, "read " + path);
+    return sys::queue_file_error(errno, "read", path);
   }
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  constexpr off_t kMaxConfigBytes = 64 << 10;
+  std::string text;
+  if (regular && st.st_size <= kMaxConfigBytes) {
+    text.resize(static_cast<size_t>(st.st_size));
+    ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  const int read_err = errno;
+  ::close(fd);
+  if (!regular) return sys::queue_file_error(EINVAL, "read", path);
+  if (st.st_size > kMaxConfigBytes) {
+    return Status(Code::kNotAQueue, path + ": " + std::to_string(st.st_size) +
+                                        " bytes, more than a spool queue configuration holds");
+  }
+  if (text.size() != static_cast<size_t>(st.st_size)) return errno_status(read_err, "read " + path);
+  std::istringstream in(text);
   std::string line;
   std::getline(in, line);
   int version = 0;

@@ -121,7 +121,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   // The gate serialises attach/detach decisions; see "First opener" in docs/durability.md.
   if (!impl->read_only) {
     impl->gate_fd = sys::open_state_file(dir + "/gate", impl->modes);
-    if (impl->gate_fd < 0) return errno_status(errno, "open " + dir + "/gate");
+    if (impl->gate_fd < 0) return sys::queue_file_error(errno, "open", dir + "/gate");
     while (::flock(impl->gate_fd, LOCK_EX) != 0) {
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
     }
@@ -178,7 +178,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   }
 
   impl->lock_fd = sys::open_state_file(dir + "/lock", impl->modes);
-  if (impl->lock_fd < 0) return errno_status(errno, "open " + dir + "/lock");
+  if (impl->lock_fd < 0) return sys::queue_file_error(errno, "open", dir + "/lock");
   bool first = ::flock(impl->lock_fd, LOCK_EX | LOCK_NB) == 0;
   std::string index_path = dir + "/index";
   if (first) {

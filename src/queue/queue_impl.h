@@ -775,7 +775,7 @@ struct Queue::Impl {
   Status open_owners() {
     if (owners_fd.load() >= 0) return {};
     int fd = sys::open_state_file(dir + "/owners", modes);
-    if (fd < 0) return errno_status(errno, "open " + dir + "/owners");
+    if (fd < 0) return sys::queue_file_error(errno, "open", dir + "/owners");
     int none = -1;
     if (!owners_fd.compare_exchange_strong(none, fd)) {
       ::close(fd);

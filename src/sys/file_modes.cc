@@ -25,9 +25,29 @@ mode_t dir_mode_for(mode_t file_mode) {
 }
 
 int open_state_file(const std::string& path, const FileModes& modes) {
+  // (O_RDWR never blocks on a FIFO; a planted one is refused below, not locked and read.)
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, modes.state);
-  if (fd >= 0) set_own_mode(fd, modes.state);
+  if (fd < 0) return fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    errno = S_ISREG(st.st_mode) ? err : EINVAL;
+    return -1;
+  }
+  set_own_mode(fd, modes.state);
   return fd;
+}
+
+Status queue_file_error(int err, const std::string& what, const std::string& path) {
+  if (err == ELOOP) {
+    return Status(Code::kCorrupt, path + " is a symbolic link; spool does not follow links in a queue "
+                                         "directory (remove it)");
+  }
+  if (err == EINVAL || err == EISDIR) {
+    return Status(Code::kCorrupt, path + " is not a regular file; spool keeps only regular files there (remove it)");
+  }
+  return errno_status(err, what + " " + path);
 }
 
 void fix_state_file(const std::string& path, const FileModes& modes) {

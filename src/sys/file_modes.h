@@ -14,6 +14,7 @@
 
 #include <string>
 
+#include "spool/status.h"
 
 namespace spool::sys {
 
@@ -32,8 +33,14 @@ mode_t dir_mode_for(mode_t file_mode);
 
 // Opens (creating if needed) a state file of the queue at `path`, never following a link,
 // and sets the mode `modes` gives it when this process owns it (a file created under a
-// umask, or by an older spool, may grant a reader more). -1 and errno on failure.
+// umask, or by an older spool, may grant a reader more). -1 and errno on failure; EINVAL
+// for something there that is not a regular file (a FIFO, a socket, a device).
 int open_state_file(const std::string& path, const FileModes& modes);
+
+// The error for a file of a queue at `path` that `open_state_file` or another opener
+// refused with `err`: a planted link or a file that is not a regular file named as such
+// ("remove it"), anything else as errno_status(err, what + " " + path).
+Status queue_file_error(int err, const std::string& what, const std::string& path);
 
 // The same for a state file that exists but is not opened at every open (owners,
 // compact.lock): set to the mode when this process owns it; nothing if it does not exist.
