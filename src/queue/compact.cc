@@ -196,4 +196,37 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
 
 Result<CompactResult> Queue::compact(const Progress& progress) { return impl_->compact(true, true, progress); }
 
+auto Queue::Impl::maybe_compact(uint64_t end) -> void {
+  uint64_t seq = Pos::unpack(end).seq;
+  if (seq <= seen_seq.exchange(seq)) return;
+  if (!seen_seq_initialised.exchange(true)) return;  // the first write only sets the mark
+  std::lock_guard lock(compact_mu);
+  if (compact_stopping) return;
+  compact_wanted = true;
+  if (!compactor.joinable()) {
+    compactor = std::thread([this] {
+      std::unique_lock lk(compact_mu);
+      for (;;) {
+        compact_cv.wait(lk, [this] { return compact_wanted || compact_stopping; });
+        if (compact_stopping) return;
+        compact_wanted = false;
+        lk.unlock();
+        auto r = compact(false, false);
+        if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+        lk.lock();
+      }
+    });
+  }
+  compact_cv.notify_all();
+}
+
+auto Queue::Impl::stop_compactor() -> void {
+  {
+    std::lock_guard lock(compact_mu);
+    compact_stopping = true;
+  }
+  compact_cv.notify_all();
+  if (compactor.joinable()) compactor.join();
+}
+
 }  // namespace spool

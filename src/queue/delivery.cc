@@ -1,0 +1,140 @@
+// Delivery: reading a message from its record, taking it for a receive (or handing it to
+// the dead-letter queue past max_receives, or dropping it for retention), and logging
+// the leases taken.
+#include "queue/queue_impl.h"
+
+namespace spool {
+
+auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
+  const Entry& e = idx.entry(slot);
+  const uint64_t id = idx.id_of(slot);
+  std::shared_ptr<storage::Segment> keep;
+  auto r = log->read(Pos::unpack(e.loc), &keep);
+  if (!r.ok()) {
+    // A record the index points at is gone or damaged: the rebuild before the unlock
+    // drops it (or finds the message's record elsewhere), so receives move past it.
+    idx.damaged("the record of message " + std::to_string(id) + ": " + r.status().message());
+    return r.status();
+  }
+  if (r->id != id || r->type != RecordType::kMsg) {
+    idx.damaged("message " + std::to_string(id) + " points at the record of another");  // rebuilt before the unlock
+    return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(id));
+  }
+  Message m;
+  m.id = id;
+  if (!r->ext.empty()) {
+    auto ext = storage::decode_ext(r->ext);
+    if (!ext.ok()) {
+      return Status(Code::kCorrupt, "message " + std::to_string(id) + " (" + log->segment_path(Pos::unpack(e.loc).seq) +
+                                        "): " + ext.status().message());
+    }
+    m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
+  }
+  if (mapped != nullptr) {
+    mapped->view = r->payload;
+    mapped->keep = std::move(keep);
+  } else {
+    m.payload.assign(r->payload);
+  }
+  m.receive_count = e.count;
+  // The wall clock of the send as of now: the record's time, converted to this boot's
+  // clock and back, so that a wall-clock step since moves it along.
+  const Clocks c = now != nullptr ? *now : queue::read_clocks(idx.hdr());
+  const uint64_t age = c.boot - enqueue_key(idx, Pos::unpack(e.loc), r->t1, c);
+  if (age_ns != nullptr) *age_ns = age;
+  m.enqueued = std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real - age)));
+  return m;
+}
+
+auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end, Mapped* mapped) -> Result<std::optional<Message>> {
+  auto& h = idx.hdr();
+  const uint64_t id = idx.id_of(slot);
+  uint64_t age = 0;
+  auto msg = load(slot, mapped, &now, &age);
+  if (msg.ok() && cfg.opts.retention_max_age.count() > 0 && age > ms_to_ns(cfg.opts.retention_max_age)) {
+    if (Status s = expire(slot); !s.ok()) return s;
+    *end = h.log_end;
+    return std::optional<Message>();
+  }
+  if (!msg.ok()) {
+    // load() recorded this as damage of the index, which the rebuild from the log before
+    // this call unlocks mends: the message is back if its record is intact (the index
+    // pointed wrong), gone if the damage destroyed it. No DEAD record: that dropped intact
+    // messages whose index entry had been overwritten (tests/damage_campaign_test.cc).
+    return Status(Code::kCorrupt, "message " + std::to_string(id) + " could not be read (" + msg.status().message() +
+                                      "); the index is rebuilt from the log, try again");
+  }
+  Entry& e = idx.entry(slot);
+  if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
+    std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
+    auto dead_q = dead_letters();
+    if (!dead_q.ok()) return dead_q.status();
+    // The attributes go with it; the dedup id does not (the DLQ is no new send).
+    SendOptions keep;
+    keep.attributes = std::move(msg->attributes);
+    if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
+    Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
+    auto at = append(std::span(&dead, 1));
+    if (!at.ok()) return at.status();
+    h.bytes_live -= e.len;
+    ++h.dead_total;
+    idx.erase(slot);
+    room();
+    *end = h.log_end;
+    return std::optional<Message>();
+  }
+  if (e.state != State::kLeased) room();  // leased ones do not count against max_ready
+  e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint8_t>(owner_slot + 1) : 0;
+  const uint32_t count = ++e.count;
+  // The caller reserved heap room for every message it takes: set() cannot remap.
+  if (Status s = idx.set(slot, State::kLeased, now.boot + vis); !s.ok()) return s;
+  msg->receive_count = count;
+  msg->receipt = receipt(id, count);
+  return std::optional<Message>(std::move(*msg));
+}
+
+auto Queue::Impl::expire(uint32_t slot) -> Status {
+  auto& h = idx.hdr();
+  Entry& e = idx.entry(slot);
+  const uint64_t id = idx.id_of(slot);
+  Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
+  auto at = append(std::span(&rec, 1));
+  if (!at.ok()) return at.status();
+  spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, e.len);
+  h.bytes_live -= e.len;
+  ++h.expired_total;
+  idx.erase(slot);
+  room();
+  return {};
+}
+
+auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end) -> Status {
+  if (taken.empty()) return {};
+  std::vector<Record> recs;
+  recs.reserve(taken.size());
+  for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, now.rt, now.rt + vis, {}});
+  auto at = append(recs);
+  if (!at.ok()) {
+    (void)rebuild();
+    return at.status();
+  }
+  *end = idx.hdr().log_end;
+  return {};
+}
+
+auto Queue::Impl::dead_letters() -> Result<Queue*> {
+  std::lock_guard lock(dlq_mu);
+  if (!dlq) {
+    QueueOptions o = cfg.opts;
+    o.max_receives = 0;
+    o.create = !read_only;
+    o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
+    auto q = Queue::open(dir + "/dlq", o);
+    if (!q.ok()) return q.status();
+    dlq = std::move(q).value();
+  }
+  return dlq.get();
+}
+
+}  // namespace spool

@@ -1,0 +1,107 @@
+// Lease owners: instant release of a dead process's leases. A Queue that binds its leases
+// claims an owner slot whose liveness is an OFD lock on a byte of `owners`; a slot whose
+// lock is free belongs to a dead process, and its leases are released.
+#include "queue/queue_impl.h"
+
+namespace spool {
+
+auto Queue::Impl::open_owners() -> Status {
+  if (owners_fd.load() >= 0) return {};
+  int fd = sys::open_state_file(dir + "/owners", modes);
+  if (fd < 0) return sys::queue_file_error(errno, "open", dir + "/owners");
+  int none = -1;
+  if (!owners_fd.compare_exchange_strong(none, fd)) {
+    ::close(fd);
+  } else if (!sys::close_in_fork_child(&owners_fd)) {
+    spool::log().warn("spool: {}: too many open queues to guard their liveness locks across fork()", dir);
+  }
+  return {};
+}
+
+auto Queue::Impl::claim_owner_slot() -> Status {
+  if (owner_slot >= 0) return {};
+  if (Status s = open_owners(); !s.ok()) return s;
+  auto& h = idx.hdr();
+  int fd = owners_fd.load();
+  for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
+    if (h.owner_claimed[k] != 0 && sys::ofd_held_elsewhere(fd, k)) continue;
+    if (sys::ofd_trylock(fd, k) != 0) continue;
+    if (h.owner_claimed[k] != 0) release_owned(std::span(&k, 1));
+    h.owner_claimed[k] = 1;
+    ++h.owners_claimed;
+    owner_slot = static_cast<int>(k);
+    owner_pid = ::getpid();
+    return {};
+  }
+  return Status(Code::kQueueFull, dir + ": " + std::to_string(index::kOwnerSlots) +
+                                      " processes already bind their leases; this one cannot");
+}
+
+auto Queue::Impl::release_owned(std::span<const uint32_t> ks) -> void {
+  auto& h = idx.hdr();
+  bool mine[index::kOwnerSlots + 1] = {};
+  for (uint32_t k : ks) mine[k + 1] = true;
+  Clocks now = clocks();
+  std::vector<uint32_t> victims;
+  idx.for_each_entry([&](uint32_t s, uint64_t, Entry& e) {
+    if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner]) return;
+    if (e.state == State::kLeased && idx.key(s) > now.boot) {
+      victims.push_back(s);
+    } else {
+      e.owner = 0;
+    }
+  });
+  if (!victims.empty()) {
+    std::vector<Record> recs;
+    for (uint32_t s : victims) {
+      const Entry& e = idx.entry(s);
+      recs.push_back(Record{RecordType::kRelease, e.count, idx.id_of(s), now.rt, now.rt, {}});
+    }
+    bool logged = append(recs).ok();  // if not, the leases simply run out as usual
+    for (uint32_t s : victims) {
+      Entry& e = idx.entry(s);
+      e.owner = 0;
+      if (!logged) continue;
+      (void)idx.set(s, State::kReady, now.boot);  // leased: in the heap already, no remap
+    }
+    if (logged) wake(victims.size());
+    spool::log().info("spool: {}: released {} lease(s) of a process that is gone", dir, victims.size());
+  }
+  for (uint32_t k : ks) {
+    if (h.owner_claimed[k] == 0) continue;
+    h.owner_claimed[k] = 0;
+    --h.owners_claimed;
+  }
+}
+
+auto Queue::Impl::reap_dead_owners() -> void {
+  auto& h = idx.hdr();
+  if (h.owners_claimed == 0 || read_only) return;
+  uint64_t t = sys::boot_ns();
+  if (t < h.next_reap_ns) return;
+  h.next_reap_ns = t + kReapIntervalNs;
+  if (!open_owners().ok()) return;
+  int fd = owners_fd.load();
+  std::vector<uint32_t> dead;
+  for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
+    if (h.owner_claimed[k] != 0 && static_cast<int>(k) != owner_slot && !sys::ofd_held_elsewhere(fd, k)) {
+      dead.push_back(k);
+    }
+  }
+  if (!dead.empty()) release_owned(dead);
+}
+
+auto Queue::Impl::release_own_slot() -> void {
+  if (owner_slot < 0 || owner_pid != ::getpid() || owners_fd.load() < 0) return;
+  {
+    auto held = lock();
+    if (held.ok()) {
+      uint32_t k = static_cast<uint32_t>(owner_slot);
+      release_owned(std::span(&k, 1));
+    }
+  }
+  sys::ofd_unlock(owners_fd.load(), static_cast<uint32_t>(owner_slot));
+  owner_slot = -1;
+}
+
+}  // namespace spool

@@ -1,0 +1,290 @@
+// Opening and recovery of a queue's index: the one lock path (which rebuilds the index
+// after a dead lock holder or damage), replay of the log into an index, and the seal the
+// last process to detach leaves (docs/durability.md, "First opener").
+#include "queue/queue_impl.h"
+
+namespace spool {
+
+Queue::Impl::~Impl() {
+  release_own_slot();
+  stop_compactor();
+  if (flusher.joinable()) {
+    {
+      std::lock_guard lock(flush_mu);
+      stopping = true;
+    }
+    flush_cv.notify_all();
+    flusher.join();
+  }
+  if (log && idx.attached() && idx.check_file().ok() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
+    (void)sync_to(idx.hdr().log_end);
+  }
+  seal_if_last();
+  if (lock_fd >= 0) ::close(lock_fd);
+  if (gate_fd >= 0) ::close(gate_fd);
+  sys::forget_in_fork_child(&owners_fd);
+  if (int fd = owners_fd.exchange(-1); fd >= 0) ::close(fd);
+}
+
+auto Queue::Impl::seal_if_last() -> void {
+  if (read_only || !idx.attached() || lock_fd < 0 || gate_fd < 0 || !park_path.empty()) return;
+  if (::flock(gate_fd, LOCK_EX) != 0) return;
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
+    auto held = lock();
+    if (held.ok()) idx.seal();
+  }
+  ::flock(gate_fd, LOCK_UN);
+}
+
+auto Queue::Impl::lock() -> Result<Locked> {
+  // Before the lock word is touched: it is in the file, which another process may have
+  // truncated (a page past the end of a file is a SIGBUS).
+  if (Status s = idx.check_file(); !s.ok()) {
+    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());  // once: every call fails so
+    return s;
+  }
+  auto& mu = idx.hdr().mu;
+  switch (mu.lock()) {
+    case sys::RobustMutex::LockResult::kOk:
+      break;
+    case sys::RobustMutex::LockResult::kOwnerDied: {
+      spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+      // It may have died creating a segment or a spare (both happen under this lock
+      // only): its temp file would stay until the next first opener, which a queue with
+      // long-lived processes never sees (the hour soak found 258 of them, 15.7 MB).
+      log->remove_leftovers();
+      Status s = rebuild();
+      if (!s.ok()) {
+        mu.unlock();
+        return Status(s.code(), "repair after a dead lock holder failed: " + s.message());
+      }
+      mu.mark_consistent();
+      break;
+    }
+    case sys::RobustMutex::LockResult::kUnrecoverable:
+      return Status(Code::kCorrupt, dir + ": index lock is unrecoverable after a failed repair; "
+                                          "close every process using the queue, then reopen");
+    case sys::RobustMutex::LockResult::kError:
+    case sys::RobustMutex::LockResult::kBusy:
+      return Status(Code::kIo, dir + ": cannot lock the index");
+  }
+  Locked held(this);
+  // Every value the index gives is checked before it is used (SharedIndex, "Damage"):
+  // the header here, the rest at each use.
+  if (Status s = idx.refresh(); !s.ok()) {
+    idx.damaged(s.message());
+  } else if (std::string bad = idx.check_header(); !bad.empty()) {
+    idx.damaged(bad);
+  }
+  if (!idx.damage().empty()) {
+    if (Status s = repair_damage(); !s.ok()) return s;
+  }
+  if (idx.hdr().compacted_through > forgotten_through) {
+    // Another process removed old segments: let go of their mappings.
+    forgotten_through = idx.hdr().compacted_through;
+    log->forget_below(forgotten_through + 1);
+  }
+  reap_dead_owners();
+  // Here, where nobody holds a slot yet. On an error the region stays as it was.
+  (void)idx.shrink();
+  // Once: a send may lock more than once (spares are made between two locks).
+  if (!park_path.empty() && !parked) {
+    parked = true;
+    spool::park(park_path);
+  }
+  return held;
+}
+
+auto Queue::Impl::repair_damage() -> Status {
+  const std::string why = idx.damage();
+  spool::log().error("spool: {}/index is damaged ({}); rebuilding it from the log", dir, why);
+  last_repair = why;
+  idx.clear_damage();
+  Status s = rebuild();
+  if (s.ok() && !idx.damage().empty()) s = Status(Code::kCorrupt, idx.damage());
+  idx.clear_damage();
+  if (!s.ok()) {
+    s = Status(s.code(), dir + "/index is damaged (" + why + ") and rebuilding it from the log failed: " + s.message());
+    spool::log().error("spool: {}", s.message());
+  }
+  return s;
+}
+
+auto Queue::Impl::rebuild() -> Status {
+  struct Owned {
+    uint64_t id;
+    uint32_t count;
+    uint16_t owner;
+  };
+  std::vector<Owned> owned;
+  if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
+    idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+      if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
+        owned.push_back(Owned{id, e.count, e.owner});
+      }
+    });
+  }
+  if (Status s = replay(idx); !s.ok()) return s;
+  // What a lock holder killed in the middle of a store left after the end.
+  if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
+  auto spares = log->count_spares();
+  idx.hdr().spares = spares.ok() ? *spares : 0;
+  for (const Owned& o : owned) {
+    int64_t slot = idx.find(o.id);
+    if (slot < 0) continue;
+    Entry& e = idx.entry(static_cast<uint32_t>(slot));
+    if (e.state == State::kLeased && e.count == o.count) e.owner = o.owner;
+  }
+  return {};
+}
+
+auto Queue::Impl::drop(index::SharedIndex& x, int64_t slot) -> void {
+  x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
+  x.erase(static_cast<uint32_t>(slot));
+}
+
+auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
+  auto& h = x.hdr();
+  ++h.region_gen;  // forces every process (and us) to remap before the next access
+  if (Status s = x.prepare_rebuild(); !s.ok()) return s;
+  h.next_id = 1;
+  if (Status s = x.reset(); !s.ok()) return s;
+  x.dedup_clear();
+  h.purged_through = 0;
+  h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
+  queue::ReplayClock clock(h, queue::read_clocks(h));
+  // Compaction copies of messages already in `x`, by id: not yet followed by a LEASE or
+  // RELEASE record of that message (see kMsg below).
+  std::unordered_map<uint64_t, uint64_t> unconfirmed_copies;
+  auto confirm_copy = [&](uint64_t id, int64_t slot) {
+    if (unconfirmed_copies.empty()) return;
+    auto it = unconfirmed_copies.find(id);
+    if (it == unconfirmed_copies.end()) return;
+    if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
+    unconfirmed_copies.erase(it);
+  };
+  Status failed;
+  auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
+    if (!failed.ok()) return;
+    if (r.type == RecordType::kClock) return clock.clock_record(pos.pack(), r);
+    if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
+    int64_t slot = r.type == RecordType::kMsg || r.type == RecordType::kPurge ||
+                           r.type == RecordType::kCheckpoint
+                       ? -1
+                       : x.find(r.id);
+    switch (r.type) {
+      case RecordType::kMsg: {
+        // Before the purge check: a dedup id outlives its message (docs/semantics.md).
+        if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
+        if (r.id <= h.purged_through) return;
+        if (int64_t have = x.find(r.id); have >= 0) {
+          // A compaction copy of a live message: point at it, not at the original (the
+          // original's segment is about to go, and a repair in the middle of a compaction
+          // must not leave the index pointing into it) -- but only once a LEASE or RELEASE
+          // record of the message follows the copy (the one compaction writes right after
+          // it, or a later one). A compaction killed in the middle of its append can leave
+          // a copy without that record (the batch torn between the two, or at a roll);
+          // pointing at such a copy let the next compaction remove the original together
+          // with every record of the message's receives, and the rebuild after that gave
+          // the message receive count 0 again (RECEIVE_COUNT_REPEAT). Unconfirmed, the
+          // index keeps the original, which nothing removes before the message is copied
+          // again in full.
+          if ((r.flags & format::kFlagCopy) != 0) unconfirmed_copies[r.id] = pos.pack();
+          return;
+        }
+        Entry e{pos.pack(), static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
+        auto ins = x.insert(r.id, e, clock.ready_key(pos.pack(), r.t1, r.t2), clock.now().boot);
+        if (!ins.ok()) failed = ins.status();
+        if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
+        h.bytes_live += r.payload.size();
+        return;
+      }
+      case RecordType::kLease:
+        if (slot < 0) return;
+        confirm_copy(r.id, slot);
+        x.entry(slot).count = r.count;
+        if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, clock.lease_key(pos.pack(), r.t2)); !s.ok()) {
+          failed = s;
+        }
+        return;
+      case RecordType::kRelease:
+        if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
+        if (slot < 0) return;
+        confirm_copy(r.id, slot);
+        x.entry(slot).count = r.count;
+        if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, clock.ready_key(pos.pack(), r.t1, r.t2));
+            !s.ok()) {
+          failed = s;
+        }
+        return;
+      case RecordType::kAck:
+        ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
+        confirm_copy(r.id, -1);
+        if (slot >= 0) drop(x, slot);
+        return;
+      case RecordType::kDead:
+        ++h.dead_total;
+        confirm_copy(r.id, -1);
+        if (slot >= 0) drop(x, slot);
+        return;
+      case RecordType::kPurge: {
+        std::vector<uint64_t> ids;
+        x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+          if (id <= r.id) ids.push_back(id);
+        });
+        for (uint64_t id : ids) drop(x, x.find(id));
+        h.purged_through = std::max(h.purged_through, r.id);
+        return;
+      }
+      case RecordType::kClock:  // handled above
+        return;
+      case RecordType::kCheckpoint: {
+        // Totals of everything before it, including compacted-away segments.
+        auto cp = storage::decode_checkpoint(r.payload);
+        if (!cp) return;
+        h.sent_total = cp->sent_total;
+        h.acked_total = cp->acked_total;
+        h.dead_total = cp->dead_total;
+        h.expired_total = cp->expired_total;
+        h.nacked_total = cp->nacked_total;
+        h.next_id = std::max(h.next_id, cp->next_id);
+        if (cp->purged_through > h.purged_through) {
+          // The PURGE itself may have been compacted away: apply it here.
+          std::vector<uint64_t> ids;
+          x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+            if (id <= cp->purged_through) ids.push_back(id);
+          });
+          for (uint64_t id : ids) drop(x, x.find(id));
+          h.purged_through = cp->purged_through;
+        }
+        return;
+      }
+    }
+  });
+  if (!rec.ok()) return rec.status();
+  if (!failed.ok()) return failed;
+  h.log_end = rec->end.pack();
+  h.sent_through.store(h.next_id - 1, std::memory_order_release);
+  h.durable_end.store(0);
+  h.durable_id.store(0);
+  if (!rec->corrupt.empty()) {
+    spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
+                  rec->corrupt.size());
+  }
+  return {};
+}
+
+auto Queue::Impl::enqueue_key(const index::SharedIndex& x, Pos at, uint64_t t1, const Clocks& now) -> uint64_t {
+  return std::min(now.boot, now.key(queue::rebase(x.hdr(), at.pack(), t1, now)));
+}
+
+auto Queue::Impl::log_ahead_of_index() -> bool {
+  Pos end = Pos::unpack(idx.hdr().log_end);
+  auto seqs = log->segments();
+  if (!seqs.ok() || seqs->empty()) return end.seq != 0;
+  if (seqs->back() != end.seq) return true;
+  auto seg = log->segment(end.seq);
+  return !seg.ok() || (*seg)->record_at(end.off).has_value();
+}
+
+}  // namespace spool

@@ -1,0 +1,125 @@
+// The write path: every state change is records appended at the log end under the index
+// lock, after the log clock's anchor when one is due; the room a send needs (spare
+// segments, max_ready / max_bytes) and waking the senders that wait for it.
+#include "queue/queue_impl.h"
+
+namespace spool {
+
+auto Queue::Impl::writable() const -> Status {
+  if (read_only) return Status(Code::kReadOnly, dir + ": read-only (no write permission on the queue)");
+  return {};
+}
+
+auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
+  auto& h = idx.hdr();
+  if (Status s = log->check_end(Pos::unpack(h.log_end)); !s.ok()) {
+    idx.damaged(s.message());  // rebuilt before the unlock
+    return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
+  }
+  // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
+  const uint64_t boot = queue::boot_hash();
+  std::optional<Record> opener;
+  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot);
+  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr);
+  if (!res.ok()) return res.status();
+  h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
+  __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+  return res;
+}
+
+auto Queue::Impl::append(std::span<const Record> recs) -> Result<Pos> {
+  auto res = append_all(recs);
+  if (!res.ok()) return res.status();
+  return res->at.empty() ? res->end : res->at.front();
+}
+
+auto Queue::Impl::clocks() -> Clocks {
+  auto& h = idx.hdr();
+  Clocks c = queue::read_clocks(h);
+  if (read_only || !queue::anchor_due(h, c)) return c;
+  Clocks next = c;
+  next.rt = next.real;
+  const uint64_t boot = queue::boot_hash();
+  Record r = queue::anchor_record(next, boot);
+  auto at = append(std::span(&r, 1));
+  if (!at.ok()) {
+    spool::log().warn("spool: {}: cannot write a clock record: {}", dir, at.status().to_string());
+    return c;
+  }
+  queue::add_anchor(h, at->pack(), next.rt - next.boot);
+  return next;
+}
+
+auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes) -> uint64_t {
+  constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
+  constexpr uint64_t kSlack = 4096;
+  auto& h = idx.hdr();
+  const uint64_t seg = cfg.opts.segment_size;
+  const uint64_t cap = seg - format::kSegmentHeaderSize;
+  Pos end = Pos::unpack(h.log_end);
+  // A spare beyond the last segment number a position can hold is never rolled into.
+  const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
+  uint64_t usable = std::min(h.spares, numbers_left);
+  uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + usable * cap;
+  // Twice the records: a roll wastes the tail of a segment the next record does not fit.
+  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+  if (room >= need) return 0;
+  const uint64_t short_by = (need - room + cap - 1) / cap;
+  return short_by > numbers_left - usable ? kNoSegmentNumbers : short_by;
+}
+
+auto Queue::Impl::make_spares(uint64_t n, bool locked) -> Status {
+  if (n == kNoSegmentNumbers) {
+    return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
+                                      std::to_string(storage::kMaxSegmentSeq) +
+                                      "); the room left is kept so that the queued messages can still be received "
+                                      "and acked. Drain the queue into a new one (a larger segment_size makes the "
+                                      "limit further away)");
+  }
+  for (; n > 0; --n) {
+    if (Status s = log->make_spare(); !s.ok()) {
+      std::optional<Result<Locked>> held;
+      if (!locked) held.emplace(lock());  // the count is read under the lock
+      return Status(s.code(), s.message() + "; the space left is kept so that the " +
+                                  std::to_string(idx.hdr().count) + " queued messages can still be received and acked");
+    }
+    if (locked) {
+      ++idx.hdr().spares;
+    } else {
+      auto held = lock();
+      if (!held.ok()) return held.status();
+      ++idx.hdr().spares;
+    }
+  }
+  return {};
+}
+
+auto Queue::Impl::wake(uint64_t n) -> void {
+  auto& h = idx.hdr();
+  h.wake_seq.fetch_add(1, std::memory_order_release);
+  if (h.waiters.load(std::memory_order_acquire) > 0) {
+    sys::futex_wake(&h.wake_seq, static_cast<int>(std::min<uint64_t>(n, INT32_MAX)));
+  }
+}
+
+auto Queue::Impl::room() -> void {
+  if (cfg.opts.max_ready == 0 && cfg.opts.max_bytes == 0) return;
+  auto& h = idx.hdr();
+  h.room_seq.fetch_add(1, std::memory_order_release);
+  if (h.room_waiters.load(std::memory_order_acquire) > 0) sys::futex_wake(&h.room_seq, INT32_MAX);
+}
+
+auto Queue::Impl::full_reason(uint64_t n, uint64_t bytes) -> std::string {
+  auto& h = idx.hdr();
+  const auto& o = cfg.opts;
+  uint64_t waiting = h.count - h.leased;
+  if (o.max_ready != 0 && waiting + n > o.max_ready) {
+    return std::to_string(waiting) + " messages waiting, max_ready is " + std::to_string(o.max_ready);
+  }
+  if (o.max_bytes != 0 && h.bytes_live + bytes > o.max_bytes) {
+    return std::to_string(h.bytes_live) + " bytes queued, max_bytes is " + std::to_string(o.max_bytes);
+  }
+  return "";
+}
+
+}  // namespace spool
