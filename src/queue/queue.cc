@@ -165,8 +165,10 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
 
-  if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
-  if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
+  if (kTestHooks) {
+    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
+    if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
+  }
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.

@@ -1,7 +1,8 @@
 // Hooks for crash tests. Named crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
 // process SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
 // getenv per process when unset. park(): hold the process where it is until a test lets
-// it go (or kills it there).
+// it go (or kills it there). Only in a testing build (meson -Dtesting=true, the default;
+// debian/rules turns it off): elsewhere both do nothing and cost nothing.
 #pragma once
 
 #include <fcntl.h>
@@ -14,6 +15,9 @@
 #include <string>
 
 namespace spool {
+
+#ifdef SPOOL_TESTING
+inline constexpr bool kTestHooks = true;
 
 inline void crashpoint(const char* name) {
   static const char* spec = std::getenv("SPOOL_CRASHPOINT");
@@ -32,5 +36,10 @@ inline void park(const std::string& path) {
   if (fd >= 0) ::close(fd);
   while (::access(path.c_str(), F_OK) == 0) ::usleep(1000);
 }
+#else
+inline constexpr bool kTestHooks = false;
+inline void crashpoint(const char*) {}
+inline void park(const std::string&) {}
+#endif
 
 }  // namespace spool
