@@ -291,7 +291,7 @@ t_once_does_not_wait_out_refused_messages() {
   once q -j 2 2>"$D/once.err"
   rc=$?
   echo "# --once with 6 messages over max_payload: exit $rc after $((SECONDS - start)) s"
-  ((SECONDS - start <= 4)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
+  ((SECONDS - start <= 8)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
   eq "exit code with refused messages" "$rc" 1
   grep -qF -- "--once: 6 message(s) the queue can never take are left in the stream" "$D/once.err" ||
     fail "no reason given: $(cat "$D/once.err")"
@@ -301,25 +301,25 @@ t_once_does_not_wait_out_refused_messages() {
   once q -j 2 2>"$D/once.err"
   rc=$?
   echo "# the run after: exit $rc after $((SECONDS - start)) s"
-  ((SECONDS - start <= 10)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
+  ((SECONDS - start <= 15)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
   eq "exit code of the run after" "$rc" 1
   eq "queued" "$(qstat sent_total)" 5
   eq "left in the stream" "$(stream_count)" 6
 }
 
 # "Reconnects for ever" covers the consumer too. The consumer deleted under a running pull
-# (as `nats consumer rm` does) while it pulls 2,000: created again as it was, with a line
+# (as `nats consumer rm` does) while it pulls 1,000: created again as it was, with a line
 # saying so, and pulling goes on; a batch whose acks went to the deleted consumer comes again
 # and is recognised.
 t_consumer_deleted_is_created_again() {
   "$SPOOL" init q || fail "init"
   start_server
-  publish 1 2000
-  pull_bg -j 10 --ack-wait 2s
-  wait_for 20 sent_at_least 300
+  publish 1 1000
+  pull_bg -j 10 --ack-wait 2s  # small batches, each synced: the deletion comes mid-way
+  wait_for 20 sent_at_least 200
   "$DRAIN" "$URL" JOBS delete-consumer down || fail "delete the consumer"
   echo "# consumer deleted with $(qstat sent_total) queued"
-  wait_for 20 sent_at_least 2000
+  wait_for 15 sent_at_least 1000  # (found out at the first empty fetch: about 1 s)
   wait_for 10 stream_is 0
   stop "$PULL" "spool pull"
   grep -q "consumer down is gone from stream JOBS (deleted?); creating it again" "$D/pull.err" ||
@@ -327,7 +327,7 @@ t_consumer_deleted_is_created_again() {
   grep -q "created consumer down on stream JOBS again, as it was (AckWait 2000 ms)" "$D/pull.err" ||
     fail "no line saying so: $(cat "$D/pull.err")"
   echo "# last: $(tail -1 "$D/pull.err")"
-  in_queue_once 2000
+  in_queue_once 1000
 }
 
 # And the stream: deleted and created again under a running pull (its sequences start again

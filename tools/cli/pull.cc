@@ -425,13 +425,14 @@ class Puller {
   // The main loop: fetch a batch, queue it, sync, ack. Returns the exit code.
   int pull() {
     const size_t batch = batch_size();
-    auto last_seen = SteadyClock::now();  // the consumer was last known to exist
+    // When the consumer was last known to exist; time_point::min(): just now it delivered.
+    auto last_seen = SteadyClock::now();
     while (!g_stop) {
       natsMsgList list{};
       jsErrCode jerr = static_cast<jsErrCode>(0);
       natsStatus s = natsSubscription_Fetch(&list, sub_, static_cast<int>(batch), 1000, &jerr);
       if (list.Count > 0) {
-        last_seen = SteadyClock::now();
+        last_seen = SteadyClock::time_point::min();
         std::vector<natsMsg*> msgs(list.Msgs, list.Msgs + list.Count);
         size_t fresh = 0;
         int rc = deliver(msgs, &fresh);
@@ -448,16 +449,18 @@ class Puller {
       if (s == NATS_TIMEOUT || s == NATS_OK) {
         if (args_.once) {
           if (Pending p = pending(); p != Pending::kSome) return p == Pending::kGone ? kLost : 0;
-        } else if (SteadyClock::now() - last_seen >= Millis(10000)) {
-          // Idle: a look every 10 s that the consumer is still there (a fetch from a deleted
-          // one normally fails, below, but need not).
+        } else if (last_seen == SteadyClock::time_point::min() || SteadyClock::now() - last_seen >= Millis(5000)) {
+          // A look that the consumer is still there, at the first empty fetch after messages
+          // and every 5 s while idle: a fetch from a consumer deleted while a pull request of
+          // ours waits fails ("Consumer Deleted", below), but one deleted between requests
+          // only times out.
           if (Pending p = pending(); p == Pending::kGone) return kLost;
           last_seen = SteadyClock::now();
         }
         continue;
       }
-      // Deleted (the consumer or its stream: "Consumer Deleted", then no responders), or the
-      // link is down: the consumer's info says which.
+      // Deleted (the consumer or its stream: "Consumer Deleted"), or the link is down: the
+      // consumer's info says which.
       if (natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED && pending() == Pending::kGone) return kLost;
       warnings_.warn("fetch failed: " + warnings_.nats_text(s) + "; retrying", "fetch");
       if (!sleep_unless(g_stop, Millis(250))) break;
