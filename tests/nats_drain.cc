@@ -10,6 +10,10 @@
 //                                 number, header Nats-Msg-Id m-NUMBER, and the KEY=VALUEs
 //   nats_drain URL STREAM consumer NAME
 //                                 prints the consumer's NumPending and NumAckPending
+//   nats_drain URL STREAM delete-consumer NAME
+//                                 deletes the consumer (as `nats consumer rm` does)
+//   nats_drain URL STREAM delete-stream
+//                                 deletes the stream, its messages and consumers with it
 //
 // Exit code 0 on success, 1 on any error (printed on stderr).
 #include <nats/nats.h>
@@ -78,6 +82,16 @@ int consumer(jsCtx* js, const char* stream, const char* name) {
   return 0;
 }
 
+int delete_consumer(jsCtx* js, const char* stream, const char* name) {
+  natsStatus s = js_DeleteConsumer(js, stream, name, nullptr, nullptr);
+  return s == NATS_OK ? 0 : die("delete consumer", s);
+}
+
+int delete_stream(jsCtx* js, const char* stream) {
+  natsStatus s = js_DeleteStream(js, stream, nullptr, nullptr);
+  return s == NATS_OK ? 0 : die("delete stream", s);
+}
+
 int run(natsConnection* nc, const char* stream, bool drain) {
   jsCtx* js = nullptr;
   natsStatus s = natsConnection_JetStream(&js, nc, nullptr);
@@ -141,18 +155,26 @@ int run(natsConnection* nc, const char* stream, bool drain) {
 int main(int argc, char** argv) {
   bool pub = argc >= 7 && std::strcmp(argv[3], "publish") == 0;
   bool cons = argc == 5 && std::strcmp(argv[3], "consumer") == 0;
-  if (!pub && !cons && (argc != 4 || (std::strcmp(argv[3], "count") != 0 && std::strcmp(argv[3], "drain") != 0))) {
-    std::fprintf(stderr, "usage: nats_drain URL STREAM count|drain|publish SUBJECT FROM TO [KEY=VALUE...]|consumer NAME\n");
+  bool del_cons = argc == 5 && std::strcmp(argv[3], "delete-consumer") == 0;
+  bool del_stream = argc == 4 && std::strcmp(argv[3], "delete-stream") == 0;
+  bool js_only = pub || cons || del_cons || del_stream;
+  if (!js_only && (argc != 4 || (std::strcmp(argv[3], "count") != 0 && std::strcmp(argv[3], "drain") != 0))) {
+    std::fprintf(stderr, "usage: nats_drain URL STREAM count|drain|publish SUBJECT FROM TO [KEY=VALUE...]|consumer NAME|"
+                         "delete-consumer NAME|delete-stream\n");
     return 2;
   }
   natsConnection* nc = nullptr;
   natsStatus s = natsConnection_ConnectTo(&nc, argv[1]);
   if (s != NATS_OK) return die("connect", s);
   int rc = 0;
-  if (pub || cons) {
+  if (js_only) {
     jsCtx* js = nullptr;
     s = natsConnection_JetStream(&js, nc, nullptr);
-    rc = s != NATS_OK ? die("JetStream", s) : pub ? publish(js, argv[2], argc - 4, argv + 4) : consumer(js, argv[2], argv[4]);
+    rc = s != NATS_OK    ? die("JetStream", s)
+         : pub           ? publish(js, argv[2], argc - 4, argv + 4)
+         : cons          ? consumer(js, argv[2], argv[4])
+         : del_cons      ? delete_consumer(js, argv[2], argv[4])
+                         : delete_stream(js, argv[2]);
     jsCtx_Destroy(js);
   } else {
     rc = run(nc, argv[2], std::strcmp(argv[3], "drain") == 0);

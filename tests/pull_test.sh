@@ -235,9 +235,137 @@ t_credentials_never_shown() {
   eq "in the stream" "$(URL=$auth_url stream_count)" 0
 }
 
+# (once: 20 s at most. The --once before exit code 75 waited for ever for room, and for each
+# refused message's 60 s nak delay, again and again.)
+once() { timeout 20 "$SPOOL" pull "$@" --nats "$URL" --stream JOBS --consumer down --once --ack-wait 2s; }
+
+# --once takes what fits now and exits; it never waits for room (nobody may make any: a
+# script that runs pull --once and then its workers would wait for ever). A queue of
+# max_ready 50 and 200 in the stream: exit 75 at once, 50 queued, the batch in hand returned
+# to the stream (not held), 150 left there; each run after room is made takes the next 50,
+# the last exits 0.
+t_once_into_a_full_queue_exits_75() {
+  "$SPOOL" init q --max-ready 50 || fail "init"
+  start_server
+  publish 1 200
+  local start=$SECONDS rc round
+  once q -j 10 2>>"$D/pull.err"
+  rc=$?
+  echo "# --once into a full queue: exit $rc after $((SECONDS - start)) s"
+  eq "exit code of --once into a full queue" "$rc" 75
+  ((SECONDS - start <= 10)) || fail "took $((SECONDS - start)) s"
+  eq "queued" "$(qstat ready)" 50
+  grep -q -- "--once: stopped, the queue has no room" "$D/pull.err" || fail "no reason given: $(cat "$D/pull.err")"
+  grep -q "10 returned to the stream" "$D/pull.err" || fail "summary: $(cat "$D/pull.err")"
+  eq "in the stream" "$(stream_count)" 150
+  : >"$D/got"
+  for ((round = 0; round < 8; round++)); do
+    "$SPOOL" recv q -n 50 --json >"$D/batch" 2>/dev/null || fail "recv"
+    sed -n 's/.*"payload":"\([0-9]*\)".*/\1/p' "$D/batch" >>"$D/got"
+    # shellcheck disable=SC2046
+    "$SPOOL" ack q $(sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' "$D/batch") || fail "ack"
+    start=$SECONDS
+    once q -j 10 2>>"$D/pull.err"
+    rc=$?
+    ((SECONDS - start <= 10)) || fail "run $round took $((SECONDS - start)) s"
+    [[ $rc == 0 ]] && break
+    eq "exit code of run $round" "$rc" 75
+  done
+  eq "exit code of the last run" "$rc" 0
+  eq "runs after the first" "$((round + 1))" 3
+  "$SPOOL" recv q -n 50 --json >"$D/batch" 2>/dev/null || fail "recv"
+  sed -n 's/.*"payload":"\([0-9]*\)".*/\1/p' "$D/batch" >>"$D/got"
+  sort -n "$D/got" | cmp -s - <(seq 1 200) || fail "received: $(sort -n "$D/got" | diff - <(seq 1 200) | head -5)"
+  eq "sent into the queue" "$(qstat sent_total)" 200
+  eq "in the stream at the end" "$(stream_count)" 0
+}
+
+# --once and messages the queue can never take (over its max_payload): exit 1 in moments,
+# not after their nak delay; they stay in the stream. A second run soon after waits for their
+# delay (5 s with --once), no longer.
+t_once_does_not_wait_out_refused_messages() {
+  "$SPOOL" init q --max-payload 2 || fail "init"
+  start_server
+  publish 95 105  # 95..99 fit in 2 bytes, 100..105 do not
+  local start=$SECONDS rc
+  once q -j 2 2>"$D/once.err"
+  rc=$?
+  echo "# --once with 6 messages over max_payload: exit $rc after $((SECONDS - start)) s"
+  ((SECONDS - start <= 8)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
+  eq "exit code with refused messages" "$rc" 1
+  grep -qF -- "--once: 6 message(s) the queue can never take are left in the stream" "$D/once.err" ||
+    fail "no reason given: $(cat "$D/once.err")"
+  eq "queued" "$(qstat sent_total)" 5
+  eq "left in the stream" "$(stream_count)" 6
+  start=$SECONDS
+  once q -j 2 2>"$D/once.err"
+  rc=$?
+  echo "# the run after: exit $rc after $((SECONDS - start)) s"
+  ((SECONDS - start <= 15)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
+  eq "exit code of the run after" "$rc" 1
+  eq "queued" "$(qstat sent_total)" 5
+  eq "left in the stream" "$(stream_count)" 6
+}
+
+# "Reconnects for ever" covers the consumer too. The consumer deleted under a running pull
+# (as `nats consumer rm` does) while it pulls 1,000: created again as it was, with a line
+# saying so, and pulling goes on; a batch whose acks went to the deleted consumer comes again
+# and is recognised.
+t_consumer_deleted_is_created_again() {
+  "$SPOOL" init q || fail "init"
+  start_server
+  publish 1 1000
+  pull_bg -j 10 --ack-wait 2s  # small batches, each synced: the deletion comes mid-way
+  wait_for 20 sent_at_least 200
+  "$DRAIN" "$URL" JOBS delete-consumer down || fail "delete the consumer"
+  echo "# consumer deleted with $(qstat sent_total) queued"
+  wait_for 15 sent_at_least 1000  # (found out at the first empty fetch: about 1 s)
+  wait_for 10 stream_is 0
+  stop "$PULL" "spool pull"
+  grep -q "consumer down is gone from stream JOBS (deleted?); creating it again" "$D/pull.err" ||
+    fail "no line saying so: $(cat "$D/pull.err")"
+  grep -q "created consumer down on stream JOBS again, as it was (AckWait 2000 ms)" "$D/pull.err" ||
+    fail "no line saying so: $(cat "$D/pull.err")"
+  echo "# last: $(tail -1 "$D/pull.err")"
+  in_queue_once 1000
+}
+
+# And the stream: deleted and created again under a running pull (its sequences start again
+# at 1), pull waits for it, sets the consumer up again, and queues the new stream's messages
+# under new dedup ids, none taken for an old one already queued.
+t_stream_deleted_and_created_again() {
+  "$SPOOL" init q || fail "init"
+  start_server
+  publish 1 100
+  pull_bg -j 10 --ack-wait 2s
+  wait_for 20 sent_at_least 100
+  "$DRAIN" "$URL" JOBS delete-stream || fail "delete the stream"
+  sleep 0.5
+  publish 101 200  # creates the stream again: sequences 1..100
+  wait_for 20 sent_at_least 200
+  wait_for 10 stream_is 0
+  stop "$PULL" "spool pull"
+  grep -q "stream JOBS is gone" "$D/pull.err" || fail "no line saying so: $(cat "$D/pull.err")"
+  grep -q "stream JOBS was created again" "$D/pull.err" || fail "no line saying so: $(cat "$D/pull.err")"
+  echo "# last: $(tail -1 "$D/pull.err")"
+  "$SPOOL" peek q -n 300 --json >"$D/peek" || fail "peek"
+  eq "messages in the queue" "$(wc -l <"$D/peek")" 200
+  sed -n 's/.*"payload":"\([0-9]*\)".*/\1/p' "$D/peek" | sort -n | cmp -s - <(seq 1 200) || fail "payloads are not 1..200"
+  # The new stream's messages (payloads 101..200) carry its sequences, 1..100.
+  local bad
+  bad=$(awk '{ match($0, /"nats.seq":"[0-9]*"/); seq = substr($0, RSTART + 12, RLENGTH - 13)
+               match($0, /"payload":"[0-9]*"/); p = substr($0, RSTART + 11, RLENGTH - 12)
+               if ((p + 0 > 100 ? p - 100 : p + 0) != seq + 0) print }' "$D/peek" | head -3)
+  [[ -z $bad ]] || fail "messages with another sequence: $bad"
+}
+
 TESTS=(
   t_10000_exactly_once_across_kill_9_and_server_restart
   t_full_queue_holds_the_rest_in_the_stream
+  t_once_into_a_full_queue_exits_75
+  t_once_does_not_wait_out_refused_messages
+  t_consumer_deleted_is_created_again
+  t_stream_deleted_and_created_again
   t_headers_become_attributes
   t_server_down_at_start
   t_errors_are_one_line

@@ -2,7 +2,7 @@
 // the contract (commands, flags, exit codes) is docs/cli.md.
 //
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
-// receipt); 64 usage error; 1 any other error.
+// receipt); 64 usage error; 75 pull --once stopped by a full queue; 1 any other error.
 #include <dirent.h>
 #include <grp.h>
 #include <signal.h>
@@ -177,7 +177,7 @@ Examples:
 
 Durations: 500ms, 30s, 5m, 2h, or a plain number of seconds. Sizes: 4096, 64K, 64M, 1G.
 Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 usage error,
-1 any other error. See docs/cli.md.)";
+75 pull --once stopped by a full queue (try again later), 1 any other error. See docs/cli.md.)";
 
 }  // namespace
 

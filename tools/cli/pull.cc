@@ -56,7 +56,9 @@ CLI::App* add_pull_command(CLI::App& app, std::string& dir, PullArgs& a) {
       ->check(CLI::Validator(check_positive_duration, "DURATION"));
   c->add_option("-j", a.batch, "Messages fetched, queued, synced and acked at once (default 256)")
       ->check(CLI::Range(size_t{1}, size_t{4096}));
-  c->add_flag("--once", a.once, "Exit when the consumer has nothing pending (nothing to fetch, nothing unacked)");
+  c->add_flag("--once", a.once, "Take what the stream holds now and exit: 0 once the consumer has nothing pending, "
+                                "75 at once when the queue is full (the rest stays in the stream), 1 when messages "
+                                "the queue can never take were left there");
   c->footer(
       "Exactly once into the queue: a batch is sent with a dedup id per message, js:STREAM:CREATED:SEQ\n"
       "(the stream's creation time and the message's stream sequence), synced to disk, and only\n"
@@ -66,7 +68,8 @@ CLI::App* add_pull_command(CLI::App& app, std::string& dir, PullArgs& a) {
       "the others by name while they fit (docs/beyond-one-host.md says which do not).\n"
       "A full queue (--max-ready/--max-bytes): fetching stops; the fetched messages wait (their\n"
       "AckWait renewed), the rest stays in the stream.\n"
-      "Reconnects for ever. SIGTERM/SIGINT: finish the batch in hand (one waiting for room goes\n"
+      "Reconnects for ever; a consumer deleted meanwhile is created again as it was, a stream\n"
+      "deleted is waited for. SIGTERM/SIGINT: finish the batch in hand (one waiting for room goes\n"
       "back to the stream), exit 0. Credentials and TLS as for spool forward.\n"
       "Example: spool pull /var/spool/work --nats nats://hub:4222 --stream JOBS --consumer edge-7");
   return c;
@@ -164,17 +167,31 @@ class Puller {
                           "(the queue stays usable meanwhile)", g_stop, &nc_);
     if (rc == 0) return summary(0);
     if (rc > 0) return rc;
-    for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
-      Setup st = prepare();
-      if (st == Setup::kOk) break;
-      if (st == Setup::kFatal) return 1;
-      if (!sleep_unless(g_stop, pause)) return summary(0);
+    for (bool first = true;; first = false) {
+      for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
+        Setup st = prepare(first);
+        if (st == Setup::kOk) break;
+        if (st == Setup::kFatal) return first ? 1 : summary(1);  // at the start: the one error line
+        if (!sleep_unless(g_stop, pause)) return summary(0);
+      }
+      if (first) {
+        std::fprintf(stderr, "spool pull: pulling stream %s (consumer %s) at %s into %s\n", args_.stream.c_str(),
+                     args_.consumer.c_str(), url_.c_str(), q_.dir().c_str());
+      }
+      rc = pull();
+      if (rc != kLost) break;
+      // The consumer (or its stream) was deleted under us: set up again, as at the start.
+      natsSubscription_Destroy(sub_);
+      sub_ = nullptr;
     }
-    std::fprintf(stderr, "spool pull: pulling stream %s (consumer %s) at %s into %s\n", args_.stream.c_str(),
-                 args_.consumer.c_str(), url_.c_str(), q_.dir().c_str());
-    rc = pull();
     // Acks are sent without waiting for the server; they reach it before the exit.
     natsConnection_FlushTimeout(nc_, 2000);
+    if (rc == 0 && args_.once && !refused_seqs_.empty()) {
+      std::fprintf(stderr, "spool pull: --once: %zu message(s) the queue can never take are left in the stream "
+                           "(warnings above); raise the queue's limits, or take them out with NATS tools\n",
+                   refused_seqs_.size());
+      rc = 1;
+    }
     return summary(rc);
   }
 
@@ -203,10 +220,76 @@ class Puller {
 
   Setup classify(natsStatus s, const std::string& what) { return classify_setup_failure(warnings_, s, what, url_); }
 
+  // The configuration of the consumer pulled from, kept to create it again as it was when it
+  // is deleted under a running pull. Where it starts is not kept: on a work-queue stream
+  // (which holds only what no consumer acked) from the first message, on another stream from
+  // the one after the last this process acked, on a stream created again from its first.
+  struct ConsumerShape {
+    bool known = false;
+    std::string description, filter, sample;
+    int64_t ack_wait = 0, max_deliver = 0, max_waiting = 0, max_ack_pending = 0, max_request_batch = 0,
+            max_request_expires = 0, max_request_max_bytes = 0, replicas = 0;
+    uint64_t rate_limit = 0;
+    bool headers_only = false, memory_storage = false;
+    jsReplayPolicy replay = js_ReplayInstant;
+    std::vector<int64_t> backoff;
+
+    void keep(const jsConsumerConfig& c) {
+      known = true;
+      auto str = [](const char* p) { return std::string(p != nullptr ? p : ""); };
+      description = str(c.Description);
+      filter = str(c.FilterSubject);
+      sample = str(c.SampleFrequency);
+      ack_wait = c.AckWait;
+      max_deliver = c.MaxDeliver;
+      max_waiting = c.MaxWaiting;
+      max_ack_pending = c.MaxAckPending;
+      max_request_batch = c.MaxRequestBatch;
+      max_request_expires = c.MaxRequestExpires;
+      max_request_max_bytes = c.MaxRequestMaxBytes;
+      replicas = c.Replicas;
+      rate_limit = c.RateLimit;
+      headers_only = c.HeadersOnly;
+      memory_storage = c.MemoryStorage;
+      replay = c.ReplayPolicy;
+      backoff.assign(c.BackOff, c.BackOff + (c.BackOff != nullptr ? c.BackOffLen : 0));
+    }
+
+    // `*c` as kept, durable `name` (the strings point into this and `name`), delivering from
+    // stream sequence `start_seq` on (0: from the first message).
+    void fill(jsConsumerConfig* c, const std::string& name, uint64_t start_seq) const {
+      jsConsumerConfig_Init(c);
+      c->Durable = name.c_str();
+      if (!description.empty()) c->Description = description.c_str();
+      if (!filter.empty()) c->FilterSubject = filter.c_str();
+      if (!sample.empty()) c->SampleFrequency = sample.c_str();
+      c->DeliverPolicy = start_seq > 0 ? js_DeliverByStartSequence : js_DeliverAll;
+      c->OptStartSeq = start_seq;
+      c->AckPolicy = js_AckExplicit;
+      c->AckWait = ack_wait;
+      c->MaxDeliver = max_deliver;
+      c->MaxWaiting = max_waiting;
+      c->MaxAckPending = max_ack_pending;
+      c->MaxRequestBatch = max_request_batch;
+      c->MaxRequestExpires = max_request_expires;
+      c->MaxRequestMaxBytes = max_request_max_bytes;
+      c->Replicas = replicas;
+      c->RateLimit = rate_limit;
+      c->HeadersOnly = headers_only;
+      c->MemoryStorage = memory_storage;
+      c->ReplayPolicy = replay;
+      c->BackOff = backoff.empty() ? nullptr : const_cast<int64_t*>(backoff.data());
+      c->BackOffLen = static_cast<int>(backoff.size());
+    }
+  };
+
 
   // The stream (its creation time goes into the dedup ids), the consumer (created if
-  // missing, checked if not) and the pull subscription bound to it.
-  Setup prepare() {
+  // missing, checked if not) and the pull subscription bound to it. `first`: at the start;
+  // later, after the consumer or the stream was deleted under a running pull, a missing
+  // stream is waited for (not with --once) and a missing consumer is created again with the
+  // configuration it had.
+  Setup prepare(bool first) {
     if (js_ == nullptr) {
       if (natsStatus s = natsConnection_JetStream(&js_, nc_, nullptr); s != NATS_OK) return classify(s, "JetStream");
     }
@@ -214,37 +297,69 @@ class Puller {
     jsErrCode jerr = static_cast<jsErrCode>(0);
     jsStreamInfo* si = nullptr;
     natsStatus s = js_GetStreamInfo(&si, js_, stream.c_str(), nullptr, &jerr);
-    if (s == NATS_NOT_FOUND) {
-      std::fprintf(stderr, "spool pull: no stream %s at %s (spool pull consumes a stream that exists)\n",
-                   stream.c_str(), url_.c_str());
+    if (s == NATS_NOT_FOUND && (first || args_.once)) {
+      std::fprintf(stderr, "spool pull: no stream %s at %s (spool pull consumes a stream that exists%s)\n",
+                   stream.c_str(), url_.c_str(), first ? "" : "; it was deleted while pulling");
       return Setup::kFatal;
+    }
+    if (s == NATS_NOT_FOUND) {
+      warnings_.warn("stream " + stream + " is gone (deleted?); waiting for it to be created again", "no stream");
+      return Setup::kRetry;
     }
     if (s != NATS_OK) return classify(s, "cannot look up stream " + stream);
-    dedup_prefix_ = "js:" + stream + ":" + std::to_string(si->Created) + ":";
+    std::string prefix = "js:" + stream + ":" + std::to_string(si->Created) + ":";
+    const bool work_queue = si->Config != nullptr && si->Config->Retention == js_WorkQueuePolicy;
     jsStreamInfo_Destroy(si);
-    if (dedup_prefix_.size() + 20 > 128) {
+    if (prefix.size() + 20 > 128) {
       std::fprintf(stderr, "spool pull: stream name %s is too long for spool's dedup ids (at most %zu bytes)\n",
-                   stream.c_str(), 128 - (dedup_prefix_.size() - stream.size()) - 20);
+                   stream.c_str(), 128 - (prefix.size() - stream.size()) - 20);
       return Setup::kFatal;
     }
+    if (!dedup_prefix_.empty() && prefix != dedup_prefix_) {
+      // Created again: its sequences start again at 1, and are other messages than the old ones.
+      std::fprintf(stderr, "spool pull: stream %s was created again; its messages get new dedup ids (%s...)\n",
+                   stream.c_str(), prefix.c_str());
+      recent_.clear();
+      recent_order_.clear();
+      refused_seqs_.clear();
+      max_acked_seq_ = 0;
+    }
+    dedup_prefix_ = std::move(prefix);
     jsConsumerInfo* ci = nullptr;
     s = js_GetConsumerInfo(&ci, js_, stream.c_str(), args_.consumer.c_str(), nullptr, &jerr);
+    if (s != NATS_OK && jerr == JSStreamNotFoundErr && !first && !args_.once) {
+      return Setup::kRetry;  // the stream deleted (again) just now: looked up again
+    }
     if (s == NATS_NOT_FOUND) {
       jsConsumerConfig cc;
-      jsConsumerConfig_Init(&cc);
-      cc.Durable = args_.consumer.c_str();
-      cc.AckPolicy = js_AckExplicit;
-      cc.AckWait = parse_duration(args_.ack_wait)->count() * kNsPerMs;
-      cc.MaxDeliver = -1;  // the local queue counts deliveries (max_receives); a nak while full is no failure
-      cc.MaxAckPending = static_cast<int64_t>(std::max<size_t>(1000, 4 * args_.batch));
-      if (!args_.filter.empty()) cc.FilterSubject = args_.filter.c_str();
+      if (shape_.known) {  // the configuration the deleted one had
+        shape_.fill(&cc, args_.consumer, work_queue ? 0 : max_acked_seq_ + (max_acked_seq_ > 0 ? 1 : 0));
+      } else {
+        jsConsumerConfig_Init(&cc);
+        cc.Durable = args_.consumer.c_str();
+        cc.AckPolicy = js_AckExplicit;
+        cc.AckWait = parse_duration(args_.ack_wait)->count() * kNsPerMs;
+        cc.MaxDeliver = -1;  // the local queue counts deliveries (max_receives); a nak while full is no failure
+        cc.MaxAckPending = static_cast<int64_t>(std::max<size_t>(1000, 4 * args_.batch));
+        if (!args_.filter.empty()) cc.FilterSubject = args_.filter.c_str();
+      }
       s = js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr);
       if (s == NATS_OK) {
-        std::fprintf(stderr, "spool pull: created consumer %s on stream %s (AckWait %s%s%s)\n",
-                     args_.consumer.c_str(), stream.c_str(), args_.ack_wait.c_str(),
-                     args_.filter.empty() ? "" : ", filter ", args_.filter.c_str());
+        const std::string ack_wait = std::to_string(cc.AckWait / kNsPerMs) + " ms";
+        const char* filter = cc.FilterSubject != nullptr ? cc.FilterSubject : "";
+        if (first) {
+          std::fprintf(stderr, "spool pull: created consumer %s on stream %s (AckWait %s%s%s)\n",
+                       args_.consumer.c_str(), stream.c_str(), args_.ack_wait.c_str(), *filter ? ", filter " : "",
+                       filter);
+        } else {
+          std::fprintf(stderr, "spool pull: created consumer %s on stream %s again, as it was (AckWait %s%s%s); "
+                               "what it had delivered unacked comes again\n",
+                       args_.consumer.c_str(), stream.c_str(), ack_wait.c_str(), *filter ? ", filter " : "", filter);
+        }
       } else if (jerr == JSConsumerNameExistErr || jerr == JSConsumerExistingActiveErr) {
         return Setup::kRetry;  // another puller created it just now: look it up again
+      } else if (jerr == JSStreamNotFoundErr && !first && !args_.once) {
+        return Setup::kRetry;  // deleted again just now
       } else {
         return classify(s, "cannot create consumer " + args_.consumer + " on stream " + stream);
       }
@@ -252,6 +367,7 @@ class Puller {
       return classify(s, "cannot look up consumer " + args_.consumer);
     }
     Setup st = check_consumer(ci);
+    if (st == Setup::kOk) shape_.keep(*ci->Config);
     jsConsumerInfo_Destroy(ci);
     if (st != Setup::kOk) return st;
     jsSubOptions so;
@@ -309,44 +425,80 @@ class Puller {
   // The main loop: fetch a batch, queue it, sync, ack. Returns the exit code.
   int pull() {
     const size_t batch = batch_size();
+    // When the consumer was last known to exist; time_point::min(): just now it delivered.
+    auto last_seen = SteadyClock::now();
     while (!g_stop) {
       natsMsgList list{};
       jsErrCode jerr = static_cast<jsErrCode>(0);
       natsStatus s = natsSubscription_Fetch(&list, sub_, static_cast<int>(batch), 1000, &jerr);
       if (list.Count > 0) {
+        last_seen = SteadyClock::time_point::min();
         std::vector<natsMsg*> msgs(list.Msgs, list.Msgs + list.Count);
-        int rc = deliver(msgs);
+        size_t fresh = 0;
+        int rc = deliver(msgs, &fresh);
         natsMsgList_Destroy(&list);
         if (rc >= 0) return rc;
-        // A short batch may have been the last: --once looks now, not after an empty fetch.
-        if (args_.once && msgs.size() < batch && nothing_pending()) break;
+        // A short batch may have been the last: --once looks now, not after an empty fetch;
+        // also after a batch of messages refused before only (back after their nak delay).
+        if (args_.once && (msgs.size() < batch || fresh == 0)) {
+          if (Pending p = pending(); p != Pending::kSome) return p == Pending::kGone ? kLost : 0;
+        }
         continue;
       }
       natsMsgList_Destroy(&list);
       if (s == NATS_TIMEOUT || s == NATS_OK) {
-        if (args_.once && nothing_pending()) break;
+        if (args_.once) {
+          if (Pending p = pending(); p != Pending::kSome) return p == Pending::kGone ? kLost : 0;
+        } else if (last_seen == SteadyClock::time_point::min() || SteadyClock::now() - last_seen >= Millis(5000)) {
+          // A look that the consumer is still there, at the first empty fetch after messages
+          // and every 5 s while idle: a fetch from a consumer deleted while a pull request of
+          // ours waits fails ("Consumer Deleted", below), but one deleted between requests
+          // only times out.
+          if (Pending p = pending(); p == Pending::kGone) return kLost;
+          last_seen = SteadyClock::now();
+        }
         continue;
       }
+      // Deleted (the consumer or its stream: "Consumer Deleted"), or the link is down: the
+      // consumer's info says which.
+      if (natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED && pending() == Pending::kGone) return kLost;
       warnings_.warn("fetch failed: " + warnings_.nats_text(s) + "; retrying", "fetch");
       if (!sleep_unless(g_stop, Millis(250))) break;
     }
     return 0;
   }
 
-  // --once: the consumer has nothing left to deliver and nothing delivered unacked.
-  bool nothing_pending() {
+  // What the consumer holds for us: nothing (nothing left to deliver, nothing delivered
+  // unacked but the messages refused here, which wait out their nak delay), some, or it is
+  // gone (it, or its stream, was deleted: said on stderr). kSome also when the server cannot
+  // be asked.
+  enum class Pending { kNone, kSome, kGone };
+  Pending pending() {
     natsConnection_FlushTimeout(nc_, 2000);  // our acks first, so that they are not counted
     jsConsumerInfo* ci = nullptr;
-    if (js_GetConsumerInfo(&ci, js_, args_.stream.c_str(), args_.consumer.c_str(), nullptr, nullptr) != NATS_OK) {
-      return false;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetConsumerInfo(&ci, js_, args_.stream.c_str(), args_.consumer.c_str(), nullptr, &jerr);
+    // The library says NATS_NOT_FOUND for a missing consumer (10014), NATS_ERR for a missing stream.
+    if (s == NATS_NOT_FOUND || (s != NATS_OK && (jerr == JSConsumerNotFoundErr || jerr == JSStreamNotFoundErr))) {
+      const std::string what = jerr == JSStreamNotFoundErr
+                                   ? "stream " + args_.stream + " is gone (deleted?), and consumer " + args_.consumer +
+                                         " with it; setting them up again"
+                                   : "consumer " + args_.consumer + " is gone from stream " + args_.stream +
+                                         " (deleted?); creating it again";
+      std::fprintf(stderr, "spool pull: %s\n", what.c_str());
+      return Pending::kGone;
     }
-    bool done = ci->NumPending == 0 && ci->NumAckPending == 0;
+    if (s != NATS_OK) return Pending::kSome;
+    bool none = ci->NumPending == 0 && ci->NumAckPending <= static_cast<int64_t>(refused_seqs_.size());
     jsConsumerInfo_Destroy(ci);
-    return done;
+    return none ? Pending::kNone : Pending::kSome;
   }
 
   // Queues, syncs and acks `msgs` (the caller frees them). -1 to go on, else the exit code.
-  int deliver(const std::vector<natsMsg*>& msgs) {
+  // `*fresh`: how many were not refused before (with --once, one refused before is naked again,
+  // untried).
+  int deliver(const std::vector<natsMsg*>& msgs, size_t* fresh) {
+    *fresh = 0;
     std::vector<Item> items;
     items.reserve(msgs.size());
     for (natsMsg* m : msgs) {
@@ -357,6 +509,11 @@ class Puller {
       }
       Item it{m, meta->Sequence.Stream, "", {}};
       jsMsgMetaData_Destroy(meta);
+      if (refused_seqs_.count(it.seq) != 0) {  // --once: refused before, back after its delay: not tried again
+        natsMsg_NakWithDelay(m, refused_delay(), nullptr);
+        continue;
+      }
+      ++*fresh;
       // Already queued by this process (its ack was lost, say with the connection): ack only.
       if (recent_.count(it.seq) != 0) {
         natsMsg_Ack(m, nullptr);
@@ -424,6 +581,16 @@ class Puller {
         return -1;
       }
       Code code = ids.status().code();
+      if ((code == Code::kQueueFull || code == Code::kNoSpace) && args_.once) {
+        // --once takes what fits now: no waiting for a consumer that may not come (a script
+        // that runs one after the other would wait for ever). Back to the stream, at once.
+        for (auto& it : items) natsMsg_Nak(it.msg, nullptr);
+        returned_ += items.size();
+        std::fprintf(stderr, "spool pull: --once: stopped, the queue has no room (%s); %zu fetched message(s) "
+                             "returned to the stream, and what was not fetched stays there for the next run\n",
+                     ids.status().message().c_str(), items.size());
+        return kOnceFull;
+      }
       if (code == Code::kQueueFull || code == Code::kNoSpace) {
         if (!said_full) {
           warnings_.warn("holding " + std::to_string(items.size()) + " fetched message(s) and fetching no more: " +
@@ -464,18 +631,27 @@ class Puller {
     }
   }
 
-  // A message the queue can never take: it stays in the stream (never dropped), retried later.
+  // A message the queue can never take: it stays in the stream (never dropped), retried after
+  // refused_delay(). --once does not wait for it (pending()).
   void refuse(const Item& it, const std::string& why) {
-    natsMsg_NakWithDelay(it.msg, 60000, nullptr);
+    natsMsg_NakWithDelay(it.msg, refused_delay(), nullptr);
     ++refused_;
+    if (args_.once) refused_seqs_.insert(it.seq);
     warnings_.warn("message " + std::to_string(it.seq) + " of stream " + args_.stream + " cannot be queued (" + why +
-                       "); left in the stream, retried in 60 s",
+                       "); left in the stream, retried in " + std::to_string(refused_delay() / 1000) + " s",
                    "refused " + why);
   }
+
+  // The nak delay of a refused message, in ms: 60 s; 5 s with --once, so that a run soon after
+  // waits at most that long for it (a nak delay cannot be told from a message held by another
+  // puller). Never 0: a refused message naked at once comes back before any other, and a batch
+  // of them would keep the rest from being fetched.
+  int64_t refused_delay() const { return args_.once ? 5000 : 60000; }
 
   // The stream sequences this process queued lately (bounded): a redelivery of one of them
   // (an ack lost with the connection) is acked without a send, even past the dedup window.
   void remember(uint64_t seq) {
+    max_acked_seq_ = std::max(max_acked_seq_, seq);
     if (!recent_.insert(seq).second) return;
     recent_order_.push_back(seq);
     if (recent_order_.size() > kRecent) {
@@ -492,6 +668,11 @@ class Puller {
   }
 
   static constexpr size_t kRecent = 65536;
+  // pull(): the consumer or its stream was deleted (set up again, then pull on).
+  static constexpr int kLost = -2;
+  // The exit code of --once stopped by a full queue (or disk), messages left in the stream:
+  // EX_TEMPFAIL, try again later.
+  static constexpr int kOnceFull = 75;
 
   Queue& q_;
   const PullArgs& args_;
@@ -507,6 +688,9 @@ class Puller {
   std::atomic<bool> closing_{false};
   std::unordered_set<uint64_t> recent_;
   std::deque<uint64_t> recent_order_;
+  uint64_t max_acked_seq_ = 0;                // the highest stream sequence this process acked
+  std::unordered_set<uint64_t> refused_seqs_;  // --once: stream sequences refused (naked with a delay)
+  ConsumerShape shape_;                       // the consumer as last set up
   unsigned long pulled_ = 0, duplicates_ = 0, returned_ = 0, refused_ = 0;
 };
 
