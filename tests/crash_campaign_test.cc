@@ -404,7 +404,6 @@ struct Figures {
   uint64_t lost = 0, acked_came_back = 0, unexplained = 0, redeliveries = 0;
   uint64_t duplicate = 0, bad_payload = 0, phantom = 0, check_failures = 0;
   uint64_t known_bug_unreadable = 0, known_bug_symptoms = 0;
-  bool known_bug_count_repeat = false;  // SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT showed
   std::map<std::string, uint64_t> explained;
 };
 
@@ -981,15 +980,7 @@ class Campaign {
     } else if (!kept_.empty()) {
       fs::remove_all(kept_);
     }
-    for (auto& detail : led_.duplicate_details) {
-      if (std::getenv("SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT") != nullptr) {
-        std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT: delivered twice with one receive count: %s ***\n\n",
-                    detail.c_str());
-        fig_.known_bug_count_repeat = true;
-      } else {
-        ADD_FAILURE() << "delivered twice with one receive count: " << detail;
-      }
-    }
+    for (auto& detail : led_.duplicate_details) ADD_FAILURE() << "delivered twice with one receive count: " << detail;
     // Walk each message's deliveries in receive-count order.
     const Delivery* prev = nullptr;
     for (auto& [key, d] : led_.deliveries) {
@@ -1179,7 +1170,6 @@ TEST(CrashCampaign, KillNineAnyProcessAtAnyMomentLosesNothingAndExplainsEveryRed
   EXPECT_EQ(f.acked_came_back, 0u);
   EXPECT_EQ(f.unexplained, 0u);
   // Every other check ran; the skip is counted and named by scripts/test.sh.
-  if (f.known_bug_count_repeat) GTEST_SKIP() << "known bug SPOOL_KNOWN_BUG_RECEIVE_COUNT_REPEAT showed in this run";
 }
 
 }  // namespace
