@@ -1,7 +1,10 @@
 // Hooks for crash tests. Named crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
 // process SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
-// getenv per process when unset. park(): hold the process where it is until a test lets
-// it go (or kills it there).
+// getenv per call: the points are on rare paths (compaction, an index resize, the
+// dead-letter hand-off, redrive), and a cached answer was inherited by fork children, so a
+// test process that had passed any crash point before forking a child that sets the
+// variable never saw that child crash. park(): hold the process where it is until a test
+// lets it go (or kills it there).
 #pragma once
 
 #include <fcntl.h>
@@ -16,7 +19,7 @@
 namespace spool {
 
 inline void crashpoint(const char* name) {
-  static const char* spec = std::getenv("SPOOL_CRASHPOINT");
+  const char* spec = std::getenv("SPOOL_CRASHPOINT");
   if (spec == nullptr) return;
   static std::atomic<int> hits{0};
   std::string s(spec);
