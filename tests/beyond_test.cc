@@ -148,6 +148,52 @@ TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByAnotherProcessReceive) {
   EXPECT_EQ(q->stats()->ready, 1u);
 }
 
+// A retention drop makes room too (docs/semantics.md: "receives, acks, dead-lettering,
+// retention and purge wake waiting senders at once"): the only ready message is past
+// retention_max_age when a receive in another process finds it, drops it, and the sender
+// waiting for room returns within 600 ms (as above: not at the end of its 1 s wait slice).
+TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByARetentionDrop) {
+  QueueOptions o;
+  o.max_ready = 1;
+  o.retention_max_age = 200ms;
+  auto q = open(o);
+  const uint64_t sent_old = mono_ns();
+  ASSERT_TRUE(q->send("old").ok());
+  // Past the retention age (a lower bound only) before the sender starts waiting, so its
+  // wait slice starts just before the receive below.
+  while (mono_ns() - sent_old < 300'000'000ull) std::this_thread::sleep_for(5ms);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t sender = spawn([&] {
+    auto s = Queue::open(qdir());
+    if (!s.ok()) return 1;
+    auto id = (*s)->send("new", SendOptions{.wait_for_room = 20s});
+    uint64_t t = mono_ns();
+    if (!id.ok()) return 2;
+    return ::write(fds[1], &t, sizeof t) == sizeof t ? 0 : 3;
+  });
+  auto parked_by = std::chrono::steady_clock::now() + 10s;
+  while (!test::in_timed_futex_wait(sender, sender)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), parked_by) << "the sender never slept waiting for room";
+    std::this_thread::sleep_for(1ms);
+  }
+  const uint64_t received = mono_ns();
+  EXPECT_EQ(q->receive(1, 60s).status().code(), Code::kEmpty) << "the old message should have been dropped";
+  ASSERT_TRUE(test::readable(fds[0], 15000)) << "the sender did not get room after the drop";
+  uint64_t t = 0;
+  ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
+  EXPECT_EQ(wait_exit(sender), 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  const double ms = static_cast<double>(t - received) / 1e6;
+  std::printf("[ room ] %.2f ms from the retention drop to the waiting send's return\n", ms);
+  EXPECT_LT(ms, 600.0) << "the waiting sender was not woken by the retention drop";
+  EXPECT_EQ(q->stats()->expired_total, 1u);
+  auto got = q->receive(1, 60s);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->front().payload, "new");
+}
+
 TEST_F(BeyondTest, SenderGivesUpAfterItsWait) {
   QueueOptions o;
   o.max_ready = 1;
