@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "spool/queue.h"
+#include "proc_util.h"
 #include "test_util.h"
 
 namespace spool {
@@ -105,26 +106,92 @@ TEST_F(BeyondTest, LimitsAreStoredWithTheQueue) {
   EXPECT_EQ(q->options().max_bytes, 1000u);
 }
 
-TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByAnotherProcessAck) {
+// A sender blocked on max_ready is woken by a receive in another process (a leased message
+// no longer counts against max_ready; no ack is needed). The receive comes once the sender
+// sleeps waiting for room; a sender nobody wakes looks again only after its wait slice
+// (kMaxWaitSliceNs, 1 s), so 600 ms from the receive to the send's return tells a wake
+// from a timeout, with room for a loaded machine under ASan.
+TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByAnotherProcessReceive) {
   QueueOptions o;
   o.max_ready = 1;
   auto q = open(o);
   ASSERT_TRUE(q->send("first").ok());
-  pid_t consumer = spawn([this] {
-    auto c = Queue::open(qdir());
-    if (!c.ok()) return 1;
-    std::this_thread::sleep_for(300ms);
-    auto m = (*c)->receive(1);
-    if (!m.ok()) return 2;
-    return (*c)->ack((*m)[0].receipt).ok() ? 0 : 3;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t sender = spawn([&] {
+    auto s = Queue::open(qdir());
+    if (!s.ok()) return 1;
+    auto id = (*s)->send("second", SendOptions{.wait_for_room = 20s});
+    uint64_t t = mono_ns();
+    if (!id.ok()) return 2;
+    return ::write(fds[1], &t, sizeof t) == sizeof t ? 0 : 3;
   });
-  uint64_t t0 = mono_ns();
-  auto id = q->send("second", SendOptions{.wait_for_room = 10s});
-  uint64_t waited_ms = (mono_ns() - t0) / 1'000'000;
-  ASSERT_TRUE(id.ok()) << id.status().to_string();
-  EXPECT_GE(waited_ms, 250u);
-  EXPECT_LT(waited_ms, 5000u) << "woken by the consumer, not by a timeout";
-  EXPECT_EQ(wait_exit(consumer), 0);
+  auto parked_by = std::chrono::steady_clock::now() + 10s;
+  while (!test::in_timed_futex_wait(sender, sender)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), parked_by) << "the sender never slept waiting for room";
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ(q->stats()->ready, 1u) << "the sender got room before the receive";
+  const uint64_t received = mono_ns();
+  auto m = q->receive(1, 60s);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_TRUE(test::readable(fds[0], 15000)) << "the sender did not get room after the receive";
+  uint64_t t = 0;
+  ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
+  EXPECT_EQ(wait_exit(sender), 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  const double ms = static_cast<double>(t - received) / 1e6;
+  std::printf("[ room ] %.2f ms from the receive to the waiting send's return\n", ms);
+  EXPECT_LT(ms, 600.0) << "the waiting sender was not woken by the receive, it timed out of its wait slice";
+  EXPECT_TRUE(q->ack((*m)[0].receipt).ok());
+  EXPECT_EQ(q->stats()->ready, 1u);
+}
+
+// A retention drop makes room too (docs/semantics.md: "receives, acks, dead-lettering,
+// retention and purge wake waiting senders at once"): the only ready message is past
+// retention_max_age when a receive in another process finds it, drops it, and the sender
+// waiting for room returns within 600 ms (as above: not at the end of its 1 s wait slice).
+TEST_F(BeyondTest, SenderWaitingForRoomIsWokenByARetentionDrop) {
+  QueueOptions o;
+  o.max_ready = 1;
+  o.retention_max_age = 200ms;
+  auto q = open(o);
+  const uint64_t sent_old = mono_ns();
+  ASSERT_TRUE(q->send("old").ok());
+  // Past the retention age (a lower bound only) before the sender starts waiting, so its
+  // wait slice starts just before the receive below.
+  while (mono_ns() - sent_old < 300'000'000ull) std::this_thread::sleep_for(5ms);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t sender = spawn([&] {
+    auto s = Queue::open(qdir());
+    if (!s.ok()) return 1;
+    auto id = (*s)->send("new", SendOptions{.wait_for_room = 20s});
+    uint64_t t = mono_ns();
+    if (!id.ok()) return 2;
+    return ::write(fds[1], &t, sizeof t) == sizeof t ? 0 : 3;
+  });
+  auto parked_by = std::chrono::steady_clock::now() + 10s;
+  while (!test::in_timed_futex_wait(sender, sender)) {
+    ASSERT_LT(std::chrono::steady_clock::now(), parked_by) << "the sender never slept waiting for room";
+    std::this_thread::sleep_for(1ms);
+  }
+  const uint64_t received = mono_ns();
+  EXPECT_EQ(q->receive(1, 60s).status().code(), Code::kEmpty) << "the old message should have been dropped";
+  ASSERT_TRUE(test::readable(fds[0], 15000)) << "the sender did not get room after the drop";
+  uint64_t t = 0;
+  ASSERT_EQ(::read(fds[0], &t, sizeof t), static_cast<ssize_t>(sizeof t));
+  EXPECT_EQ(wait_exit(sender), 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  const double ms = static_cast<double>(t - received) / 1e6;
+  std::printf("[ room ] %.2f ms from the retention drop to the waiting send's return\n", ms);
+  EXPECT_LT(ms, 600.0) << "the waiting sender was not woken by the retention drop";
+  EXPECT_EQ(q->stats()->expired_total, 1u);
+  auto got = q->receive(1, 60s);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->front().payload, "new");
 }
 
 TEST_F(BeyondTest, SenderGivesUpAfterItsWait) {

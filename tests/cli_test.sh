@@ -1106,6 +1106,26 @@ t_backpressure_limits() {
   ((SECONDS - t0 < 15)) || fail "took too long"
 }
 
+# spool init --retention-max-bytes / --retention-max-age are stored with the queue: later
+# commands (which take no such flag) drop what they say, counted as expired_total.
+t_init_retention_flags() {
+  "$SPOOL" init q --retention-max-bytes 1000 >/dev/null || fail "init"
+  local i body
+  body=$(head -c 200 /dev/zero | tr '\0' r)
+  for i in 1 2 3 4 5 6 7 8 9 10; do "$SPOOL" send q "$body" >/dev/null || fail "send $i"; done
+  eq "ready under --retention-max-bytes 1000" "$(stat_of ready q)" 5
+  eq "expired_total" "$(stat_of expired_total q)" 5
+  "$SPOOL" init q2 --retention-max-age 300ms >/dev/null || fail "init q2"
+  "$SPOOL" send q2 old >/dev/null || fail "send old"
+  sleep 0.5  # a lower bound only: the message is older than 300 ms from here on
+  "$SPOOL" send q2 new >/dev/null || fail "send new"
+  expect 0 "$SPOOL" recv q2
+  out_has new
+  expect 2 "$SPOOL" recv q2
+  eq "expired_total under --retention-max-age 300ms" "$(stat_of expired_total q2)" 1
+  expect 64 "$SPOOL" init q3 --retention-max-bytes lots
+}
+
 # Issue 24: send --lines (and several MESSAGE arguments) went as one batch, so on a queue
 # with max_ready the whole input was refused, even with --wait.
 t_send_batches_fit_max_ready() {
@@ -1171,13 +1191,33 @@ t_spool_dump_usage() {
   out_has "Example:"
 }
 
+# seg_syncs CMD...: runs CMD (it must exit 0; output in $D/out, $D/err) under strace and
+# prints how many fsync/fdatasync calls it made on segment files.
+seg_syncs() {
+  command -v strace >/dev/null || fail "strace is needed to see the syncs (scripts/deps.sh --test installs it)"
+  strace -f -qq -y -e trace=fsync,fdatasync -o "$D/strace" "$@" >"$D/out" 2>"$D/err" ||
+    fail "$* failed: $(cat "$D/err")"
+  grep -cE '^[0-9]+ +f(data)?sync\([0-9]+<[^>]*/segments/[0-9]+\.seg>\) = 0' "$D/strace"
+}
+
+# On a --sync never queue a plain send or ack syncs nothing; --durable makes each one sync
+# its segment before it returns (seen by strace, not only its exit code).
 t_send_and_ack_durable() {
   "$SPOOL" init q --sync never >/dev/null || fail "init"
-  expect 0 "$SPOOL" send q --durable hello
-  eq "id" "$(cat "$D/out")" 1
-  expect 0 "$SPOOL" recv q
-  expect 0 "$SPOOL" ack q --durable "$(receipt_of)"
-  eq "acked_total" "$(stat_of acked_total q)" 1
+  expect 0 "$SPOOL" send q warm-up  # creates the segment (synced however the queue is set)
+  eq "fdatasyncs of a plain send" "$(seg_syncs "$SPOOL" send q plain)" 0
+  local n
+  n=$(seg_syncs "$SPOOL" send q --durable hello)
+  ((n >= 1)) || fail "send --durable made no fdatasync of its segment: $(cat "$D/strace")"
+  eq "id" "$(cat "$D/out")" 3
+  expect 0 "$SPOOL" recv q -n 2
+  local receipts
+  mapfile -t receipts < <(sed -n 's/^receipt: //p' "$D/err")
+  eq "receipts" "${#receipts[@]}" 2
+  eq "fdatasyncs of a plain ack" "$(seg_syncs "$SPOOL" ack q "${receipts[0]}")" 0
+  n=$(seg_syncs "$SPOOL" ack q --durable "${receipts[1]}")
+  ((n >= 1)) || fail "ack --durable made no fdatasync of its segment: $(cat "$D/strace")"
+  eq "acked_total" "$(stat_of acked_total q)" 2
 }
 
 # Issue 26: attributes set with -a come back in recv/peek --json (and on stderr of a plain
@@ -1378,6 +1418,7 @@ TESTS=(
   t_work_sigkill_loses_nothing
   t_work_sigkill_releases_leases_at_once
   t_backpressure_limits
+  t_init_retention_flags
   t_send_batches_fit_max_ready
   t_failed_init_leaves_nothing
   t_spool_dump_usage

@@ -229,14 +229,8 @@ TEST_F(CompactTest, ViewIntoARemovedSegmentStillReadsCorrectBytes) {
 
 // ---- kill -9 during compaction with producers and consumers running ------------------
 
-pid_t spawn(const std::function<int()>& child) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::_exit(child());
-  }
-  return pid;
-}
+using test::spawn;
+using test::wait_exit;
 
 // A child that sends, receives, acks and compacts, journaling each call that returned:
 // "S id" after a send, "a id" before and "A id" after an ack. Killed at a random moment or at a crash point.
@@ -284,6 +278,10 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
   std::set<uint64_t> sent, acked, maybe_acked;
   std::map<uint64_t, uint64_t> sent_round, ack_round;
   const int kRounds = test::scaled(200);
+  // Rounds whose victim died at its named crash point (it kills itself there; nothing else
+  // kills it in those rounds), by point: a point never reached tests nothing.
+  std::map<std::string, int> died_at, rounds_at;
+  int bad_exits = 0;
   for (int round = 0; round < kRounds; ++round) {
     const char* point = points[round % 5];
     int nth = 1 + static_cast<int>(rng() % 3);
@@ -297,13 +295,28 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
     // Crash points kill the victim themselves; the rest die at a random moment.
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 30000));
     if (!*point) ::kill(victim, SIGKILL);
-    int st = 0;
-    ::waitpid(victim, &st, 0);
+    const int st = wait_exit(victim);
+    const bool killed = st == 128 + SIGKILL;
+    if (*point) {
+      ++rounds_at[point];
+      if (killed) ++died_at[point];
+    }
+    // Otherwise it ran all its operations (exit 0) or was killed: any other end is a
+    // failed open or send.
+    if (!killed && st != 0 && ++bad_exits < 5) {
+      ADD_FAILURE() << "round " << round << ": the victim ended with status " << st;
+    }
     ::kill(other, SIGKILL);
-    ::waitpid(other, &st, 0);
+    wait_exit(other);
     // Also test the rebuild: the index is only a cache, so deleting it after a kill -9 loses
     // and brings back nothing.
     if (round % 25 == 24) std::filesystem::remove(qdir() + "/index");
+  }
+  EXPECT_EQ(bad_exits, 0);
+  for (const char* point : points) {
+    if (!*point) continue;
+    std::printf("[figures] %s: the victim died there in %d of %d rounds\n", point, died_at[point], rounds_at[point]);
+    EXPECT_GE(died_at[point], 1) << "no round died at " << point << ": its rounds tested nothing there";
   }
   for (const std::string& f : {journal, journal + ".other"}) {
     std::ifstream in(f);

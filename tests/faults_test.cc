@@ -26,6 +26,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "index/index.h"
 #include "storage/format.h"
@@ -622,6 +623,9 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     ::close(kfds[0]);
     ::close(kfds[1]);
     if (rc == 0) continue;  // the repair finished before the kill
+    // Anything but the kill is a repairer that failed on its own: not a round of this test.
+    EXPECT_EQ(rc, 128 + SIGKILL) << "round " << round << ": the repairer failed instead of being killed";
+    if (rc != 128 + SIGKILL) continue;
     ++rounds;
     auto q = Queue::open(dir);  // the first opener
     ASSERT_TRUE(q.ok()) << q.status().to_string();
@@ -634,6 +638,8 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     }
   }
   std::printf("[figures] repair killed midway: %d kills, %d reopened wrong\n", rounds, broken);
+  EXPECT_GE(rounds, 1) << "no repairer was killed before it finished: the first opener after a killed repair "
+                          "was never tested";
 }
 
 // A process killed while it created a segment leaves its temp file. The repair after its
@@ -1702,6 +1708,64 @@ TEST(IoErrors, SyncErrorIsLoudStickyAndRecoverableByReopening) {
   ambiguous = static_cast<int>(all.size() - returned.size()) - 1;  // minus the other process's
   EXPECT_EQ(consistency(**re), "");
   std::printf("[figures] sync EIO: failed sends whose record stayed queued (at-least-once) = %d\n", ambiguous);
+}
+
+// The interval policy's failure path (docs/durability.md, "interval"): the flusher thread's
+// fdatasync fails, and every later write of that process reports it (sticky, like the
+// segment's own fsync error) instead of returning as if the window still held. The send
+// whose sync failed is not counted as durable; reopening recovers, losing nothing.
+TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
+  TempDir d;
+  QueueOptions o;
+  o.sync = SyncPolicy::kInterval;
+  o.sync_interval = 50ms;
+  std::string dir = d / "q";
+  auto q = Queue::open(dir, o);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  auto until = [](const std::function<bool()>& done) {
+    auto give_up = std::chrono::steady_clock::now() + 30s;
+    while (!done() && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(5ms);
+    return done();
+  };
+  auto first = (*q)->send("first");  // starts the flusher
+  ASSERT_TRUE(first.ok());
+  auto held = (*q)->receive(1, 600s);
+  ASSERT_TRUE(held.ok());
+  // Behind the lease record: once the watermark covers it, nothing is left to sync.
+  auto marker = (*q)->send("marker");
+  ASSERT_TRUE(marker.ok());
+  ASSERT_TRUE(until([&] { return (*q)->durable_id() >= *marker; })) << "the flusher never synced the first sends";
+  // Only the flusher syncs on an interval queue: the next fdatasync of this process is its.
+  uint64_t injected = sf::counters().injected;
+  sf::fail(sf::Op::kSync, 1, EIO);
+  auto second = (*q)->send("its sync fails");
+  ASSERT_TRUE(second.ok()) << "an interval send does not wait for the disk";
+  bool met = until([&] { return sf::counters().injected > injected; });
+  sf::clear();
+  ASSERT_TRUE(met) << "the flusher never synced after the second send";
+  EXPECT_LT((*q)->durable_id(), *second) << "a send whose background sync failed counts as durable";
+  // Every later write of this process says so, not only the first.
+  for (const char* what : {"third", "fourth"}) {
+    auto later = (*q)->send(what);
+    ASSERT_FALSE(later.ok()) << "send '" << what << "' after a failed background sync returned success";
+    EXPECT_EQ(later.status().code(), Code::kIo) << later.status().to_string();
+    EXPECT_NE(later.status().message().find("background sync failed"), std::string::npos)
+        << later.status().to_string();
+  }
+  EXPECT_EQ((*q)->ack(held->front().receipt).code(), Code::kIo) << "an ack after a failed background sync";
+  EXPECT_EQ((*q)->receive(1, 60s).status().code(), Code::kIo) << "a receive (it writes a lease) after a failed background sync";
+  q->reset();
+  auto re = Queue::open(dir, o);
+  ASSERT_TRUE(re.ok()) << re.status().to_string();
+  auto after = (*re)->send("after reopening");
+  ASSERT_TRUE(after.ok()) << after.status().to_string();
+  auto ids = ids_of(**re);
+  // (`first` may be gone: like a send that met the error, the ack that reported it was
+  // written before it did, so it may have taken effect.)
+  EXPECT_TRUE(ids.count(*marker)) << "a send that returned was lost";
+  EXPECT_TRUE(ids.count(*second)) << "the send whose background sync failed was lost";
+  EXPECT_TRUE(ids.count(*after)) << "the send after reopening was lost";
+  EXPECT_EQ(consistency(**re), "");
 }
 
 // A segment that cannot be created (fallocate fails: ENOSPC, EIO) fails the send that needed

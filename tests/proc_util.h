@@ -4,10 +4,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +34,17 @@
 extern char** environ;
 
 namespace spool::test {
+
+// Whether the thread `tid` of `pid` is asleep in a futex wait with a timeout, as a long poll
+// is (sys::futex_wait on the index's wake word, FUTEX_WAIT with a timespec); a mutex wait
+// has no timeout. From /proc/PID/task/TID/syscall: "NR ARG0 ARG1 ARG2 ARG3 ...".
+inline bool in_timed_futex_wait(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/syscall");
+  long nr = -1;
+  std::string addr, op, val, timeout;
+  if (!(in >> nr >> addr >> op >> val >> timeout)) return false;
+  return nr == SYS_futex && (std::stoul(op, nullptr, 16) & FUTEX_CMD_MASK) == FUTEX_WAIT && timeout != "0x0";
+}
 
 // Like wait_exit, but SIGKILLs the child after `limit` (then returns 128 + SIGKILL).
 inline int wait_exit_for(pid_t pid, std::chrono::milliseconds limit) {

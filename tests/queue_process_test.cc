@@ -32,6 +32,7 @@
 namespace spool {
 namespace {
 
+using test::in_timed_futex_wait;
 using test::mono_ns;
 using test::readable;
 using test::spawn;
@@ -657,17 +658,6 @@ TEST_F(QueueProcessTest, ASenderKilledWhileItGrowsTheIndexLosesNoBatchThatReturn
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], "g-" + std::to_string(i)) << "at " << i;
 }
 
-// Whether the thread `tid` of `pid` is asleep in a futex wait with a timeout, as a long poll
-// is (sys::futex_wait on the index's wake word, FUTEX_WAIT with a timespec); a mutex wait
-// has no timeout. From /proc/PID/task/TID/syscall: "NR ARG0 ARG1 ARG2 ARG3 ...".
-bool in_timed_futex_wait(pid_t pid, pid_t tid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/syscall");
-  long nr = -1;
-  std::string addr, op, val, timeout;
-  if (!(in >> nr >> addr >> op >> val >> timeout)) return false;
-  return nr == SYS_futex && (std::stoul(op, nullptr, 16) & FUTEX_CMD_MASK) == FUTEX_WAIT && timeout != "0x0";
-}
-
 // The interval promise: a send that returned is on disk within the interval, whatever other
 // processes do meanwhile. The sync path takes no index lock, so a process stopped while it
 // holds the lock does not hold back the flusher of another one. With a 1 s interval the
@@ -748,6 +738,81 @@ TEST_F(QueueProcessTest, LongPollWakesWithinMillisecondsOfASendFromAnotherProces
     ::close(fds[0]);
     ::close(fds[1]);
   }
+}
+
+// kill -9 in the dead-letter hand-off (docs/semantics.md, "Dead letters"): the receive that
+// finds a message past max_receives sends it to the DLQ, then logs its DEAD record, inside
+// the index lock. Killed between the two (crash point dead_letter.after_send), the message
+// is still queued and already in the DLQ; the next receive, after the repair, dead-letters
+// it again: a duplicate in the DLQ, never a loss.
+TEST_F(QueueProcessTest, AReceiverKilledInTheDeadLetterHandOffLosesNothing) {
+  QueueOptions o;
+  o.max_receives = 2;
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->send("poison").ok());
+  for (int i = 0; i < 2; ++i) {
+    auto m = q->receive(1, 60s);
+    ASSERT_TRUE(m.ok() && m->size() == 1u) << m.status().to_string();
+    ASSERT_TRUE(q->nack(m->front().receipt).ok());
+  }
+  pid_t victim = spawn([&] {
+    ::setenv("SPOOL_CRASHPOINT", "dead_letter.after_send", 1);
+    auto v = Queue::open(qdir());
+    if (!v.ok()) return 1;
+    (void)(*v)->receive(1, 60s);
+    return 2;  // the crash point did not kill it
+  });
+  ASSERT_EQ(wait_exit(victim), 128 + SIGKILL) << "the receiver did not die at dead_letter.after_send";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok()) << dlq.status().to_string();
+  EXPECT_EQ((*dlq)->stats()->ready, 1u) << "the DLQ send made before the kill is gone";
+  EXPECT_EQ(q->stats()->ready, 1u) << "no DEAD record was logged: the message must still be queued";
+  EXPECT_EQ(q->check_index(), "");
+  EXPECT_EQ(q->receive(1, 60s).status().code(), Code::kEmpty) << "the next receive dead-letters it";
+  EXPECT_EQ(q->stats()->ready, 0u);
+  EXPECT_EQ(q->stats()->dead_lettered_total, 1u);
+  auto dead = (*dlq)->peek(10);
+  ASSERT_TRUE(dead.ok());
+  EXPECT_EQ(dead->size(), 2u) << "at least once: the hand-off repeated, a duplicate in the DLQ";
+  for (auto& m : *dead) EXPECT_EQ(m.payload, "poison");
+  EXPECT_EQ(q->check_index(), "");
+}
+
+// kill -9 inside redrive, between the send of a dead letter back to the queue and its ack
+// in the DLQ (crash point redrive.after_send; "send first, then ack"): the message is
+// queued again and still in the DLQ (leased by the dead redrive until its lease ends), a
+// duplicate, never a loss.
+TEST_F(QueueProcessTest, ARedriveKilledBetweenItsSendAndItsAckLosesNothing) {
+  QueueOptions o;
+  o.max_receives = 1;
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->send("poison").ok());
+  auto m = q->receive(1, 60s);
+  ASSERT_TRUE(m.ok() && m->size() == 1u) << m.status().to_string();
+  ASSERT_TRUE(q->nack(m->front().receipt).ok());
+  ASSERT_EQ(q->receive(1, 60s).status().code(), Code::kEmpty) << "it should have been dead-lettered";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok()) << dlq.status().to_string();
+  ASSERT_EQ((*dlq)->stats()->ready, 1u);
+  pid_t victim = spawn([&] {
+    ::setenv("SPOOL_CRASHPOINT", "redrive.after_send", 1);
+    auto v = Queue::open(qdir());
+    if (!v.ok()) return 1;
+    (void)(*v)->redrive(10);
+    return 2;  // the crash point did not kill it
+  });
+  ASSERT_EQ(wait_exit(victim), 128 + SIGKILL) << "the redrive did not die at redrive.after_send";
+  auto back = q->peek(10);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 1u) << "the redriven copy is not in the queue";
+  EXPECT_EQ(back->front().payload, "poison");
+  auto st = (*dlq)->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready + st->in_flight, 1u) << "the dead letter was acked before the kill, or lost";
+  EXPECT_EQ(q->check_index(), "");
+  EXPECT_EQ((*dlq)->check_index(), "");
 }
 
 TEST_F(QueueProcessTest, ManyProcessesOpeningAFreshQueueAtOnceAgree) {

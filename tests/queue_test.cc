@@ -143,6 +143,24 @@ TEST_F(QueueTest, DelayAndNackDelayAreRespected) {
   EXPECT_LE(waited, 150ms + 700ms) << "the long poll did not wake when the nack's delay ended";
 }
 
+// A lease's end has both bounds too: the message is not redelivered before it, and a long
+// poll (2 s) waiting meanwhile wakes at the lease's end, not at its own timeout or its next
+// wait slice (kMaxWaitSliceNs, 1 s, from the poll's start); the margin is for a loaded machine.
+TEST_F(QueueTest, ALongPollWakesWhenALeaseEndsAndNotBefore) {
+  auto q = open();
+  ASSERT_TRUE(q->send("x").ok());
+  auto leased_at = std::chrono::steady_clock::now();
+  Message first = one(*q, 150ms);
+  Message again = one(*q, 10s, 2s);
+  auto waited = std::chrono::steady_clock::now() - leased_at;
+  EXPECT_EQ(again.id, first.id);
+  EXPECT_EQ(again.receive_count, 2u);
+  EXPECT_GE(waited, 150ms) << "redelivered before its lease ended";
+  EXPECT_LE(waited, 150ms + 700ms) << "the long poll did not wake when the lease ended";
+  EXPECT_EQ(q->ack(first.receipt).code(), Code::kLeaseLost);
+  EXPECT_TRUE(q->ack(again.receipt).ok());
+}
+
 TEST_F(QueueTest, ExtendKeepsAMessageHiddenPastItsDeadline) {
   auto q = open();
   ASSERT_TRUE(q->send("long task").ok());
@@ -371,6 +389,21 @@ TEST_F(QueueTest, RetentionByBytesKeepsTheNewestReadyMessages) {
   EXPECT_EQ(q->check_index(), "");
 }
 
+// Retention is a setting of the queue (docs/format.md, spool.conf), not of the opener: a
+// later open with the defaults keeps the stored limits, and they keep acting.
+TEST_F(QueueTest, RetentionIsStoredWithTheQueue) {
+  QueueOptions o;
+  o.retention_max_age = 3600s;
+  o.retention_max_bytes = 1000;
+  open(o).reset();
+  auto q = open();  // defaults passed: the stored limits win
+  EXPECT_EQ(q->options().retention_max_age, Millis(3600s));
+  EXPECT_EQ(q->options().retention_max_bytes, 1000u);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(q->send(std::string(200, 'r')).ok());
+  EXPECT_EQ(q->stats()->ready, 5u) << "the stored retention_max_bytes does not act";
+  EXPECT_EQ(q->stats()->expired_total, 5u);
+}
+
 TEST_F(QueueTest, BadInputGetsClearErrors) {
   QueueOptions o;
   o.max_payload = 1000;
@@ -412,14 +445,21 @@ class LeaseKeeperTest : public QueueTest {};
 TEST_F(LeaseKeeperTest, RenewsUntilStoppedThenTheLeaseRunsOut) {
   auto q = open();
   ASSERT_TRUE(q->send("long").ok());
+  auto received = std::chrono::steady_clock::now();
   Message m = one(*q, 100ms);
   {
     // Each renewal extends by 1 s (not 100 ms): a keeper thread the loaded machine runs
-    // late must not lose the lease. Without renewals it runs out at 100 ms.
+    // late must not lose the lease. Without renewals it runs out at 100 ms. Waited for, not
+    // slept for: 400 ms past the receive and two renewals (due at 30 and 60 ms), whichever
+    // comes last, up to 10 s.
     LeaseKeeper keeper(*q, m.receipt, {30ms, 1000ms, 10s});
-    std::this_thread::sleep_for(400ms);
+    auto give_up = received + 10s;
+    while ((keeper.renewals() < 2 || std::chrono::steady_clock::now() < received + 400ms) &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_GE(keeper.renewals(), 2u) << "the keeper did not renew twice in 10 s";
     EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "kept past its 100 ms lease";
-    EXPECT_GE(keeper.renewals(), 2u);
     EXPECT_TRUE(keeper.status().ok());
   }
   Message again = one(*q, 10s, 3s);
@@ -427,17 +467,22 @@ TEST_F(LeaseKeeperTest, RenewsUntilStoppedThenTheLeaseRunsOut) {
   EXPECT_EQ(again.receive_count, 2u);
 }
 
+// Leases and renewals of 1 s (renewed every 30 ms), so a keeper thread the loaded machine
+// runs late still keeps the lease (with a 100 ms lease, a renewal 70 ms late lost it: seen
+// once with the pwrite backend). Renewals stop at the 1.5 s lifetime and the lease runs out
+// within 1 s of the last one; a keeper that renewed past its lifetime would keep it through
+// the whole 6 s poll.
 TEST_F(LeaseKeeperTest, StopsRenewingAtMaxLifetime) {
   auto q = open();
   ASSERT_TRUE(q->send("hung task").ok());
-  Message m = one(*q, 100ms);
-  LeaseKeeper keeper(*q, m.receipt, {30ms, 100ms, 200ms});
+  Message m = one(*q, 1000ms);
   auto t0 = std::chrono::steady_clock::now();
-  Message again = one(*q, 10s, 2s);
+  LeaseKeeper keeper(*q, m.receipt, {30ms, 1000ms, 1500ms});
+  Message again = one(*q, 10s, 6s);
   auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(again.id, m.id);
-  EXPECT_GE(waited, 200ms);
-  EXPECT_LT(waited, 1500ms) << "renewed past its 200 ms lifetime";
+  EXPECT_GE(waited, 1500ms) << "the lease ran out before the keeper's lifetime ended";
+  EXPECT_LT(waited, 1500ms + 1000ms + 1000ms) << "renewed past its 1.5 s lifetime";
 }
 
 TEST_F(LeaseKeeperTest, ReportsLeaseLost) {

@@ -74,6 +74,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     SendOptions keep;
     keep.attributes = std::move(msg->attributes);
     if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
+    crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
     Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
     auto at = append(std::span(&dead, 1));
     if (!at.ok()) return at.status();

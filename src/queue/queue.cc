@@ -881,6 +881,7 @@ Result<uint64_t> Queue::redrive(size_t max) {
     for (auto& m : *msgs) {
       // Send first, then ack: a crash in between duplicates, never loses.
       if (auto id = send(m.payload, SendOptions{.attributes = m.attributes}); !id.ok()) return id.status();
+      crashpoint("redrive.after_send");
       if (Status s = (*dlq)->ack(m.receipt); !s.ok()) return s;
       ++moved;
     }

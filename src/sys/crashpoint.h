@@ -1,8 +1,11 @@
 // Hooks for crash tests. Named crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
 // process SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
-// getenv per process when unset. park(): hold the process where it is until a test lets
-// it go (or kills it there). Only in a testing build (meson -Dtesting=true, the default;
-// debian/rules turns it off): elsewhere both do nothing and cost nothing.
+// getenv per call: the points are on rare paths (compaction, an index resize, the
+// dead-letter hand-off, redrive), and a cached answer was inherited by fork children, so a
+// test process that had passed any crash point before forking a child that sets the
+// variable never saw that child crash. park(): hold the process where it is until a test
+// lets it go (or kills it there). Only in a testing build (meson -Dtesting=true, the
+// default; debian/rules turns it off): elsewhere both do nothing and cost nothing.
 #pragma once
 
 #include <fcntl.h>
@@ -20,7 +23,7 @@ namespace spool {
 inline constexpr bool kTestHooks = true;
 
 inline void crashpoint(const char* name) {
-  static const char* spec = std::getenv("SPOOL_CRASHPOINT");
+  const char* spec = std::getenv("SPOOL_CRASHPOINT");
   if (spec == nullptr) return;
   static std::atomic<int> hits{0};
   std::string s(spec);
