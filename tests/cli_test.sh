@@ -70,12 +70,6 @@ jget() {
   sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" "${2:-$D/out}" | head -n 1 | sed 's/^"\(.*\)"$/\1/'
 }
 
-# stat_of FIELD QUEUE: one field of `spool stats --json`.
-stat_of() {
-  "$SPOOL" stats "$2" --json >"$D/stats.json" 2>"$D/stats.err" || fail "stats failed: $(cat "$D/stats.err")"
-  jget "$1" "$D/stats.json"
-}
-
 # lines FILE: its number of lines, without starting a process.
 lines() {
   local -a a=()
@@ -1066,7 +1060,7 @@ t_work_sigkill_loses_nothing() {
   done
   for p in $(cat pids); do alive "$p" && fail "command $p outlived the SIGKILLed spool work"; done
   # One snapshot: the leases may run out between two.
-  stat_of ready q >/dev/null
+  "$SPOOL" stats q --json >"$D/stats.json" || fail "spool stats q failed"
   eq "messages lost (ready + in flight)" \
     "$(($(jget ready "$D/stats.json") + $(jget in_flight "$D/stats.json")))" 12
   : >ids

@@ -117,11 +117,6 @@ teardown() {
 
 new_queue() { "$SPOOL" init "$1" "${@:2}" >/dev/null || fail "spool init $1 failed"; }
 
-# stat_of FIELD QUEUE: one numeric field of `spool stats --json`.
-stat_of() {
-  "$SPOOL" stats "$2" --json | sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"
-}
-
 # names MNT: the message files listed, one per line, in ls order.
 names() { ls "$1" | grep -E '^[0-9]+$'; }
 not_mounted() { ! in_mount_table "$1"; }

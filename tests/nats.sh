@@ -57,7 +57,7 @@ kill_server() {
 }
 
 # qstat FIELD [Q]: one field of `spool stats --json`.
-qstat() { "$SPOOL" stats "${2:-q}" --json | sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p"; }
+qstat() { stat_of "$1" "${2:-q}"; }
 # no_secret SECRET FILE...: none of the files holds SECRET.
 no_secret() {
   local secret=$1 f

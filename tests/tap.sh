@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The harness of the TAP shell tests (cli_test.sh, forward_test.sh, fuse_test.sh), which
+# The harness of the TAP shell tests (cli, users, forward, pull and fuse), which
 # source it:
 #   source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 # Not a test itself. Output is TAP: "1..N", then "ok N - name" or "not ok N - name" followed
@@ -25,6 +25,14 @@ wait_for() {
     ((SECONDS < deadline)) || fail "timed out waiting for: $*"
     sleep "${POLL:-0.1}"
   done
+}
+
+# stat_of FIELD QUEUE: one field of `"$SPOOL" stats QUEUE --json` (a number, or a string
+# without its quotes); fails the test if stats fails.
+stat_of() {
+  local out
+  out=$("$SPOOL" stats "$2" --json 2>&1) || fail "spool stats $2 failed: $out"
+  sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" <<<"$out" | head -n 1 | sed 's/^"\(.*\)"$/\1/'
 }
 
 # alive PID: the process exists and is not a zombie.
