@@ -5,6 +5,7 @@
 //
 // Usage: spool-demo [DIR]   DIR: a new or empty directory for the queue (kept afterwards);
 //                           without it the queue lives in a temp dir that is removed.
+#include <cinttypes>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
@@ -224,7 +225,7 @@ void Demo::on_event(const Event& ev) {
   switch (ev.kind) {
     case Kind::kSent:
       sent_ = ev.id;
-      std::printf("[%5.2fs] producer sent %lu messages in batches of %u\n", now_s(), ev.id, kBatch);
+      std::printf("[%5.2fs] producer sent %" PRIu64 " messages in batches of %u\n", now_s(), ev.id, kBatch);
       break;
     case Kind::kAcked:
       if (ev.job >= 1 && ev.job <= kJobs) ++acks_[ev.job];
@@ -234,7 +235,7 @@ void Demo::on_event(const Event& ev) {
       } else {
         ++redelivered_;
         std::printf(
-            "[%5.2fs] message %lu redelivered (receive_count %u) to worker %u, acked "
+            "[%5.2fs] message %" PRIu64 " redelivered (receive_count %u) to worker %u, acked "
             "%.2f s after the kill\n",
             now_s(), ev.id, ev.receive_count, ev.worker, now_s() - t_killed_);
       }
@@ -245,7 +246,7 @@ void Demo::on_event(const Event& ev) {
     case Kind::kStalled: {
       Proc& p = proc(ev.worker);
       std::printf(
-          "[%5.2fs] worker %u (pid %d) stalls on message %lu \"job %u\", holding its lease\n",
+          "[%5.2fs] worker %u (pid %d) stalls on message %" PRIu64 " \"job %u\", holding its lease\n",
           now_s(), ev.worker, ev.pid, ev.id, ev.job);
       ::kill(p.pid, SIGKILL);
       while (::waitpid(p.pid, &p.status, 0) < 0 && errno == EINTR) {
@@ -255,7 +256,7 @@ void Demo::on_event(const Event& ev) {
       victim_killed_ = true;
       victim_id_ = ev.id;
       t_killed_ = now_s();
-      std::printf("[%5.2fs] killed worker %u (pid %d) with SIGKILL holding message %lu\n", now_s(),
+      std::printf("[%5.2fs] killed worker %u (pid %d) with SIGKILL holding message %" PRIu64 "\n", now_s(),
                   ev.worker, ev.pid, ev.id);
       uint32_t replacement = static_cast<uint32_t>(procs_.size());
       spawn(replacement);
@@ -332,7 +333,7 @@ int Demo::run() {
     if (!proc(0).running && sent_ == kJobs && st->ready + st->in_flight + st->delayed == 0) break;
     if (g_interrupted) break;
     if (now_s() > kDeadlineS) {
-      std::printf("FAIL: not drained after %.0f s (ready %lu, in_flight %lu, delayed %lu)\n",
+      std::printf("FAIL: not drained after %.0f s (ready %" PRIu64 ", in_flight %" PRIu64 ", delayed %" PRIu64 ")\n",
                   kDeadlineS, st->ready, st->in_flight, st->delayed);
       ok = false;
       break;
@@ -364,7 +365,7 @@ int Demo::run() {
     const char* note = p.killed              ? "  (killed with SIGKILL)"
                        : p.worker > kWorkers ? "  (replacement)"
                                              : "";
-    std::printf(" %6u  %-7d  %9lu%s\n", p.worker, p.pid, p.processed, note);
+    std::printf(" %6u  %-7d  %9" PRIu64 "%s\n", p.worker, p.pid, p.processed, note);
     bool clean = p.killed || (WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0);
     if (!clean) {
       std::printf("FAIL: worker %u did not exit cleanly (status 0x%x)\n", p.worker, p.status);
@@ -372,7 +373,7 @@ int Demo::run() {
     }
   }
   std::printf(
-      "total processed: %lu in %.2f s = %.0f msgs/s (%lu first deliveries in %.2f s = "
+      "total processed: %" PRIu64 " in %.2f s = %.0f msgs/s (%" PRIu64 " first deliveries in %.2f s = "
       "%.0f msgs/s)\n",
       total, elapsed, static_cast<double>(total) / elapsed, total - redelivered_, t_last_first_,
       static_cast<double>(total - redelivered_) / t_last_first_);
@@ -383,8 +384,8 @@ int Demo::run() {
     return 1;
   }
   std::printf(
-      "final stats: ready %lu, in_flight %lu, delayed %lu, dead %lu, sent_total %lu,\n"
-      "             acked_total %lu, segments %lu, bytes_on_disk %lu\n",
+      "final stats: ready %" PRIu64 ", in_flight %" PRIu64 ", delayed %" PRIu64 ", dead %" PRIu64 ", sent_total %" PRIu64 ",\n"
+      "             acked_total %" PRIu64 ", segments %" PRIu64 ", bytes_on_disk %" PRIu64 "\n",
       st->ready, st->in_flight, st->delayed, st->dead, st->sent_total, st->acked_total,
       st->segments, st->bytes_on_disk);
 
@@ -395,7 +396,7 @@ int Demo::run() {
     if (acks_[n] > 1) ++dups;
   }
   std::printf(
-      "check: %u/%u jobs acked, %u lost%s, %u duplicates, %lu redelivered, %lu lease lost\n",
+      "check: %u/%u jobs acked, %u lost%s, %u duplicates, %" PRIu64 " redelivered, %" PRIu64 " lease lost\n",
       kJobs - lost, kJobs, lost,
       lost ? (" (first: job " + std::to_string(first_lost) + ")").c_str() : "", dups, redelivered_,
       lease_lost_);
@@ -404,7 +405,7 @@ int Demo::run() {
     std::printf("FAIL: no worker stalled on job %u\n", kVictimJob);
     ok = false;
   } else if (redelivered_ == 0) {
-    std::printf("FAIL: the killed worker's message %lu was not redelivered\n", victim_id_);
+    std::printf("FAIL: the killed worker's message %" PRIu64 " was not redelivered\n", victim_id_);
     ok = false;
   }
   if (st->acked_total != kJobs || st->sent_total != kJobs || st->dead != 0) {
@@ -451,7 +452,7 @@ int main(int argc, char** argv) {
     std::printf("spool demo: 1 producer, %u workers, %u jobs; queue in %s\n", kWorkers, kJobs,
                 dir.c_str());
     std::printf(
-        "  visibility %lld ms, max_receives %u, segments of %lu KiB, long poll %lld ms, "
+        "  visibility %lld ms, max_receives %u, segments of %" PRIu64 " KiB, long poll %lld ms, "
         "work %lld us/job\n",
         static_cast<long long>(kVisibility.count()), kMaxReceives, kSegmentSize >> 10,
         static_cast<long long>(kLongPoll.count()), static_cast<long long>(kWork.count()));

@@ -1,6 +1,7 @@
 // Issue 26, first part: message attributes and deduplication ids, through the library, in
 // real processes, across kill -9 and index rebuilds, and on queues written before the
 // record format had an extension (docs/format.md "Message extension", docs/semantics.md).
+#include <cinttypes>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -233,7 +234,7 @@ TEST_F(AttributesTest, AVersionOneQueueOpensWithEveryMessageAndTakesAttributes) 
   ASSERT_EQ(r.code, 0) << r.err;
   auto version_of = [&](uint64_t seq) {
     char name[32];
-    std::snprintf(name, sizeof name, "%020lu.seg", seq);
+    std::snprintf(name, sizeof name, "%020" PRIu64 ".seg", seq);
     std::ifstream f(qdir() + "/segments/" + name, std::ios::binary);
     char h[12] = {};
     f.read(h, sizeof h);

@@ -1,4 +1,5 @@
 // Compaction: disk reclaim, state kept across it, and crash safety under kill -9.
+#include <cinttypes>
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -248,17 +249,17 @@ int churn(const std::string& qdir, const std::string& journal, uint32_t seed) {
     if (op < 5) {
       auto id = (*q)->send(std::string(100 + rng() % 1500, 'm'));
       if (!id.ok()) return 2;
-      std::fprintf(j, "S %lu\n", *id);
+      std::fprintf(j, "S %" PRIu64 "\n", *id);
     } else if (op < 9) {
       auto got = (*q)->receive(8, 50ms);
       if (!got.ok()) continue;
       for (auto& m : *got) {
         if (rng() % 4 == 0) continue;  // leave some leased: they must come back
         // "a": about to ack (it may take effect even if we die before saying so).
-        std::fprintf(j, "a %lu\n", m.id);
+        std::fprintf(j, "a %" PRIu64 "\n", m.id);
         std::fflush(j);
         if (!(*q)->ack(m.receipt).ok()) continue;
-        std::fprintf(j, "A %lu\n", m.id);
+        std::fprintf(j, "A %" PRIu64 "\n", m.id);
         std::fflush(j);
       }
     } else {

@@ -272,7 +272,10 @@ extern "C" ssize_t pwritev64(int fd, const struct iovec* iov, int iovcnt, off64_
   }
   const iovec* v = cut.empty() ? iov : cut.data();
   int n = cut.empty() ? iovcnt : static_cast<int>(cut.size());
-  return ::syscall(SYS_pwritev, fd, v, n, static_cast<long>(off), 0L);
+  // The kernel takes the offset as two longs, low word first (pos_from_hilo(): a 64-bit
+  // kernel ignores the high one), so that a 32-bit process can pass all 64 bits.
+  const auto pos = static_cast<uint64_t>(off);
+  return ::syscall(SYS_pwritev, fd, v, n, static_cast<unsigned long>(pos), static_cast<unsigned long>(pos >> 32));
 }
 
 extern "C" int fdatasync(int fd) {
@@ -301,6 +304,7 @@ extern "C" int posix_fallocate64(int fd, off64_t off, off64_t len) {
     ++g_counters.allocates;
     if (int err = spool::test::sysfaults::injected(Op::kAllocate)) return err;
   }
-  long r = ::syscall(SYS_fallocate, fd, 0, static_cast<long>(off), static_cast<long>(len));
-  return r == 0 ? 0 : errno;
+  // glibc's fallocate64 (not interposed): a raw syscall would have to split the 64-bit
+  // offset and length into register pairs on a 32-bit target, as the ABI there lays them out.
+  return ::fallocate64(fd, 0, off, len) == 0 ? 0 : errno;
 }

@@ -3,6 +3,7 @@
 //
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
 // receipt); 64 usage error; 75 pull --once stopped by a full queue; 1 any other error.
+#include <cinttypes>
 #include <dirent.h>
 #include <grp.h>
 #include <signal.h>
@@ -156,7 +157,7 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
       std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
       for (const auto& [k, v] : m.attributes) std::fprintf(stderr, "attribute: %s=%s\n", k.c_str(), v.c_str());
     } else {
-      std::printf("--- message %lu (received %u times, enqueued %s, %zu bytes)\n", m.id,
+      std::printf("--- message %" PRIu64 " (received %u times, enqueued %s, %zu bytes)\n", m.id,
                   m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
       for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
@@ -517,7 +518,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
         so.dedup_id = dedup_id;
         auto id = q->send(bodies.front(), so);
         if (!id.ok()) return fail(bad_arg(id.status()), dir);
-        std::printf("%lu\n", *id);
+        std::printf("%" PRIu64 "\n", *id);
         return 0;
       }
       // Batches that fit a bounded queue: a batch larger than max_ready (or max_bytes) could
@@ -536,7 +537,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
         }
         auto ids = q->send_batch(chunk, so);
         if (!ids.ok()) return fail(bad_arg(ids.status()), dir);
-        for (uint64_t id : *ids) std::printf("%lu\n", id);
+        for (uint64_t id : *ids) std::printf("%" PRIu64 "\n", id);
         std::fflush(stdout);
       }
       return 0;
@@ -602,7 +603,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       if (!q) return fail(err, dir);
       auto count = q->purge();
       if (!count.ok()) return fail(count.status(), dir);
-      std::fprintf(stderr, "purged %lu messages\n", *count);
+      std::fprintf(stderr, "purged %" PRIu64 " messages\n", *count);
       return 0;
     }
     if (*dlq) {
@@ -623,9 +624,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
           if (*chunk < 1000) break;
         }
         if (json) {
-          std::printf("{\"redriven\":%lu}\n", moved);
+          std::printf("{\"redriven\":%" PRIu64 "}\n", moved);
         } else {
-          std::fprintf(stderr, "redrove %lu messages\n", moved);
+          std::fprintf(stderr, "redrove %" PRIu64 " messages\n", moved);
         }
         return 0;
       }
@@ -707,10 +708,10 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       auto r = q->compact([&](uint64_t done, uint64_t total) { bar.update(done, total); });
       if (!r.ok()) return fail(r.status(), dir);
       if (json) {
-        std::printf("{\"segments_removed\":%lu,\"messages_copied\":%lu,\"bytes_freed\":%lu}\n",
+        std::printf("{\"segments_removed\":%" PRIu64 ",\"messages_copied\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 "}\n",
                     r->segments_removed, r->messages_copied, r->bytes_freed);
       } else {
-        std::printf("removed %lu segments (%.1f MiB), copied %lu live messages\n", r->segments_removed,
+        std::printf("removed %" PRIu64 " segments (%.1f MiB), copied %" PRIu64 " live messages\n", r->segments_removed,
                     static_cast<double>(r->bytes_freed) / (1 << 20), r->messages_copied);
       }
       return 0;
@@ -728,7 +729,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       } else {
         for (const auto& p : r->problems) std::printf("problem: %s\n", p.c_str());
         for (const auto& p : r->repairs) std::printf("repaired: %s\n", p.c_str());
-        std::printf("%s: %lu segments, %lu records, %lu messages%s\n", dir.c_str(), r->segments, r->records,
+        std::printf("%s: %" PRIu64 " segments, %" PRIu64 " records, %" PRIu64 " messages%s\n", dir.c_str(), r->segments, r->records,
                     r->messages, r->ok() ? ", ok" : "");
       }
       return r->ok() ? 0 : kExitError;

@@ -1,5 +1,6 @@
 // spool-dump: prints a segment's header and records, and any corrupt regions.
 // Usage: spool-dump [--payload] SEGMENT_FILE...
+#include <cinttypes>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -76,19 +77,19 @@ int main(int argc, char** argv) {
       continue;
     }
     const auto& h = (*seg)->info();
-    std::printf("%s: version %u seq %lu base_id %lu size %lu salt %016lx created_ns %lu\n", argv[i],
+    std::printf("%s: version %u seq %" PRIu64 " base_id %" PRIu64 " size %" PRIu64 " salt %016" PRIx64 " created_ns %" PRIu64 "\n", argv[i],
                 h.version, h.seq, h.base_id, h.size, h.salt, h.created_ns);
     auto res = spool::storage::scan(**seg, spool::format::kSegmentHeaderSize, [&](const auto& v) {
-      std::printf("  @%-10lu %-7s id %-10lu count %-4u t1 %lu t2 %lu len %zu", v.offset,
+      std::printf("  @%-10" PRIu64 " %-7s id %-10" PRIu64 " count %-4u t1 %" PRIu64 " t2 %" PRIu64 " len %zu", v.offset,
                   type_name(v.type), v.id, v.count, v.t1, v.t2, v.payload.size());
       if (show_payload) std::printf(" payload %.*s", static_cast<int>(v.payload.size()), v.payload.data());
       std::printf("\n");
     });
     for (const auto& c : res.corrupt) {
-      std::printf("  CORRUPT @%lu length %lu\n", c.offset, c.length);
+      std::printf("  CORRUPT @%" PRIu64 " length %" PRIu64 "\n", c.offset, c.length);
       rc = 1;
     }
-    std::printf("  %lu records, logical end %lu\n", res.records, res.end);
+    std::printf("  %" PRIu64 " records, logical end %" PRIu64 "\n", res.records, res.end);
   }
   return rc;
 }

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <vector>
@@ -176,6 +177,11 @@ bool SharedIndex::sound(bool counters) const {
 Status SharedIndex::map_region() {
   const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap, dc = hdr_->dedup_cap;
   uint64_t len = region_bytes(w, hc, oc, dc);
+  // A 32-bit process cannot map more than its address space: mmap's length is a size_t, and
+  // a longer region would be truncated into a mapping shorter than what is indexed in it.
+  if (len > std::numeric_limits<size_t>::max() - kHeaderBytes) {
+    return errno_status(ENOMEM, "map index region of " + std::to_string(len) + " bytes (more than this process can address)");
+  }
   void* p;
   if (anonymous_) {
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -54,6 +54,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -190,6 +191,22 @@ struct alignas(64) IndexHeader {
   std::atomic<uint32_t> durable_seq;   // futex word: bumped after every sync attempt
   std::atomic<uint32_t> durable_waiters;
 };
+
+// Every process that maps the index shares these words, also across builds for other
+// targets on one machine (format_word() refuses a different layout, not a different
+// atomicity). On a 32-bit target (armhf: ARMv7, LDREXD/STREXD) the 64-bit atomics must still
+// be lock-free, so no process-private lock stands in for them, and 8-aligned, as those
+// instructions need. The futex words are what the kernel reads: 32 bits, 4-aligned.
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the shared index needs lock-free 64-bit atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "the shared index needs lock-free 32-bit atomics");
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4);
+static_assert(alignof(uint64_t) == 8, "the index layout assumes 8-aligned 64-bit fields (not i386's 4)");
+static_assert(offsetof(IndexHeader, durable_end) % 64 == 0 && offsetof(IndexHeader, wake_seq) % 64 == 0 &&
+              offsetof(IndexHeader, room_seq) % 64 == 0 && offsetof(IndexHeader, durable_seq) % 4 == 0);
+// The region's arrays sit at multiples of their element sizes from a page boundary, so
+// their 64-bit fields are 8-aligned too.
+static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry) == 8 && alignof(DedupSlot) == 8);
 
 // The header page; the region follows.
 inline constexpr uint64_t kHeaderBytes = 4096;

@@ -109,7 +109,9 @@ std::shared_ptr<Io> default_io() {
     } else if (std::strcmp(forced, "pwrite") != 0) {
       why = std::string("SPOOL_IO=") + forced + " is not a backend (mmap, pwrite, io_uring)";
     } else {
-      why = "SPOOL_IO=pwrite";
+      // (Built from `forced`, not assigned a literal: g++ 12 for 32-bit targets then reports
+      // a false -Wrestrict overlap inside std::string::assign.)
+      why = std::string("SPOOL_IO=") + forced;
     }
     *io = make_pwrite_io();
     spool::log().info("spool: I/O backend pwrite ({})", why);

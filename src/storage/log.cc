@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "logging.h"
 #include "sys/clock.h"
@@ -47,7 +48,7 @@ void unwrite(io::Io& io, const std::vector<Written>& written) {
       continue;
     }
     for (uint64_t off = w.from; off < w.to; off += sizeof zeros) {
-      iovec iov{const_cast<char*>(zeros), std::min<uint64_t>(sizeof zeros, w.to - off)};
+      iovec iov{const_cast<char*>(zeros), static_cast<size_t>(std::min<uint64_t>(sizeof zeros, w.to - off))};
       if (io.write_all(w.seg->fd(), &iov, 1, off) < 0) break;
     }
   }
@@ -95,6 +96,12 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   if (opts.segment_size < format::kMinSegmentSize || opts.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, "segment size must be between 4 KiB and 1 TiB");
   }
+  // Every segment is mapped whole, and a 32-bit process has 3 GiB or so of address space:
+  // at most half of what a size_t can count there (2 GiB), which leaves room for a few.
+  if (opts.segment_size > std::numeric_limits<size_t>::max() / 2) {
+    return Status(Code::kInvalidArgument, "segment size " + std::to_string(opts.segment_size) +
+                                              " is more than a 32-bit process can map (at most 2 GiB)");
+  }
   if (!opts.read_only) {
     if (::mkdir(dir.c_str(), 0777) == 0) {
       if (opts.dir_mode != 0 && ::chmod(dir.c_str(), opts.dir_mode) != 0) return errno_status(errno, "set the mode of " + dir);
@@ -137,7 +144,7 @@ int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
     store_records(m + off, static_cast<const uint8_t*>(p), len);
     return 0;
   }
-  iovec iov{const_cast<void*>(p), len};
+  iovec iov{const_cast<void*>(p), static_cast<size_t>(len)};  // within a segment: fits (Log::open)
   return opts_.io->write_all(seg.fd(), &iov, 1, off);
 }
 

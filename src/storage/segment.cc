@@ -12,6 +12,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <ctime>
 
 #include "sys/sigbus_guard.h"
@@ -178,6 +179,11 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   // Never map past EOF: a truncated file would SIGBUS on access (PITFALLS §2).
   seg->info_.size = std::min<uint64_t>(seg->info_.size, static_cast<uint64_t>(st.st_size));
   seg->map_len_ = seg->info_.size;
+  // mmap takes a size_t: in a 32-bit process a longer segment would be mapped short.
+  if (seg->map_len_ > std::numeric_limits<size_t>::max()) {
+    return Status(Code::kInvalidArgument, path + ": a segment of " + std::to_string(seg->map_len_) +
+                                              " bytes is more than this process can map");
+  }
   // A store into a hole of the file would SIGBUS on a full disk (PITFALLS §2): the blocks
   // must be allocated. Segments are created preallocated; allocating again is cheap and covers
   // one that was copied sparse. Where that fails, the mapping stays read-only and the log

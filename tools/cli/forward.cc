@@ -1,5 +1,6 @@
 #include "cli/forward.h"
 
+#include <cinttypes>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -442,7 +443,7 @@ class Forwarder {
   }
 
   int summary(int rc) {
-    std::fprintf(stderr, "spool forward: forwarded %lu messages (%lu already in the stream), %lu publish retries\n",
+    std::fprintf(stderr, "spool forward: forwarded %" PRIu64 " messages (%" PRIu64 " already in the stream), %" PRIu64 " publish retries\n",
                  forwarded_.load(), duplicates_.load(), retries_.load());
     return rc;
   }

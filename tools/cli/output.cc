@@ -1,5 +1,6 @@
 #include "cli/output.h"
 
+#include <cinttypes>
 #include <cstdio>
 #include <ctime>
 #include <sstream>
@@ -150,19 +151,19 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
   char buf[1536];
   std::snprintf(buf, sizeof buf,
                 "queue          %s\n"
-                "ready          %lu\n"
-                "in flight      %lu\n"
-                "delayed        %lu\n"
-                "dead           %lu\n"
+                "ready          %" PRIu64 "\n"
+                "in flight      %" PRIu64 "\n"
+                "delayed        %" PRIu64 "\n"
+                "dead           %" PRIu64 "\n"
                 "oldest ready   %.1fs\n"
-                "sent total     %lu\n"
-                "acked total    %lu\n"
-                "nacked total   %lu\n"
-                "expired total  %lu\n"
-                "dead-lettered  %lu\n"
+                "sent total     %" PRIu64 "\n"
+                "acked total    %" PRIu64 "\n"
+                "nacked total   %" PRIu64 "\n"
+                "expired total  %" PRIu64 "\n"
+                "dead-lettered  %" PRIu64 "\n"
                 "payload        %.1f MiB\n"
-                "segments       %lu (%.1f MiB on disk)\n"
-                "dedup ids      %lu\n",
+                "segments       %" PRIu64 " (%.1f MiB on disk)\n"
+                "dedup ids      %" PRIu64 "\n",
                 queue.c_str(), s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s,
                 s.sent_total, s.acked_total, s.nacked_total, s.expired_total, s.dead_lettered_total,
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
