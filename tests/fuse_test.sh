@@ -416,8 +416,18 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
   wait "$PID" 2>/dev/null
   if ((AUTO_UNMOUNT)); then
     # auto_unmount: fusermount3 removes the mount of the dead daemon. (Not "mountpoint -q":
-    # it also fails on a dead mount that is still there.)
-    wait_for 10 not_mounted "$M"
+    # it also fails on a dead mount that is still there.) fusermount3's watcher has to be
+    # scheduled to do it: on a loaded CI machine 10 s was once not enough, so give it 60 s
+    # and say what was left if even that is not enough.
+    local deadline=$((SECONDS + 60))
+    until not_mounted "$M"; do
+      if ((SECONDS >= deadline)); then
+        fail "the mount of the killed spoolfs is still there after 60 s: " \
+          "$(grep -F "${M// /\\040}" /proc/self/mounts); stat: $(stat "$M" 2>&1 | head -n 1);" \
+          "watchers: $(pgrep -a fusermount3 | tr '\n' ';')"
+      fi
+      sleep 0.1
+    done
   else
     wait_for 10 dead_mount "$M"
   fi
