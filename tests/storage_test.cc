@@ -8,11 +8,13 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY  // the layout of XXH3_state_t, for smear_stack()
 #include <xxhash.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -25,6 +27,8 @@
 #include "io/io.h"
 #include "proc_util.h"
 #include "storage/log.h"
+#include "storage/segment.h"
+#include "sys/sigbus_guard.h"
 #include "test_util.h"
 
 namespace spool::storage {
@@ -1042,5 +1046,83 @@ TEST(StoreRecords, AStoreStoppedInTheMiddleLeavesWholeRecordsThenAHeadlessOne) {
   ::munmap(m, 3 * page);
 }
 
+
+// Zeroing a failed batch (unwrite) stopped in the middle leaves a prefix of it: whole
+// records, then at most one partly zero, then zeros; never a zeroed record before a whole
+// one, which replay would skip to. Here a read-only page stops it, at the batch's end and
+// at its start; memset, forwards, zeroed the first records before the page stopped it.
+TEST(StoreRecords, AnUnstoreStoppedInTheMiddleLeavesAPrefixOfTheRecords) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  constexpr uint64_t kPayload = 200, kCount = 8;
+  const uint64_t size = record_size(kPayload);
+  for (const bool read_only_at_end : {true, false}) {
+    SCOPED_TRACE(read_only_at_end ? "the read-only page holds the last records" : "it holds the first ones");
+    void* m = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* dst = static_cast<uint8_t*>(m);
+    const uint64_t start = 2 * page - 4 * size - 16;  // records 4 to 7 reach into page 2
+    for (uint64_t i = 0; i < kCount; ++i) {
+      uint8_t* h = dst + start + i * size;
+      const uint32_t magic = format::kRecordMagic, len = kPayload;
+      std::memcpy(h, &magic, 4);
+      std::memcpy(h + 4, &len, 4);
+      std::memset(h + 8, static_cast<int>('a' + i), size - 8);
+    }
+    const std::string before(reinterpret_cast<const char*>(dst + start), kCount * size);
+    // At the end: page 2 (records 4 to 7); at the start: page 1 (records 0 to 3, and 4's head).
+    ASSERT_EQ(::mprotect(dst + (read_only_at_end ? 2 : 1) * page, page, PROT_READ), 0);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      unstore_records(dst + start, kCount * size);
+      ::_exit(0);  // not reached: a store into the read-only page faults
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    ASSERT_FALSE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the read-only page did not stop the zeroing";
+    uint64_t whole = 0;
+    while (whole < kCount && std::memcmp(dst + start + whole * size, before.data() + whole * size, size) == 0) ++whole;
+    for (uint64_t i = whole + 1; i < kCount; ++i) {
+      uint64_t first = 1;
+      std::memcpy(&first, dst + start + i * size, 8);
+      EXPECT_EQ(first, 0u) << "record " << i << " keeps its first word after record " << whole << ", which is not whole";
+    }
+    // From the end back to the read-only page: record 4 has its head there, its body zeroed.
+    EXPECT_EQ(whole, read_only_at_end ? kCount : 4u);
+    ::munmap(m, 3 * page);
+  }
+}
+
+// A misaligned access (BUS_ADRALN, on armhf) in a guarded mapping is not a cut file: zero
+// pages would not cure it, and the retried access faulted again, forever. The guard passes
+// it on and leaves the mapping alone; a fault past a file's end (BUS_ADRERR) it takes.
+TEST(SigbusGuard, OnlyAFaultPastTheFileIsTakenForACutFile) {
+  for (const int code : {BUS_ADRALN, BUS_ADRERR}) {
+    SCOPED_TRACE(code == BUS_ADRALN ? "BUS_ADRALN" : "BUS_ADRERR");
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      void* m = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) ::_exit(10);
+      static_cast<char*>(m)[1] = 'x';
+      static std::atomic<bool> cut{false};
+      if (!sys::guard_mapping(m, page, PROT_READ | PROT_WRITE, &cut)) ::_exit(11);
+      // As the kernel sends a fault: a process may queue itself a signal with any si_code.
+      siginfo_t si{};
+      si.si_signo = SIGBUS;
+      si.si_code = code;
+      si.si_addr = static_cast<char*>(m) + 1;
+      if (::syscall(SYS_rt_tgsigqueueinfo, ::getpid(), ::gettid(), SIGBUS, &si) != 0) ::_exit(12);
+      const bool replaced = static_cast<volatile char*>(m)[1] != 'x';
+      ::_exit((cut.load() ? 1 : 0) | (replaced ? 2 : 0));
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    ASSERT_TRUE(WIFEXITED(st)) << "the child died of signal " << WTERMSIG(st);
+    const int want = code == BUS_ADRALN ? 0 : 3;
+    EXPECT_EQ(WEXITSTATUS(st), want) << "bit 1: the mapping was flagged cut; bit 2: it was replaced by zero pages";
+  }
+}
 }  // namespace
 }  // namespace spool::storage

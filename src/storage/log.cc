@@ -41,15 +41,20 @@ struct Written {
 // after a restart that comes before another append overwrites them. Best effort: when the
 // device keeps failing they stay, as they would after a crash in the middle of an append.
 void unwrite(io::Io& io, const std::vector<Written>& written) {
-  static const char zeros[64 << 10] = {};  // no destructor: usable from exit handlers
+  static const char zeros[4096] = {};  // no destructor: usable from exit handlers
   for (const Written& w : written) {
     if (uint8_t* m = w.seg->wdata()) {
-      std::memset(m + w.from, 0, w.to - w.from);
+      unstore_records(m + w.from, w.to - w.from);
       continue;
     }
-    for (uint64_t off = w.from; off < w.to; off += sizeof zeros) {
-      iovec iov{const_cast<char*>(zeros), static_cast<size_t>(std::min<uint64_t>(sizeof zeros, w.to - off))};
-      if (io.write_all(w.seg->fd(), &iov, 1, off) < 0) break;
+    // Backwards too, one page per write: a write killed in its middle stops between pages
+    // (the kernel checks for a fatal signal there), and forwards that left the batch's
+    // first records zero before whole ones, as memset could.
+    for (uint64_t end = w.to; end > w.from;) {
+      const uint64_t from = std::max(w.from, (end - 1) & ~uint64_t{sizeof zeros - 1});
+      iovec iov{const_cast<char*>(zeros), static_cast<size_t>(end - from)};
+      if (io.write_all(w.seg->fd(), &iov, 1, from) < 0) break;
+      end = from;
     }
   }
 }
@@ -435,6 +440,13 @@ Status Log::check_end(Pos end) {
     return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +
                                       ", is outside the segment's records");
   }
+  // Records start 8-aligned: appends at a misaligned end would be lost at the next scan,
+  // and on armhf the first word's 64-bit store faults (SIGBUS, BUS_ADRALN).
+  if (end.off % format::kRecordAlign != 0) {
+    return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +
+                                      ", is not a record boundary (records are " +
+                                      std::to_string(format::kRecordAlign) + "-aligned)");
+  }
   if ((*seg)->record_at(end.off)) {
     return Status(Code::kCorrupt, (*seg)->path() + ": a record lies at the log end (offset " + std::to_string(end.off) +
                                       "): the end is behind the log");
@@ -447,14 +459,14 @@ Status Log::clear_tail(Pos end) {
   auto seg = segment(end.seq);
   if (!seg.ok()) return seg.status();
   // A store killed in the middle leaves at most one record's remnant after the end, its
-  // first word still zero (store_records): where the rest of it lies is unknown, so the
-  // whole unused tail is looked at. Only a rebuild calls this, after a crash or damage.
-  const uint64_t size = (*seg)->info().size;
-  // What a roll would seal as damage (the file is its full size: only the bytes after the end).
-  for (const Corruption& c : sealed_tail_damage(**seg, end.off, size)) {
+  // first word still zero (store_records), and so does an unwrite (unstore_records): it
+  // lies within one largest record of the end. Only that far is looked at: the whole tail
+  // of a fresh segment is tens of MiB of zero-fill, read under the index lock.
+  const uint64_t upto = end.off + format::record_size(max_payload());
+  if (auto c = stored_after(**seg, end.off, upto)) {
     spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
-                      c.length);
-    unwrite(*opts_.io, {Written{*seg, c.offset, c.offset + c.length}});
+                      c->length);
+    unwrite(*opts_.io, {Written{*seg, c->offset, c->offset + c->length}});
   }
   return {};
 }

@@ -383,17 +383,29 @@ void store_records(uint8_t* dst, const uint8_t* src, uint64_t len) {
   }
 }
 
-std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size) {
-  std::vector<Corruption> out;
-  const uint64_t size = seg.info().size;
-  // Backwards, eight bytes at a time where aligned: a rebuild looks at up to a whole
-  // segment of zero-fill here.
+void unstore_records(uint8_t* dst, uint64_t len) {
+  uint64_t at = len;
+  while (at % 8 != 0) dst[--at] = 0;
+  // Release stores keep the compiler from merging or reordering the loop into a memset.
+  for (; at >= 8; at -= 8) __atomic_store_n(reinterpret_cast<uint64_t*>(dst + at - 8), uint64_t{0}, __ATOMIC_RELEASE);
+}
+
+std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_t upto) {
+  upto = std::min(upto, seg.info().size);
+  // Backwards, eight bytes at a time where aligned: up to a whole segment of zero-fill.
   const uint8_t* d = seg.data();
-  uint64_t last = size;
+  uint64_t last = upto;
   while (last > end && last % 8 != 0 && d[last - 1] == 0) --last;
   while (last >= end + 8 && last % 8 == 0 && load<uint64_t>(d + last - 8) == 0) last -= 8;
   while (last > end && d[last - 1] == 0) --last;
-  if (last > end) out.push_back(Corruption{seg.info().seq, end, last - end});
+  if (last <= end) return std::nullopt;
+  return Corruption{seg.info().seq, end, last - end};
+}
+
+std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size) {
+  std::vector<Corruption> out;
+  const uint64_t size = seg.info().size;
+  if (auto c = stored_after(seg, end, size)) out.push_back(*c);
   if (size < segment_size) out.push_back(Corruption{seg.info().seq, size, segment_size - size});
   return out;
 }

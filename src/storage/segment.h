@@ -155,6 +155,17 @@ struct ScanResult {
 // which replay then skipped to (a hole in the log). Both `dst` and `src` are 8-aligned.
 void store_records(uint8_t* dst, const uint8_t* src, uint64_t len);
 
+// Zeroes `len` bytes of records at `dst` (a writable mapping of a segment) from the last
+// word to the first, so that a process killed at any instruction leaves a prefix of them:
+// whole records, then at most one whose body is partly zero, then zeros. memset gives no
+// order, and a kill in its middle could leave the first record zeroed before whole ones,
+// which replay would take (duplicates of a batch whose append was reported failed).
+// `dst` is 8-aligned.
+void unstore_records(uint8_t* dst, uint64_t len);
+
+// The non-zero bytes of [end, upto): from `end` to the last of them, or nothing if all are zero.
+std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_t upto);
+
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
 // valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
 // the zero-fill it was preallocated with), and a file shorter than `segment_size`.

@@ -43,7 +43,9 @@ void pass_on(int sig, siginfo_t* info, void* ctx) {
 }
 
 void on_sigbus(int sig, siginfo_t* info, void* ctx) {
-  if (info->si_code > 0) {  // a fault, not kill()
+  // A fault, not kill(); and not a misaligned access (BUS_ADRALN, armhf), which zero pages
+  // would not cure: the retried access would fault again, forever.
+  if (info->si_code > 0 && info->si_code != BUS_ADRALN) {
     const auto a = reinterpret_cast<uintptr_t>(info->si_addr);
     for (Slot& s : g_slots) {
       if (s.state.load(std::memory_order_acquire) != kLive) continue;
