@@ -46,7 +46,10 @@ int publish(jsCtx* js, const char* stream, int argc, char** argv) {
   cfg.Name = stream;
   cfg.Subjects = subjects;
   cfg.SubjectsLen = 1;
-  cfg.Retention = js_WorkQueuePolicy;
+  // A work queue (what no consumer acked), or with NATS_DRAIN_RETENTION=limits a stream
+  // that keeps what was acked.
+  const char* retention = std::getenv("NATS_DRAIN_RETENTION");
+  cfg.Retention = retention != nullptr && std::strcmp(retention, "limits") == 0 ? js_LimitsPolicy : js_WorkQueuePolicy;
   cfg.Storage = js_FileStorage;
   natsStatus s = js_AddStream(nullptr, js, &cfg, nullptr, &jerr);
   if (s != NATS_OK && jerr != JSStreamNameExistErr) return die("add stream", s);

@@ -23,6 +23,10 @@ sent_at_least() { (($(qstat sent_total) >= $1)); }
 acked_is() { (($(qstat acked_total) == $1)); }
 # ack_pending CONSUMER: the consumer's NumAckPending (delivered, not acked).
 ack_pending() { "$DRAIN" "$URL" JOBS consumer "$1" | cut -d' ' -f2; }
+consumer_deleted() {
+  "$DRAIN" "$URL" JOBS delete-consumer down 2>/dev/null || ! "$DRAIN" "$URL" JOBS consumer down >/dev/null 2>&1
+}
+ack_pending_is() { [[ $(ack_pending down 2>/dev/null) == "$1" ]]; }
 
 # pull ARGS...: `spool pull q` from the test's server and stream, stderr in $D/pull.err;
 # pull_bg ARGS...: the same in the background, its pid in PULL.
@@ -330,6 +334,27 @@ t_consumer_deleted_is_created_again() {
   in_queue_once 1000
 }
 
+# On a stream that keeps what was acked (limits retention), the consumer deleted under a
+# running pull is created again from its ack floor, not after the last message this process
+# acked (which skipped what it had refused, naked below that): the refused messages are
+# delivered again, and those already queued are recognised, not queued twice.
+t_consumer_deleted_on_a_limits_stream_starts_at_its_ack_floor() {
+  "$SPOOL" init q --max-payload 2 || fail "init"
+  start_server
+  NATS_DRAIN_RETENTION=limits publish 100 105  # sequences 1-6: too large for the queue
+  NATS_DRAIN_RETENTION=limits publish 1 9      # sequences 7-15
+  pull_bg -j 5 --ack-wait 2s
+  wait_for 20 sent_at_least 9
+  wait_for 10 ack_pending_is 6  # the six refused, naked with a delay
+  # (nats-server 2.9 fails a delete now and then: "unlinkat ...: directory not empty".)
+  wait_for 10 consumer_deleted
+  wait_for 20 grep -q "created consumer down on stream JOBS again" "$D/pull.err"
+  wait_for 10 ack_pending_is 6  # delivered again (and refused again); not 0
+  stop "$PULL" "spool pull"
+  eq "sent into the queue" "$(qstat sent_total)" 9
+  grep -q "(9 already in the queue)" "$D/pull.err" || fail "the nine were not recognised: $(tail -2 "$D/pull.err")"
+}
+
 # And the stream: deleted and created again under a running pull (its sequences start again
 # at 1), pull waits for it, sets the consumer up again, and queues the new stream's messages
 # under new dedup ids, none taken for an old one already queued.
@@ -365,6 +390,7 @@ TESTS=(
   t_once_into_a_full_queue_exits_75
   t_once_does_not_wait_out_refused_messages
   t_consumer_deleted_is_created_again
+  t_consumer_deleted_on_a_limits_stream_starts_at_its_ack_floor
   t_stream_deleted_and_created_again
   t_headers_become_attributes
   t_server_down_at_start

@@ -220,10 +220,15 @@ class Puller {
 
   Setup classify(natsStatus s, const std::string& what) { return classify_setup_failure(warnings_, s, what, url_); }
 
+  // Where a consumer created again starts: as the deleted one was configured to (nothing of
+  // it was acked yet), at the stream's first message, or at stream sequence `seq`.
+  struct StartAt {
+    enum Kind { kAsBefore, kFirst, kSeq } kind = kAsBefore;
+    uint64_t seq = 0;
+  };
+
   // The configuration of the consumer pulled from, kept to create it again as it was when it
-  // is deleted under a running pull. Where it starts is not kept: on a work-queue stream
-  // (which holds only what no consumer acked) from the first message, on another stream from
-  // the one after the last this process acked, on a stream created again from its first.
+  // is deleted under a running pull. Where it starts is chosen by the caller (StartAt).
   struct ConsumerShape {
     bool known = false;
     std::string description, filter, sample;
@@ -232,6 +237,9 @@ class Puller {
     uint64_t rate_limit = 0;
     bool headers_only = false, memory_storage = false;
     jsReplayPolicy replay = js_ReplayInstant;
+    jsDeliverPolicy deliver = js_DeliverAll;
+    uint64_t opt_start_seq = 0;
+    int64_t opt_start_time = 0;
     std::vector<int64_t> backoff;
 
     void keep(const jsConsumerConfig& c) {
@@ -252,19 +260,31 @@ class Puller {
       headers_only = c.HeadersOnly;
       memory_storage = c.MemoryStorage;
       replay = c.ReplayPolicy;
+      deliver = c.DeliverPolicy;
+      opt_start_seq = c.OptStartSeq;
+      opt_start_time = c.OptStartTime;
       backoff.assign(c.BackOff, c.BackOff + (c.BackOff != nullptr ? c.BackOffLen : 0));
     }
 
-    // `*c` as kept, durable `name` (the strings point into this and `name`), delivering from
-    // stream sequence `start_seq` on (0: from the first message).
-    void fill(jsConsumerConfig* c, const std::string& name, uint64_t start_seq) const {
+    // `*c` as kept, durable `name` (the strings point into this and `name`), starting `at`.
+    void fill(jsConsumerConfig* c, const std::string& name, StartAt at) const {
       jsConsumerConfig_Init(c);
       c->Durable = name.c_str();
       if (!description.empty()) c->Description = description.c_str();
       if (!filter.empty()) c->FilterSubject = filter.c_str();
       if (!sample.empty()) c->SampleFrequency = sample.c_str();
-      c->DeliverPolicy = start_seq > 0 ? js_DeliverByStartSequence : js_DeliverAll;
-      c->OptStartSeq = start_seq;
+      switch (at.kind) {
+        case StartAt::kAsBefore:
+          c->DeliverPolicy = deliver;
+          c->OptStartSeq = opt_start_seq;
+          c->OptStartTime = opt_start_time;
+          break;
+        case StartAt::kFirst: c->DeliverPolicy = js_DeliverAll; break;
+        case StartAt::kSeq:
+          c->DeliverPolicy = js_DeliverByStartSequence;
+          c->OptStartSeq = at.seq;
+          break;
+      }
       c->AckPolicy = js_AckExplicit;
       c->AckWait = ack_wait;
       c->MaxDeliver = max_deliver;
@@ -283,6 +303,19 @@ class Puller {
     }
   };
 
+
+  // Where the consumer, deleted under a running pull, is created again from. On a work-queue
+  // stream (which holds only what no consumer acked) and on a stream created again: the
+  // first message. Otherwise the one after its ack floor when last looked up (at most 5 s
+  // old): what it delivered unacked or had naked comes again, and what was queued already
+  // is recognised by its dedup id. (After the last message this process acked skipped the
+  // lower ones it had naked or that another puller held.) Nothing acked yet: where it was
+  // configured to start (DeliverAll there would flood a DeliverNew consumer with history).
+  StartAt restart_at(bool work_queue) const {
+    if (work_queue || stream_created_again_) return {StartAt::kFirst, 0};
+    if (ack_floor_ > 0 || max_acked_seq_ > 0) return {StartAt::kSeq, ack_floor_ + 1};
+    return {StartAt::kAsBefore, 0};
+  }
 
   // The stream (its creation time goes into the dedup ids), the consumer (created if
   // missing, checked if not) and the pull subscription bound to it. `first`: at the start;
@@ -323,6 +356,8 @@ class Puller {
       recent_order_.clear();
       refused_seqs_.clear();
       max_acked_seq_ = 0;
+      ack_floor_ = 0;
+      stream_created_again_ = true;
     }
     dedup_prefix_ = std::move(prefix);
     jsConsumerInfo* ci = nullptr;
@@ -333,7 +368,7 @@ class Puller {
     if (s == NATS_NOT_FOUND) {
       jsConsumerConfig cc;
       if (shape_.known) {  // the configuration the deleted one had
-        shape_.fill(&cc, args_.consumer, work_queue ? 0 : max_acked_seq_ + (max_acked_seq_ > 0 ? 1 : 0));
+        shape_.fill(&cc, args_.consumer, restart_at(work_queue));
       } else {
         jsConsumerConfig_Init(&cc);
         cc.Durable = args_.consumer.c_str();
@@ -345,6 +380,7 @@ class Puller {
       }
       s = js_AddConsumer(&ci, js_, stream.c_str(), &cc, nullptr, &jerr);
       if (s == NATS_OK) {
+        stream_created_again_ = false;
         const std::string ack_wait = std::to_string(cc.AckWait / kNsPerMs) + " ms";
         const char* filter = cc.FilterSubject != nullptr ? cc.FilterSubject : "";
         if (first) {
@@ -367,7 +403,11 @@ class Puller {
       return classify(s, "cannot look up consumer " + args_.consumer);
     }
     Setup st = check_consumer(ci);
-    if (st == Setup::kOk) shape_.keep(*ci->Config);
+    if (st == Setup::kOk) {
+      shape_.keep(*ci->Config);
+      ack_floor_ = ci->AckFloor.Stream;
+      last_info_ = SteadyClock::now();
+    }
     jsConsumerInfo_Destroy(ci);
     if (st != Setup::kOk) return st;
     jsSubOptions so;
@@ -438,6 +478,9 @@ class Puller {
         int rc = deliver(msgs, &fresh);
         natsMsgList_Destroy(&list);
         if (rc >= 0) return rc;
+        // The consumer's ack floor, where it is created again from if it is deleted, is
+        // looked up every 5 s while messages flow too.
+        if (!args_.once && SteadyClock::now() - last_info_ >= Millis(5000) && pending() == Pending::kGone) return kLost;
         // A short batch may have been the last: --once looks now, not after an empty fetch;
         // also after a batch of messages refused before only (back after their nak delay).
         if (args_.once && (msgs.size() < batch || fresh == 0)) {
@@ -489,6 +532,8 @@ class Puller {
       return Pending::kGone;
     }
     if (s != NATS_OK) return Pending::kSome;
+    ack_floor_ = ci->AckFloor.Stream;
+    last_info_ = SteadyClock::now();
     bool none = ci->NumPending == 0 && ci->NumAckPending <= static_cast<int64_t>(refused_seqs_.size());
     jsConsumerInfo_Destroy(ci);
     return none ? Pending::kNone : Pending::kSome;
@@ -689,6 +734,9 @@ class Puller {
   std::unordered_set<uint64_t> recent_;
   std::deque<uint64_t> recent_order_;
   uint64_t max_acked_seq_ = 0;                // the highest stream sequence this process acked
+  uint64_t ack_floor_ = 0;                    // the consumer's, when last looked up: all up to it are acked
+  SteadyClock::time_point last_info_{};       // when the consumer's info was last looked up
+  bool stream_created_again_ = false;         // the consumer is to be created on a new stream
   std::unordered_set<uint64_t> refused_seqs_;  // --once: stream sequences refused (naked with a delay)
   ConsumerShape shape_;                       // the consumer as last set up
   unsigned long pulled_ = 0, duplicates_ = 0, returned_ = 0, refused_ = 0;
