@@ -130,16 +130,27 @@ Result<Config> read_config(const std::string& dir) {
     return sys::queue_file_error(errno, "read", path);
   }
   struct stat st {};
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const int stat_err = ::fstat(fd, &st) == 0 ? 0 : errno;
+  const bool regular = stat_err == 0 && S_ISREG(st.st_mode);
   constexpr off_t kMaxConfigBytes = 64 << 10;
   std::string text;
+  int read_err = 0;
   if (regular && st.st_size <= kMaxConfigBytes) {
     text.resize(static_cast<size_t>(st.st_size));
-    ssize_t n = ::pread(fd, text.data(), text.size(), 0);
-    text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    size_t got = 0;
+    while (got < text.size()) {
+      ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        read_err = n < 0 ? errno : EIO;  // 0: the file shrank under us
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
   }
-  const int read_err = errno;
   ::close(fd);
+  if (stat_err != 0) return errno_status(stat_err, "stat " + path);
   if (!regular) return sys::queue_file_error(EINVAL, "read", path);
   if (st.st_size > kMaxConfigBytes) {
     return Status(Code::kNotAQueue, path + ": " + std::to_string(st.st_size) +

@@ -105,7 +105,7 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   // at most half of what a size_t can count there (2 GiB), which leaves room for a few.
   if (opts.segment_size > std::numeric_limits<size_t>::max() / 2) {
     return Status(Code::kInvalidArgument, "segment size " + std::to_string(opts.segment_size) +
-                                              " is more than a 32-bit process can map (at most 2 GiB)");
+                                              " is more than a 32-bit process can map (less than 2 GiB)");
   }
   if (!opts.read_only) {
     if (::mkdir(dir.c_str(), 0777) == 0) {

@@ -29,10 +29,11 @@ int open_state_file(const std::string& path, const FileModes& modes) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, modes.state);
   if (fd < 0) return fd;
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = errno;
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    const int err = stat_ok ? EINVAL : errno;  // EINVAL: not a regular file (queue_file_error)
     ::close(fd);
-    errno = S_ISREG(st.st_mode) ? err : EINVAL;
+    errno = err;
     return -1;
   }
   set_own_mode(fd, modes.state);
