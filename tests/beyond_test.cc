@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "index/index.h"
 #include "spool/queue.h"
 #include "proc_util.h"
 #include "test_util.h"
@@ -294,6 +297,45 @@ TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyLongBeforeItsLeaseEnds) {
   auto report = q->verify(false);
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->ok()) << report->problems.front();
+}
+
+// The index header's log end (packed), read from the file as another process would.
+uint64_t log_end_of(const std::string& qdir) {
+  int fd = ::open((qdir + "/index").c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return 0;
+  const uint64_t end = __atomic_load_n(&static_cast<const index::IndexHeader*>(p)->log_end, __ATOMIC_ACQUIRE);
+  ::munmap(p, sizeof(index::IndexHeader));
+  return end;
+}
+
+// Reading calls write nothing to the log, not even the release of a dead binder's lease:
+// stats, list and peek show it in flight; the next change (here the receive) releases it.
+TEST_F(BeyondTest, ReadsAfterABinderDiedWriteNothingAndTheNextReceiveReleasesItsLease) {
+  auto q = open();
+  ASSERT_TRUE(q->send("job").ok());
+  std::string got = dir_ / "got";
+  pid_t worker = hold(got, [](Queue& w) { return w.bind_leases().ok() && w.receive(1, Millis(60'000)).ok(); });
+  ASSERT_TRUE(wait_for_file(got, 10s));
+  kill9(worker);
+  std::this_thread::sleep_for(300ms);  // past the interval between two looks for dead owners
+  const uint64_t end = log_end_of(qdir());
+  ASSERT_NE(end, 0u);
+  for (int i = 0; i < 3; ++i) {
+    auto st = q->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->in_flight, 1u);
+    ASSERT_TRUE(q->list(10, false).ok());
+    ASSERT_TRUE(q->peek(10).ok());
+    EXPECT_EQ(q->check_index(), "");
+  }
+  EXPECT_EQ(log_end_of(qdir()), end) << "a read wrote to the log";
+  auto m = q->receive(1, Millis(0), Millis(5000));
+  ASSERT_TRUE(m.ok() && m->size() == 1) << m.status().to_string();
+  EXPECT_EQ((*m)[0].receive_count, 2u);
+  EXPECT_NE(log_end_of(qdir()), end);
 }
 
 // A binder killed while it holds the index lock: the repair rebuilds the index from the

@@ -585,7 +585,9 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   ASSERT_TRUE(oldest.ok() && oldest->size() == 1);
   ASSERT_NO_FATAL_FAILURE(receive_and_ack(*q, kBacklog - 1 - kLeft));
   ASSERT_TRUE(q->ack((*oldest)[0].receipt).ok());
-  ASSERT_NO_FATAL_FAILURE(kill_case::run_and_die({"stats", qdir()}, "index.resized"));
+  // A send shrinks first, when it locks (stats, which only reads, does not): killed there,
+  // before its message is appended.
+  ASSERT_NO_FATAL_FAILURE(kill_case::run_and_die({"send", qdir(), "never-sent"}, "index.resized"));
   // The index says a resize was cut short (so nothing reads its region, not even the lease
   // bindings a rebuild carries over); the rebuild below mends it.
   uint32_t resizing = 0;

@@ -149,12 +149,17 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     res.messages_copied += slots.size();
   }
   // Everything the prefix still holds must have been copied (a message cannot move back).
-  {
-    auto held = lock();
-    if (!held.ok()) return held.status();
+  // Lock held.
+  auto prefix_left = [&]() -> Status {
     bool left = false;
     idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
     if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
+    return {};
+  };
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    if (Status s = prefix_left(); !s.ok()) return s;
   }
   crashpoint("compact.after_copy");
 
@@ -165,9 +170,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   }
   crashpoint("compact.after_sync");
 
-  // 4. Checkpoint the totals, then remove the prefix, oldest first.
+  // 4. Checkpoint the totals, then remove the prefix, oldest first. Checked again under
+  // this lock: a repair since the check above rebuilt the index from the log.
   auto held = lock();
   if (!held.ok()) return held.status();
+  if (Status s = prefix_left(); !s.ok()) return s;
   storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
                          h.next_id,        h.purged_through, h.expired_total,
                          h.nacked_total};

@@ -173,7 +173,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
     if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
-    auto held = impl->lock();
+    auto held = impl->lock_to_change();
     if (!held.ok()) return held.status();
     if (Status s = impl->rebuild(); !s.ok()) return s;
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
@@ -204,7 +204,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       reuse = false;
     }
     reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
-    if (reuse) reuse = impl->lock().ok();
+    if (reuse) reuse = impl->lock_to_change().ok();
     if (!reuse) {
       // The index is a cache of the log: a new one, rebuilt from the log. Made beside the old
       // one and renamed over it, so that the directory's permission decides, not the old
@@ -216,7 +216,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (::rename(fresh_path.c_str(), index_path.c_str()) != 0) {
         return errno_status(errno, "rename " + fresh_path + " to " + index_path);
       }
-      auto held = impl->lock();
+      auto held = impl->lock_to_change();
       if (!held.ok()) return held.status();
       if (Status s = impl->rebuild(); !s.ok()) return s;
     }
@@ -403,7 +403,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   uint64_t woken = 0;
   std::vector<uint64_t> ids;
   for (;;) {
-    auto held = q.lock();
+    auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
@@ -546,7 +546,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     uint64_t next_key = UINT64_MAX;
     uint32_t seen;
     {
-      auto held = q.lock();
+      auto held = q.lock_to_change();
       if (!held.ok()) return held.status();
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now = q.clocks();
@@ -608,7 +608,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
-    auto held = q.lock();
+    auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
@@ -695,7 +695,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   uint64_t end;
   bool wake = false;
   {
-    auto held = q.lock();
+    auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
     auto slot = q.fenced(id, gen);
     if (!slot.ok()) return slot.status();
@@ -737,7 +737,7 @@ Status Queue::ack(std::string_view receipt, Durability durability) {
 Status Queue::bind_leases() {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
-  auto held = q.lock();
+  auto held = q.lock_to_change();
   if (!held.ok()) return held.status();
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
   q.bind_all = true;
@@ -749,7 +749,7 @@ Status Queue::bind(std::string_view receipt) {
   if (Status s = q.writable(); !s.ok()) return s;
   auto r = q.parse_receipt(receipt);
   if (!r.ok()) return r.status();
-  auto held = q.lock();
+  auto held = q.lock_to_change();
   if (!held.ok()) return held.status();
   auto slot = q.fenced(r->first, r->second);
   if (!slot.ok()) return slot.status();
@@ -789,7 +789,7 @@ Result<uint64_t> Queue::purge() {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t n, end;
   {
-    auto held = q.lock();
+    auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
     auto& h = q.idx.hdr();
     Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};

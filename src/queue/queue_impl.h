@@ -137,7 +137,13 @@ struct Queue::Impl {
   // The one lock path. On EOWNERDEAD the index is rebuilt from the log before the mutex is
   // marked consistent; if that fails the mutex is left unrecoverable and every user gets a
   // clear error until the last process closes the queue and the next opener rebuilds.
+  // Locks and repairs, nothing else: read-only calls (stats, list, peek, verify) take it
+  // alone and write nothing to the log.
   Result<Locked> lock();
+  // lock(), then the upkeep that goes with a change (send, receive, ack, ...), as named
+  // steps: the leases bound to dead processes are released (records), and the index region
+  // shrinks while nobody holds a slot.
+  Result<Locked> lock_to_change();
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
 

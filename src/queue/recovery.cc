@@ -84,14 +84,20 @@ auto Queue::Impl::lock() -> Result<Locked> {
     forgotten_through = idx.hdr().compacted_through;
     log->forget_below(forgotten_through + 1);
   }
-  reap_dead_owners();
-  // Here, where nobody holds a slot yet. On an error the region stays as it was.
-  (void)idx.shrink();
   // Once: a send may lock more than once (spares are made between two locks).
   if (!park_path.empty() && !parked) {
     parked = true;
     spool::park(park_path);
   }
+  return held;
+}
+
+auto Queue::Impl::lock_to_change() -> Result<Locked> {
+  auto held = lock();
+  if (!held.ok()) return held;
+  reap_dead_owners();
+  // Here, where nobody holds a slot yet. On an error the region stays as it was.
+  (void)idx.shrink();
   return held;
 }
 
