@@ -104,11 +104,11 @@ stop_work() {
 t_help_and_version() {
   expect 0 "$SPOOL" --help
   local c
-  for c in init send recv ack nack extend peek purge dlq stats work; do
+  for c in init send recv ack nack extend peek purge delete dlq stats work; do
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge dlq stats mount compact verify work forward pull; do
+  for c in init send recv ack nack extend peek purge delete dlq stats mount compact verify work forward pull; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples
@@ -631,6 +631,109 @@ t_dlq_list_and_redrive() {
   eq "redriven receive_count" "$(jget receive_count)" 1
   expect 0 "$SPOOL" dlq q redrive --json
   out_has '"redriven":0'
+}
+
+t_dlq_redrive_some_and_purge() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  # One at a time, so that the dead letters are in a known order: a (oldest) to e.
+  local b
+  for b in a b c d e; do
+    "$SPOOL" send q "$b" >/dev/null || fail "send $b"
+    expect 0 "$SPOOL" recv q
+    expect 0 "$SPOOL" nack q "$(receipt_of)"
+    expect 2 "$SPOOL" recv q
+  done
+  eq "dead" "$(stat_of dead q)" 5
+  expect 64 "$SPOOL" dlq q redrive -n 0
+  err_has "-n"
+  eq "dead after refused redrive -n 0" "$(stat_of dead q)" 5
+  expect 0 "$SPOOL" dlq q redrive -n 2 --json
+  eq "redrive -n 2 output" "$(cat "$D/out")" '{"redriven":2}'
+  eq "dead after redrive -n 2" "$(stat_of dead q)" 3
+  eq "ready after redrive -n 2" "$(stat_of ready q)" 2
+  expect 0 "$SPOOL" recv q -n 10 --json
+  eq "redriven payloads: the oldest two" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | sort | tr -d '\n')" ab
+  expect 0 "$SPOOL" dlq q list --json
+  eq "dead letters left" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | tr -d '\n')" cde
+
+  expect 64 "$SPOOL" dlq q purge
+  err_has "add --yes to confirm"
+  one_line_err
+  expect 64 "$SPOOL" dlq q purge --yes -n 1
+  err_has "-n"
+  eq "dead after refused purges" "$(stat_of dead q)" 3
+  expect 0 "$SPOOL" dlq q purge --yes --json
+  eq "purge --json output" "$(cat "$D/out")" '{"purged":3}'
+  eq "dead after purge" "$(stat_of dead q)" 0
+  eq "in flight after purge (the queue itself untouched)" "$(stat_of in_flight q)" 2
+  expect 0 "$SPOOL" dlq q list
+  [[ -s $D/out ]] && fail "dlq list not empty after purge: $(cat "$D/out")"
+  expect 0 "$SPOOL" dlq q purge --yes
+  err_has "purged 0 dead letters"
+  expect 0 "$SPOOL" dlq q redrive
+  err_has "redrove 0"
+}
+
+t_delete_by_id() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q one two three four
+  eq "ids" "$(tr '\n' ' ' <"$D/out")" "1 2 3 4 "
+  expect 0 "$SPOOL" send q --delay 1h later
+  eq "delayed id" "$(cat "$D/out")" 5
+  expect 0 "$SPOOL" recv q
+  eq "received" "$(cat "$D/out")" one
+  local r
+  r=$(receipt_of)
+  eq "ready before" "$(stat_of ready q)" 3
+  eq "in flight before" "$(stat_of in_flight q)" 1
+  eq "delayed before" "$(stat_of delayed q)" 1
+
+  # In flight (1), ready (3) and delayed (5) at once.
+  expect 0 "$SPOOL" delete q 1 3 5
+  eq "ready after delete" "$(stat_of ready q)" 2
+  eq "in flight after delete" "$(stat_of in_flight q)" 0
+  eq "delayed after delete" "$(stat_of delayed q)" 0
+  eq "acked_total after delete" "$(stat_of acked_total q)" 3
+  expect 1 "$SPOOL" ack q "$r"
+  err_has "message 1 is not in the queue"
+  expect 0 "$SPOOL" peek q -n 10 --json
+  eq "left" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | tr '\n' ' ')" "two four "
+
+  # An unknown id is named, and the ids around it are still deleted.
+  expect 1 "$SPOOL" delete q 2 99 4
+  err_has "message 99 is not in the queue"
+  one_line_err
+  eq "ready after a delete with an unknown id" "$(stat_of ready q)" 0
+  expect 1 "$SPOOL" delete q 2
+  err_has "message 2 is not in the queue"
+  # The log and the index agree on what was deleted (verify replays the log and recounts).
+  expect 0 "$SPOOL" verify q
+
+  # A malformed id is a usage error that deletes nothing.
+  "$SPOOL" send q five >/dev/null || fail "send five"
+  expect 64 "$SPOOL" delete q 6 x
+  err_has "'x'"
+  expect 64 "$SPOOL" delete q 0
+  expect 64 "$SPOOL" delete q
+  eq "ready after refused deletes" "$(stat_of ready q)" 1
+  expect 1 "$SPOOL" delete nope 1
+  err_has "no such queue"
+
+  # Dead letters by their id in the dead-letter queue, with --dlq.
+  "$SPOOL" init d --max-receives 1 >/dev/null || fail "init d"
+  "$SPOOL" send d poison >/dev/null || fail "send poison"
+  expect 0 "$SPOOL" recv d
+  expect 0 "$SPOOL" nack d "$(receipt_of)"
+  expect 2 "$SPOOL" recv d
+  expect 0 "$SPOOL" dlq d list --json
+  local dead_id
+  dead_id=$(jget id)
+  [[ -n $dead_id ]] || fail "no dead letter id: $(cat "$D/out")"
+  eq "dead before delete --dlq" "$(stat_of dead d)" 1
+  expect 0 "$SPOOL" delete d --dlq "$dead_id"
+  eq "dead after delete --dlq" "$(stat_of dead d)" 0
+  expect 1 "$SPOOL" delete d --dlq "$dead_id"
+  err_has "message $dead_id is not in the queue"
 }
 
 t_stats_json_fields() {
@@ -1395,6 +1498,8 @@ TESTS=(
   t_peek
   t_purge
   t_dlq_list_and_redrive
+  t_dlq_redrive_some_and_purge
+  t_delete_by_id
   t_stats_json_fields
   t_stats_recommended_workers
   t_stats_prometheus

@@ -211,6 +211,82 @@ TEST_F(QueueTest, DeadLettersAfterMaxReceivesAndCountSurvivesRestart) {
   }
 }
 
+// remove(id) deletes by id in every state, through the ACK record replay already knows: so
+// the removals must survive a rebuild of the index from the log, and a receipt held for a
+// removed message must fail as for any message that is gone (kNotFound), changing nothing.
+TEST_F(QueueTest, RemoveDeletesAMessageInAnyStateWithoutAReceipt) {
+  QueueOptions o;
+  std::string held_receipt;
+  uint64_t ready_id, leased_id, delayed_id, kept_id, dead_id;
+  {
+    auto q = open(o);
+    leased_id = *q->send("leased");
+    ready_id = *q->send("ready");
+    delayed_id = *q->send("delayed", 1h);
+    kept_id = *q->send("kept");
+    Message m = one(*q, 60s);
+    ASSERT_EQ(m.id, leased_id);
+    held_receipt = m.receipt;
+    ASSERT_TRUE(q->send("other").ok());
+    // The dead-letter queue is a queue of its own: a dead letter is removed there, by its id
+    // there (a message sent to it stands for one dead-lettered).
+    auto dlq = q->dead_letters();
+    ASSERT_TRUE(dlq.ok());
+    ASSERT_TRUE((*dlq)->send("dead").ok());
+    auto dead = (*dlq)->peek(10);
+    ASSERT_TRUE(dead.ok());
+    ASSERT_EQ(dead->size(), 1u);
+    dead_id = dead->at(0).id;
+
+    auto st = q->stats();
+    EXPECT_EQ(st->ready, 3u);  // ready, kept, other
+    EXPECT_EQ(st->in_flight, 1u);
+    EXPECT_EQ(st->delayed, 1u);
+    EXPECT_EQ(st->dead, 1u);
+
+    EXPECT_TRUE(q->remove(leased_id).ok());
+    EXPECT_TRUE(q->remove(ready_id).ok());
+    EXPECT_TRUE(q->remove(delayed_id).ok());
+    EXPECT_TRUE((*dlq)->remove(dead_id).ok());
+
+    Status again = q->remove(ready_id);
+    EXPECT_EQ(again.code(), Code::kNotFound);
+    EXPECT_NE(again.message().find("message " + std::to_string(ready_id)), std::string::npos) << again.to_string();
+    EXPECT_EQ(q->remove(9999).code(), Code::kNotFound) << "never sent";
+    EXPECT_EQ((*dlq)->remove(dead_id).code(), Code::kNotFound);
+
+    Status stale = q->ack(held_receipt);
+    EXPECT_EQ(stale.code(), Code::kNotFound) << stale.to_string();
+
+    st = q->stats();
+    EXPECT_EQ(st->ready, 2u);
+    EXPECT_EQ(st->in_flight, 0u);
+    EXPECT_EQ(st->delayed, 0u);
+    EXPECT_EQ(st->dead, 0u);
+    EXPECT_EQ(st->acked_total, 3u) << "a removal is written, and counted, as an ack";
+    EXPECT_EQ(st->bytes, std::string("kept").size() + std::string("other").size());
+    EXPECT_EQ(q->check_index(), "");
+  }
+  // Replay: from the index that was left, then from the log alone.
+  for (bool delete_index : {false, true}) {
+    if (delete_index) std::filesystem::remove(dir_ / "q/index");
+    auto q = open(o);
+    auto all = q->peek(100);
+    ASSERT_TRUE(all.ok());
+    ASSERT_EQ(all->size(), 2u);
+    EXPECT_EQ(all->at(0).id, kept_id);
+    EXPECT_EQ(all->at(0).payload, "kept");
+    EXPECT_EQ(all->at(1).payload, "other");
+    auto st = q->stats();
+    EXPECT_EQ(st->ready, 2u);
+    EXPECT_EQ(st->in_flight + st->delayed + st->dead, 0u);
+    EXPECT_EQ(st->acked_total, 3u);
+    EXPECT_EQ(q->remove(leased_id).code(), Code::kNotFound);
+    EXPECT_EQ(q->ack(held_receipt).code(), Code::kNotFound);
+    EXPECT_EQ(q->check_index(), "");
+  }
+}
+
 TEST_F(QueueTest, ReopenAfterDeletingTheIndexLosesNothingAndKeepsAcks) {
   std::set<std::string> expect;
   {

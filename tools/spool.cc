@@ -299,12 +299,24 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   purge->add_flag("--yes", yes, "Confirm");
   purge->footer("Deletes every message (not the dead letters). Example: spool purge /var/spool/jobs --yes");
 
-  auto* dlq = app.add_subcommand("dlq", "Dead letters: list them, or redrive them into the queue");
+  std::vector<std::string> delete_ids;
+  bool in_dlq = false;
+  auto* del = app.add_subcommand("delete", "Delete messages by id, in any state, without a receipt");
+  dir_opt(del);
+  del->add_option("ID", delete_ids, "Message ids, as send, peek or dlq list print them")->required();
+  del->add_flag("--dlq", in_dlq, "The ids are those of dead letters (as dlq list prints them)");
+  del->footer("Ready, in flight and delayed messages alike; a receipt held for a deleted message then fails.\n"
+              "An id not in the queue is reported and the others are still deleted (exit 1).\n"
+              "Examples: spool delete q 17 18   |   spool delete q --dlq 3");
+
+  auto* dlq = app.add_subcommand("dlq", "Dead letters: list them, redrive them into the queue, or purge them");
   dir_opt(dlq);
-  dlq->add_option("ACTION", dlq_action, "list or redrive")->required()->check(CLI::IsMember({"list", "redrive"}));
-  dlq->add_option("-n", n, "list: up to this many (default 100)");
-  dlq->add_flag("--json", json, "One JSON object per line");
-  dlq->footer("Examples: spool dlq q list -n 10   |   spool dlq q list --json | jq -r .payload   |   spool dlq q redrive");
+  dlq->add_option("ACTION", dlq_action, "list, redrive or purge")->required()->check(CLI::IsMember({"list", "redrive", "purge"}));
+  dlq->add_option("-n", n, "list: up to this many (default 100); redrive: at most this many, oldest first (default all)");
+  dlq->add_flag("--json", json, "list: one JSON object per line; redrive, purge: the count as JSON");
+  dlq->add_flag("--yes", yes, "purge: confirm");
+  dlq->footer("Examples: spool dlq q list -n 10   |   spool dlq q list --json | jq -r .payload   |   spool dlq q redrive\n"
+              "          spool dlq q redrive -n 5   |   spool dlq q purge --yes");
 
   auto* stats = app.add_subcommand("stats", "Show queue depth and totals");
   dir_opt(stats);
@@ -606,22 +618,71 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       std::fprintf(stderr, "purged %" PRIu64 " messages\n", *count);
       return 0;
     }
-    if (*dlq) {
+    if (*del) {
+      // Every id is checked before anything is deleted: a typo among them is a usage error
+      // that changes nothing, not half a deletion.
+      std::vector<uint64_t> ids;
+      for (const auto& text : delete_ids) {
+        uint64_t id = count_arg("ID", text);
+        if (id == 0) throw UsageError{"bad ID '0' (message ids start at 1)"};
+        ids.push_back(id);
+      }
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
+      Queue* target_q = q.get();
+      if (in_dlq) {
+        auto d = q->dead_letters();
+        if (!d.ok()) return fail(d.status(), dir);
+        target_q = *d;
+      }
+      // An id that is not there does not stop the others: a script deleting a list wants as
+      // much of it gone as can be, and the error names each id that was not there.
+      int rc = 0;
+      for (uint64_t id : ids) {
+        if (Status s = target_q->remove(id); !s.ok()) rc = fail(s, dir);
+      }
+      return rc;
+    }
+    if (*dlq) {
+      if (dlq_action == "purge" && !yes) {
+        throw UsageError{"dlq purge deletes every dead letter of " + dir + "; add --yes to confirm"};
+      }
+      if (dlq_action == "purge" && dlq->count("-n") != 0) {
+        throw UsageError{"-n is for dlq list and dlq redrive; dlq purge deletes every dead letter"};
+      }
+      if (dlq_action == "redrive" && dlq->count("-n") != 0 && n == 0) {
+        throw UsageError{"-n must be at least 1 for dlq redrive"};
+      }
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      if (dlq_action == "purge") {
+        auto d = q->dead_letters();
+        if (!d.ok()) return fail(d.status(), dir);
+        auto count = (*d)->purge();
+        if (!count.ok()) return fail(count.status(), dir);
+        if (json) {
+          std::printf("{\"purged\":%" PRIu64 "}\n", *count);
+        } else {
+          std::fprintf(stderr, "purged %" PRIu64 " dead letters\n", *count);
+        }
+        return 0;
+      }
       if (dlq_action == "redrive") {
-        // In chunks, for the progress bar: the total is the dead-letter depth at the start.
+        // In chunks, for the progress bar: the total is the dead-letter depth at the start
+        // (or the -n limit, if lower).
+        const uint64_t limit = dlq->count("-n") != 0 ? n : UINT64_MAX;
         uint64_t total = 0, moved = 0;
         if (auto d = q->dead_letters(); d.ok()) {
-          if (auto ds = (*d)->stats(); ds.ok()) total = ds->ready + ds->delayed + ds->in_flight;
+          if (auto ds = (*d)->stats(); ds.ok()) total = std::min(limit, ds->ready + ds->delayed + ds->in_flight);
         }
         cli::ProgressBar bar("redrive");
-        for (;;) {
-          auto chunk = q->redrive(1000);
+        while (moved < limit) {
+          const uint64_t want = std::min<uint64_t>(1000, limit - moved);
+          auto chunk = q->redrive(static_cast<size_t>(want));
           if (!chunk.ok()) return fail(chunk.status(), dir);
           moved += *chunk;
           bar.update(moved, std::max(total, moved));
-          if (*chunk < 1000) break;
+          if (*chunk < want) break;
         }
         if (json) {
           std::printf("{\"redriven\":%" PRIu64 "}\n", moved);

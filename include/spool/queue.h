@@ -217,6 +217,13 @@ class Queue {
   // Deletes the message. kLeaseLost if the lease expired and the message was received
   // again (the receipt is stale: nothing changes); kNotFound if it is already gone.
   Status ack(std::string_view receipt, Durability durability = Durability::kQueuePolicy);
+  // Deletes the message `id` without a receipt, whatever its state (ready, leased,
+  // delayed); for an operator removing one message by hand. It is written as the ack of a
+  // receipt would be (and counted in Stats::acked_total), so a receipt still held for it
+  // then fails with kNotFound. A dead letter is removed through dead_letters(), by its id
+  // there. kNotFound if no message `id` is in the queue (never sent, acked, removed,
+  // dead-lettered or purged).
+  Status remove(uint64_t id, Durability durability = Durability::kQueuePolicy);
   // Makes the message receivable again after `delay`. Same errors as ack.
   Status nack(std::string_view receipt, Millis delay = Millis{0});
   // Renews the lease to end `visibility` from now. Same errors as ack.

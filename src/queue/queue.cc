@@ -686,6 +686,17 @@ namespace {
 enum class Change { kAck, kNack, kExtend };
 }
 
+// The index side of an ACK record just appended for the message in `slot` (lock held).
+// ack() and remove() share it so that both leave the index exactly as replay of that ACK
+// record does (recovery.cc: acked_total counted, the message dropped).
+static void apply_ack(Queue::Impl& q, uint32_t slot) {
+  auto& h = q.idx.hdr();
+  h.bytes_live -= q.idx.entry(slot).len;
+  ++h.acked_total;
+  q.idx.erase(slot);
+  q.room();
+}
+
 static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
@@ -700,7 +711,6 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     auto slot = q.fenced(id, gen);
     if (!slot.ok()) return slot.status();
     auto& h = q.idx.hdr();
-    Entry& e = q.idx.entry(*slot);
     Clocks now = q.clocks();
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, now.rt, now.rt + ns, {}, format::kFlagNack};
@@ -708,10 +718,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
     switch (what) {
       case Change::kAck:
-        h.bytes_live -= e.len;
-        ++h.acked_total;
-        q.idx.erase(*slot);
-        q.room();
+        apply_ack(q, *slot);
         break;
       // A fenced message has been received (its count is the receipt's, at least 1), so
       // it is in the heap already and set() cannot remap.
@@ -732,6 +739,29 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
 
 Status Queue::ack(std::string_view receipt, Durability durability) {
   return change(*impl_, receipt, Change::kAck, 0, durability);
+}
+
+Status Queue::remove(uint64_t id, Durability durability) {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  uint64_t end;
+  {
+    auto held = q.lock();
+    if (!held.ok()) return held.status();
+    int64_t slot = q.idx.find(id);
+    if (slot < 0) {
+      return Status(Code::kNotFound, "message " + std::to_string(id) +
+                                         " is not in the queue (never sent, or already acked, removed, "
+                                         "dead-lettered or purged)");
+    }
+    // A plain ACK record with the message's current delivery number: replay drops the
+    // message whatever its state, and a receipt of that delivery finds nothing to fence.
+    Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
+    if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
+    apply_ack(q, static_cast<uint32_t>(slot));
+    end = q.idx.hdr().log_end;
+  }
+  return q.written(end, durability);
 }
 
 Status Queue::bind_leases() {
