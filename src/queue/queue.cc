@@ -746,7 +746,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
-    auto held = q.lock();
+    auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
     int64_t slot = q.idx.find(id);
     if (slot < 0) {
