@@ -577,4 +577,59 @@ TEST_F(LeaseKeeperTest, ReportsLeaseLost) {
 }
 
 }  // namespace
+// The one mutator: every kind of record a live call writes (MSG, delayed MSG, LEASE,
+// RELEASE by nack, LEASE by extend, ACK, ACK by remove, DEAD, PURGE, and the checkpoint a
+// compaction writes) leaves the index, totals included, as a rebuild from the same log does.
+TEST_F(QueueTest, EveryKindOfRecordLeavesTheIndexThatAReplayOfTheLogMakes) {
+  QueueOptions o;
+  o.max_receives = 1;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  for (int i = 1; i <= 10; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  ASSERT_TRUE(q->send("later", Millis(3'600'000)).ok());
+  auto got = q->receive(4, Millis(60'000));
+  ASSERT_TRUE(got.ok() && got->size() == 4);
+  ASSERT_TRUE(q->ack((*got)[0].receipt).ok());
+  ASSERT_TRUE(q->nack((*got)[1].receipt).ok());
+  ASSERT_TRUE(q->extend((*got)[2].receipt, Millis(120'000)).ok());
+  ASSERT_TRUE(q->nack((*got)[3].receipt, Millis(3'600'000)).ok());
+  ASSERT_TRUE(q->remove(5).ok());
+  // Takes 6 to 10; message 2, nacked after its one delivery, goes to the DLQ.
+  ASSERT_TRUE(q->receive(8, Millis(60'000)).ok());
+  auto live = q->stats();
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(live->dead_lettered_total, 1u);
+  EXPECT_EQ(q->check_index(), "");
+  auto compare = [&](const char* when) {
+    auto live_now = q->stats();
+    ASSERT_TRUE(live_now.ok());
+    q.reset();
+    ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);
+    q = open(o);
+    ASSERT_TRUE(q);
+    auto rebuilt = q->stats();
+    ASSERT_TRUE(rebuilt.ok());
+    SCOPED_TRACE(when);
+    EXPECT_EQ(rebuilt->ready, live_now->ready);
+    EXPECT_EQ(rebuilt->in_flight, live_now->in_flight);
+    EXPECT_EQ(rebuilt->delayed, live_now->delayed);
+    EXPECT_EQ(rebuilt->sent_total, live_now->sent_total);
+    EXPECT_EQ(rebuilt->acked_total, live_now->acked_total);
+    EXPECT_EQ(rebuilt->dead_lettered_total, live_now->dead_lettered_total);
+    EXPECT_EQ(rebuilt->nacked_total, live_now->nacked_total);
+    EXPECT_EQ(rebuilt->bytes, live_now->bytes);
+    EXPECT_EQ(rebuilt->next_id, live_now->next_id);
+  };
+  compare("after sends, receives, nacks, an extend, acks, a remove and a dead letter");
+  EXPECT_EQ(q->stats()->acked_total, 2u);  // the ack and the remove
+  EXPECT_EQ(q->stats()->nacked_total, 2u);
+  EXPECT_EQ(q->stats()->in_flight, 6u);  // 3 (extended) and 6 to 10
+  EXPECT_EQ(q->stats()->delayed, 2u);    // 4 (nacked with a delay) and 11
+  ASSERT_TRUE(q->purge().ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("after the purge").ok());
+  ASSERT_TRUE(q->compact().ok());
+  compare("after a purge, sends and a compaction");
+  EXPECT_EQ(q->stats()->ready, 3u);
+}
+
 }  // namespace spool

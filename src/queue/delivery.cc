@@ -47,6 +47,13 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   return m;
 }
 
+namespace {
+// The LEASE record of delivery `count` of message `id`, leased for `vis` ns from `now`.
+Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis) {
+  return Record{RecordType::kLease, count, id, now.rt, now.rt + vis, {}};
+}
+}  // namespace
+
 auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end, Mapped* mapped) -> Result<std::optional<Message>> {
   auto& h = idx.hdr();
   const uint64_t id = idx.id_of(slot);
@@ -78,34 +85,32 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
     auto at = append(std::span(&dead, 1));
     if (!at.ok()) return at.status();
-    h.bytes_live -= e.len;
-    ++h.dead_total;
-    idx.erase(slot);
+    (void)apply(dead, at->pack(), now);
     room();
     *end = h.log_end;
     return std::optional<Message>();
   }
   if (e.state != State::kLeased) room();  // leased ones do not count against max_ready
   e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint8_t>(owner_slot + 1) : 0;
-  const uint32_t count = ++e.count;
-  // The caller reserved heap room for every message it takes: set() cannot remap.
-  if (Status s = idx.set(slot, State::kLeased, now.boot + vis); !s.ok()) return s;
+  const uint32_t count = e.count + 1;
+  // The LEASE record log_leases() appends for it, applied now: the next message is picked
+  // from the state this one leaves. The caller reserved heap room for every message it
+  // takes, so this cannot remap; if the append fails, the index is rebuilt from the log.
+  if (Status s = apply(lease_record(id, count, now, vis), 0, now); !s.ok()) return s;
   msg->receive_count = count;
   msg->receipt = receipt(id, count);
   return std::optional<Message>(std::move(*msg));
 }
 
 auto Queue::Impl::expire(uint32_t slot) -> Status {
-  auto& h = idx.hdr();
   Entry& e = idx.entry(slot);
   const uint64_t id = idx.id_of(slot);
   Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
+  const uint32_t len = e.len;
   auto at = append(std::span(&rec, 1));
   if (!at.ok()) return at.status();
-  spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, e.len);
-  h.bytes_live -= e.len;
-  ++h.expired_total;
-  idx.erase(slot);
+  spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, len);
+  (void)apply(rec, at->pack(), Clocks{});
   room();
   return {};
 }
@@ -114,7 +119,7 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   if (taken.empty()) return {};
   std::vector<Record> recs;
   recs.reserve(taken.size());
-  for (const auto& m : taken) recs.push_back(Record{RecordType::kLease, m.receive_count, m.id, now.rt, now.rt + vis, {}});
+  for (const auto& m : taken) recs.push_back(lease_record(m.id, m.receive_count, now, vis));
   auto at = append(recs);
   if (!at.ok()) {
     (void)rebuild();

@@ -487,9 +487,9 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
       if (!q.park_append_path.empty()) park(q.park_append_path);
       for (size_t k = 0; k < recs.size(); ++k) {
         const size_t i = kept(k);
-        Entry e{res->at[k].pack(), static_cast<uint32_t>(payloads[i].size()), 0, index::kNoPos, 0, State::kReady, 0};
-        (void)q.idx.insert(recs[k].id, e, now.boot + d, now.boot);  // cannot fail: reserved above
-        h.bytes_live += payloads[i].size();
+        // Cannot fail: room was reserved above. If it did, the rebuild before the unlock
+        // makes the index from the log, which holds the messages.
+        if (Status s = q.apply(recs[k], res->at[k].pack(), now); !s.ok()) q.idx.damaged(s.message());
         if (!dedup.empty() && !dedup[i].empty()) {
           // The same step replay takes for this record.
           storage::RecordView v{RecordType::kMsg, format::kFlagExt, 0, recs[k].id, now.rt, now.rt + d,
@@ -498,7 +498,6 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
         }
       }
       h.next_id += recs.size();
-      h.sent_total += recs.size();
       h.sent_through.store(h.next_id - 1, std::memory_order_release);
     }
     ids.resize(payloads.size());
@@ -686,17 +685,6 @@ namespace {
 enum class Change { kAck, kNack, kExtend };
 }
 
-// The index side of an ACK record just appended for the message in `slot` (lock held).
-// ack() and remove() share it so that both leave the index exactly as replay of that ACK
-// record does (recovery.cc: acked_total counted, the message dropped).
-static void apply_ack(Queue::Impl& q, uint32_t slot) {
-  auto& h = q.idx.hdr();
-  h.bytes_live -= q.idx.entry(slot).len;
-  ++h.acked_total;
-  q.idx.erase(slot);
-  q.room();
-}
-
 static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
@@ -715,22 +703,13 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     Record rec{RecordType::kAck, gen, id, 0, 0, {}};
     if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, now.rt, now.rt + ns, {}, format::kFlagNack};
     if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, now.rt, now.rt + ns, {}};
-    if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
-    switch (what) {
-      case Change::kAck:
-        apply_ack(q, *slot);
-        break;
-      // A fenced message has been received (its count is the receipt's, at least 1), so
-      // it is in the heap already and set() cannot remap.
-      case Change::kNack:
-        ++h.nacked_total;
-        (void)q.idx.set(*slot, State::kReady, now.boot + ns);
-        wake = ns == 0;
-        break;
-      case Change::kExtend:
-        (void)q.idx.set(*slot, State::kLeased, now.boot + ns);
-        break;
-    }
+    auto at = q.append(std::span(&rec, 1));
+    if (!at.ok()) return at.status();
+    // A fenced message has been received (its count is the receipt's, at least 1), so it
+    // is in the heap already and a nack or extend cannot remap.
+    (void)q.apply(rec, at->pack(), now);
+    if (what == Change::kAck) q.room();
+    wake = what == Change::kNack && ns == 0;
     end = h.log_end;
   }
   if (wake) q.wake(1);  // after the unlock: see send_batch
@@ -757,8 +736,10 @@ Status Queue::remove(uint64_t id, Durability durability) {
     // A plain ACK record with the message's current delivery number: replay drops the
     // message whatever its state, and a receipt of that delivery finds nothing to fence.
     Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
-    if (auto at = q.append(std::span(&rec, 1)); !at.ok()) return at.status();
-    apply_ack(q, static_cast<uint32_t>(slot));
+    auto at = q.append(std::span(&rec, 1));
+    if (!at.ok()) return at.status();
+    (void)q.apply(rec, at->pack(), Clocks{});
+    q.room();
     end = q.idx.hdr().log_end;
   }
   return q.written(end, durability);
@@ -827,9 +808,7 @@ Result<uint64_t> Queue::purge() {
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
     n = h.count;
-    h.purged_through = h.next_id - 1;
-    h.bytes_live = 0;
-    if (Status s = q.idx.reset(); !s.ok()) return s;
+    if (Status s = q.apply(rec, at->pack(), Clocks{}); !s.ok()) return s;
     end = h.log_end;
     q.room();
   }

@@ -1,4 +1,5 @@
 // Internals of Queue, declared here and defined by module: queue.cc (the API),
+// apply.cc (the one mutator: what a record does to the index, for live calls and replay),
 // recovery.cc (the lock path, replay, rebuild), write_path.cc (appends, the log clock,
 // room), durability.cc (sync, group commit, the flusher), receipts.cc, owners.cc (instant
 // release on death), delivery.cc (loading and taking messages, dead letters),
@@ -158,9 +159,6 @@ struct Queue::Impl {
   // read where its header is sound (a dying grow can leave it inconsistent).
   Status rebuild();
 
-  // Replay's removal of a message from `x`.
-  static void drop(index::SharedIndex& x, int64_t slot);
-
   // Empties `x` and replays the whole log into it. Lock held (or `x` private).
   Status replay(index::SharedIndex& x);
 
@@ -229,6 +227,9 @@ struct Queue::Impl {
   // Appends at the log end and publishes the new end. Lock held.
   Result<storage::AppendResult> append_all(std::span<const Record> recs);
   Result<Pos> append(std::span<const Record> recs);
+  // The one mutator (queue/apply.h) for `rec`, a record of this call, written at `at` (0
+  // before its append), at `now`. Lock held.
+  Status apply(const Record& rec, uint64_t at, const Clocks& now);
 
   // The clocks for the records written under this hold of the lock. A CLOCK record goes
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log

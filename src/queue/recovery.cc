@@ -3,6 +3,8 @@
 // last process to detach leaves (docs/durability.md, "First opener").
 #include "queue/queue_impl.h"
 
+#include "queue/apply.h"
+
 namespace spool {
 
 Queue::Impl::~Impl() {
@@ -144,10 +146,6 @@ auto Queue::Impl::rebuild() -> Status {
   return {};
 }
 
-auto Queue::Impl::drop(index::SharedIndex& x, int64_t slot) -> void {
-  x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
-  x.erase(static_cast<uint32_t>(slot));
-}
 
 auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   auto& h = x.hdr();
@@ -174,16 +172,14 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
     if (!failed.ok()) return;
     if (r.type == RecordType::kClock) return clock.clock_record(pos.pack(), r);
     if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
-    int64_t slot = r.type == RecordType::kMsg || r.type == RecordType::kPurge ||
-                           r.type == RecordType::kCheckpoint
-                       ? -1
-                       : x.find(r.id);
+    // Which records are applied, and where the index points, is replay's part; what a
+    // record does to the state is apply_record()'s, as for the live call that wrote it.
     switch (r.type) {
-      case RecordType::kMsg: {
+      case RecordType::kMsg:
         // Before the purge check: a dedup id outlives its message (docs/semantics.md).
         if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
         if (r.id <= h.purged_through) return;
-        if (int64_t have = x.find(r.id); have >= 0) {
+        if (x.find(r.id) >= 0) {
           // A compaction copy of a live message: point at it, not at the original (the
           // original's segment is about to go, and a repair in the middle of a compaction
           // must not leave the index pointing into it) -- but only once a LEASE or RELEASE
@@ -198,74 +194,19 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
           if ((r.flags & format::kFlagCopy) != 0) unconfirmed_copies[r.id] = pos.pack();
           return;
         }
-        Entry e{pos.pack(), static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
-        auto ins = x.insert(r.id, e, clock.ready_key(pos.pack(), r.t1, r.t2), clock.now().boot);
-        if (!ins.ok()) failed = ins.status();
-        if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
-        h.bytes_live += r.payload.size();
-        return;
-      }
+        break;
       case RecordType::kLease:
-        if (slot < 0) return;
-        confirm_copy(r.id, slot);
-        x.entry(slot).count = r.count;
-        if (Status s = x.set(static_cast<uint32_t>(slot), State::kLeased, clock.lease_key(pos.pack(), r.t2)); !s.ok()) {
-          failed = s;
-        }
-        return;
       case RecordType::kRelease:
-        if ((r.flags & format::kFlagNack) != 0) ++h.nacked_total;
-        if (slot < 0) return;
-        confirm_copy(r.id, slot);
-        x.entry(slot).count = r.count;
-        if (Status s = x.set(static_cast<uint32_t>(slot), State::kReady, clock.ready_key(pos.pack(), r.t1, r.t2));
-            !s.ok()) {
-          failed = s;
-        }
-        return;
+        confirm_copy(r.id, x.find(r.id));
+        break;
       case RecordType::kAck:
-        ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
-        confirm_copy(r.id, -1);
-        if (slot >= 0) drop(x, slot);
-        return;
       case RecordType::kDead:
-        ++h.dead_total;
         confirm_copy(r.id, -1);
-        if (slot >= 0) drop(x, slot);
-        return;
-      case RecordType::kPurge: {
-        std::vector<uint64_t> ids;
-        x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
-          if (id <= r.id) ids.push_back(id);
-        });
-        for (uint64_t id : ids) drop(x, x.find(id));
-        h.purged_through = std::max(h.purged_through, r.id);
-        return;
-      }
-      case RecordType::kClock:  // handled above
-        return;
-      case RecordType::kCheckpoint: {
-        // Totals of everything before it, including compacted-away segments.
-        auto cp = storage::decode_checkpoint(r.payload);
-        if (!cp) return;
-        h.sent_total = cp->sent_total;
-        h.acked_total = cp->acked_total;
-        h.dead_total = cp->dead_total;
-        h.expired_total = cp->expired_total;
-        h.nacked_total = cp->nacked_total;
-        h.next_id = std::max(h.next_id, cp->next_id);
-        if (cp->purged_through > h.purged_through) {
-          // The PURGE itself may have been compacted away: apply it here.
-          std::vector<uint64_t> ids;
-          x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
-            if (id <= cp->purged_through) ids.push_back(id);
-          });
-          for (uint64_t id : ids) drop(x, x.find(id));
-          h.purged_through = cp->purged_through;
-        }
-        return;
-      }
+        break;
+      default:
+        break;
     }
+    if (Status s = queue::apply_record(x, pos.pack(), r, queue::Keys{&clock, clock.now()}); !s.ok()) failed = s;
   });
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;

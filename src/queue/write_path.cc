@@ -3,6 +3,8 @@
 // segments, max_ready / max_bytes) and waking the senders that wait for it.
 #include "queue/queue_impl.h"
 
+#include "queue/apply.h"
+
 namespace spool {
 
 auto Queue::Impl::writable() const -> Status {
@@ -31,6 +33,10 @@ auto Queue::Impl::append(std::span<const Record> recs) -> Result<Pos> {
   auto res = append_all(recs);
   if (!res.ok()) return res.status();
   return res->at.empty() ? res->end : res->at.front();
+}
+
+auto Queue::Impl::apply(const Record& rec, uint64_t at, const Clocks& now) -> Status {
+  return queue::apply_record(idx, at, queue::view_of(rec), queue::Keys{nullptr, now});
 }
 
 auto Queue::Impl::clocks() -> Clocks {

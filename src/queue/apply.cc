@@ -1,0 +1,99 @@
+#include "queue/apply.h"
+
+#include <vector>
+
+namespace spool::queue {
+namespace {
+
+using format::RecordType;
+using index::Entry;
+using index::State;
+
+void drop(index::SharedIndex& x, int64_t slot) {
+  x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
+  x.erase(static_cast<uint32_t>(slot));
+}
+
+// Every message up to `through`. All of them (a purge of the whole queue, as a live purge
+// always is) by a reset of the entries, which costs nothing per message.
+Status drop_through(index::SharedIndex& x, uint64_t through) {
+  auto& h = x.hdr();
+  if (through + 1 >= h.next_id) {
+    h.bytes_live = 0;
+    return x.reset();
+  }
+  std::vector<uint64_t> ids;
+  x.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+    if (id <= through) ids.push_back(id);
+  });
+  for (uint64_t id : ids) drop(x, x.find(id));
+  return {};
+}
+
+}  // namespace
+
+storage::RecordView view_of(const storage::Record& rec) {
+  return storage::RecordView{rec.type, rec.flags, rec.count, rec.id, rec.t1, rec.t2, rec.payload, 0, 0, rec.ext};
+}
+
+Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
+  auto& h = x.hdr();
+  switch (r.type) {
+    case RecordType::kMsg: {
+      Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
+      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot);
+      if (!ins.ok()) return ins.status();
+      if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
+      h.bytes_live += r.payload.size();
+      return {};
+    }
+    case RecordType::kLease:
+    case RecordType::kRelease: {
+      const bool lease = r.type == RecordType::kLease;
+      if (!lease && (r.flags & format::kFlagNack) != 0) ++h.nacked_total;
+      int64_t slot = x.find(r.id);
+      if (slot < 0) return {};
+      x.entry(static_cast<uint32_t>(slot)).count = r.count;
+      return lease ? x.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
+                   : x.set(static_cast<uint32_t>(slot), State::kReady, keys.ready(at, r.t1, r.t2));
+    }
+    case RecordType::kAck:
+    case RecordType::kDead: {
+      if (r.type == RecordType::kDead) {
+        ++h.dead_total;
+      } else {
+        ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
+      }
+      if (int64_t slot = x.find(r.id); slot >= 0) drop(x, slot);
+      return {};
+    }
+    case RecordType::kPurge: {
+      Status s = drop_through(x, r.id);
+      h.purged_through = std::max(h.purged_through, r.id);
+      return s;
+    }
+    case RecordType::kCheckpoint: {
+      // Totals of everything before it, including compacted-away segments.
+      auto cp = storage::decode_checkpoint(r.payload);
+      if (!cp) return {};
+      h.sent_total = cp->sent_total;
+      h.acked_total = cp->acked_total;
+      h.dead_total = cp->dead_total;
+      h.expired_total = cp->expired_total;
+      h.nacked_total = cp->nacked_total;
+      h.next_id = std::max(h.next_id, cp->next_id);
+      if (cp->purged_through > h.purged_through) {
+        // The PURGE itself may have been compacted away: applied here.
+        Status s = drop_through(x, cp->purged_through);
+        h.purged_through = cp->purged_through;
+        return s;
+      }
+      return {};
+    }
+    case RecordType::kClock:
+      return {};
+  }
+  return {};
+}
+
+}  // namespace spool::queue
