@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 
 namespace spool {
@@ -25,11 +26,16 @@ inline constexpr bool kTestHooks = true;
 inline void crashpoint(const char* name) {
   const char* spec = std::getenv("SPOOL_CRASHPOINT");
   if (spec == nullptr) return;
-  static std::atomic<int> hits{0};
   std::string s(spec);
   auto colon = s.find(':');
   if (s.substr(0, colon) != name) return;
   int n = colon == std::string::npos ? 1 : std::atoi(s.c_str() + colon + 1);
+  // A count belongs to one value of the variable: a process that sets another value counts
+  // from 0, not on from the hits under the last.
+  static std::atomic<size_t> counted{0};
+  static std::atomic<int> hits{0};
+  const size_t setting = std::hash<std::string>{}(s) | 1;
+  if (counted.exchange(setting) != setting) hits = 0;
   if (++hits >= n) ::kill(::getpid(), SIGKILL);
 }
 
