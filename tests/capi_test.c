@@ -480,6 +480,17 @@ static void test_delayed_send(void) {
   CHECK(took > 0.2, "delay honoured (%.3f s)", took);
   CHECK(n >= 1, "batch");
   spool_messages_free(m);
+  /* spool_remove: the delayed "two" (or the leased "one"), by id, without a receipt. */
+  uint64_t two = 0;
+  CHECK_CODE(spool_send(q, "three", 5, &so, &two), SPOOL_OK);
+  CHECK_CODE(spool_remove(q, two, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  CHECK_CODE(spool_remove(q, two, SPOOL_DURABILITY_QUEUE), SPOOL_NOT_FOUND);
+  CHECK(strstr(spool_last_error(), "is not in the queue") != NULL, "remove names it: %s", spool_last_error());
+  CHECK_CODE(spool_remove(NULL, two, SPOOL_DURABILITY_QUEUE), SPOOL_INVALID_ARGUMENT);
+  spool_stats rs = {.size = sizeof rs};
+  CHECK_CODE(spool_get_stats(q, &rs), SPOOL_OK);
+  CHECK(rs.acked_total == 1 && rs.delayed + rs.ready + rs.in_flight == 2, "removed: acked %llu",
+        (unsigned long long)rs.acked_total);
   spool_close(q);
   spool_stats st = {.size = sizeof st, .ready = 101};
   CHECK(spool_workers_needed(&st, 10, 1) == 11, "workers_needed %llu",

@@ -559,6 +559,12 @@ class Queue:
         """Renews the lease to end ``visibility`` seconds from now. Errors as ack."""
         _check(_lib.spool_extend(self._handle(), receipt.encode(), _ms(visibility, "visibility")))
 
+    def remove(self, id: int, *, sync: bool = False) -> None:
+        """Deletes message ``id`` without a receipt, whatever its state, as an ack would (a
+        receipt still held for it then raises NotFound). Raises NotFound if it is not in
+        the queue."""
+        _check(_lib.spool_remove(self._handle(), id, 1 if sync else 0))
+
     def bind_leases(self) -> None:
         """Binds the leases this Queue takes from now on to this process: if it dies, they
         return to ready at once instead of after their visibility."""

@@ -246,6 +246,21 @@ def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):
         assert q.stats().acked_total == 1
 
 
+def test_remove_deletes_a_message_by_id_and_its_receipt_is_then_not_found(qdir):
+    with spool.Queue(qdir) as q:
+        first, second = q.send("leased"), q.send("ready")
+        (m,) = q.receive(visibility=60)
+        assert m.id == first
+        q.remove(first)
+        q.remove(second, sync=True)
+        with pytest.raises(spool.NotFound, match="not in the queue"):
+            q.remove(second)
+        with pytest.raises(spool.NotFound):
+            m.ack()
+        st = q.stats()
+        assert st.acked_total == 2 and st.ready == 0 and st.in_flight == 0
+
+
 def test_nack_delay_dead_letters_redrive_peek(qdir):
     with spool.Queue(qdir, max_receives=2) as q:
         i = q.send("poison")

@@ -587,6 +587,14 @@ spool_code spool_ack(spool_queue* q, const char* receipt, int durability_) {
   });
 }
 
+spool_code spool_remove(spool_queue* q, uint64_t id, int durability_) {
+  return guard("spool_remove", [&] {
+    if (q == nullptr) return null_arg("spool_remove", "q");
+    spool::Status s = q->queue->remove(id, durability(durability_));
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
 spool_code spool_nack(spool_queue* q, const char* receipt, uint64_t delay_ms) {
   return guard("spool_nack", [&] {
     if (q == nullptr || receipt == nullptr) return null_arg("spool_nack", "q or receipt");
