@@ -8,9 +8,10 @@
 // and protection, and sets the mapping's flag; the faulting access is then retried and
 // reads zeros (which nothing takes for valid: a record needs its magic and checksum, the
 // index its magic), and stores go to private memory. The owner of the mapping sees the flag
-// at its next check and reports the file as cut (docs/durability.md). Any other SIGBUS goes
-// to the handler installed before the first guard(), or kills the process as it would have
-// without spool.
+// at its next check and reports the file as cut (docs/durability.md). Any other SIGBUS
+// (outside the guarded mappings, sent by kill(), or a misaligned access, BUS_ADRALN, which
+// zero pages would not cure) goes to the handler installed before the first guard(), or
+// kills the process as it would have without spool.
 //
 // The handler is installed once, at the first guard(); a program that installs its own
 // SIGBUS handler after that replaces it (and takes the crash back). Up to kMaxGuarded
