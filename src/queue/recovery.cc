@@ -146,7 +146,6 @@ auto Queue::Impl::rebuild() -> Status {
   return {};
 }
 
-
 auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   auto& h = x.hdr();
   ++h.region_gen;  // forces every process (and us) to remap before the next access
