@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "proc_util.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 #include "test_util.h"
@@ -233,8 +234,9 @@ TEST_F(CompactTest, ViewIntoARemovedSegmentStillReadsCorrectBytes) {
 using test::spawn;
 using test::wait_exit;
 
-// A child that sends, receives, acks and compacts, journaling each call that returned:
-// "S id" after a send, "a id" before and "A id" after an ack. Killed at a random moment or at a crash point.
+// A child that sends, receives, acks and compacts, journaling each call that returned
+// (test::Journal: a line in one write(2), whole or absent after a kill): "S id" after a
+// send, "a id" before and "A id" after an ack. Killed at a random moment or at a crash point.
 int churn(const std::string& qdir, const std::string& journal, uint32_t seed) {
   QueueOptions o;
   o.segment_size = 64 << 10;
@@ -242,32 +244,28 @@ int churn(const std::string& qdir, const std::string& journal, uint32_t seed) {
   o.max_receives = 0;
   auto q = Queue::open(qdir, o);
   if (!q.ok()) return 1;
-  FILE* j = std::fopen(journal.c_str(), "a");
+  test::Journal j(journal);
   std::mt19937 rng(seed);
   for (int i = 0; i < 400; ++i) {
     int op = static_cast<int>(rng() % 10);
     if (op < 5) {
       auto id = (*q)->send(std::string(100 + rng() % 1500, 'm'));
       if (!id.ok()) return 2;
-      std::fprintf(j, "S %" PRIu64 "\n", *id);
+      j.line("S " + std::to_string(*id));
     } else if (op < 9) {
       auto got = (*q)->receive(8, 50ms);
       if (!got.ok()) continue;
       for (auto& m : *got) {
         if (rng() % 4 == 0) continue;  // leave some leased: they must come back
         // "a": about to ack (it may take effect even if we die before saying so).
-        std::fprintf(j, "a %" PRIu64 "\n", m.id);
-        std::fflush(j);
+        j.line("a " + std::to_string(m.id));
         if (!(*q)->ack(m.receipt).ok()) continue;
-        std::fprintf(j, "A %" PRIu64 "\n", m.id);
-        std::fflush(j);
+        j.line("A " + std::to_string(m.id));
       }
     } else {
       (void)(*q)->compact();
     }
-    std::fflush(j);
   }
-  std::fclose(j);
   return 0;
 }
 
@@ -287,7 +285,7 @@ TEST_F(CompactTest, KillNineAtRandomMomentsOfCompactionLosesNothing) {
     const char* point = points[round % 5];
     int nth = 1 + static_cast<int>(rng() % 3);
     uint32_t seed = static_cast<uint32_t>(rng());
-    for (const std::string& f : {journal, journal + ".other"}) std::ofstream(f, std::ios::app) << "R " << round << "\n";
+    for (const std::string& f : {journal, journal + ".other"}) test::Journal(f).line("R " + std::to_string(round));
     pid_t other = spawn([&] { return churn(qdir(), journal + ".other", seed ^ 0x5555); });
     pid_t victim = spawn([&] {
       if (*point) ::setenv("SPOOL_CRASHPOINT", (std::string(point) + ":" + std::to_string(nth)).c_str(), 1);
