@@ -11,6 +11,9 @@
 // accounted for: each redelivery must be explained by a lease expiry (the timing is checked
 // against the lease deadline on CLOCK_BOOTTIME), a nack, or the death of its holder.
 //
+// The ledger that reads the journals is tests/campaign_ledger.{h,cc}; the soak's samples and
+// growth criterion are tests/soak_samples.{h,cc}.
+//
 // Journals are plain files appended one line per write(2): the campaign kills processes,
 // not the machine, so the page cache keeps every line a process wrote before it died.
 //
@@ -51,7 +54,9 @@
 #include <set>
 #include <sstream>
 
+#include "campaign_ledger.h"
 #include "proc_util.h"
+#include "soak_samples.h"
 #include "spool/queue.h"
 #include "test_util.h"
 
@@ -59,6 +64,7 @@ namespace spool {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace campaign;
 using test::boot_ns;
 using test::Journal;
 using test::TempDir;
@@ -237,177 +243,6 @@ pid_t start_work(const std::string& cli, const std::string& q_dir, const std::st
   return pid;
 }
 
-// ---- the ledger ------------------------------------------------------------------------------
-
-struct Delivery {
-  uint64_t id = 0;
-  uint32_t count = 0;
-  std::string who;       // "C0.3" (role, slot, incarnation), "W0.2", "D" (the final drain)
-  std::string tag;       // the payload's tag
-  uint64_t t0 = 0, t1 = 0;  // receive called / returned (CLOCK_BOOTTIME); W: t0 = 0
-  uint64_t vis_ns = 0;
-  uint64_t deadline = 0;  // lower bound of the lease deadline (extends included)
-  bool nack_tried = false, acked = false, ack_tried = false, lease_lost = false;
-  bool w_failed = false;  // spool work: the command failed, so it nacked
-  bool w_ack_known = false;  // spool work: a later message of the same process proves the ack returned
-};
-
-struct Incarnation {
-  char role;
-  int slot;
-  int inc;
-  pid_t pid = -1;
-  std::string journal, err;
-  uint64_t killed_at = 0;  // boot_ns of the SIGKILL
-  bool bound = false;      // leases bound to its life
-};
-
-struct Ledger {
-  std::set<std::string> attempted;           // tags a send was tried with
-  std::map<uint64_t, std::string> sent;      // send returned
-  std::map<std::pair<uint64_t, uint32_t>, Delivery> deliveries;
-  std::set<std::pair<uint64_t, uint32_t>> duplicate_deliveries;  // the same (id, count) twice
-  std::set<uint64_t> acked_ids;              // an ack returned (or spool work's ack is proven)
-  std::set<uint64_t> ack_tried_ids;          // an ack was attempted (may not have returned)
-  std::vector<std::string> errors;           // E lines
-  uint64_t sends = 0, acks = 0, nacks = 0, extends = 0, lease_lost = 0, compactions = 0, copied = 0;
-  uint64_t work_handled = 0, work_ack_failed = 0;
-
-  std::vector<std::string> duplicate_details;
-  void add(Delivery d) {
-    auto key = std::make_pair(d.id, d.count);
-    if (auto it = deliveries.find(key); it != deliveries.end()) {
-      duplicate_deliveries.insert(key);
-      const Delivery& o = it->second;
-      duplicate_details.push_back("message " + std::to_string(d.id) + " delivery " + std::to_string(d.count) +
-                                  ": first to " + o.who + " (receive " + std::to_string(o.t0) + ".." +
-                                  std::to_string(o.t1) + (o.acked ? ", acked" : "") + (o.nack_tried ? ", nacked" : "") +
-                                  "), again to " + d.who + " (receive " + std::to_string(d.t0) + ".." +
-                                  std::to_string(d.t1) + ")" +
-                                  (!o.tag.empty() && !d.tag.empty() && o.tag != d.tag ? "; tags differ: " + o.tag + " / " + d.tag : ""));
-      return;
-    }
-    deliveries[key] = std::move(d);
-  }
-
-  void read_library(const Incarnation& in) {
-    std::string who = std::string(1, in.role) + std::to_string(in.slot) + "." + std::to_string(in.inc);
-    std::ifstream f(in.journal);
-    for (std::string line; std::getline(f, line);) {
-      std::istringstream s(line);
-      char kind = 0;
-      s >> kind;
-      uint64_t id = 0;
-      uint32_t c = 0;
-      std::string tag;
-      if (kind == 'E') {
-        errors.push_back(who + ": " + line);
-        continue;
-      }
-      if (kind == 's') {
-        s >> tag;
-        attempted.insert(tag);
-      } else if (kind == 'S') {
-        s >> id >> tag;
-        if (auto it = sent.find(id); it != sent.end() && it->second != tag) {
-          errors.push_back(who + ": id " + std::to_string(id) + " given to two sends: " + it->second + " and " + tag);
-        }
-        sent[id] = tag;
-        ++sends;
-      } else if (kind == 'K') {
-        uint64_t segs = 0, cp = 0;
-        s >> segs >> cp;
-        ++compactions;
-        copied += cp;
-      } else if (kind == 'R') {
-        Delivery d;
-        uint64_t vis_ms = 0;
-        s >> d.id >> d.count >> d.t0 >> d.t1 >> vis_ms >> tag;
-        d.who = who;
-        d.tag = tag;
-        d.vis_ns = vis_ms * 1'000'000;
-        d.deadline = d.t0 + d.vis_ns;
-        add(d);
-      } else {
-        s >> id >> c;
-        auto it = deliveries.find({id, c});
-        if (it == deliveries.end()) continue;
-        Delivery& d = it->second;
-        switch (kind) {
-          case 'n': d.nack_tried = true; break;
-          case 'N': ++nacks; break;
-          case 'a': d.ack_tried = true; ack_tried_ids.insert(id); break;
-          case 'A': d.acked = true; acked_ids.insert(id); ++acks; break;
-          case 'L': d.lease_lost = true; ++lease_lost; break;
-          case 'X': {
-            uint64_t te = 0, vis_ms = 0;
-            s >> te >> vis_ms;
-            d.deadline = std::max(d.deadline, te + vis_ms * 1'000'000);
-            ++extends;
-            break;
-          }
-        }
-      }
-    }
-  }
-
-  void read_work(const Incarnation& in) {
-    std::string who = "W" + std::to_string(in.slot) + "." + std::to_string(in.inc);
-    std::set<uint64_t> ack_failed;
-    {
-      std::ifstream e(in.err);
-      for (std::string line; std::getline(e, line);) {
-        uint64_t id = 0;
-        int end = 0;
-        if (std::sscanf(line.c_str(), "spool work: message %" SCNu64 ": ack failed%n", &id, &end) == 1 && end > 0) {
-          ack_failed.insert(id);
-          ++work_ack_failed;
-          if (std::getenv("CAMPAIGN_DEBUG")) std::printf("%s: %s\n", who.c_str(), line.c_str());
-        } else if (line.find("retry in") == std::string::npos && line.find("nack failed") == std::string::npos &&
-                   line.find("] [warning] ") == std::string::npos && line.find("] [info] ") == std::string::npos &&
-                   !line.empty()) {
-          errors.push_back(who + " stderr: " + line);
-        }
-      }
-    }
-    std::ifstream f(in.journal);
-    std::vector<std::pair<uint64_t, uint32_t>> order;
-    for (std::string line; std::getline(f, line);) {
-      std::istringstream s(line);
-      Delivery d;
-      double up = 0;
-      if (!(s >> d.id >> d.count >> up)) continue;
-      s >> d.tag;
-      d.who = who;
-      d.t1 = static_cast<uint64_t>(up * 1e9);
-      d.w_failed = d.id % 17 == 0 && d.count == 1;
-      d.lease_lost = ack_failed.count(d.id) > 0;
-      order.emplace_back(d.id, d.count);
-      add(d);
-      ++work_handled;
-    }
-    // With -j 1 spool work receives the next message only after acking (or nacking) this
-    // one, so every entry but the last had its ack (or nack) return.
-    for (size_t i = 0; i + 1 < order.size(); ++i) {
-      auto it = deliveries.find(order[i]);
-      if (it == deliveries.end() || it->second.who != who) continue;
-      Delivery& d = it->second;
-      if (!d.w_failed && !d.lease_lost) {
-        d.w_ack_known = true;
-        d.acked = true;
-        acked_ids.insert(d.id);
-      }
-    }
-    for (auto& key : order) {
-      auto it = deliveries.find(key);
-      if (it != deliveries.end() && !it->second.w_failed) {
-        it->second.ack_tried = true;
-        ack_tried_ids.insert(key.first);
-      }
-    }
-  }
-};
-
 // ---- the campaign ----------------------------------------------------------------------------
 
 struct Figures {
@@ -423,80 +258,6 @@ struct Figures {
   uint64_t dead_lettered = 0, dlq_extra_copies = 0, acked_and_dead = 0, past_limit = 0;
   std::map<std::string, uint64_t> explained;
 };
-
-// One sample of the soak's resources.
-struct Sample {
-  double t = 0;                  // seconds since the start
-  std::vector<uint64_t> rss_kb;   // VmRSS of each survivor
-  std::vector<uint64_t> anon_kb;  // RssAnon of each survivor: its heap, without mapped segments
-  uint64_t disk = 0;             // bytes of all files under the queue directory
-  uint64_t tmp = 0;              // of which leftover temporary files ("*.tmp.PID")
-  uint64_t index = 0;            // bytes of QUEUE/index
-  uint64_t depth = 0, segments = 0;
-};
-
-// A field of /proc/PID/status in kB ("VmRSS", "RssAnon"), or -1 if it has none (gone, or a
-// zombie).
-int64_t status_kb(pid_t pid, const std::string& field) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
-  }
-  return -1;
-}
-
-// Bytes of all regular files under `dir`, and of those named "*.tmp.*" among them (files
-// vanish under compaction: errors are skipped).
-uint64_t disk_bytes(const std::string& dir, uint64_t* tmp) {
-  uint64_t total = 0;
-  *tmp = 0;
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::error_code fe;
-    if (it->is_regular_file(fe)) {
-      uint64_t n = it->file_size(fe);
-      if (fe) continue;
-      total += n;
-      if (it->path().filename().string().find(".tmp.") != std::string::npos) *tmp += n;
-    }
-  }
-  return total;
-}
-
-// Least-squares slope of `v` over `t`, per hour.
-double slope_per_hour(const std::vector<double>& t, const std::vector<double>& v) {
-  double n = static_cast<double>(t.size()), st = 0, sv = 0, stt = 0, stv = 0;
-  for (size_t i = 0; i < t.size(); ++i) {
-    st += t[i];
-    sv += v[i];
-    stt += t[i] * t[i];
-    stv += t[i] * v[i];
-  }
-  double den = n * stt - st * st;
-  return den == 0 ? 0 : (n * stv - st * sv) / den * 3600;
-}
-
-// The growth criterion: "" when the mean of the last quarter of the samples is at most 1.2
-// times the mean of the second quarter plus `slack` (the first quarter is the warm-up:
-// heaps, caches and the backlog settle). Means, not maxima: single samples jump with the
-// segments a process has mapped at that moment and with the compaction backlog. A leak
-// grows without bound and fails it over a long soak (in an hour, with ~10 MB of queue, a
-// disk leak of more than ~8 MB an hour); the slack keeps the noise of a flat run from
-// failing it.
-std::string growth_problem(const std::string& name, const std::vector<double>& v, double slack) {
-  size_t n = v.size();
-  auto mean = [&](size_t from, size_t to) {
-    double sum = 0;
-    for (size_t i = from; i < to; ++i) sum += v[i];
-    return sum / static_cast<double>(to - from);
-  };
-  double q2 = mean(n / 4, n / 2), q4 = mean(3 * n / 4, n);
-  if (q4 <= 1.2 * q2 + slack) return "";
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s grows: last-quarter mean %.0f > 1.2 x second-quarter mean %.0f + %.0f",
-                name.c_str(), q4, q2, slack);
-  return buf;
-}
 
 class Campaign {
  public:
