@@ -506,17 +506,11 @@ TEST_F(AttributesTest, AHashMatchIsConfirmedAgainstTheRecord) {
   uint64_t a = send(*q, "one", {}, "real-id");
   ASSERT_NE(a, 0u);
   {
-    int fd = ::open((qdir() + "/index").c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    struct stat st {};
-    ASSERT_EQ(::fstat(fd, &st), 0);
-    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ASSERT_NE(p, MAP_FAILED);
-    auto* h = static_cast<index::IndexHeader*>(p);
+    test::IndexFile file(qdir());
+    ASSERT_TRUE(file.ok());
+    index::IndexHeader* h = &file.hdr();
     ASSERT_GE(h->dedup_cap, index::kMinDedup);
-    auto* slots = reinterpret_cast<index::DedupSlot*>(
-        static_cast<char*>(p) + index::kHeaderBytes + h->capacity * sizeof(index::Entry) +
-        h->heap_cap * sizeof(index::HeapItem) + h->ovf_cap * sizeof(index::OvfEntry));
+    index::DedupSlot* slots = file.dedup();
     const std::string other = "colliding-id";
     const uint64_t want = XXH3_64bits(other.data(), other.size());
     int changed = 0;
@@ -531,8 +525,6 @@ TEST_F(AttributesTest, AHashMatchIsConfirmedAgainstTheRecord) {
       break;
     }
     ASSERT_EQ(changed, 1);
-    ::munmap(p, static_cast<size_t>(st.st_size));
-    ::close(fd);
   }
   uint64_t b = send(*q, "two", {}, "colliding-id");
   EXPECT_NE(b, a) << "a different dedup id with the same hash was taken for a duplicate";

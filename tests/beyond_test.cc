@@ -301,14 +301,8 @@ TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyLongBeforeItsLeaseEnds) {
 
 // The index header's log end (packed), read from the file as another process would.
 uint64_t log_end_of(const std::string& qdir) {
-  int fd = ::open((qdir + "/index").c_str(), O_RDONLY);
-  if (fd < 0) return 0;
-  void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return 0;
-  const uint64_t end = __atomic_load_n(&static_cast<const index::IndexHeader*>(p)->log_end, __ATOMIC_ACQUIRE);
-  ::munmap(p, sizeof(index::IndexHeader));
-  return end;
+  test::IndexFile f(qdir);
+  return f.ok() ? __atomic_load_n(&f.hdr().log_end, __ATOMIC_ACQUIRE) : 0;
 }
 
 // Reading calls write nothing to the log, not even the release of a dead binder's lease:

@@ -63,39 +63,6 @@ class Steps {
   int to_parent_[2];
 };
 
-// The index file as another process that may write the queue sees it: mapped whole.
-class IndexFile {
- public:
-  explicit IndexFile(const std::string& path) {
-    fd_ = ::open(path.c_str(), O_RDWR);
-    EXPECT_GE(fd_, 0) << path;
-    struct stat st {};
-    EXPECT_EQ(::fstat(fd_, &st), 0);
-    len_ = static_cast<size_t>(st.st_size);
-    void* p = ::mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-    EXPECT_NE(p, MAP_FAILED);
-    base_ = static_cast<char*>(p);
-  }
-  ~IndexFile() {
-    ::munmap(base_, len_);
-    ::close(fd_);
-  }
-  index::IndexHeader& hdr() { return *reinterpret_cast<index::IndexHeader*>(base_); }
-  index::Entry& entry_of(uint64_t id) {  // a window entry
-    auto* win = reinterpret_cast<index::Entry*>(base_ + index::kHeaderBytes);
-    return win[(id + hdr().win_offset) % hdr().capacity];
-  }
-  index::OvfEntry* overflow() {
-    return reinterpret_cast<index::OvfEntry*>(base_ + index::kHeaderBytes + hdr().capacity * sizeof(index::Entry) +
-                                             hdr().heap_cap * sizeof(index::HeapItem));
-  }
-
- private:
-  int fd_ = -1;
-  size_t len_ = 0;
-  char* base_ = nullptr;
-};
-
 class Hostile : public test::QueueDirTest {
  protected:
   void fill(int n, const std::string& prefix = "m") {
@@ -120,7 +87,8 @@ class Hostile : public test::QueueDirTest {
     });
     ASSERT_TRUE(steps.parent_wait());
     {
-      IndexFile f(index_path());
+      test::IndexFile f(qdir());
+      ASSERT_TRUE(f.ok());
       f.hdr().log_end = poke(storage::Pos::unpack(f.hdr().log_end)).pack();
     }
     steps.parent_done();
@@ -167,7 +135,8 @@ TEST_F(Hostile, AHeapPositionPokedOutOfRangeIsNotFollowedAndTheIndexIsRebuilt) {
   });
   ASSERT_TRUE(steps.parent_wait());
   {
-    IndexFile f(index_path());
+    test::IndexFile f(qdir());
+    ASSERT_TRUE(f.ok());
     f.entry_of(1).heap_pos = 0x7ffffff0;
     f.entry_of(2).heap_pos = 0x7ffffff0;
   }
@@ -201,7 +170,8 @@ TEST_F(Hostile, AFullOverflowTableDoesNotMakeALookupLoopForever) {
   });
   ASSERT_TRUE(steps.parent_wait());
   {
-    IndexFile f(index_path());
+    test::IndexFile f(qdir());
+    ASSERT_TRUE(f.ok());
     index::OvfEntry* ovf = f.overflow();
     for (uint64_t s = 0; s < f.hdr().ovf_cap; ++s) ovf[s].id = (1ull << 40) + s;
   }

@@ -290,13 +290,8 @@ int records_in_log(const std::string& dir, format::RecordType type, uint64_t id)
 
 // Changes the header of the queue's index file in place (no process has it open).
 void change_index_header(const std::string& dir, const std::function<void(index::IndexHeader&)>& change) {
-  int fd = ::open((dir + "/index").c_str(), O_RDWR);
-  ASSERT_GE(fd, 0);
-  void* p = ::mmap(nullptr, sizeof(index::IndexHeader), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  ASSERT_NE(p, MAP_FAILED);
-  change(*static_cast<index::IndexHeader*>(p));
-  ::munmap(p, sizeof(index::IndexHeader));
+  test::IndexFile f(dir);
+  if (f.ok()) change(f.hdr());
 }
 
 // What makes a first opener rebuild the index instead of reusing it: no index at all, a seal

@@ -3,12 +3,15 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include <filesystem>
 #include <stdexcept>
@@ -92,6 +95,50 @@ bool wait_for_file(const std::string& path, std::chrono::milliseconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
+}
+
+}  // namespace spool::test
+
+namespace spool::test {
+
+IndexFile::IndexFile(const std::string& qdir) {
+  const std::string path = qdir + "/index";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd_ < 0) {
+    ADD_FAILURE() << "open " << path << ": " << std::strerror(errno);
+    return;
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || st.st_size < static_cast<off_t>(index::kHeaderBytes)) {
+    ADD_FAILURE() << path << " cannot be read or is shorter than its header";
+    return;
+  }
+  len_ = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    ADD_FAILURE() << "mmap " << path << ": " << std::strerror(errno);
+    return;
+  }
+  base_ = static_cast<char*>(p);
+}
+
+IndexFile::~IndexFile() {
+  if (base_ != nullptr) ::munmap(base_, len_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+index::Entry* IndexFile::window() { return reinterpret_cast<index::Entry*>(base_ + index::kHeaderBytes); }
+
+index::Entry& IndexFile::entry_of(uint64_t id) { return window()[(id + hdr().win_offset) % hdr().capacity]; }
+
+index::OvfEntry* IndexFile::overflow() {
+  return reinterpret_cast<index::OvfEntry*>(base_ + index::kHeaderBytes + hdr().capacity * sizeof(index::Entry) +
+                                           hdr().heap_cap * sizeof(index::HeapItem));
+}
+
+index::DedupSlot* IndexFile::dedup() {
+  return reinterpret_cast<index::DedupSlot*>(reinterpret_cast<char*>(overflow()) +
+                                            hdr().ovf_cap * sizeof(index::OvfEntry));
 }
 
 }  // namespace spool::test

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "index/index.h"
 #include "spool/queue.h"
 
 namespace spool::test {
@@ -71,5 +72,29 @@ int wait_exit(pid_t pid);
 uint64_t mono_ns();
 // Polls for `path` to exist, up to `limit`.
 bool wait_for_file(const std::string& path, std::chrono::milliseconds limit);
+
+// QUEUE/index as another process that may write the queue sees it: the whole file mapped
+// read-write and shared, so what a test changes is what every attached process reads. For
+// tests that damage the index or read its header by hand. A file that cannot be opened or
+// mapped is a test failure (ok() is false, and nothing may be read through it then).
+class IndexFile {
+ public:
+  explicit IndexFile(const std::string& qdir);
+  ~IndexFile();
+  IndexFile(const IndexFile&) = delete;
+  IndexFile& operator=(const IndexFile&) = delete;
+  bool ok() const { return base_ != nullptr; }
+  index::IndexHeader& hdr() { return *reinterpret_cast<index::IndexHeader*>(base_); }
+  // The window's slots, in slot order, and the entry of window id `id`.
+  index::Entry* window();
+  index::Entry& entry_of(uint64_t id);
+  index::OvfEntry* overflow();
+  index::DedupSlot* dedup();
+
+ private:
+  int fd_ = -1;
+  size_t len_ = 0;
+  char* base_ = nullptr;
+};
 
 }  // namespace spool::test

@@ -44,15 +44,9 @@ class VerifyTest : public ::testing::Test {
   }
   // Maps the shared index and applies `f` to its header and slots, as damage would.
   void tamper(const std::function<void(index::IndexHeader&, index::Entry*)>& f) {
-    int fd = ::open((dir_ / "q/index").c_str(), O_RDWR);
-    ASSERT_GE(fd, 0);
-    off_t size = ::lseek(fd, 0, SEEK_END);
-    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ASSERT_NE(p, MAP_FAILED);
-    auto* h = static_cast<index::IndexHeader*>(p);
-    f(*h, reinterpret_cast<index::Entry*>(static_cast<char*>(p) + index::kHeaderBytes));
-    ::munmap(p, static_cast<size_t>(size));
-    ::close(fd);
+    test::IndexFile file(dir_ / "q");
+    ASSERT_TRUE(file.ok());
+    f(file.hdr(), file.window());
   }
   TempDir dir_;
   std::unique_ptr<Queue> q_;
