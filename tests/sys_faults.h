@@ -1,4 +1,4 @@
-// System-call fault injection for queue-level tests (tests/faults_test.cc).
+// System-call fault injection for queue-level tests (tests/faults_*_test.cc).
 //
 // Queue::open builds its log on io::default_io() and takes no Io of its own, so FaultIo
 // (src/io/fault_io.h) cannot be put under a whole queue. This file does the same job one
