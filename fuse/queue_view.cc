@@ -534,7 +534,7 @@ bool QueueView::exists(uint64_t id) {
 Status QueueView::refresh() {
   auto q = queue();
   if (!q.ok()) return q.status();
-  auto msgs = (*q)->list(cfg_.limit, /*ready_only=*/true);
+  auto msgs = (*q)->list(cfg_.limit, spool::StateFilter::only(spool::MessageState::kReady));
   if (!msgs.ok()) return msgs.status();
   auto now = SysClock::now();
   std::map<uint64_t, Meta> fresh;

@@ -108,7 +108,7 @@ TEST_F(AttributesTest, AttributesComeBackFromReceivePeekAndViews) {
   auto by_id = q->receive_id(named);
   ASSERT_TRUE(by_id.ok()) << by_id.status().to_string();
   EXPECT_EQ(by_id->attributes, a) << "receive_id";
-  auto info = q->list(10, false);
+  auto info = q->list(10);
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->front().size, 4u) << "list counts the payload, not the extension";
 }

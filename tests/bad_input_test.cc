@@ -310,7 +310,7 @@ TEST_F(AsNobody, EveryChangingCallOnAQueueTheUserMayNotWriteIsReadOnly) {
     r.check(st.ok() && st->ready == 4 && st->in_flight == 1, "stats as nobody");
     auto v = Q.verify(false);
     r.check(v.ok(), "verify(false) as nobody: " + v.status().to_string());
-    auto l = Q.list(10, false);
+    auto l = Q.list(10);
     r.check(l.ok() && l->size() == 5, "list as nobody");
   });
   auto q = open_queue(dir);

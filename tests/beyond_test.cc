@@ -321,7 +321,7 @@ TEST_F(BeyondTest, ReadsAfterABinderDiedWriteNothingAndTheNextReceiveReleasesIts
     auto st = q->stats();
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->in_flight, 1u);
-    ASSERT_TRUE(q->list(10, false).ok());
+    ASSERT_TRUE(q->list(10).ok());
     ASSERT_TRUE(q->peek(10).ok());
     EXPECT_EQ(q->check_index(), "");
   }

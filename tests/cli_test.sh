@@ -993,6 +993,67 @@ t_work_max_runtime_stops_grandchildren() {
   stop_work "$pid" TERM
 }
 
+# Issue 24: peek showed leased and delayed messages like ready ones. list gives every
+# message's state (with the lease or delay end, and the holder of a bound lease) and
+# filters by it; show gives one message by id; dead letters are listed as dead.
+t_list_and_show_states() {
+  "$SPOOL" init q --max-receives 1 --visibility 1s >/dev/null || fail "init"
+  "$SPOOL" send q dies >/dev/null || fail "send"
+  "$SPOOL" recv q >/dev/null 2>&1 || fail "recv"
+  # Its lease ends after 1 s; the next receive finds it delivered max_receives times.
+  sleep 1.2
+  expect 2 "$SPOOL" recv q
+  expect 0 "$SPOOL" send q held ready1 --attribute k=v
+  expect 0 "$SPOOL" send q --delay 1h later
+  : >"$D/started"
+  bg "$SPOOL" work q -j 1 -- sh -c 'echo started >> "$0"; sleep 300' "$D/started"
+  local pid=$BGPID
+  started() { [[ $(lines "$D/started") == 1 ]]; }
+  wait_for 10 started
+  expect 0 "$SPOOL" list q
+  eq "header" "$(head -n 1 "$D/out" | tr -s ' ')" "ID STATE RECEIVES BYTES DUE HOLDER"
+  eq "rows" "$(lines "$D/out")" 5
+  # id state receives bytes due holder
+  eq "in flight, bound to spool work" "$(awk '$1 == 2 {print $2, $3, $4, $6}' "$D/out")" "in_flight 1 4 $pid"
+  [[ $(awk '$1 == 2 {print $5}' "$D/out") =~ ^20[0-9-]+T[0-9:.]+Z$ ]] || fail "no lease end: $(cat "$D/out")"
+  eq "ready" "$(awk '$1 == 3 {print $2, $3, $4, $5, $6}' "$D/out")" "ready 0 6 - -"
+  eq "delayed" "$(awk '$1 == 4 {print $2, $3, $4, $6}' "$D/out")" "delayed 0 5 -"
+  # The dead letter under its id in the dead-letter queue.
+  eq "dead" "$(awk '$2 == "dead" {print $1, $4}' "$D/out")" "1 4"
+  expect 0 "$SPOOL" list q --state in_flight,delayed --json
+  eq "filtered" "$(lines "$D/out")" 2
+  eq "first filtered" "$(jget state)" in_flight
+  eq "holder in JSON" "$(jget holder_pid)" "$pid"
+  expect 0 "$SPOOL" list q --state dead
+  eq "only the dead letter" "$(awk 'NR > 1 {print $1, $2}' "$D/out")" "1 dead"
+  expect 0 "$SPOOL" list q -n 1 --state ready
+  eq "-n" "$(awk 'NR > 1 {print $1}' "$D/out")" 3
+  expect 64 "$SPOOL" list q --state leased
+  # show: one message, whatever its state, nothing received.
+  expect 0 "$SPOOL" show q 4
+  out_has "state: delayed"
+  out_has "receive_count: 0"
+  eq "payload after the separator" "$(sed -n '/^---$/{n;p}' "$D/out")" later
+  expect 0 "$SPOOL" show q 3
+  out_has "attribute: k=v"
+  expect 0 "$SPOOL" show q 3 --json
+  eq "show JSON state" "$(jget state)" ready
+  eq "show JSON payload" "$(jget payload)" ready1
+  expect 0 "$SPOOL" show q 2
+  out_has "holder_pid: $pid"
+  expect 0 "$SPOOL" show q --dlq 1
+  out_has "state: dead"
+  eq "dead letter's payload" "$(sed -n '/^---$/{n;p}' "$D/out")" dies
+  expect 1 "$SPOOL" show q 99
+  err_has "message 99 is not in the queue"
+  one_line_err
+  # Neither list nor show received anything.
+  eq "still delayed" "$(stat_of delayed q)" 1
+  eq "still ready" "$(stat_of ready q)" 1
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null || true
+}
+
 # Issue 24: a kill -9 of spool work killed the command (parent-death signal) but not what
 # the command had started.
 t_work_sigkill_stops_grandchildren() {
@@ -1500,6 +1561,7 @@ TESTS=(
   t_dlq_list_and_redrive
   t_dlq_redrive_some_and_purge
   t_delete_by_id
+  t_list_and_show_states
   t_stats_json_fields
   t_stats_recommended_workers
   t_stats_prometheus

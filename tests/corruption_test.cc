@@ -321,7 +321,7 @@ void check_trial(Report& r, const Reference& ref, const std::string& dir, const 
     }
   }
   // What is left could not be delivered (it went to the dead-letter queue, described).
-  auto left = Q.list(SIZE_MAX, false);
+  auto left = Q.list(SIZE_MAX);
   r.check(left.ok() && left->empty(), d.kind + ": messages left after draining: " +
                                           std::to_string(left.ok() ? left->size() : 0));
   size_t readable = 0;

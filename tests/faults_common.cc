@@ -39,7 +39,7 @@ class PwriteBackend : public ::testing::Environment {
 
 std::set<uint64_t> ids_of(Queue& q) {
   std::set<uint64_t> ids;
-  auto all = q.list(SIZE_MAX, false);
+  auto all = q.list(SIZE_MAX);
   if (all.ok()) {
     for (auto& m : *all) ids.insert(m.id);
   }
@@ -50,7 +50,7 @@ std::string consistency(Queue& q) {
   std::string inv = q.check_index();
   if (!inv.empty()) return "check_index: " + inv;
   auto st = q.stats();
-  auto all = q.list(SIZE_MAX, false);
+  auto all = q.list(SIZE_MAX);
   auto v = q.verify(false);
   if (!st.ok() || !all.ok() || !v.ok()) return "stats/list/verify failed";
   if (!v->ok()) return "verify: " + v->problems.front();

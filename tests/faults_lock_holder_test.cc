@@ -104,7 +104,7 @@ TEST(LockHolderDeath, KilledInsideTheLockDuringEachOperationChangesNothingAndWed
     EXPECT_EQ(st->ready, kPreparedReady) << "ready after the kill";
     EXPECT_EQ(st->in_flight, 2u) << "in flight after the kill";
     EXPECT_EQ(ids_of(q), p.live) << "nothing lost, nothing removed";
-    auto info = q.list(2, false);
+    auto info = q.list(2);
     ASSERT_TRUE(info.ok() && info->size() == 2);
     EXPECT_EQ(info->at(0).receive_count, 1u);
     // The leases survived the repair: their receipts still work.

@@ -179,7 +179,7 @@ void power_campaign(const std::string& qdir, const std::string& jdir, int rounds
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     EXPECT_EQ(consistency(**q), "") << "the tail must be cut cleanly and the index rebuilt";
     auto all = (*q)->peek(SIZE_MAX);
-    auto info = (*q)->list(SIZE_MAX, false);
+    auto info = (*q)->list(SIZE_MAX);
     ASSERT_TRUE(all.ok() && info.ok());
     std::map<uint64_t, uint32_t> present;
     for (auto& m : *info) present[m.id] = m.receive_count;
@@ -369,7 +369,7 @@ void check_reopen(Report& r, const std::string& dir, const Expected& want, bool*
   std::string c = consistency(Q);
   r.check(c.empty(), "after open: " + c);
   auto all = Q.peek(SIZE_MAX);
-  auto info = Q.list(SIZE_MAX, false);
+  auto info = Q.list(SIZE_MAX);
   if (!r.check(all.ok() && info.ok(), "peek/list failed")) return;
   std::map<uint64_t, std::string> got;
   for (auto& m : *all) got[m.id] = m.payload;

@@ -255,7 +255,7 @@ pid_t start_recording_child(const std::string& root, const std::string& shadow, 
 // Ids held by the queue after the cut (ready, leased or delayed alike).
 std::set<uint64_t> held(Queue& q) {
   std::set<uint64_t> ids;
-  auto l = q.list(SIZE_MAX, false);
+  auto l = q.list(SIZE_MAX);
   EXPECT_TRUE(l.ok()) << l.status().to_string();
   if (l.ok()) {
     for (auto& m : *l) ids.insert(m.id);

@@ -425,7 +425,7 @@ TEST_F(QueueProcessTest, AQueueOfTheFormerIndexFormatOpensWithEveryUnackedMessag
   ASSERT_EQ(r.code, 0) << r.err;
   auto q = open();
   ASSERT_NE(q, nullptr);
-  auto all = q->list(1000, false);
+  auto all = q->list(1000);
   ASSERT_TRUE(all.ok()) << all.status().to_string();
   std::set<uint64_t> ids;
   for (const auto& m : *all) ids.insert(m.id);

@@ -375,7 +375,7 @@ TEST_F(QueueTest, ListPeekAndStatsSeeEveryStateInIdOrder) {
   for (uint64_t id : ids)
     if (id != ids[2]) live.push_back(id);
 
-  auto all = q->list(12, false);
+  auto all = q->list(12);
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 12u);
   for (size_t i = 0; i < all->size(); ++i) {
@@ -386,12 +386,12 @@ TEST_F(QueueTest, ListPeekAndStatsSeeEveryStateInIdOrder) {
   std::vector<uint64_t> ready_ids;
   for (uint64_t id : live)
     if (!leased.count(id) && !delayed.count(id)) ready_ids.push_back(id);
-  auto ready = q->list(5, true);
+  auto ready = q->list(5, StateFilter::only(MessageState::kReady));
   ASSERT_TRUE(ready.ok());
   ASSERT_EQ(ready->size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(ready->at(i).id, ready_ids[i]) << i;
-  EXPECT_EQ(q->list(1000, true)->size(), ready_ids.size());
-  EXPECT_EQ(q->list(1000, false)->size(), live.size());
+  EXPECT_EQ(q->list(1000, StateFilter::only(MessageState::kReady))->size(), ready_ids.size());
+  EXPECT_EQ(q->list(1000)->size(), live.size());
 
   auto peeked = q->peek(4);
   ASSERT_TRUE(peeked.ok());
@@ -406,6 +406,71 @@ TEST_F(QueueTest, ListPeekAndStatsSeeEveryStateInIdOrder) {
   EXPECT_EQ(st->delayed, delayed.size());
 }
 
+// list() tells each message's state with its lease or delay end and the holder of a bound
+// lease, filters by state, and show() gives one message by id; neither receives anything.
+TEST_F(QueueTest, ListTellsStatesAndShowGivesOneMessageById) {
+  auto q = open();
+  ASSERT_TRUE(q->bind_leases().ok());
+  SendOptions attr;
+  attr.attributes = {{"k", "v"}};
+  auto a = q->send("leased");
+  auto b = q->send("ready", attr);
+  auto c = q->send("delayed", Millis(3'600'000));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  const auto before = std::chrono::system_clock::now();
+  auto got = q->receive(1, 5s);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->at(0).id, *a);
+  const auto after = std::chrono::system_clock::now();
+
+  auto all = q->list(10);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 3u);
+  const MessageInfo& in_flight = all->at(0);
+  EXPECT_EQ(in_flight.state, MessageState::kInFlight);
+  EXPECT_FALSE(in_flight.ready);
+  EXPECT_EQ(in_flight.receive_count, 1u);
+  EXPECT_EQ(in_flight.holder_pid, ::getpid()) << "bound to this process";
+  EXPECT_GE(in_flight.due, before + 5s - 50ms);
+  EXPECT_LE(in_flight.due, after + 5s + 50ms);
+  EXPECT_EQ(all->at(1).state, MessageState::kReady);
+  EXPECT_TRUE(all->at(1).ready);
+  EXPECT_EQ(all->at(1).due, std::chrono::system_clock::time_point{});
+  EXPECT_EQ(all->at(1).holder_pid, 0);
+  EXPECT_EQ(all->at(2).state, MessageState::kDelayed);
+  EXPECT_GE(all->at(2).due, before + 1h - 1s);
+  EXPECT_LE(all->at(2).due, after + 1h + 1s);
+
+  auto delayed = q->list(10, StateFilter::only(MessageState::kDelayed));
+  ASSERT_TRUE(delayed.ok());
+  ASSERT_EQ(delayed->size(), 1u);
+  EXPECT_EQ(delayed->at(0).id, *c);
+  auto not_ready = q->list(10, StateFilter{false, true, true});
+  ASSERT_TRUE(not_ready.ok());
+  ASSERT_EQ(not_ready->size(), 2u);
+  EXPECT_EQ(not_ready->at(0).id, *a);
+  EXPECT_EQ(not_ready->at(1).id, *c);
+
+  auto shown = q->show(*b);
+  ASSERT_TRUE(shown.ok()) << shown.status().to_string();
+  EXPECT_EQ(shown->first.payload, "ready");
+  EXPECT_EQ(shown->first.attributes.at("k"), "v");
+  EXPECT_TRUE(shown->first.receipt.empty());
+  EXPECT_EQ(shown->second.state, MessageState::kReady);
+  auto shown_leased = q->show(*a);
+  ASSERT_TRUE(shown_leased.ok());
+  EXPECT_EQ(shown_leased->second.state, MessageState::kInFlight);
+  EXPECT_EQ(shown_leased->first.payload, "leased");
+  EXPECT_EQ(q->show(999).status().code(), Code::kNotFound);
+  ASSERT_TRUE(q->ack(got->at(0).receipt).ok());
+  EXPECT_EQ(q->show(*a).status().code(), Code::kNotFound) << "acked";
+
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->ready, 1u) << "list and show received nothing";
+  EXPECT_EQ(st->delayed, 1u);
+}
+
 TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
   auto q = open();
   auto ids = q->send_batch(std::vector<std::string_view>{"a", "b", "c"});
@@ -416,12 +481,12 @@ TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
   EXPECT_EQ(m->receive_count, 1u);
   EXPECT_EQ(q->receive_id(ids->at(1)).status().code(), Code::kEmpty) << "leased";
   EXPECT_EQ(q->receive_id(999).status().code(), Code::kNotFound);
-  auto ready = q->list(10, true);
+  auto ready = q->list(10, StateFilter::only(MessageState::kReady));
   ASSERT_TRUE(ready.ok());
   ASSERT_EQ(ready->size(), 2u);
   EXPECT_EQ(ready->at(0).id, ids->at(0));
   EXPECT_EQ(ready->at(1).id, ids->at(2));
-  EXPECT_EQ(q->list(10, false)->size(), 3u);
+  EXPECT_EQ(q->list(10)->size(), 3u);
   ASSERT_TRUE(q->ack(m->receipt).ok());
   EXPECT_EQ(q->receive_id(ids->at(1)).status().code(), Code::kNotFound);
 }

@@ -146,6 +146,12 @@ bool stdout_ok() {
 volatile sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
 
+// `q`, or its dead-letter queue for the --dlq of show and delete.
+Result<Queue*> queue_or_dead_letters(Queue& q, bool dlq) {
+  if (!dlq) return &q;
+  return q.dead_letters();
+}
+
 void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) {
   for (const auto& m : msgs) {
     if (json) {
@@ -294,13 +300,34 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   peek->footer("Ready, in flight and delayed messages alike; nothing is received.\n"
                "Examples: spool peek q -n 5   |   spool peek q -n 100 --json | jq -r .payload");
 
+  bool in_dlq = false;
+  std::vector<std::string> list_states;
+  auto* list = app.add_subcommand("list", "List messages with their state, without payloads");
+  dir_opt(list);
+  list->add_option("-n", n, "Up to this many, lowest ids first (default 100)");
+  list->add_option("--state", list_states, "Only these: ready, in_flight, delayed, dead (the dead letters)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ready", "in_flight", "delayed", "dead"}));
+  list->add_flag("--json", json, "One JSON object per line");
+  list->footer("Columns: ID STATE RECEIVES BYTES DUE (lease end or delay end) HOLDER (pid of a process whose\n"
+               "lease is bound to its life). Nothing is received, and nothing is written to the queue.\n"
+               "Examples: spool list q   |   spool list q --state in_flight,delayed   |   spool list q --json | jq .id");
+
+  uint64_t show_id = 0;
+  auto* show = app.add_subcommand("show", "Show one message by id, in any state, without receiving it");
+  dir_opt(show);
+  show->add_option("ID", show_id, "Message id, as send, list or peek print it")->required();
+  show->add_flag("--dlq", in_dlq, "ID is a dead letter's (as dlq list prints it)");
+  show->add_flag("--json", json, "One JSON object");
+  show->footer("Prints the state, receive count, enqueue and due time, holder, attributes, then the payload.\n"
+               "Exit 1 when the queue holds no message ID. Examples: spool show q 17   |   spool show q 17 --json");
+
   auto* purge = app.add_subcommand("purge", "Delete every message");
   dir_opt(purge);
   purge->add_flag("--yes", yes, "Confirm");
   purge->footer("Deletes every message (not the dead letters). Example: spool purge /var/spool/jobs --yes");
 
   std::vector<std::string> delete_ids;
-  bool in_dlq = false;
   auto* del = app.add_subcommand("delete", "Delete messages by id, in any state, without a receipt");
   dir_opt(del);
   del->add_option("ID", delete_ids, "Message ids, as send, peek or dlq list print them")->required();
@@ -424,7 +451,8 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
   // A command whose output is the data refuses a closed stdout before it touches the queue:
   // with /dev/null there a received message would be lost silently (docs/cli.md).
   if (closed.out_closed) {
-    const char* what = *recv ? "recv" : *peek ? "peek" : *stats ? "stats" : (*dlq && dlq_action == "list") ? "dlq list" : nullptr;
+    const char* what = *recv ? "recv" : *peek ? "peek" : *list ? "list" : *show ? "show" : *stats ? "stats"
+                     : (*dlq && dlq_action == "list") ? "dlq list" : nullptr;
     if (what != nullptr) {
       std::fprintf(stderr, "spool: standard output is closed, and %s writes %s there; nothing was %s "
                            "(redirect it, e.g. > FILE, instead of closing it)\n",
@@ -609,6 +637,73 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       print_messages(*msgs, json, false);
       return 0;
     }
+    if (*list) {
+      const size_t max = list->count("-n") != 0 ? n : 100;
+      StateFilter states{false, false, false};
+      bool dead = list_states.empty();
+      for (const auto& st : list_states) {
+        if (st == "ready") states.ready = true;
+        if (st == "in_flight") states.in_flight = true;
+        if (st == "delayed") states.delayed = true;
+        if (st == "dead") dead = true;
+      }
+      if (list_states.empty()) states = StateFilter{};
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      std::vector<MessageInfo> infos;
+      if (states.ready || states.in_flight || states.delayed) {
+        auto got = q->list(max, states);
+        if (!got.ok()) return fail(got.status(), dir);
+        infos = std::move(*got);
+      }
+      // Dead letters after the queue's messages, under their ids in the dead-letter queue
+      // (as dlq list, show --dlq and delete --dlq take them).
+      std::vector<MessageInfo> dead_infos;
+      if (dead && infos.size() < max) {
+        auto d = q->dead_letters();
+        if (!d.ok()) return fail(d.status(), dir);
+        auto got = (*d)->list(max - infos.size());
+        if (!got.ok()) return fail(got.status(), dir);
+        dead_infos = std::move(*got);
+      }
+      if (!json) std::printf("%s\n", cli::list_header().c_str());
+      for (const auto& m : infos) {
+        std::printf("%s\n", json ? cli::info_json(m).dump().c_str() : cli::info_line(m).c_str());
+      }
+      for (const auto& m : dead_infos) {
+        std::printf("%s\n", json ? cli::info_json(m, true).dump().c_str() : cli::info_line(m, true).c_str());
+      }
+      return 0;
+    }
+    if (*show) {
+      auto q = open_existing(dir, &err);
+      if (!q) return fail(err, dir);
+      auto which = queue_or_dead_letters(*q, in_dlq);
+      if (!which.ok()) return fail(which.status(), dir);
+      Queue* target_q = *which;
+      auto got = target_q->show(show_id);
+      if (!got.ok()) return fail(got.status(), dir);
+      const auto& [m, info] = *got;
+      const char* state = in_dlq ? "dead" : state_name(info.state);
+      if (json) {
+        auto j = cli::message_json(m);
+        j["state"] = state;
+        j["size"] = info.size;
+        if (!in_dlq && info.state != MessageState::kReady) j["due_at"] = cli::iso_time(info.due);
+        if (!in_dlq && info.holder_pid != 0) j["holder_pid"] = info.holder_pid;
+        std::printf("%s\n", j.dump().c_str());
+        return 0;
+      }
+      std::printf("id: %" PRIu64 "\nstate: %s\nreceive_count: %u\nsize: %u\nenqueued: %s\n", m.id, state,
+                  info.receive_count, info.size, cli::iso_time(m.enqueued).c_str());
+      if (!in_dlq && info.state != MessageState::kReady) std::printf("due: %s\n", cli::iso_time(info.due).c_str());
+      if (!in_dlq && info.holder_pid != 0) std::printf("holder_pid: %d\n", info.holder_pid);
+      for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
+      std::printf("---\n");
+      std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      std::printf("\n");
+      return 0;
+    }
     if (*purge) {
       if (!yes) throw UsageError{"purge deletes every message in " + dir + "; add --yes to confirm"};
       auto q = open_existing(dir, &err);
@@ -629,12 +724,9 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       }
       auto q = open_existing(dir, &err);
       if (!q) return fail(err, dir);
-      Queue* target_q = q.get();
-      if (in_dlq) {
-        auto d = q->dead_letters();
-        if (!d.ok()) return fail(d.status(), dir);
-        target_q = *d;
-      }
+      auto which = queue_or_dead_letters(*q, in_dlq);
+      if (!which.ok()) return fail(which.status(), dir);
+      Queue* target_q = *which;
       // An id that is not there does not stop the others: a script deleting a list wants as
       // much of it gone as can be, and the error names each id that was not there.
       int rc = 0;

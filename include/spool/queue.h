@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "spool/status.h"
@@ -119,12 +120,34 @@ struct MessageView {
   Attributes attributes = {};
 };
 
-// What list() tells about a message without reading its payload.
+// Where a message in the queue stands. Dead letters are in dead_letters(), not here.
+enum class MessageState : uint8_t {
+  kReady,     // receivable now (an expired lease included)
+  kInFlight,  // leased, the lease not yet ended
+  kDelayed,   // sent or nacked with a delay that has not passed
+};
+const char* state_name(MessageState s);  // "ready", "in_flight", "delayed"
+
+// Which states list() returns.
+struct StateFilter {
+  bool ready = true, in_flight = true, delayed = true;
+  static StateFilter only(MessageState s);
+  bool has(MessageState s) const;
+};
+
+// What list() and show() tell about a message without reading its payload.
 struct MessageInfo {
   uint64_t id = 0;
   uint32_t size = 0;           // payload bytes
   uint32_t receive_count = 0;
-  bool ready = false;          // receivable now (not leased, not delayed)
+  bool ready = false;          // state == kReady
+  MessageState state = MessageState::kReady;
+  // In flight: when the lease ends; delayed: when it becomes receivable; ready: zero. Wall
+  // clock, as of the call (the queue keeps deadlines on the boot clock).
+  std::chrono::system_clock::time_point due{};
+  // In flight on a lease bound to its holder's life (bind_leases): the holder's pid as it
+  // saw itself (its PID namespace's); 0 otherwise.
+  int32_t holder_pid = 0;
 };
 
 struct Stats {
@@ -240,9 +263,12 @@ class Queue {
   Status bind_leases();
   Status bind(std::string_view receipt);
 
-  // Up to `max` messages in id order, without payloads; only receivable ones with
-  // `ready_only`.
-  Result<std::vector<MessageInfo>> list(size_t max, bool ready_only);
+  // Up to `max` messages of the states in `states`, in id order, without payloads.
+  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states = {});
+  // One message by id, in any state, without receiving it: its payload, attributes and
+  // enqueue time (no receipt), and where it stands. kNotFound when the queue holds no
+  // message `id` (never sent, or acked, removed, dead-lettered or purged).
+  Result<std::pair<Message, MessageInfo>> show(uint64_t id);
   // Up to `max` messages in id order without receiving them (no receipts).
   Result<std::vector<Message>> peek(size_t max);
   // Removes every message; returns how many.

@@ -562,7 +562,7 @@ spool_code spool_list(spool_queue* q, size_t max, int ready_only, spool_message_
     *infos = nullptr;
     *count = 0;
     if (q == nullptr) return null_arg("spool_list", "q");
-    auto r = q->queue->list(max, ready_only != 0);
+    auto r = q->queue->list(max, ready_only != 0 ? spool::StateFilter::only(spool::MessageState::kReady) : spool::StateFilter{});
     if (!r.ok()) return fail(r.status());
     if (r->empty()) return SPOOL_OK;
     auto* out = static_cast<spool_message_info*>(std::malloc(r->size() * sizeof(spool_message_info)));

@@ -68,7 +68,7 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table
-inline constexpr uint32_t kIndexVersion = 13;
+inline constexpr uint32_t kIndexVersion = 14;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -176,6 +176,7 @@ struct alignas(64) IndexHeader {
   ClockAnchor clock[kClockAnchors];
   uint32_t owners_claimed;         // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
+  int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
   // 1 while resize() moves entries: a holder killed then leaves a region laid out for
   // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
   uint32_t resizing;

@@ -31,6 +31,7 @@ auto Queue::Impl::claim_owner_slot() -> Status {
     ++h.owners_claimed;
     owner_slot = static_cast<int>(k);
     owner_pid = ::getpid();
+    h.owner_pid[k] = owner_pid;
     return {};
   }
   return Status(Code::kQueueFull, dir + ": " + std::to_string(index::kOwnerSlots) +
@@ -68,6 +69,7 @@ auto Queue::Impl::release_owned(std::span<const uint32_t> ks) -> void {
   for (uint32_t k : ks) {
     if (h.owner_claimed[k] == 0) continue;
     h.owner_claimed[k] = 0;
+    h.owner_pid[k] = 0;
     --h.owners_claimed;
   }
 }

@@ -635,11 +635,25 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   return std::move(out.front());
 }
 
-// The slots of the `max` lowest ids (of the ready messages only, with `ready_before` != 0:
-// key <= it), lowest first. Lock held. Queued messages are in id order from the cursor on,
-// so only the first `max` of them are read; the heap (messages in flight, delayed or
-// redelivered) is read whole, sequential memory.
-static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, uint64_t ready_before) {
+StateFilter StateFilter::only(MessageState s) {
+  return StateFilter{s == MessageState::kReady, s == MessageState::kInFlight, s == MessageState::kDelayed};
+}
+
+bool StateFilter::has(MessageState s) const {
+  return s == MessageState::kReady ? ready : s == MessageState::kInFlight ? in_flight : delayed;
+}
+
+// Where a message with entry `e` and key `key` stands at boot time `now`.
+static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
+  if (key <= now) return MessageState::kReady;
+  return e.state == State::kLeased ? MessageState::kInFlight : MessageState::kDelayed;
+}
+
+// The slots of the `max` lowest ids among the messages whose state at boot time `now` is in
+// `states`, lowest first. Lock held. Queued messages (never received, not delayed: all
+// ready) are in id order from the cursor on, so only the first `max` of them are read; the
+// heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
+static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now) {
   if (max == 0) return {};
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
@@ -651,16 +665,20 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, uint64_t rea
     best.emplace_back(id, slot);
     std::push_heap(best.begin(), best.end());
   };
+  const bool every = states.ready && states.in_flight && states.delayed;
   const index::HeapItem* items = q.idx.heap_begin();
   for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
-    if (ready_before != 0 && items[i].key > ready_before) continue;
-    offer(items[i].id, static_cast<uint32_t>(q.idx.find(items[i].id)));
+    const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
+    if (!every && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
+    offer(items[i].id, slot);
   }
-  size_t seen = 0;
-  q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
-    offer(id, slot);
-    return ++seen < max;
-  });
+  if (states.ready) {
+    size_t seen = 0;
+    q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+      offer(id, slot);
+      return ++seen < max;
+    });
+  }
   std::sort_heap(best.begin(), best.end());
   std::vector<uint32_t> slots;
   slots.reserve(best.size());
@@ -668,17 +686,56 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, uint64_t rea
   return slots;
 }
 
-Result<std::vector<MessageInfo>> Queue::list(size_t max, bool ready_only) {
+const char* state_name(MessageState s) {
+  switch (s) {
+    case MessageState::kReady: return "ready";
+    case MessageState::kInFlight: return "in_flight";
+    case MessageState::kDelayed: return "delayed";
+  }
+  return "unknown";
+}
+
+// Where the message in `slot` stands at `now` (lock held).
+static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) {
+  const Entry& e = q.idx.entry(slot);
+  const uint64_t key = q.idx.key(slot);
+  MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot};
+  if (m.ready) return m;
+  m.state = state_at(e, key, now.boot);
+  m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::nanoseconds(now.real + (key - now.boot))));
+  const auto& h = q.idx.hdr();
+  if (m.state == MessageState::kInFlight && e.owner != 0 && e.owner <= index::kOwnerSlots &&
+      h.owner_claimed[e.owner - 1] != 0) {
+    m.holder_pid = h.owner_pid[e.owner - 1];
+  }
+  return m;
+}
+
+Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
   Impl& q = *impl_;
   auto held = q.lock();
   if (!held.ok()) return held.status();
-  uint64_t now = sys::boot_ns();
+  const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
-  for (uint32_t slot : lowest_ids(q, max, ready_only ? now : 0)) {
-    const Entry& e = q.idx.entry(slot);
-    out.push_back(MessageInfo{q.idx.id_of(slot), e.len, e.count, q.idx.key(slot) <= now});
-  }
+  for (uint32_t slot : lowest_ids(q, max, states, now.boot)) out.push_back(info_of(q, slot, now));
   return out;
+}
+
+Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) {
+  Impl& q = *impl_;
+  auto held = q.lock();
+  if (!held.ok()) return held.status();
+  const int64_t slot = q.idx.find(id);
+  if (slot < 0) {
+    return Status(Code::kNotFound, "message " + std::to_string(id) +
+                                       " is not in the queue (never sent, or already acked, removed, "
+                                       "dead-lettered or purged)");
+  }
+  const Clocks now = queue::read_clocks(q.idx.hdr());
+  auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
+  if (!m.ok()) return m.status();
+  return std::make_pair(std::move(*m), info_of(q, static_cast<uint32_t>(slot), now));
 }
 
 namespace {
@@ -787,7 +844,7 @@ Result<std::vector<Message>> Queue::peek(size_t max) {
   auto held = q.lock();
   if (!held.ok()) return held.status();
   std::vector<Message> out;
-  for (uint32_t slot : lowest_ids(q, max, 0)) {
+  for (uint32_t slot : lowest_ids(q, max, StateFilter{}, 0)) {
     auto m = q.load(slot);
     if (!m.ok()) return m.status();
     out.push_back(std::move(*m));
@@ -827,7 +884,7 @@ Result<Stats> Queue::stats() {
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
     st.ready = h.queued;
-    auto head = lowest_ids(q, 1, now);
+    auto head = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
     for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
       if (items[i].key <= now) {

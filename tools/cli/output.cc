@@ -93,6 +93,32 @@ nlohmann::json message_json(const Message& m) {
   return j;
 }
 
+nlohmann::json info_json(const MessageInfo& m, bool dead) {
+  nlohmann::json j;
+  j["id"] = m.id;
+  j["state"] = dead ? "dead" : state_name(m.state);
+  j["receive_count"] = m.receive_count;
+  j["size"] = m.size;
+  if (!dead && m.state != MessageState::kReady) j["due_at"] = iso_time(m.due);
+  if (!dead && m.holder_pid != 0) j["holder_pid"] = m.holder_pid;
+  return j;
+}
+
+std::string list_header() {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "%-10s %-9s %8s %10s %-24s %s", "ID", "STATE", "RECEIVES", "BYTES", "DUE", "HOLDER");
+  return buf;
+}
+
+std::string info_line(const MessageInfo& m, bool dead) {
+  const std::string due = dead || m.state == MessageState::kReady ? "-" : iso_time(m.due);
+  const std::string holder = !dead && m.holder_pid != 0 ? std::to_string(m.holder_pid) : "-";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%-10" PRIu64 " %-9s %8u %10u %-24s %s", m.id, dead ? "dead" : state_name(m.state),
+                m.receive_count, m.size, due.c_str(), holder.c_str());
+  return buf;
+}
+
 nlohmann::json stats_json(const Stats& s) {
   return {{"ready", s.ready},
           {"in_flight", s.in_flight},

@@ -15,6 +15,14 @@ std::string base64(std::string_view s);
 std::string iso_time(std::chrono::system_clock::time_point t);
 // id, receipt (if any), receive_count, enqueued_at, and payload or payload_base64.
 nlohmann::json message_json(const Message& m);
+// id, state, receive_count, size; due_at (in flight, delayed) and holder_pid (a bound lease)
+// when the message has them. `dead`: a dead letter's info (as the DLQ's list() gives it),
+// shown with state "dead".
+nlohmann::json info_json(const MessageInfo& m, bool dead = false);
+// One line of `spool list`: ID STATE RECEIVES BYTES DUE HOLDER ("-" where there is none);
+// list_header() names the columns.
+std::string info_line(const MessageInfo& m, bool dead = false);
+std::string list_header();
 nlohmann::json stats_json(const Stats& s);
 std::string prometheus(const std::string& queue, const Stats& s);
 // With `prev`, the stats of `seconds` ago, adds a line of rates (for --watch).
