@@ -1140,6 +1140,13 @@ t_work_verbose_and_dead_letter_warning() {
     fail "no dead-letter warning: $(cat "$D/err")"
   grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
+  # The dead letter keeps its history and the command's failure.
+  expect 0 "$SPOOL" dlq q list --json
+  eq "reason" "$(jget spool.dead.reason)" max_receives
+  eq "original id" "$(jget spool.dead.original_id)" 2
+  eq "receive count" "$(jget spool.dead.receive_count)" 2
+  eq "exit status" "$(jget spool.work.exit_status)" 1
+  eq "failure" "$(jget spool.work.failure)" "command exited with status 1"
   # Quiet by default: no line for a message that succeeds; the warning stays.
   "$SPOOL" dlq q redrive 2>/dev/null || fail "redrive"
   "$SPOOL" send q good >/dev/null || fail "send"

@@ -412,6 +412,8 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
   echo "three" >"$M/t"
   wait_for 10 count_is "$M" 3
   cat "$M/1" >/dev/null || fail "cat failed"
+  local W
+  W=$(awk -v p="$PID" '$4 == p && $2 == "(fusermount3)" { print $1 }' /proc/[0-9]*/stat 2>/dev/null)
   kill -KILL "$PID"
   wait "$PID" 2>/dev/null
   if ((AUTO_UNMOUNT)); then
@@ -419,12 +421,24 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
     # it also fails on a dead mount that is still there.) fusermount3's watcher has to be
     # scheduled to do it: on a loaded CI machine 10 s was once not enough, so give it 60 s
     # and say what was left if even that is not enough.
-    local deadline=$((SECONDS + 60))
+    local deadline=$((SECONDS + 60)) left_at=0
     until not_mounted "$M"; do
       if ((SECONDS >= deadline)); then
         fail "the mount of the killed spoolfs is still there after 60 s: " \
           "$(grep -F "${M// /\\040}" /proc/self/mounts); stat: $(stat "$M" 2>&1 | head -n 1);" \
           "watchers: $(pgrep -a fusermount3 | tr '\n' ';')"
+      fi
+      # Under a loaded test run the watcher has twice exited without unmounting (its
+      # umount failed), leaving a dead mount. That is fusermount3's doing, not spoolfs's: say
+      # so loudly and go on with the dead mount, which the next spoolfs must then remove
+      # (as t_a_dead_mount_is_removed_by_the_next_spoolfs checks on purpose).
+      if [[ -n $W ]] && ! alive "$W"; then
+        ((left_at == 0)) && left_at=$SECONDS
+        if ((SECONDS - left_at >= 2)) && dead_mount "$M"; then
+          echo "*** NOTE: fusermount3's watcher $W exited and left the dead mount of the killed spoolfs;" \
+            "going on with the dead mount ***" >>"$D/notes"
+          break
+        fi
       fi
       sleep 0.1
     done
@@ -848,5 +862,10 @@ TAP_ONLY=${TAP_ONLY:-${FUSE_TEST_ONLY:-}}
 # A failed test's daemon stderr is shown after its log.
 tap_after_fail() {
   [[ -s $D/spoolfs.err ]] && sed 's/^/# spoolfs: /' "$D/spoolfs.err"
+}
+# Notes a passing test left (e.g. an outside tool's misstep it worked around) are shown too.
+tap_after_pass() {
+  [[ -s $D/notes ]] && sed 's/^/# /' "$D/notes"
+  return 0
 }
 run_tests teardown

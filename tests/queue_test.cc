@@ -471,6 +471,82 @@ TEST_F(QueueTest, ListTellsStatesAndShowGivesOneMessageById) {
   EXPECT_EQ(st->delayed, 1u);
 }
 
+// A dead letter keeps its history: its attributes, the original id, enqueue time, receive
+// count and the reason; redrive sends it back without that history.
+TEST_F(QueueTest, ADeadLetterKeepsItsHistory) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.visibility = Millis(100);
+  auto q = open(o);
+  SendOptions attr;
+  attr.attributes = {{"k", "v"}};
+  const auto before = std::chrono::system_clock::now();
+  auto id = q->send("poison", attr);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(q->receive(1).ok());
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(q->receive(1).status().code(), Code::kEmpty) << "delivered past max_receives";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto dead = (*dlq)->peek(10);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_EQ(dead->size(), 1u);
+  const Attributes& a = dead->at(0).attributes;
+  EXPECT_EQ(dead->at(0).payload, "poison");
+  EXPECT_EQ(a.at("k"), "v");
+  EXPECT_EQ(a.at("spool.dead.reason"), "max_receives");
+  EXPECT_EQ(a.at("spool.dead.original_id"), std::to_string(*id));
+  EXPECT_EQ(a.at("spool.dead.receive_count"), "1");
+  // ISO 8601 of the send, to the millisecond.
+  const std::string at = a.at("spool.dead.enqueued_at");
+  ASSERT_EQ(at.size(), 24u) << at;
+  char want[32];
+  const time_t secs = std::chrono::system_clock::to_time_t(before);
+  tm utc{};
+  ::gmtime_r(&secs, &utc);
+  std::strftime(want, sizeof want, "%Y-%m-%dT%H:%M", &utc);
+  EXPECT_EQ(at.substr(0, 16), std::string(want)) << at;
+  EXPECT_EQ(q->stats()->dead_lettered_total, 1u);
+
+  ASSERT_EQ(*q->redrive(10), 1u);
+  auto back = q->peek(10);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 1u);
+  EXPECT_EQ(back->at(0).attributes, (Attributes{{"k", "v"}})) << "the history stays behind";
+}
+
+// A consumer dead-letters a message it can never handle, with its own attributes; the
+// message's attributes always go whole, the history only where the bounds leave room.
+TEST_F(QueueTest, AConsumerDeadLettersAMessageWithItsReasons) {
+  auto q = open();
+  auto id = q->send("bad input");
+  ASSERT_TRUE(id.ok());
+  auto got = q->receive(1, 30s);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(q->dead_letter(got->at(0).receipt, {{"bad key!", "x"}}).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(q->dead_letter(got->at(0).receipt, {{"why", "cannot parse"}}).ok());
+  EXPECT_EQ(q->ack(got->at(0).receipt).code(), Code::kNotFound) << "it left the queue";
+  EXPECT_EQ(q->dead_letter(got->at(0).receipt).code(), Code::kNotFound);
+  auto dead = (*q->dead_letters())->peek(10);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ(dead->at(0).attributes.at("why"), "cannot parse");
+  EXPECT_EQ(dead->at(0).attributes.at("spool.dead.reason"), "consumer");
+  EXPECT_EQ(dead->at(0).attributes.at("spool.dead.original_id"), std::to_string(*id));
+
+  SendOptions full;
+  for (int i = 0; i < 16; ++i) full.attributes["a" + std::to_string(i)] = "v";
+  ASSERT_TRUE(q->send("full", full).ok());
+  auto f = q->receive(1, 30s);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(q->dead_letter(f->at(0).receipt).ok());
+  dead = (*q->dead_letters())->peek(10);
+  ASSERT_TRUE(dead.ok());
+  ASSERT_EQ(dead->size(), 2u);
+  EXPECT_EQ(dead->at(1).attributes, full.attributes) << "16 attributes leave no room for the history";
+  EXPECT_EQ(q->stats()->dead_lettered_total, 2u);
+}
+
 TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
   auto q = open();
   auto ids = q->send_batch(std::vector<std::string_view>{"a", "b", "c"});

@@ -251,6 +251,13 @@ class Queue {
   Status nack(std::string_view receipt, Millis delay = Millis{0});
   // Renews the lease to end `visibility` from now. Same errors as ack.
   Status extend(std::string_view receipt, Millis visibility);
+  // Moves the received message to the dead-letter queue now, whatever its receive count:
+  // for a consumer that knows it can never handle it. Its dead-letter copy carries its
+  // attributes, `extra` (e.g. why it failed), and its history as every dead letter does
+  // (spool.dead.reason "consumer", or "max_receives" on the last delivery max_receives
+  // allows; docs/semantics.md), as far as the attribute bounds
+  // allow. Same errors as ack; kInvalidArgument for `extra` that breaks the bounds.
+  Status dead_letter(std::string_view receipt, const Attributes& extra = {});
 
   // Instant release on death: binds the leases this Queue takes from now on (bind_leases)
   // or the one lease `receipt` names (bind) to this process. When the process dies, those

@@ -3,6 +3,8 @@
 // the leases taken.
 #include "queue/queue_impl.h"
 
+#include <ctime>
+
 namespace spool {
 
 auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
@@ -74,19 +76,8 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   }
   Entry& e = idx.entry(slot);
   if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
-    std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
-    auto dead_q = dead_letters();
-    if (!dead_q.ok()) return dead_q.status();
-    // The attributes go with it; the dedup id does not (the DLQ is no new send).
-    SendOptions keep;
-    keep.attributes = std::move(msg->attributes);
-    if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
-    crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
-    Record dead{RecordType::kDead, e.count, id, 0, 0, {}};
-    auto at = append(std::span(&dead, 1));
-    if (!at.ok()) return at.status();
-    (void)apply(dead, at->pack(), now);
-    room();
+    const std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
+    if (Status s = bury(slot, *msg, body, "max_receives", {}, now); !s.ok()) return s;
     *end = h.log_end;
     return std::optional<Message>();
   }
@@ -100,6 +91,65 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   msg->receive_count = count;
   msg->receipt = receipt(id, count);
   return std::optional<Message>(std::move(*msg));
+}
+
+namespace {
+// ISO 8601 UTC with milliseconds, as the CLI prints times.
+std::string iso_utc(std::chrono::system_clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  const time_t secs = static_cast<time_t>(ms / 1000);
+  tm utc{};
+  ::gmtime_r(&secs, &utc);
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>(ms % 1000));
+  return buf;
+}
+
+// Adds `add` to `a` key by key while the attribute bounds (docs/semantics.md) allow: the
+// message's own attributes always go to the dead-letter queue whole, its history as far as
+// it fits beside them.
+void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add) {
+  size_t total = 0;
+  for (const auto& [k, v] : a) total += k.size() + v.size();
+  for (const auto& [k, v] : add) {
+    auto it = a.find(k);
+    const size_t old = it == a.end() ? 0 : it->first.size() + it->second.size();
+    if (it == a.end() && a.size() >= format::kMaxAttributes) continue;
+    if (v.size() > format::kMaxAttrValue || total - old + k.size() + v.size() > format::kMaxAttrTotal) continue;
+    total = total - old + k.size() + v.size();
+    a[k] = v;
+  }
+}
+}  // namespace
+
+auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const char* reason,
+                       const Attributes& extra, const Clocks& now) -> Status {
+  const Entry& e = idx.entry(slot);
+  const uint64_t id = idx.id_of(slot);
+  const uint32_t count = e.count;
+  auto dead_q = dead_letters();
+  if (!dead_q.ok()) return dead_q.status();
+  // The attributes go with it, then its history; the dedup id does not (the DLQ is no new
+  // send). A consumer's own attributes come first, so the history cannot crowd them out.
+  SendOptions keep;
+  keep.attributes = std::move(msg.attributes);
+  std::vector<std::pair<std::string, std::string>> history(extra.begin(), extra.end());
+  history.emplace_back("spool.dead.reason", reason);
+  history.emplace_back("spool.dead.original_id", std::to_string(id));
+  history.emplace_back("spool.dead.receive_count", std::to_string(count));
+  history.emplace_back("spool.dead.enqueued_at", iso_utc(msg.enqueued));
+  add_within_bounds(keep.attributes, history);
+  if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
+  crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
+  Record dead{RecordType::kDead, count, id, 0, 0, {}};
+  auto at = append(std::span(&dead, 1));
+  if (!at.ok()) return at.status();
+  (void)apply(dead, at->pack(), now);
+  room();
+  spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
+                    count);
+  return {};
 }
 
 auto Queue::Impl::expire(uint32_t slot) -> Status {

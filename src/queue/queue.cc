@@ -773,6 +773,33 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   return q.written(end, durability);
 }
 
+Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
+  auto r = q.parse_receipt(receipt);
+  if (!r.ok()) return r.status();
+  auto [id, gen] = *r;
+  uint64_t end;
+  {
+    auto held = q.lock_to_change();
+    if (!held.ok()) return held.status();
+    auto slot = q.fenced(id, gen);
+    if (!slot.ok()) return slot.status();
+    const Clocks now = q.clocks();
+    auto m = q.load(*slot, nullptr, &now);
+    if (!m.ok()) return m.status();
+    const std::string body = std::move(m->payload);
+    // A consumer giving up on the last delivery max_receives allows dead-letters what the
+    // next receive would have for that reason.
+    const uint32_t max = q.cfg.opts.max_receives;
+    const bool spent = max != 0 && q.idx.entry(*slot).count >= max;
+    if (Status s = q.bury(*slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
+    end = q.idx.hdr().log_end;
+  }
+  return q.written(end);
+}
+
 Status Queue::ack(std::string_view receipt, Durability durability) {
   return change(*impl_, receipt, Change::kAck, 0, durability);
 }
@@ -945,6 +972,8 @@ Result<uint64_t> Queue::redrive(size_t max) {
       return msgs.status();
     }
     for (auto& m : *msgs) {
+      // A new message, whose history starts afresh: the dead letter's spool.dead.* stay behind.
+      std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
       // Send first, then ack: a crash in between duplicates, never loses.
       if (auto id = send(m.payload, SendOptions{.attributes = m.attributes}); !id.ok()) return id.status();
       crashpoint("redrive.after_send");

@@ -322,6 +322,13 @@ struct Queue::Impl {
   Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end,
                                       Mapped* mapped = nullptr);
 
+  // Moves the message in `slot`, read as `msg` (its payload in `body`), to the dead-letter
+  // queue (lock held): sent there with its attributes and its history (dead_history()),
+  // then a DEAD record here. `reason` is "max_receives" or "consumer"; `extra` are
+  // attributes a consumer adds (dead_letter()).
+  Status bury(uint32_t slot, Message& msg, std::string_view body, const char* reason, const Attributes& extra,
+              const Clocks& now);
+
   // Drops the message in `slot` for a retention limit: an ACK record flagged EXPIRED, so
   // the drop is durable and counted apart from consumer acks (lock held).
   Status expire(uint32_t slot);

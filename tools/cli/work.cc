@@ -183,18 +183,22 @@ class Runner {
       }
       return;
     }
-    // This was the last delivery max_receives allows: the next receive moves the message to
-    // the dead-letter queue, so it is given back at once rather than after a backoff.
+    // This was the last delivery max_receives allows: the message goes to the dead-letter
+    // queue now, with the command's exit status and failure beside its history.
     const uint32_t max_receives = q_.options().max_receives;
     const bool last = max_receives > 0 && m.receive_count >= max_receives;
-    Millis delay = last ? Millis(0) : backoff(m.receive_count);
     if (last) {
       wlog().warn("message {}: {} after {:.3f}s; that was delivery {} of max_receives {}: it goes to the "
                   "dead-letter queue (spool dlq {} list)",
                   m.id, why, took, m.receive_count, max_receives, q_.dir());
-    } else {
-      wlog().warn("message {}: {} after {:.3f}s; retry in {}s", m.id, why, took, delay.count() / 1000);
+      Status s = q_.dead_letter(m.receipt, {{"spool.work.exit_status", std::to_string(status)},
+                                            {"spool.work.failure", why.substr(0, 1024)}});
+      if (s.ok()) return;
+      // A nack instead: the next receive moves it to the dead-letter queue without them.
+      wlog().warn("message {}: dead-lettering failed: {}", m.id, s.to_string());
     }
+    Millis delay = last ? Millis(0) : backoff(m.receive_count);
+    if (!last) wlog().warn("message {}: {} after {:.3f}s; retry in {}s", m.id, why, took, delay.count() / 1000);
     Status s = q_.nack(m.receipt, delay);
     if (!s.ok()) wlog().warn("message {}: nack failed: {}", m.id, s.to_string());
   }
