@@ -502,9 +502,16 @@ TEST(SyncLeaderDeath, AProducerKilledInsideItsSyncDoesNotStrandTheOthers) {
     // Nobody else completed a sync after its write: it must have synced itself.
     return sf::counters().syncs > before ? 0 : 2;
   });
-  // Arrangement only: by now the waiter has written and sleeps behind the parked leader
-  // (if it is slower, it meets the dead leader's mutex instead, which must work too).
-  std::this_thread::sleep_for(300ms);
+  // Waited for, not slept for: the leader is killed only once the waiter has written and
+  // sleeps behind it (sync_to's sliced, timed futex wait). After a fixed sleep a slow waiter
+  // met the dead leader's mutex instead, and a waiter that slept behind a dead leader for
+  // ever passed.
+  auto parked_by = std::chrono::steady_clock::now() + 10s;
+  bool waiting = false;
+  while (!(waiting = test::in_timed_futex_wait(waiter, waiter)) && std::chrono::steady_clock::now() < parked_by) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_TRUE(waiting) << "the waiter never slept behind the parked leader in 10 s";
   ::kill(leader, SIGKILL);
   EXPECT_EQ(wait_exit(leader), 128 + SIGKILL);
   ::unlink(parked.c_str());
