@@ -659,7 +659,7 @@ TEST_F(QueueProcessTest, ASenderKilledWhileItGrowsTheIndexLosesNoBatchThatReturn
 // processes do meanwhile. The sync path takes no index lock, so a process stopped while it
 // holds the lock does not hold back the flusher of another one. With a 1 s interval the
 // flusher's first sync comes 1 s after the send, long after the holder parked in the lock;
-// the durable watermark must cover the send within the interval + 700 ms, while the holder
+// the durable watermark must cover the send within the interval + 1.5 s (slack for a loaded machine), while the holder
 // is still parked there. Then, traffic stopped, a lone send is covered within the same bound.
 TEST_F(QueueProcessTest, TheIntervalSyncCoversALoneSendWhileAnotherProcessHoldsTheIndexLock) {
   QueueOptions o;
