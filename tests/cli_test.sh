@@ -1049,6 +1049,12 @@ t_list_and_show_states() {
   expect 1 "$SPOOL" show q 99
   err_has "message 99 is not in the queue"
   one_line_err
+  # A queue that never dead-lettered has no dead-letter queue, and list makes none.
+  "$SPOOL" init fresh >/dev/null || fail "init fresh"
+  "$SPOOL" send fresh one >/dev/null || fail "send fresh"
+  expect 0 "$SPOOL" list fresh
+  eq "fresh rows" "$(lines "$D/out")" 2
+  [[ -e fresh/dlq ]] && fail "list created fresh/dlq"
   # Neither list nor show received anything.
   eq "still delayed" "$(stat_of delayed q)" 1
   eq "still ready" "$(stat_of ready q)" 1

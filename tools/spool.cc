@@ -657,9 +657,11 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
         infos = std::move(*got);
       }
       // Dead letters after the queue's messages, under their ids in the dead-letter queue
-      // (as dlq list, show --dlq and delete --dlq take them).
+      // (as dlq list, show --dlq and delete --dlq take them). A queue that never had one
+      // has none: list creates nothing (and a read-only user could not).
       std::vector<MessageInfo> dead_infos;
-      if (dead && infos.size() < max) {
+      struct stat dlq_conf {};
+      if (dead && infos.size() < max && ::stat((dir + "/dlq/spool.conf").c_str(), &dlq_conf) == 0) {
         auto d = q->dead_letters();
         if (!d.ok()) return fail(d.status(), dir);
         auto got = (*d)->list(max - infos.size());
