@@ -145,7 +145,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Opened: reads must not crash, and when the index holds its invariants it must show
   // exactly the log's messages.
   auto st = (*q)->stats();
-  auto list = (*q)->list(1000, false);
+  auto list = (*q)->list(1000);
   std::string inv = (*q)->check_index();
   if (inv.empty() && list.ok()) {
     if (list->size() != e.payload.size()) {
