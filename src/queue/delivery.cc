@@ -3,8 +3,6 @@
 // the leases taken.
 #include "queue/queue_impl.h"
 
-#include <ctime>
-
 namespace spool {
 
 auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
@@ -94,18 +92,6 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
 }
 
 namespace {
-// ISO 8601 UTC with milliseconds, as the CLI prints times.
-std::string iso_utc(std::chrono::system_clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  const time_t secs = static_cast<time_t>(ms / 1000);
-  tm utc{};
-  ::gmtime_r(&secs, &utc);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
-                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>(ms % 1000));
-  return buf;
-}
-
 // Adds `add` to `a` key by key while the attribute bounds (docs/semantics.md) allow: the
 // message's own attributes always go to the dead-letter queue whole, its history as far as
 // it fits beside them.
@@ -138,7 +124,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   history.emplace_back("spool.dead.reason", reason);
   history.emplace_back("spool.dead.original_id", std::to_string(id));
   history.emplace_back("spool.dead.receive_count", std::to_string(count));
-  history.emplace_back("spool.dead.enqueued_at", iso_utc(msg.enqueued));
+  history.emplace_back("spool.dead.enqueued_at", sys::iso_time(msg.enqueued));
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
   crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss

@@ -3,6 +3,7 @@
 // (queue/log_clock.h), which stays near CLOCK_REALTIME.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <string>
@@ -19,5 +20,10 @@ inline uint64_t real_ns() { return now_ns(CLOCK_REALTIME); }
 
 // /proc/sys/kernel/random/boot_id, which changes at every boot ("" if unreadable).
 std::string boot_id();
+
+// ISO 8601 UTC with milliseconds, e.g. 2026-11-29T20:40:00.123Z: how spool shows times, in
+// dead letters' history and in the CLI's and spoolfs's output (tools/meson.build compiles
+// this file into them too: the library exports only its public API).
+std::string iso_time(std::chrono::system_clock::time_point t);
 
 }  // namespace spool::sys

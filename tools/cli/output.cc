@@ -55,18 +55,6 @@ std::string base64(std::string_view s) {
   return out;
 }
 
-std::string iso_time(std::chrono::system_clock::time_point t) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  time_t secs = static_cast<time_t>(ms / 1000);
-  tm utc{};
-  ::gmtime_r(&secs, &utc);
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
-                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
-}
-
 nlohmann::json message_json(const Message& m) {
   nlohmann::json j;
   j["id"] = m.id;

@@ -6,13 +6,14 @@
 #include <string_view>
 
 #include "spool/queue.h"
+#include "sys/clock.h"
 
 namespace spool::cli {
 
 bool valid_utf8(std::string_view s);
 std::string base64(std::string_view s);
-// ISO 8601 UTC with milliseconds, e.g. 2026-11-29T20:40:00.123Z.
-std::string iso_time(std::chrono::system_clock::time_point t);
+// ISO 8601 UTC with milliseconds, e.g. 2026-11-29T20:40:00.123Z (sys/clock.h).
+using sys::iso_time;
 // id, receipt (if any), receive_count, enqueued_at, and payload or payload_base64.
 nlohmann::json message_json(const Message& m);
 // id, state, receive_count, size; due_at (in flight, delayed) and holder_pid (a bound lease)
