@@ -689,10 +689,7 @@ static int run(int argc, char** argv, const cli::StdFds& closed) {
       const char* state = in_dlq ? "dead" : state_name(info.state);
       if (json) {
         auto j = cli::message_json(m);
-        j["state"] = state;
-        j["size"] = info.size;
-        if (!in_dlq && info.state != MessageState::kReady) j["due_at"] = cli::iso_time(info.due);
-        if (!in_dlq && info.holder_pid != 0) j["holder_pid"] = info.holder_pid;
+        j.update(cli::info_json(info, in_dlq));  // state, size, due_at, holder_pid
         std::printf("%s\n", j.dump().c_str());
         return 0;
       }

@@ -67,7 +67,8 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
-// 11: neither write-behind slots nor deferred records (one write path); 12: dedup table
+// 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
+// 13: clock anchors; 14: owner pids
 inline constexpr uint32_t kIndexVersion = 14;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;

@@ -668,8 +668,11 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
   const bool every = states.ready && states.in_flight && states.delayed;
   const index::HeapItem* items = q.idx.heap_begin();
   for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+    // The key alone tells ready from not: the entry is looked up only for what may be taken.
+    const bool ready = items[i].key <= now;
+    if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
     const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
-    if (!every && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
+    if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
     offer(items[i].id, slot);
   }
   if (states.ready) {

@@ -323,8 +323,8 @@ struct Queue::Impl {
                                       Mapped* mapped = nullptr);
 
   // Moves the message in `slot`, read as `msg` (its payload in `body`), to the dead-letter
-  // queue (lock held): sent there with its attributes and its history (dead_history()),
-  // then a DEAD record here. `reason` is "max_receives" or "consumer"; `extra` are
+  // queue (lock held): sent there with its attributes, `extra` and its spool.dead.*
+  // history (docs/semantics.md), then a DEAD record here. `reason` is "max_receives" or "consumer"; `extra` are
   // attributes a consumer adds (dead_letter()).
   Status bury(uint32_t slot, Message& msg, std::string_view body, const char* reason, const Attributes& extra,
               const Clocks& now);
