@@ -428,10 +428,10 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
           "$(grep -F "${M// /\\040}" /proc/self/mounts); stat: $(stat "$M" 2>&1 | head -n 1);" \
           "watchers: $(pgrep -a fusermount3 | tr '\n' ';')"
       fi
-      # Under a loaded test run the watcher has twice exited without unmounting (its
-      # umount failed), leaving a dead mount. That is fusermount3's doing, not spoolfs's: say
-      # so loudly and go on with the dead mount, which the next spoolfs must then remove
-      # (as t_a_dead_mount_is_removed_by_the_next_spoolfs checks on purpose).
+      # Under load the watcher can exit without unmounting (its umount fails), leaving a
+      # dead mount. That is fusermount3's doing, not spoolfs's: say so loudly and go on with
+      # the dead mount, which the next spoolfs must then remove (as
+      # t_a_dead_mount_is_removed_by_the_next_spoolfs checks on purpose).
       if [[ -n $W ]] && ! alive "$W"; then
         ((left_at == 0)) && left_at=$SECONDS
         if ((SECONDS - left_at >= 2)) && dead_mount "$M"; then
