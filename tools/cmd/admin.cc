@@ -1,0 +1,118 @@
+// The commands on the queue as a whole: mount (runs spoolfs), compact, verify.
+#include <cinttypes>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "cli/progress.h"
+#include "cmd/command.h"
+
+namespace spool::cmd {
+namespace {
+
+struct AdminArgs {
+  std::string dir, mountpoint;
+  std::vector<std::string> mount_args;
+  bool json = false, repair = false;
+};
+
+int run_mount(const AdminArgs& a) {
+  // spoolfs sits beside spool when installed, in ../fuse/ in a build tree, else on PATH.
+  char self[4096];
+  ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  std::string here = len > 0 ? std::string(self, static_cast<size_t>(len)) : "";
+  here = here.substr(0, here.find_last_of('/'));
+  std::string exe = "spoolfs";
+  for (const std::string& c : {here + "/spoolfs", here + "/../fuse/spoolfs"}) {
+    if (::access(c.c_str(), X_OK) == 0) {
+      exe = c;
+      break;
+    }
+  }
+  std::vector<std::string> args = {exe, a.dir, a.mountpoint};
+  args.insert(args.end(), a.mount_args.begin(), a.mount_args.end());
+  std::vector<char*> argv_c;
+  for (auto& s : args) argv_c.push_back(s.data());
+  argv_c.push_back(nullptr);
+  ::execvp(exe.c_str(), argv_c.data());
+  std::fprintf(stderr, "spool: cannot run spoolfs (%s); is it installed?\n", std::strerror(errno));
+  return kExitError;
+}
+
+int run_compact(const AdminArgs& a) {
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  cli::ProgressBar bar("compact");
+  auto r = q->compact([&](uint64_t done, uint64_t total) { bar.update(done, total); });
+  if (!r.ok()) return fail(r.status(), a.dir);
+  if (a.json) {
+    std::printf("{\"segments_removed\":%" PRIu64 ",\"messages_copied\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 "}\n",
+                r->segments_removed, r->messages_copied, r->bytes_freed);
+  } else {
+    std::printf("removed %" PRIu64 " segments (%.1f MiB), copied %" PRIu64 " live messages\n", r->segments_removed,
+                static_cast<double>(r->bytes_freed) / (1 << 20), r->messages_copied);
+  }
+  return 0;
+}
+
+int run_verify(const AdminArgs& a) {
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  cli::ProgressBar bar("verify");
+  auto r = q->verify(a.repair, [&](uint64_t done, uint64_t total) { bar.update(done, total); });
+  if (!r.ok()) return fail(r.status(), a.dir);
+  if (a.json) {
+    nlohmann::json j{{"ok", r->ok()}, {"segments", r->segments}, {"records", r->records},
+                     {"messages", r->messages}, {"problems", r->problems}, {"repairs", r->repairs}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    for (const auto& p : r->problems) std::printf("problem: %s\n", p.c_str());
+    for (const auto& p : r->repairs) std::printf("repaired: %s\n", p.c_str());
+    std::printf("%s: %" PRIu64 " segments, %" PRIu64 " records, %" PRIu64 " messages%s\n", a.dir.c_str(), r->segments,
+                r->records, r->messages, r->ok() ? ", ok" : "");
+  }
+  return r->ok() ? 0 : kExitError;
+}
+
+}  // namespace
+
+std::vector<Command> add_admin_commands(CLI::App& app) {
+  std::vector<Command> out;
+  {
+    auto a = std::make_shared<AdminArgs>();
+    auto* mount = app.add_subcommand("mount", "Mount the queue as a directory (runs spoolfs)");
+    add_dir(mount, a->dir);
+    mount->add_option("MOUNTPOINT", a->mountpoint, "Where to mount (an empty directory)")->required();
+    mount->add_option("SPOOLFS_ARGS", a->mount_args, "Further spoolfs options, after --: -o visibility=DUR, --limit N, -f, -d");
+    mount->footer("Example: spool mount /var/spool/jobs ~/jobs -- -o visibility=5m\n"
+                  "Unmount with: fusermount3 -u MOUNTPOINT. See docs/filesystem.md.");
+    out.push_back({mount, [a] { return run_mount(*a); }});
+  }
+  {
+    auto a = std::make_shared<AdminArgs>();
+    auto* compact = app.add_subcommand("compact", "Reclaim the disk of acked messages now");
+    add_dir(compact, a->dir);
+    compact->add_flag("--json", a->json, "Print the result as JSON");
+    compact->footer("Also runs on its own in the background (docs/compaction.md). Example: spool compact /var/spool/jobs");
+    out.push_back({compact, [a] { return run_compact(*a); }});
+  }
+  {
+    auto a = std::make_shared<AdminArgs>();
+    auto* verify = app.add_subcommand("verify", "Check segments, index and counters (fsck)");
+    add_dir(verify, a->dir);
+    verify->add_flag("--repair", a->repair, "Rebuild the index from the log if they disagree");
+    verify->add_flag("--json", a->json, "Print the report as JSON");
+    verify->footer("Exit code 0 when the queue is sound (after --repair, if given), 1 when problems remain.\n"
+                   "Examples: spool verify /var/spool/jobs   |   spool verify /var/spool/jobs --repair --json");
+    out.push_back({verify, [a] { return run_verify(*a); }});
+  }
+  return out;
+}
+
+}  // namespace spool::cmd

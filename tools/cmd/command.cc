@@ -1,0 +1,115 @@
+#include "cmd/command.h"
+
+#include <cinttypes>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+
+#include "cli/output.h"
+#include "cli/units.h"
+
+namespace spool::cmd {
+
+void add_dir(CLI::App* sub, std::string& dir) { sub->add_option("DIR", dir, "Queue directory")->required(); }
+
+Millis duration_arg(const std::string& flag, const std::string& text) {
+  auto d = cli::parse_duration(text);
+  if (!d) throw UsageError{"bad duration '" + text + "' for " + flag + " (use 500ms, 30s, 5m, 2h or seconds)"};
+  return *d;
+}
+
+uint64_t size_arg(const std::string& flag, const std::string& text) {
+  auto s = cli::parse_size(text);
+  if (!s) throw UsageError{"bad size '" + text + "' for " + flag + " (use 4096, 64K, 64M or 1G)"};
+  return *s;
+}
+
+// A K or M suffix on a count would mean 1024s, which no one expects: digits only.
+uint64_t count_arg(const std::string& flag, const std::string& text) {
+  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos) {
+    throw UsageError{"bad count '" + text + "' for " + flag + " (a whole number, such as 100000)"};
+  }
+  return std::stoull(text);
+}
+
+namespace {
+
+// What to suggest for a path that is not a queue: `spool init` only works on a new or empty
+// directory (one holding just what a failed open leaves behind: gate, lock).
+std::string init_hint(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "; create it with: spool init " + dir;
+  if (!S_ISDIR(st.st_mode)) return "; it is a file: spool init needs a new or empty directory";
+  bool foreign = false;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name != "." && name != ".." && name != "gate" && name != "lock") foreign = true;
+    }
+    ::closedir(d);
+  }
+  if (foreign) return "; it holds other files: spool init needs a new or empty directory";
+  return "; create it with: spool init " + dir;
+}
+
+}  // namespace
+
+int fail(const Status& s, const std::string& dir) {
+  std::string msg = s.message();
+  if (s.code() == Code::kNotAQueue && !dir.empty()) msg += init_hint(dir);
+  if (s.code() == Code::kLeaseLost) {
+    std::fprintf(stderr, "spool: %s\n", msg.c_str());
+    return kExitLeaseLost;
+  }
+  if (s.code() == Code::kEmpty) {
+    std::fprintf(stderr, "spool: %s\n", msg.c_str());
+    return kExitEmpty;
+  }
+  if (s.code() == Code::kNoSpace) msg += " (free disk space, then retry)";
+  std::fprintf(stderr, "spool: %s\n", msg.c_str());
+  return kExitError;
+}
+
+std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err) {
+  QueueOptions o;
+  o.create = false;
+  auto q = Queue::open(dir, o);
+  if (!q.ok()) {
+    *err = q.status();
+    return nullptr;
+  }
+  return std::move(q).value();
+}
+
+bool stdout_ok() {
+  static int first_errno = 0;
+  if (std::fflush(stdout) != 0 && first_errno == 0) first_errno = errno != 0 ? errno : EIO;
+  if (std::ferror(stdout) && first_errno == 0) first_errno = EIO;
+  errno = first_errno;
+  return first_errno == 0;
+}
+
+void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) {
+  for (const auto& m : msgs) {
+    if (json) {
+      std::printf("%s\n", cli::message_json(m).dump().c_str());
+    } else if (receipts) {
+      std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      // No receipt for a payload that did not get through (recv then returns it and fails).
+      if (!stdout_ok()) return;
+      std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
+      for (const auto& [k, v] : m.attributes) std::fprintf(stderr, "attribute: %s=%s\n", k.c_str(), v.c_str());
+    } else {
+      std::printf("--- message %" PRIu64 " (received %u times, enqueued %s, %zu bytes)\n", m.id,
+                  m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
+      for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
+      std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      std::printf("\n");
+    }
+  }
+}
+
+}  // namespace spool::cmd

@@ -1,0 +1,68 @@
+// A subcommand of `spool`: the flags it adds to the app, and what it does once they are
+// parsed. tools/spool.cc builds the app from these, parses, refuses a closed standard
+// descriptor where a command's data goes, and runs the one command given. Each command maps
+// onto the library API; the contract (commands, flags, exit codes) is docs/cli.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "spool/queue.h"
+
+namespace CLI {
+class App;
+}
+
+namespace spool::cmd {
+
+inline constexpr int kExitError = 1;
+inline constexpr int kExitEmpty = 2;
+inline constexpr int kExitLeaseLost = 3;
+inline constexpr int kExitUsage = 64;
+
+// A flag value found wrong after parsing: "spool: MESSAGE" on stderr, exit kExitUsage.
+struct UsageError {
+  std::string message;
+};
+
+struct Command {
+  CLI::App* sub = nullptr;
+  std::function<int()> run;
+  // Asked after parsing. What the command writes to stdout that is its data ("the payload",
+  // "its output"), or nullptr; and whether it reads its data from stdin.
+  std::function<const char*()> stdout_data = [] { return nullptr; };
+  std::function<bool()> reads_stdin = [] { return false; };
+};
+
+// Each adds its subcommands to `app`.
+Command add_init(CLI::App& app);
+Command add_send(CLI::App& app);
+std::vector<Command> add_message_commands(CLI::App& app);  // recv ack nack extend peek list show purge delete
+Command add_dlq(CLI::App& app);
+Command add_stats(CLI::App& app);
+std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
+Command add_work(CLI::App& app);
+std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
+
+// What the commands share.
+void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every command takes
+// Flag values: a bad one throws UsageError naming the flag and the accepted forms.
+Millis duration_arg(const std::string& flag, const std::string& text);
+uint64_t size_arg(const std::string& flag, const std::string& text);
+uint64_t count_arg(const std::string& flag, const std::string& text);  // digits only
+// Prints `s` on stderr (for a path that is not a queue, with what `spool init` would say of
+// it) and returns the exit code it stands for.
+int fail(const Status& s, const std::string& dir = "");
+// The queue in `dir`, never created; nullptr with `err` set if it cannot be opened.
+std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err);
+// Flushes stdout; false (errno set to the first failure's) if anything written to it was
+// lost (disk full, EIO).
+bool stdout_ok();
+// Messages as recv (`receipts`: payload on stdout, receipt on stderr), peek and dlq list
+// print them.
+void print_messages(const std::vector<Message>& msgs, bool json, bool receipts);
+
+}  // namespace spool::cmd

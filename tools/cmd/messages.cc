@@ -1,0 +1,289 @@
+// The commands on single messages: recv, ack, nack, extend, peek, list, show, purge, delete.
+#include <cinttypes>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "cli/output.h"
+#include "cmd/command.h"
+
+namespace spool::cmd {
+namespace {
+
+struct MessageArgs {
+  std::string dir, receipt, visibility, wait, delay, dur;
+  std::vector<std::string> receipts, states, ids;
+  size_t n = 1;
+  uint64_t id = 0;
+  bool json = false, durable = false, yes = false, dlq = false;
+};
+
+// `q`, or its dead-letter queue for the --dlq of show and delete.
+Result<Queue*> queue_or_dead_letters(Queue& q, bool dlq) {
+  if (!dlq) return &q;
+  return q.dead_letters();
+}
+
+int run_recv(const MessageArgs& a) {
+  Millis vis = a.visibility.empty() ? Millis(0) : duration_arg("--visibility", a.visibility);
+  Millis w = a.wait.empty() ? Millis(0) : duration_arg("--wait", a.wait);
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  auto msgs = q->receive(a.n, vis, w);
+  if (!msgs.ok()) return fail(msgs.status(), a.dir);
+  print_messages(*msgs, a.json, true);
+  if (!stdout_ok()) {
+    // The payload did not reach its destination: give the messages back at once rather
+    // than exit 0 and let a script ack what it never got.
+    int write_errno = errno;
+    for (const auto& m : *msgs) (void)q->nack(m.receipt);
+    std::fprintf(stderr, "spool: writing the payload failed: %s; the message was returned to the queue\n",
+                 std::strerror(write_errno));
+    return kExitError;
+  }
+  return 0;
+}
+
+int run_ack(const MessageArgs& a) {
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  int rc = 0;
+  for (const auto& r : a.receipts) {
+    Status s = q->ack(r, a.durable ? Durability::kSync : Durability::kQueuePolicy);
+    if (!s.ok()) {
+      int code = fail(s, a.dir);
+      if (rc == 0 || code == kExitLeaseLost) rc = code;
+    }
+  }
+  return rc;
+}
+
+int run_nack(const MessageArgs& a) {
+  Millis d = a.delay.empty() ? Millis(0) : duration_arg("--delay", a.delay);
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  Status s = q->nack(a.receipt, d);
+  return s.ok() ? 0 : fail(s, a.dir);
+}
+
+int run_extend(const MessageArgs& a) {
+  Millis d = duration_arg("DUR", a.dur);
+  if (d.count() <= 0) throw UsageError{"DUR must be more than 0"};
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  Status s = q->extend(a.receipt, d);
+  return s.ok() ? 0 : fail(s, a.dir);
+}
+
+int run_peek(const MessageArgs& a) {
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  auto msgs = q->peek(a.n);
+  if (!msgs.ok()) return fail(msgs.status(), a.dir);
+  print_messages(*msgs, a.json, false);
+  return 0;
+}
+
+int run_list(const MessageArgs& a, size_t max) {
+  StateFilter states{false, false, false};
+  bool dead = a.states.empty();
+  for (const auto& st : a.states) {
+    if (st == "ready") states.ready = true;
+    if (st == "in_flight") states.in_flight = true;
+    if (st == "delayed") states.delayed = true;
+    if (st == "dead") dead = true;
+  }
+  if (a.states.empty()) states = StateFilter{};
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  std::vector<MessageInfo> infos;
+  if (states.ready || states.in_flight || states.delayed) {
+    auto got = q->list(max, states);
+    if (!got.ok()) return fail(got.status(), a.dir);
+    infos = std::move(*got);
+  }
+  // Dead letters after the queue's messages, under their ids in the dead-letter queue
+  // (as dlq list, show --dlq and delete --dlq take them). A queue that never had one
+  // has none: list creates nothing (and a read-only user could not).
+  std::vector<MessageInfo> dead_infos;
+  struct stat dlq_conf {};
+  if (dead && infos.size() < max && ::stat((a.dir + "/dlq/spool.conf").c_str(), &dlq_conf) == 0) {
+    auto d = q->dead_letters();
+    if (!d.ok()) return fail(d.status(), a.dir);
+    auto got = (*d)->list(max - infos.size());
+    if (!got.ok()) return fail(got.status(), a.dir);
+    dead_infos = std::move(*got);
+  }
+  if (!a.json) std::printf("%s\n", cli::list_header().c_str());
+  for (const auto& m : infos) {
+    std::printf("%s\n", a.json ? cli::info_json(m).dump().c_str() : cli::info_line(m).c_str());
+  }
+  for (const auto& m : dead_infos) {
+    std::printf("%s\n", a.json ? cli::info_json(m, true).dump().c_str() : cli::info_line(m, true).c_str());
+  }
+  return 0;
+}
+
+int run_show(const MessageArgs& a) {
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  auto which = queue_or_dead_letters(*q, a.dlq);
+  if (!which.ok()) return fail(which.status(), a.dir);
+  auto got = (*which)->show(a.id);
+  if (!got.ok()) return fail(got.status(), a.dir);
+  const auto& [m, info] = *got;
+  const char* state = a.dlq ? "dead" : state_name(info.state);
+  if (a.json) {
+    auto j = cli::message_json(m);
+    j.update(cli::info_json(info, a.dlq));  // state, size, due_at, holder_pid
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("id: %" PRIu64 "\nstate: %s\nreceive_count: %u\nsize: %u\nenqueued: %s\n", m.id, state,
+              info.receive_count, info.size, cli::iso_time(m.enqueued).c_str());
+  if (!a.dlq && info.state != MessageState::kReady) std::printf("due: %s\n", cli::iso_time(info.due).c_str());
+  if (!a.dlq && info.holder_pid != 0) std::printf("holder_pid: %d\n", info.holder_pid);
+  for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
+  std::printf("---\n");
+  std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+  std::printf("\n");
+  return 0;
+}
+
+int run_purge(const MessageArgs& a) {
+  if (!a.yes) throw UsageError{"purge deletes every message in " + a.dir + "; add --yes to confirm"};
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  auto count = q->purge();
+  if (!count.ok()) return fail(count.status(), a.dir);
+  std::fprintf(stderr, "purged %" PRIu64 " messages\n", *count);
+  return 0;
+}
+
+int run_delete(const MessageArgs& a) {
+  // Every id is checked before anything is deleted: a typo among them is a usage error
+  // that changes nothing, not half a deletion.
+  std::vector<uint64_t> ids;
+  for (const auto& text : a.ids) {
+    uint64_t id = count_arg("ID", text);
+    if (id == 0) throw UsageError{"bad ID '0' (message ids start at 1)"};
+    ids.push_back(id);
+  }
+  Status err;
+  auto q = open_existing(a.dir, &err);
+  if (!q) return fail(err, a.dir);
+  auto which = queue_or_dead_letters(*q, a.dlq);
+  if (!which.ok()) return fail(which.status(), a.dir);
+  // An id that is not there does not stop the others: a script deleting a list wants as
+  // much of it gone as can be, and the error names each id that was not there.
+  int rc = 0;
+  for (uint64_t id : ids) {
+    if (Status s = (*which)->remove(id); !s.ok()) rc = fail(s, a.dir);
+  }
+  return rc;
+}
+
+const char* output() { return "its output"; }
+
+}  // namespace
+
+std::vector<Command> add_message_commands(CLI::App& app) {
+  std::vector<Command> out;
+  auto add = [&](const char* name, const char* what, int (*run)(const MessageArgs&)) {
+    auto a = std::make_shared<MessageArgs>();
+    auto* sub = app.add_subcommand(name, what);
+    add_dir(sub, a->dir);
+    out.push_back({sub, [a, run] { return run(*a); }});
+    return std::pair{sub, a};
+  };
+
+  {
+    auto [recv, a] = add("recv", "Receive (lease) messages", run_recv);
+    recv->add_option("-n", a->n, "Up to this many messages (default 1)")->check(CLI::Range(size_t{1}, size_t{100000}));
+    recv->add_option("--visibility", a->visibility, "Lease length (default: the queue's)");
+    recv->add_option("--wait", a->wait, "Long poll: wait up to this long for a message (default 0)");
+    recv->add_flag("--json", a->json, "One JSON object per line: id, receipt, receive_count, enqueued_at, payload");
+    recv->footer("Plain output: the payload byte for byte on stdout, 'receipt: R' on stderr.\n"
+                 "Exit code 2 when no message arrived within --wait.\n"
+                 "Example: spool recv q --wait 20s > job && ... && spool ack q RECEIPT");
+    out.back().stdout_data = [] { return "the payload"; };
+  }
+  {
+    auto [ack, a] = add("ack", "Acknowledge (delete) received messages", run_ack);
+    ack->add_option("RECEIPT", a->receipts, "Receipts printed by recv")->required();
+    ack->add_flag("--durable", a->durable, "Return only once the ack is on disk, whatever the queue's --sync");
+    ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).\n"
+                "Examples: spool ack q 17.1.9f3a22c1   |   spool recv q -n 10 --json | jq -r .receipt | xargs spool ack q");
+  }
+  {
+    auto [nack, a] = add("nack", "Return a received message to the queue", run_nack);
+    nack->add_option("RECEIPT", a->receipt, "Receipt printed by recv")->required();
+    nack->add_option("--delay", a->delay, "Ready again after this long (default now)");
+    nack->footer("Exit codes as for ack. Example: spool nack q 17.1.9f3a22c1 --delay 30s");
+  }
+  {
+    auto [extend, a] = add("extend", "Renew a lease to DUR from now", run_extend);
+    extend->add_option("RECEIPT", a->receipt, "Receipt printed by recv")->required();
+    extend->add_option("DUR", a->dur, "New lease length")->required();
+    extend->footer("Exit codes as for ack. Example: spool extend q 17.1.9f3a22c1 5m   (spool work renews its leases itself)");
+  }
+  {
+    auto [peek, a] = add("peek", "Show messages without receiving them", run_peek);
+    peek->add_option("-n", a->n, "Up to this many, oldest first (default 1)");
+    peek->add_flag("--json", a->json, "One JSON object per line");
+    peek->footer("Ready, in flight and delayed messages alike; nothing is received.\n"
+                 "Examples: spool peek q -n 5   |   spool peek q -n 100 --json | jq -r .payload");
+    out.back().stdout_data = output;
+  }
+  {
+    auto a = std::make_shared<MessageArgs>();
+    auto* list = app.add_subcommand("list", "List messages with their state, without payloads");
+    add_dir(list, a->dir);
+    list->add_option("-n", a->n, "Up to this many, lowest ids first (default 100)");
+    list->add_option("--state", a->states, "Only these: ready, in_flight, delayed, dead (the dead letters)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"ready", "in_flight", "delayed", "dead"}));
+    list->add_flag("--json", a->json, "One JSON object per line");
+    list->footer("Columns: ID STATE RECEIVES BYTES DUE (lease end or delay end) HOLDER (pid of a process whose\n"
+                 "lease is bound to its life). Nothing is received, and nothing is written to the queue.\n"
+                 "Examples: spool list q   |   spool list q --state in_flight,delayed   |   spool list q --json | jq .id");
+    out.push_back({list, [a, list] { return run_list(*a, list->count("-n") != 0 ? a->n : 100); }});
+    out.back().stdout_data = output;
+  }
+  {
+    auto [show, a] = add("show", "Show one message by id, in any state, without receiving it", run_show);
+    show->add_option("ID", a->id, "Message id, as send, list or peek print it")->required();
+    show->add_flag("--dlq", a->dlq, "ID is a dead letter's (as dlq list prints it)");
+    show->add_flag("--json", a->json, "One JSON object");
+    show->footer("Prints the state, receive count, enqueue and due time, holder, attributes, then the payload.\n"
+                 "Exit 1 when the queue holds no message ID. Examples: spool show q 17   |   spool show q 17 --json");
+    out.back().stdout_data = output;
+  }
+  {
+    auto [purge, a] = add("purge", "Delete every message", run_purge);
+    purge->add_flag("--yes", a->yes, "Confirm");
+    purge->footer("Deletes every message (not the dead letters). Example: spool purge /var/spool/jobs --yes");
+  }
+  {
+    auto [del, a] = add("delete", "Delete messages by id, in any state, without a receipt", run_delete);
+    del->add_option("ID", a->ids, "Message ids, as send, peek or dlq list print them")->required();
+    del->add_flag("--dlq", a->dlq, "The ids are those of dead letters (as dlq list prints them)");
+    del->footer("Ready, in flight and delayed messages alike; a receipt held for a deleted message then fails.\n"
+                "An id not in the queue is reported and the others are still deleted (exit 1).\n"
+                "Examples: spool delete q 17 18   |   spool delete q --dlq 3");
+  }
+  return out;
+}
+
+}  // namespace spool::cmd
