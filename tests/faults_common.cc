@@ -24,16 +24,13 @@
 namespace spool::faults {
 namespace {
 
-class PwriteBackend : public ::testing::Environment {
+class QuietLog : public ::testing::Environment {
  public:
   void SetUp() override {
-    // Before the first default_io(). Kept when set: the full-disk cases also run on the mapped
-    // backend (tests/meson.build), where no injection is needed.
-    ::setenv("SPOOL_IO", "pwrite", 0);
     if (std::getenv("SPOOL_LOG") == nullptr) spdlog::set_level(spdlog::level::err);
   }
 };
-[[maybe_unused]] auto* const g_env = ::testing::AddGlobalTestEnvironment(new PwriteBackend);
+[[maybe_unused]] auto* const g_env = ::testing::AddGlobalTestEnvironment(new QuietLog);
 
 }  // namespace
 
@@ -108,7 +105,7 @@ const char* known_bug_text(const std::string& name) {
 Prepared prepare(const std::string& dir) {
   Prepared p;
   p.dir = dir;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.segment_size = 64 << 10;
   o.visibility = 60s;
   auto q = Queue::open(dir, o);

@@ -1,6 +1,6 @@
 // What the queue-level fault tests share. Faults at the queue level (docs/reliability.md,
 // campaigns 2-4), one executable `faults_test` made of:
-//  - tests/faults_setup_test.cc: the executable reaches the queue through the interposed calls;
+//  - tests/faults_setup_test.cc: the queues' file operations reach the fault-injecting Io;
 //  - tests/faults_lock_holder_test.cc (2): a process killed with SIGKILL inside the index lock
 //    during each state-changing call, and a holder stopped with SIGSTOP (never overridden);
 //  - tests/faults_power_test.cc (3, 3b): power loss under sync=always: unsynced writes dropped
@@ -45,6 +45,13 @@ using test::wait_exit;
 using test::wait_for_file;
 namespace sf = test::sysfaults;
 namespace fs = std::filesystem;
+
+// `o` with the fault-injecting Io (tests/sys_faults.h): what every queue of these tests is
+// opened with, but those of FullDisk, which fill a real disk on the default backend.
+inline QueueOptions faulty(QueueOptions o = {}) {
+  o.io = sf::io();
+  return o;
+}
 
 std::set<uint64_t> ids_of(Queue& q);
 

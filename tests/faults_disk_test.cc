@@ -304,7 +304,7 @@ TEST(IoErrors, AFailedWriteKeepsTheAcksAndLeasesMadeBeforeIt) {
 TEST(IoErrors, AnAckTheLogLostNeverAcksTheSuccessorOfItsId) {
   TempDir d;
   const std::string dir = d / "q";
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = SyncPolicy::kNever;
   o.segment_size = 4096;
   {
@@ -350,7 +350,7 @@ TEST(IoErrors, AnAckTheLogLostNeverAcksTheSuccessorOfItsId) {
 // Writes cut short at every size still store every byte (the writer resumes).
 TEST(IoErrors, ShortWritesStillStoreEveryByte) {
   TempDir d;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.segment_size = 64 << 10;
   auto q = Queue::open(d / "q", o);
   ASSERT_TRUE(q.ok());
@@ -377,7 +377,7 @@ TEST(IoErrors, ShortWritesStillStoreEveryByte) {
   EXPECT_EQ(consistency(**q), "");
   q->reset();
   ::unlink((d / "q/index").c_str());  // and from the log alone
-  auto again = Queue::open(d / "q");
+  auto again = Queue::open(d / "q", faulty());
   ASSERT_TRUE(again.ok());
   auto all = (*again)->peek(SIZE_MAX);
   ASSERT_TRUE(all.ok());
@@ -392,7 +392,7 @@ TEST(IoErrors, ShortWritesStillStoreEveryByte) {
 // returned is lost.
 TEST(IoErrors, SyncErrorIsLoudStickyAndRecoverableByReopening) {
   TempDir d;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = SyncPolicy::kAlways;
   o.segment_size = 64 << 10;
   std::string dir = d / "q";
@@ -411,7 +411,7 @@ TEST(IoErrors, SyncErrorIsLoudStickyAndRecoverableByReopening) {
   int ambiguous = 0;  // sends that failed at the sync: the record may be queued (at least once)
   // Another process is not affected by this process's failed fd.
   pid_t other = spawn([&] {
-    auto oq = Queue::open(dir);
+    auto oq = Queue::open(dir, faulty());
     return oq.ok() && (*oq)->send("other process").ok() ? 0 : 1;
   });
   EXPECT_EQ(wait_exit(other), 0);
@@ -434,7 +434,7 @@ TEST(IoErrors, SyncErrorIsLoudStickyAndRecoverableByReopening) {
 // whose sync failed is not counted as durable; reopening recovers, losing nothing.
 TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
   TempDir d;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = SyncPolicy::kInterval;
   o.sync_interval = 50ms;
   std::string dir = d / "q";
@@ -491,7 +491,7 @@ TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
 TEST(IoErrors, SegmentCreationFailureIsCleanAndRetried) {
   for (int err : {ENOSPC, EIO}) {
     TempDir d;
-    QueueOptions o;
+    QueueOptions o = faulty();
     o.segment_size = 16 << 10;
     auto q = Queue::open(d / "q", o);
     ASSERT_TRUE(q.ok());

@@ -52,7 +52,7 @@ const char* op_name(Op op) {
 
 // The child's side: opens the queue (with the park hook set by the caller) and runs `op`.
 int run_op(const std::string& dir, Op op, const std::vector<Message>& leased) {
-  auto q = Queue::open(dir);
+  auto q = Queue::open(dir, faulty());
   if (!q.ok()) return 10;
   Status s;
   switch (op) {
@@ -159,7 +159,7 @@ TEST(LockHolderDeath, StoppedHolderIsNeverOverriddenInAnyOperation) {
     c->holder = spawn([=] {
       // Attach without the hook first, so that opening (the first opener locks the index
       // to check it) does not park; the op then runs on a second Queue with the hook.
-      auto keep = Queue::open(dir);
+      auto keep = Queue::open(dir, faulty());
       if (!keep.ok()) return 12;
       ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
       return run_op(dir, op, leased);
@@ -174,7 +174,7 @@ TEST(LockHolderDeath, StoppedHolderIsNeverOverriddenInAnyOperation) {
     std::string dir = c->p.dir;
     int wfd = c->fds[1];
     c->other = spawn([=] {
-      auto q = Queue::open(dir);
+      auto q = Queue::open(dir, faulty());
       bool ok = q.ok() && (*q)->send("other").ok();
       char ch = ok ? 'y' : 'n';
       return ::write(wfd, &ch, 1) == 1 ? 0 : 1;
@@ -200,7 +200,7 @@ TEST(LockHolderDeath, StoppedHolderIsNeverOverriddenInAnyOperation) {
     EXPECT_EQ(test::wait_exit_for(c->other, 20s), 0);
     ::close(c->fds[0]);
     ::close(c->fds[1]);
-    auto q = Queue::open(c->p.dir);
+    auto q = Queue::open(c->p.dir, faulty());
     ASSERT_TRUE(q.ok());
     EXPECT_EQ(consistency(**q), "");
     auto st = (*q)->stats();
@@ -233,7 +233,7 @@ TEST(LockHolderDeath, HolderKilledWhileStoppedReleasesTheWaiter) {
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   pid_t other = spawn([&] {
-    auto q = Queue::open(p.dir);
+    auto q = Queue::open(p.dir, faulty());
     bool ok = q.ok() && (*q)->send("other").ok();
     char ch = ok ? 'y' : 'n';
     return ::write(fds[1], &ch, 1) == 1 ? 0 : 1;
@@ -273,7 +273,7 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
     std::string park_b = d / "park-b";
     pid_t a = spawn([&] {
       ::setenv("SPOOL_TEST_PARK_IN_LOCK", park_a.c_str(), 1);
-      auto q = Queue::open(p.dir);
+      auto q = Queue::open(p.dir, faulty());
       if (!q.ok()) return 1;
       auto r = (*q)->compact();
       if (!r.ok()) std::fprintf(stderr, "compactor: %s\n", r.status().to_string().c_str());
@@ -292,7 +292,7 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
     }
     pid_t b = spawn([&] {
       ::setenv("SPOOL_TEST_PARK_IN_LOCK", park_b.c_str(), 1);
-      auto q = Queue::open(p.dir);
+      auto q = Queue::open(p.dir, faulty());
       return q.ok() && (*q)->send("b").ok() ? 0 : 1;
     });
     std::this_thread::sleep_for(200ms);  // b now waits for the lock
@@ -371,7 +371,7 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
   std::string dir = d / "q";
   uint64_t live = 0;
   {
-    QueueOptions o;
+    QueueOptions o = faulty();
     o.sync = SyncPolicy::kNever;
     auto q = Queue::open(dir, o);
     ASSERT_TRUE(q.ok());
@@ -392,7 +392,7 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     int kfds[2];
     ASSERT_EQ(::pipe(kfds), 0);
     pid_t keeper = spawn([&] {
-      auto q = Queue::open(dir);
+      auto q = Queue::open(dir, faulty());
       char c = q.ok() ? 'y' : 'n';
       if (::write(kfds[1], &c, 1) != 1) return 1;
       ::pause();
@@ -402,7 +402,7 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     // D dies inside the lock.
     pid_t dead = spawn([&] {
       ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
-      auto q = Queue::open(dir);
+      auto q = Queue::open(dir, faulty());
       return q.ok() && (*q)->stats().ok() ? 0 : 1;
     });
     ASSERT_TRUE(wait_for_file(parked, 10s));
@@ -411,7 +411,7 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     ::unlink(parked.c_str());
     // W takes the lock, gets EOWNERDEAD, rebuilds, and is killed somewhere in it.
     pid_t repairer = spawn([&] {
-      auto q = Queue::open(dir);
+      auto q = Queue::open(dir, faulty());
       return q.ok() && (*q)->stats().ok() ? 0 : 1;
     });
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % window_us));
@@ -426,7 +426,7 @@ TEST(LockHolderDeath, FirstOpenerAfterARepairWasKilledMidwayDoesNotTrustTheIndex
     EXPECT_EQ(rc, 128 + SIGKILL) << "round " << round << ": the repairer failed instead of being killed";
     if (rc != 128 + SIGKILL) continue;
     ++rounds;
-    auto q = Queue::open(dir);  // the first opener
+    auto q = Queue::open(dir, faulty());  // the first opener
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     std::string c = consistency(**q);
     auto st = (*q)->stats();
@@ -453,7 +453,7 @@ TEST(LockHolderDeath, TheRepairRemovesTheTempFilesOfADeadSegmentCreator) {
   std::string parked = d / "parked";
   pid_t holder = spawn([&] {
     ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
-    auto q = Queue::open(p.dir);
+    auto q = Queue::open(p.dir, faulty());
     if (!q.ok()) return 1;
     (void)(*q)->send("never");
     return 0;
@@ -476,7 +476,7 @@ TEST(LockHolderDeath, TheRepairRemovesTheTempFilesOfADeadSegmentCreator) {
 TEST(SyncLeaderDeath, AProducerKilledInsideItsSyncDoesNotStrandTheOthers) {
   TempDir d;
   std::string dir = d / "q";
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = SyncPolicy::kAlways;
   auto q = Queue::open(dir, o);
   ASSERT_TRUE(q.ok()) << q.status().to_string();
@@ -528,7 +528,7 @@ TEST(SyncLeaderDeath, AProducerKilledInsideItsSyncDoesNotStrandTheOthers) {
 TEST(Fork, AChildDestroyingAnInheritedQueueLeavesTheParentsLocksAlone) {
   TempDir d;
   std::string dir = d / "q";
-  auto q = Queue::open(dir);
+  auto q = Queue::open(dir, faulty());
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   ASSERT_TRUE((*q)->send("x").ok());
   pid_t child = spawn([&] {
@@ -537,7 +537,7 @@ TEST(Fork, AChildDestroyingAnInheritedQueueLeavesTheParentsLocksAlone) {
   });
   ASSERT_EQ(wait_exit(child), 0);
   pid_t opener = spawn([&] {
-    auto again = Queue::open(dir);
+    auto again = Queue::open(dir, faulty());
     return again.ok() && (*again)->send("y").ok() ? 0 : 1;
   });
   int rc = test::wait_exit_for(opener, 10s);
@@ -559,7 +559,7 @@ TEST(Fork, AChildForkedDuringACompactionDoesNotInheritItsLock) {
   // compact.lock, in a thread of its own.
   std::string parked = d / "parked";
   ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
-  auto pq = Queue::open(p.dir);
+  auto pq = Queue::open(p.dir, faulty());
   ::unsetenv("SPOOL_TEST_PARK_IN_LOCK");
   ASSERT_TRUE(pq.ok()) << pq.status().to_string();
   std::thread compacting([&] { (void)(*pq)->compact(); });
@@ -568,7 +568,7 @@ TEST(Fork, AChildForkedDuringACompactionDoesNotInheritItsLock) {
   ASSERT_EQ(::pipe(fds), 0);
   pid_t child = spawn([&] {
     // The documented way: open the queue again in the child.
-    auto q = Queue::open(p.dir);
+    auto q = Queue::open(p.dir, faulty());
     if (!q.ok()) return 1;
     auto r = (*q)->compact();
     char c = r.ok() ? 'y' : 'n';

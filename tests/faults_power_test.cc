@@ -52,7 +52,7 @@ int power_child(const std::string& dir, const std::string& journal, int round, u
                 SyncPolicy sync, uint32_t max_receives) {
   sf::start_recording();
   test::Journal j(journal);
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = sync;
   o.segment_size = 64 << 10;
   o.max_receives = max_receives;
@@ -177,7 +177,7 @@ void power_campaign(const std::string& qdir, const std::string& jdir, int rounds
     led.child_errors.clear();
 
     // The machine comes back.
-    QueueOptions o;
+    QueueOptions o = faulty();
     o.sync = sync;
     o.segment_size = 64 << 10;
     o.max_receives = max_receives;
@@ -323,7 +323,7 @@ TEST(PowerLoss, SyncIntervalComesBackCleanAndCountsTheLossWindow) {
 // remnant whose start is zero and whose rest lies anywhere in the record.
 static void torn_write_is_cleared_before_the_log_rolls_past_it(size_t headless) {
   TempDir d;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.segment_size = 64 << 10;
   std::string seg = d / "q/segments/00000000000000000001.seg";
   uint64_t end = 0;
@@ -376,7 +376,7 @@ struct Expected {
 // A closed queue with 300 messages in 64 KiB segments: 100 acked, 10 leased, 1 nacked.
 Expected make_reference_queue(const std::string& dir) {
   Expected e;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.segment_size = 64 << 10;
   auto q = Queue::open(dir, o);
   EXPECT_TRUE(q.ok());
@@ -406,7 +406,7 @@ void copy_queue(const std::string& from, const std::string& to) {
 // Checks, in a child, that the queue in `dir` opens (or fails cleanly) and shows exactly
 // `want`. Returns through `r`.
 void check_reopen(Report& r, const std::string& dir, const Expected& want, bool* opened) {
-  auto q = Queue::open(dir);
+  auto q = Queue::open(dir, faulty());
   *opened = q.ok();
   if (!q.ok()) {
     r.info("open refused: " + q.status().to_string());

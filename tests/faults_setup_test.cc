@@ -1,5 +1,6 @@
-// The faults_test executable itself (tests/faults_common.h): it runs the queue on the pwrite
-// backend, whose system calls tests/sys_faults.cc interposes, so injection reaches the queue.
+// The faults_test executable itself (tests/faults_common.h): its queues are opened with the
+// fault-injecting Io of tests/sys_faults.cc in their options, so injection reaches them, and
+// only them.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -14,26 +15,42 @@
 namespace spool::faults {
 namespace {
 
-TEST(FaultsSetup, UsesThePwriteBackendSoInjectionReachesTheQueue) {
-  ASSERT_STREQ(io::default_io()->name(), "pwrite")
-      << "faults_test injects at pwritev/fdatasync; run it with SPOOL_IO=pwrite";
-  auto before = sf::counters();
+TEST(FaultsSetup, EveryFileOperationOfAQueueGoesThroughItsIo) {
   TempDir d;
-  auto q = Queue::open(d / "q");
-  ASSERT_TRUE(q.ok());
-  ASSERT_TRUE((*q)->send("x").ok());
-  ASSERT_TRUE((*q)->sync().ok());
+  auto before = sf::counters();
+  {
+    auto q = Queue::open(d / "q", faulty());
+    ASSERT_TRUE(q.ok());
+    ASSERT_TRUE((*q)->send("x").ok());
+    ASSERT_TRUE((*q)->sync().ok());
+  }
   auto after = sf::counters();
-  EXPECT_GT(after.writes, before.writes) << "the queue's writes do not go through the interposed pwritev64";
-  EXPECT_GT(after.syncs, before.syncs) << "the queue's syncs do not go through the interposed fdatasync";
+  EXPECT_GT(after.writes, before.writes) << "the queue's writes do not go through its Io";
+  EXPECT_GT(after.syncs, before.syncs) << "the queue's syncs do not go through its Io";
+  EXPECT_GT(after.allocates, before.allocates) << "the index and segment allocations do not go through its Io";
+  // spool.conf is written through it too: a failed write of it fails the creation.
+  sf::fail(sf::Op::kWrite, 1, ENOSPC);
+  auto refused = Queue::open(d / "q2", faulty());
+  sf::clear();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("spool.conf"), std::string::npos) << refused.status().to_string();
+  // A queue opened without it is left alone: nothing is replaced process-wide.
+  before = sf::counters();
+  auto plain = Queue::open(d / "plain");
+  ASSERT_TRUE(plain.ok());
+  ASSERT_TRUE((*plain)->send("y", SendOptions{.durability = Durability::kSync}).ok());
+  after = sf::counters();
+  EXPECT_EQ(after.writes, before.writes);
+  EXPECT_EQ(after.syncs, before.syncs);
+  EXPECT_EQ(after.allocates, before.allocates);
 }
 
 // Per-call durability really syncs: on an interval queue whose flusher will not run during
 // the test, a plain ack makes no fdatasync and an ack with Durability::kSync makes one (the
-// same for sends), seen by the interposed fdatasync.
+// same for sends), seen by the fault-injecting Io.
 TEST(FaultsSetup, ADurableCallSyncsAndAPlainOneDoesNot) {
   TempDir d;
-  QueueOptions o;
+  QueueOptions o = faulty();
   o.sync = SyncPolicy::kInterval;
   o.sync_interval = std::chrono::hours(1);
   auto q = Queue::open(d / "q", o);

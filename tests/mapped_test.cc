@@ -3,18 +3,18 @@
 // dirtied through the mapping, and that a power cut which keeps only synced pages loses
 // nothing a sync=always call acknowledged.
 //
-// The power cut: this executable defines fdatasync and rename itself, which the static
-// linker binds every call in libspool.a to. While a shadow directory is set (in the child
-// that will be "powered off"), each successful fdatasync of a file under the queue copies the
-// file's contents, as the page cache holds them then (stores through the mapping included),
-// into the shadow, and a rename renames the shadow along (spool syncs the directory after
-// each rename, so names are durable at once). After the child is SIGKILLed, the parent puts
-// every shadowed file back as it was at its last sync: what a power cut leaves of files whose
-// unsynced pages never reached the disk. Files never synced (the index, the lock files) are
-// the cache and its locks: the index is deleted, the worst a cut can do to it.
+// The power cut: the recording child (the process that will be "powered off") opens its
+// queue with a ShadowIo in QueueOptions::io (the internal seam every file operation of a
+// queue goes through), the mapped backend with two additions: each successful datasync of a
+// file under the queue copies the file's contents, as the page cache holds them then (stores
+// through the mapping included), into the shadow, and a rename renames the shadow along
+// (spool syncs the directory after each rename, so names are durable at once). After the
+// child is SIGKILLed, the parent puts every shadowed file back as it was at its last sync:
+// what a power cut leaves of files whose unsynced pages never reached the disk. Files never
+// synced (the index, the lock files) are the cache and its locks: the index is deleted, the
+// worst a cut can do to it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
 #include <signal.h>
@@ -42,11 +42,9 @@
 namespace fs = std::filesystem;
 
 namespace {
-// Set only in a recording child; plain char arrays so the interposed calls need no
-// allocation to decide that they have nothing to do.
+// Set in a recording child only.
 char g_root[512];
 char g_shadow[512];
-std::atomic<uint64_t> g_syncs{0};
 
 // The shadow of `path` when it lies under the root, else "".
 std::string shadow_of(const char* path) {
@@ -63,46 +61,71 @@ void snapshot(int fd) {
   path[n] = 0;
   std::string dst = shadow_of(path);
   if (dst.empty()) return;
+  // Read through a descriptor of its own: the synced one may be write-only (spool.conf's).
+  int in = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return;
   std::error_code ec;
   fs::create_directories(fs::path(dst).parent_path(), ec);
   std::string tmp = dst + ".tmp";
   int out = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
-  if (out < 0) return;
+  if (out < 0) {
+    ::close(in);
+    return;
+  }
   std::string buf(1 << 16, '\0');
   for (off_t off = 0;; off += n) {
-    n = ::pread(fd, buf.data(), buf.size(), off);
+    n = ::pread(in, buf.data(), buf.size(), off);
     if (n <= 0) break;
     if (::write(out, buf.data(), static_cast<size_t>(n)) != n) break;
   }
+  ::close(in);
   ::close(out);
   ::rename(tmp.c_str(), dst.c_str());  // a kill in the middle leaves the previous snapshot
 }
-}  // namespace
 
-extern "C" int fdatasync(int fd) {
-  long r = ::syscall(SYS_fdatasync, fd);
-  if (r == 0 && g_shadow[0] != 0) {
-    snapshot(fd);
-    g_syncs.fetch_add(1, std::memory_order_relaxed);
+// The mapped backend, shadowing what its datasyncs make durable (above).
+class ShadowIo final : public spool::io::Io {
+ public:
+  const char* name() const override { return "mmap"; }
+  bool maps_writes() const override { return true; }
+  int datasync(int fd) override {
+    int r = inner_->datasync(fd);
+    if (r == 0 && g_shadow[0] != 0) snapshot(fd);
+    return r;
   }
-  return static_cast<int>(r);
-}
-
-extern "C" int rename(const char* from, const char* to) {
-  long r = ::syscall(SYS_renameat, AT_FDCWD, from, AT_FDCWD, to);
-  if (r == 0 && g_shadow[0] != 0) {
-    std::string a = shadow_of(from), b = shadow_of(to);
-    if (!a.empty() && !b.empty()) {
-      std::error_code ec;
-      if (fs::exists(a, ec)) {
-        fs::rename(a, b, ec);
-      } else {
-        fs::remove(b, ec);  // a file never synced replaced it
+  int allocate(int fd, uint64_t off, uint64_t len) override { return inner_->allocate(fd, off, len); }
+  int open(const std::string& path, int flags, mode_t mode) override { return inner_->open(path, flags, mode); }
+  int unlink(const std::string& path) override { return inner_->unlink(path); }
+  int sync_dir(const std::string& path) override { return inner_->sync_dir(path); }
+  int rename(const std::string& from, const std::string& to) override {
+    int r = inner_->rename(from, to);
+    if (r == 0 && g_shadow[0] != 0) {
+      std::string a = shadow_of(from.c_str()), b = shadow_of(to.c_str());
+      if (!a.empty() && !b.empty()) {
+        std::error_code ec;
+        if (fs::exists(a, ec)) {
+          fs::rename(a, b, ec);
+        } else {
+          fs::remove(b, ec);  // a file never synced replaced it
+        }
       }
     }
+    return r;
   }
-  return static_cast<int>(r);
-}
+
+ protected:
+  int64_t write_some(int fd, const iovec* iov, int iovcnt, uint64_t off) override {
+    int r = inner_->write_all(fd, iov, iovcnt, off);
+    if (r < 0) return r;
+    int64_t n = 0;
+    for (int i = 0; i < iovcnt; ++i) n += static_cast<int64_t>(iov[i].iov_len);
+    return n;
+  }
+
+ private:
+  std::unique_ptr<spool::io::Io> inner_ = spool::io::make_mmap_io();
+};
+}  // namespace
 
 namespace spool {
 namespace {
@@ -224,6 +247,7 @@ pid_t start_recording_child(const std::string& root, const std::string& shadow, 
     std::snprintf(g_root, sizeof g_root, "%s", root.c_str());
     std::snprintf(g_shadow, sizeof g_shadow, "%s", shadow.c_str());
     QueueOptions o;
+    o.io = std::make_shared<ShadowIo>();
     o.sync = policy;
     o.segment_size = 256 << 10;
     o.max_receives = 0;

@@ -1,12 +1,10 @@
-// See sys_faults.h. The three functions at the bottom replace libc's for the whole test
-// executable; everything else is their bookkeeping.
+// See sys_faults.h. The Io at the bottom makes the calls; everything else is its bookkeeping.
 #include "sys_faults.h"
 
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/io.h"
 #include "sys/crashpoint.h"
 
 namespace spool::test::sysfaults {
@@ -238,73 +237,72 @@ CutReport power_cut(const std::string& root, std::mt19937_64& rng) {
   return rep;
 }
 
-}  // namespace spool::test::sysfaults
+// ---- the Io ------------------------------------------------------------------------------
 
-using spool::test::sysfaults::g_counters;
-using spool::test::sysfaults::g_mu;
-using spool::test::sysfaults::g_recording;
-using spool::test::sysfaults::g_short;
-using spool::test::sysfaults::Op;
+namespace {
 
-// ---- the interposed calls ------------------------------------------------------------------
+// The pwrite backend's calls, each first through the bookkeeping above.
+class SysFaultIo final : public io::Io {
+ public:
+  const char* name() const override { return "pwrite"; }
 
-extern "C" ssize_t pwritev64(int fd, const struct iovec* iov, int iovcnt, off64_t off) {
-  std::vector<iovec> cut;
-  {
-    std::lock_guard lock(g_mu);
-    ++g_counters.writes;
-    if (int err = spool::test::sysfaults::injected(Op::kWrite)) {
-      errno = err;
-      return -1;
+  int datasync(int fd) override {
+    std::string park;
+    {
+      std::lock_guard lock(g_mu);
+      ++g_counters.syncs;
+      if (int err = injected(Op::kSync)) return -err;
+      park = std::exchange(g_park_sync, {});
     }
-    uint64_t total = 0;
-    for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
-    if (g_short != 0 && total > g_short) {
-      uint64_t left = g_short;
-      for (int i = 0; i < iovcnt && left > 0; ++i) {
-        cut.push_back({iov[i].iov_base, std::min<size_t>(iov[i].iov_len, left)});
-        left -= cut.back().iov_len;
+    if (!park.empty()) spool::park(park);
+    if (::fdatasync(fd) != 0) return -errno;
+    std::lock_guard lock(g_mu);
+    if (g_recording) mark_synced(fd);
+    return 0;
+  }
+
+  int allocate(int fd, uint64_t off, uint64_t len) override {
+    {
+      std::lock_guard lock(g_mu);
+      ++g_counters.allocates;
+      if (int err = injected(Op::kAllocate)) return -err;
+    }
+    return ::fallocate(fd, 0, static_cast<off_t>(off), static_cast<off_t>(len)) == 0 ? 0 : -errno;
+  }
+
+ protected:
+  int64_t write_some(int fd, const iovec* iov, int iovcnt, uint64_t off) override {
+    std::vector<iovec> cut;
+    {
+      std::lock_guard lock(g_mu);
+      ++g_counters.writes;
+      if (int err = injected(Op::kWrite)) return -err;
+      uint64_t total = 0;
+      for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
+      if (g_short != 0 && total > g_short) {
+        uint64_t left = g_short;
+        for (int i = 0; i < iovcnt && left > 0; ++i) {
+          cut.push_back({iov[i].iov_base, std::min<size_t>(iov[i].iov_len, left)});
+          left -= cut.back().iov_len;
+        }
+        total = g_short;
+        ++g_counters.shortened;
       }
-      total = g_short;
-      ++g_counters.shortened;
+      if (g_recording) save_undo(fd, off, total);
     }
-    if (g_recording) spool::test::sysfaults::save_undo(fd, static_cast<uint64_t>(off), total);
+    const iovec* v = cut.empty() ? iov : cut.data();
+    const int n = cut.empty() ? std::min(iovcnt, IOV_MAX) : static_cast<int>(cut.size());
+    ssize_t done = ::pwritev(fd, v, n, static_cast<off_t>(off));
+    return done >= 0 ? done : -errno;
   }
-  const iovec* v = cut.empty() ? iov : cut.data();
-  int n = cut.empty() ? iovcnt : static_cast<int>(cut.size());
-  // The kernel takes the offset as two longs, low word first (pos_from_hilo(): a 64-bit
-  // kernel ignores the high one), so that a 32-bit process can pass all 64 bits.
-  const auto pos = static_cast<uint64_t>(off);
-  return ::syscall(SYS_pwritev, fd, v, n, static_cast<unsigned long>(pos), static_cast<unsigned long>(pos >> 32));
+};
+
+}  // namespace
+
+std::shared_ptr<io::Io> io() {
+  // Never destroyed: queues opened by static destructors or exit handlers may still use it.
+  static auto* const shared = new std::shared_ptr<io::Io>(std::make_shared<SysFaultIo>());
+  return *shared;
 }
 
-extern "C" int fdatasync(int fd) {
-  std::string park;
-  {
-    std::lock_guard lock(g_mu);
-    ++g_counters.syncs;
-    if (int err = spool::test::sysfaults::injected(Op::kSync)) {
-      errno = err;
-      return -1;
-    }
-    park = std::exchange(spool::test::sysfaults::g_park_sync, {});
-  }
-  if (!park.empty()) spool::park(park);
-  long r = ::syscall(SYS_fdatasync, fd);
-  if (r == 0) {
-    std::lock_guard lock(g_mu);
-    if (g_recording) spool::test::sysfaults::mark_synced(fd);
-  }
-  return static_cast<int>(r);
-}
-
-extern "C" int posix_fallocate64(int fd, off64_t off, off64_t len) {
-  {
-    std::lock_guard lock(g_mu);
-    ++g_counters.allocates;
-    if (int err = spool::test::sysfaults::injected(Op::kAllocate)) return err;
-  }
-  // glibc's fallocate64 (not interposed): a raw syscall would have to split the 64-bit
-  // offset and length into register pairs on a 32-bit target, as the ABI there lays them out.
-  return ::fallocate64(fd, 0, off, len) == 0 ? 0 : errno;
-}
+}  // namespace spool::test::sysfaults

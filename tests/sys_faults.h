@@ -1,11 +1,9 @@
-// System-call fault injection for queue-level tests (tests/faults_*_test.cc).
-//
-// Queue::open builds its log on io::default_io() and takes no Io of its own, so FaultIo
-// (src/io/fault_io.h) cannot be put under a whole queue. This file does the same job one
-// level down: the test executable defines pwritev64, fdatasync and posix_fallocate64
-// itself, which the static linker binds every call in libspool.a to (the pwrite backend
-// calls exactly these; run with SPOOL_IO=pwrite, because io_uring submissions bypass
-// them). Unarmed, each just makes the system call.
+// I/O fault injection for queue-level tests (tests/faults_*_test.cc): an io::Io (the
+// internal seam every file operation of a queue goes through, src/io/io.h) that a test puts
+// in QueueOptions::io (`o.io = sysfaults::io()`), and whose bookkeeping lives in this
+// process and, for the undo log, in memory shared across fork. Its writes are pwrites (no
+// mapped stores), so every write of such a queue is seen. Unarmed, each call just makes the
+// system call.
 //
 // Two uses:
 //  - injected errors: the N-th write / datasync / fallocate fails with an errno (once or
@@ -22,10 +20,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 
+namespace spool::io {
+class Io;
+}
+
 namespace spool::test::sysfaults {
+
+// The Io to open queues with: shared by every queue of the process (and its fork children).
+std::shared_ptr<io::Io> io();
 
 enum class Op { kWrite, kSync, kAllocate };
 

@@ -25,6 +25,10 @@
 
 namespace spool {
 
+namespace io {
+class Io;
+}
+
 using Millis = std::chrono::milliseconds;
 
 // A message's attributes: small string key/value pairs carried beside the payload
@@ -71,6 +75,10 @@ struct QueueOptions {
   // and group the directory has then (docs/security.md, "Who may do what").
   uint32_t mode = 0;
   int64_t group = -1;
+  // Internal (src/io/io.h): the file I/O the queue and its dead-letter queue do, spool.conf,
+  // the index and the segments alike. Empty: the default backend (SPOOL_IO). Tests put a
+  // fault-injecting one here; not stored.
+  std::shared_ptr<io::Io> io = {};
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue

@@ -55,8 +55,10 @@ SharedIndex::~SharedIndex() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, mode_t mode) {
+Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, mode_t mode,
+                           std::shared_ptr<io::Io> io) {
   anonymous_ = anonymous;
+  io_ = io ? std::move(io) : io::default_io();
   void* p = nullptr;
   if (anonymous) {
     p = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -65,10 +67,14 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     // A fresh index is a new file: whatever has the name (a leftover, or a link planted to
     // make us write through it) is removed first, and O_EXCL | O_NOFOLLOW refuse one that
     // reappears. An existing index is never created by opening it, nor followed.
-    if (fresh && ::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_status(errno, "remove " + path);
+    if (int r = fresh ? io_->unlink(path) : 0; r != 0 && r != -ENOENT) return errno_status(-r, "remove " + path);
     path_ = path;
-    fd_ = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | (fresh ? O_CREAT | O_EXCL : 0), mode);
-    if (fd_ < 0) return errno_status(errno, "open index " + path);
+    fd_ = io_->open(path, O_RDWR | O_NOFOLLOW | (fresh ? O_CREAT | O_EXCL : 0), mode);
+    if (fd_ < 0) {
+      const int err = -fd_;
+      fd_ = -1;
+      return errno_status(err, "open index " + path);
+    }
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
     sys::set_own_mode(fd_, mode);  // past the umask
@@ -76,8 +82,8 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
       // system is a SIGBUS at the first store through the mapping (grow() does the same).
-      if (int r = ::posix_fallocate(fd_, 0, static_cast<off_t>(want)); r != 0) {
-        return errno_status(r, "allocate index " + path);
+      if (int r = io_->allocate(fd_, 0, want); r != 0) {
+        return errno_status(-r, "allocate index " + path);
       }
     } else if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
       return Status(Code::kCorrupt, path + ": index is truncated");
@@ -429,8 +435,8 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   }
   uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap);
   if (!anonymous_) {
-    if (int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes)); rc != 0) {
-      return errno_status(rc, "grow index");
+    if (int rc = io_->allocate(fd_, 0, bytes); rc != 0) {
+      return errno_status(-rc, "grow index");
     }
   }
   const uint64_t old[4] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap};

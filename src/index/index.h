@@ -59,6 +59,7 @@
 #include <functional>
 #include <string>
 
+#include "io/io.h"
 #include "spool/status.h"
 #include "sys/robust_mutex.h"
 
@@ -229,7 +230,9 @@ class SharedIndex {
   // format word and bounds. `anonymous` keeps the index in private memory (read-only users).
   // `mode`: what a fresh file gets whatever the umask (a queue's state-file mode,
   // sys/file_modes.h); an existing one this process owns is set to it too.
-  Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600);
+  // `io` opens, removes and allocates the file (empty: the default backend's plain calls).
+  Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600,
+                std::shared_ptr<io::Io> io = {});
   // True when the mapped header matches this build and boot (used by the first opener to
   // decide whether the existing file can be reused).
   bool reusable() const;
@@ -399,6 +402,7 @@ class SharedIndex {
   // Where a heap item's entry is, checked; -1 (and damage recorded) if it is not there.
   int64_t heap_entry(uint64_t pos, uint64_t id) const;
 
+  std::shared_ptr<io::Io> io_;
   int fd_ = -1;
   bool anonymous_ = false;
   std::string path_;

@@ -26,7 +26,7 @@ const char* sync_name(SyncPolicy p) {
   return "?";
 }
 
-Status write_config(const std::string& dir, const Config& c) {
+Status write_config(const std::string& dir, const Config& c, io::Io& io) {
   std::ostringstream out;
   out << "spool-queue " << kConfigVersion << "\n"
       << "uid = " << c.uid << "\n"
@@ -43,26 +43,23 @@ Status write_config(const std::string& dir, const Config& c) {
       << "dedup_window_ms = " << c.opts.dedup_window.count() << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
-  (void)::unlink(tmp.c_str());  // a leftover with our pid; never written through if it is a link
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-  if (fd < 0) return errno_status(errno, "create " + tmp);
+  (void)io.unlink(tmp);  // a leftover with our pid; never written through if it is a link
+  int fd = io.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
+  if (fd < 0) return errno_status(-fd, "create " + tmp);
   // Readable by whoever may read the directory, whatever the umask (sys/file_modes.h).
   struct stat dst {};
   if (::stat(dir.c_str(), &dst) == 0) (void)::fchmod(fd, sys::modes_for(dst.st_mode).data);
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-            ::fsync(fd) == 0;
-  int err = errno;
+  iovec iov{text.data(), text.size()};
+  int r = io.write_all(fd, &iov, 1, 0);
+  if (r == 0) r = io.datasync(fd);
   ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), (dir + "/spool.conf").c_str()) != 0) {
-    if (ok) err = errno;
-    ::unlink(tmp.c_str());
-    return errno_status(err, "write " + dir + "/spool.conf");
+  if (r == 0) r = io.rename(tmp, dir + "/spool.conf");
+  if (r != 0) {
+    (void)io.unlink(tmp);
+    return errno_status(-r, "write " + dir + "/spool.conf");
   }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  // The rename must last too: a queue whose spool.conf a power cut took away is no queue.
+  if (int d = io.sync_dir(dir); d != 0) return errno_status(-d, "sync " + dir);
   return {};
 }
 
@@ -120,14 +117,14 @@ Status validate(QueueOptions& o, const std::string& where) {
   return {};
 }
 
-Result<Config> read_config(const std::string& dir) {
+Result<Config> read_config(const std::string& dir, io::Io& io) {
   std::string path = dir + "/spool.conf";
   // Not followed if a link, not waited on if a FIFO, not read past what a configuration
   // can hold: whoever may write the directory can put anything under this name.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  int fd = io.open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) {
-    if (errno == ENOENT) return Status(Code::kNotFound, path + " does not exist");
-    return sys::queue_file_error(errno, "read", path);
+    if (fd == -ENOENT) return Status(Code::kNotFound, path + " does not exist");
+    return sys::queue_file_error(-fd, "read", path);
   }
   struct stat st {};
   const int stat_err = ::fstat(fd, &st) == 0 ? 0 : errno;

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "io/io.h"
 #include "spool/queue.h"
 
 namespace spool::queue {
@@ -16,10 +17,10 @@ struct Config {
 };
 
 // Writes `dir`/spool.conf atomically (temp file, fsync, rename, fsync dir).
-Status write_config(const std::string& dir, const Config& c);
+Status write_config(const std::string& dir, const Config& c, io::Io& io);
 // Reads it. kNotFound when absent; kIncompatible for a newer version; kCorrupt for junk,
 // a missing setting, or a value out of its range (validate()), naming the key and the range.
-Result<Config> read_config(const std::string& dir);
+Result<Config> read_config(const std::string& dir, io::Io& io);
 
 // Checks the stored settings against their ranges (and fills in the default max_payload
 // for 0). kInvalidArgument naming the key, its value and the allowed range; `where` (the

@@ -86,6 +86,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
+  impl->io = opts.io ? opts.io : io::default_io();
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
@@ -133,7 +134,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     }
   } gate_release{impl->gate_fd};
 
-  auto cfg = queue::read_config(dir);
+  auto cfg = queue::read_config(dir, *impl->io);
   if (!cfg.ok() && cfg.status().code() == Code::kNotFound) {
     if (impl->read_only || !opts.create) return Status(Code::kNotAQueue, dir + ": not a spool queue (no spool.conf)");
     if (has_foreign_files(dir)) {
@@ -146,7 +147,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     while (c.uid == 0) {
       if (::getrandom(&c.uid, sizeof c.uid, 0) != sizeof c.uid) c.uid = sys::real_ns();
     }
-    if (Status s = queue::write_config(dir, c); !s.ok()) return s;
+    if (Status s = queue::write_config(dir, c, *impl->io); !s.ok()) return s;
     cfg = c;
   }
   if (!cfg.ok()) return cfg.status();
@@ -161,6 +162,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   lo.read_only = impl->read_only;
   lo.dir_mode = impl->modes.dir;
   lo.file_mode = impl->modes.data;
+  lo.io = impl->io;
   auto log = storage::Log::open(dir + "/segments", lo);
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
@@ -172,7 +174,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
-    if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
+    if (Status s = impl->idx.attach("", true, true, 0600, impl->io); !s.ok()) return s;
     auto held = impl->lock_to_change();
     if (!held.ok()) return held.status();
     if (Status s = impl->rebuild(); !s.ok()) return s;
@@ -198,7 +200,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     // have those records overwrite newer ones.
     // A seal from the last clean close must still match: that catches damage the
     // invariants cannot see (a flipped record position or receive count).
-    bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state).ok() && impl->idx.refresh().ok();
+    bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state, impl->io).ok() && impl->idx.refresh().ok();
     if (reuse && !impl->idx.unseal()) {
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
@@ -212,9 +214,9 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
       const std::string fresh_path = index_path + ".new";
-      if (Status s = impl->idx.attach(fresh_path, true, false, impl->modes.state); !s.ok()) return s;
-      if (::rename(fresh_path.c_str(), index_path.c_str()) != 0) {
-        return errno_status(errno, "rename " + fresh_path + " to " + index_path);
+      if (Status s = impl->idx.attach(fresh_path, true, false, impl->modes.state, impl->io); !s.ok()) return s;
+      if (int r = impl->io->rename(fresh_path, index_path); r != 0) {
+        return errno_status(-r, "rename " + fresh_path + " to " + index_path);
       }
       auto held = impl->lock_to_change();
       if (!held.ok()) return held.status();
@@ -225,7 +227,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     while (::flock(impl->lock_fd, LOCK_SH) != 0) {
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/lock");
     }
-    if (Status s = impl->idx.attach(index_path, false); !s.ok()) return s;
+    if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
   impl->opened = true;

@@ -77,6 +77,7 @@ struct Queue::Impl {
   bool opened = false;  // open() succeeded: the index and the log agree
   queue::Config cfg;
   bool read_only = false;
+  std::shared_ptr<io::Io> io;  // every file operation of this queue (QueueOptions::io)
   std::unique_ptr<storage::Log> log;
   index::SharedIndex idx;
   // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
