@@ -26,7 +26,7 @@ ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-install-test.XXXXXX")
 trap 'rm -rf "$ROOT"' EXIT
 STAGE=$ROOT/stage
 n=0; failed=0
-echo "1..10"
+echo "1..11"
 # check NAME CMD...: one TAP line; the command's output goes to the log shown on failure.
 check() {
   local name=$1; shift
@@ -74,6 +74,7 @@ layout() {
            "$PREFIX_DIR/share/man/man1/spool.1" "$PREFIX_DIR/share/man/man1/spool-dump.1" \
            "$PREFIX_DIR/share/man/man3/libspool.3" "$PREFIX_DIR/share/man/man3/spool.h.3" \
            "$PREFIX_DIR/include/spool/queue.h" "$PREFIX_DIR/include/spool/lease_keeper.h" \
+           "$PREFIX_DIR/include/spool/lease_manager.h" \
            "$PREFIX_DIR/include/spool/status.h" "$PREFIX_DIR/include/spool/spool.h"; do
     [ -e "$f" ] || { echo "missing: $f"; return 1; }
   done
@@ -101,9 +102,10 @@ symbols() {
   bad=$(grep -v ' A SPOOL_0$' "$ROOT/syms" | grep -v ' T spool::.*@@SPOOL_0$' |
         grep -v ' T spool_[a-z_]*@@SPOOL_0$' || true)
   [ -z "$bad" ] || { echo "not public API:"; echo "$bad"; return 1; }
-  ! grep -E 'spool::(storage|io|index|sys|queue|format|detail)::|Queue::Impl|spool::log\(' "$ROOT/syms" ||
+  ! grep -E 'spool::(storage|io|index|sys|queue|format|detail)::|Queue::Impl|LeaseManager::Impl|spool::log\(' "$ROOT/syms" ||
     { echo "internals exported"; return 1; }
-  grep -q 'spool::Queue::open(' "$ROOT/syms" && grep -q 'spool::LeaseKeeper::LeaseKeeper(' "$ROOT/syms" ||
+  grep -q 'spool::Queue::open(' "$ROOT/syms" && grep -q 'spool::LeaseKeeper::LeaseKeeper(' "$ROOT/syms" &&
+    grep -q 'spool::LeaseManager::start(' "$ROOT/syms" ||
     return 1
   # Every function spool.h declares is exported, and nothing else named spool_.
   grep -o '^[a-z0-9_ *]*[ *]spool_[a-z_]*(' "$SRC/include/spool/spool.h" |
@@ -129,7 +131,7 @@ build_examples() {
   # Only spool's own include path: no private requirement's flags (spdlog's -D..., issue 25).
   [ "$(pkg-config --cflags spool | wc -w)" = 1 ] || { echo "extra cflags: $(pkg-config --cflags spool)"; return 1; }
   case $flags in *"$STAGE"*) ;; *) echo "flags do not point into the staged tree"; return 1 ;; esac
-  for ex in producer worker; do
+  for ex in producer worker lease_manager; do
     # Copied out of the source tree first, so no include path of the tree can be picked up.
     cp "$SRC/examples/$ex.cc" "$ROOT/$ex.cc"
     # shellcheck disable=SC2086  # $CXX_CMD may be "ccache c++", $flags is a word list
@@ -159,6 +161,22 @@ run_examples() {
     grep -q '"acked_total":500' "$ROOT/stats" && grep -q '"sent_total":500' "$ROOT/stats"
 }
 check "producer sends 500, two LeaseKeeper workers process and ack all of them" run_examples
+
+lease_manager_example() {
+  local q=$ROOT/qb out=$ROOT/batch.txt
+  "$PREFIX_DIR/bin/spool" init "$q" --visibility 1s || return 1
+  "$ROOT/producer" "$q" 40 task || return 1
+  # Tasks of 1.5 s on leases of 1 s, two workers: the managers renew, so each message is
+  # processed once, by one of them.
+  "$ROOT/lease_manager" "$q" --threads 8 --work-ms 1500 --idle-exit 3 >"$out" & local w1=$!
+  "$ROOT/lease_manager" "$q" --threads 8 --work-ms 1500 --idle-exit 3 >>"$out" & local w2=$!
+  wait $w1 || return 1
+  wait $w2 || return 1
+  [ "$(wc -l <"$out")" = 40 ] || { echo "$(wc -l <"$out") lines"; return 1; }
+  [ "$(cut -d' ' -f1 "$out" | sort -u | wc -l)" = 40 ] || { echo "duplicates"; return 1; }
+  "$PREFIX_DIR/bin/spool" stats "$q" --json | grep -q '"acked_total":40'
+}
+check "examples/lease_manager.cc: 40 tasks longer than the visibility, two workers, each processed once" lease_manager_example
 
 c_example() {
   # The C API's example, compiled as C99 with the C compiler and pkg-config alone.

@@ -5,20 +5,23 @@
 // the lease runs out on its own, so a hung task cannot hold a message forever), or until a
 // renewal fails (lease lost: another consumer has the message; the task should stop).
 // Choose interval well below extend_by, so that a renewal delayed by one interval still
-// lands before the lease ends.
+// lands before the lease ends (an interval not below extend_by renews as the lease ends).
+// It is a LeaseManager (lease_manager.h) holding one lease; a worker holding many messages
+// needs one manager, not a keeper (and a thread) per message.
 //
 // The lease is bound to the process (Queue::bind): if the process dies, the message is
 // ready again at once.
 //
-// Thread-safety: a LeaseKeeper runs one background thread; its methods may be called from
-// any thread. The Queue must outlive it.
+// Thread-safety: a LeaseKeeper runs one background thread (its manager's); its methods may
+// be called from any thread. The Queue must outlive it.
 #pragma once
 
-#include <condition_variable>
+#include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "spool/lease_manager.h"
 #include "spool/queue.h"
 
 namespace spool {
@@ -43,17 +46,14 @@ class LeaseKeeper {
   uint64_t renewals() const;
 
  private:
-  void run();
-
-  Queue& queue_;
+  // The keeper is a LeaseManager holding one lease: `interval` becomes its margin
+  // (extend_by - interval) and the lease is taken to end extend_by after the start, so the
+  // first renewal comes one interval in. Null once stopped, or when it could not start.
+  std::unique_ptr<LeaseManager> manager_;
   const std::string receipt_;
-  const Options opts_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  Status status_;
-  uint64_t renewals_ = 0;
-  std::thread thread_;
+  Status status_;  // after stop(), or why the manager could not start or take the lease
+  uint64_t renewals_ = 0;  // after stop()
 };
 
 }  // namespace spool

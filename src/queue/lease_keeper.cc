@@ -1,53 +1,51 @@
 #include "spool/lease_keeper.h"
 
-#include <chrono>
+#include <algorithm>
 
 namespace spool {
 
-LeaseKeeper::LeaseKeeper(Queue& queue, std::string receipt, Options opts)
-    : queue_(queue), receipt_(std::move(receipt)), opts_(opts), thread_([this] { run(); }) {
-  // A task kept alive by a keeper dies with its process; so should its lease. If binding is
-  // impossible (all owner slots taken) the lease still runs out on its own.
-  (void)queue_.bind(receipt_);
+LeaseKeeper::LeaseKeeper(Queue& queue, std::string receipt, Options opts) : receipt_(std::move(receipt)) {
+  LeaseManager::Options mo;
+  mo.extend_by = opts.extend_by;
+  // Renewed when extend_by - interval is left of a lease that was extend_by long: every
+  // interval. The margin must stay below extend_by, so an interval of 0 renews every 1 ms.
+  mo.margin = std::clamp(opts.extend_by - opts.interval, Millis{0}, std::max(opts.extend_by - Millis{1}, Millis{0}));
+  mo.min_remaining = Millis{0};
+  mo.max_lifetime = opts.max_lifetime;
+  mo.bind = true;
+  auto m = LeaseManager::start(queue, std::move(mo));
+  if (!m.ok()) {
+    status_ = m.status();
+    return;
+  }
+  status_ = (*m)->add(receipt_, LeaseManager::Clock::now() + opts.extend_by);
+  if (status_.ok()) manager_ = std::move(*m);
 }
 
 LeaseKeeper::~LeaseKeeper() { stop(); }
 
 void LeaseKeeper::stop() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
+  std::lock_guard lock(mu_);
+  if (!manager_) return;
+  if (auto info = manager_->status(receipt_); info.ok()) {
+    status_ = info->error;
+    renewals_ = info->renewals;
   }
-  cv_.notify_all();
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  manager_.reset();
 }
 
 Status LeaseKeeper::status() const {
   std::lock_guard lock(mu_);
-  return status_;
+  if (!manager_) return status_;
+  auto info = manager_->status(receipt_);
+  return info.ok() ? info->error : Status{};
 }
 
 uint64_t LeaseKeeper::renewals() const {
   std::lock_guard lock(mu_);
-  return renewals_;
-}
-
-void LeaseKeeper::run() {
-  const auto give_up = std::chrono::steady_clock::now() + opts_.max_lifetime;
-  std::unique_lock lock(mu_);
-  for (;;) {
-    auto next = std::min(std::chrono::steady_clock::now() + opts_.interval, give_up);
-    if (cv_.wait_until(lock, next, [this] { return stopping_; })) return;
-    if (std::chrono::steady_clock::now() >= give_up) return;  // let the lease run out
-    lock.unlock();
-    Status s = queue_.extend(receipt_, opts_.extend_by);
-    lock.lock();
-    if (!s.ok()) {
-      status_ = s;
-      return;
-    }
-    ++renewals_;
-  }
+  if (!manager_) return renewals_;
+  auto info = manager_->status(receipt_);
+  return info.ok() ? info->renewals : renewals_;
 }
 
 }  // namespace spool
