@@ -62,6 +62,7 @@
 #include "io/io.h"
 #include "spool/status.h"
 #include "sys/robust_mutex.h"
+#include "sys/thread_annotations.h"
 
 namespace spool::index {
 
@@ -218,7 +219,11 @@ static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 // version | sizeof(pthread_mutex_t) | cache line | sizeof(IndexHeader), as LMDB does.
 uint64_t format_word();
 
-class SharedIndex {
+// A capability for the thread-safety analysis (sys/thread_annotations.h): holding it means
+// holding hdr().mu, the index lock, or having an index no other thread or process can reach
+// (one attach()ed anonymous, or about to be renamed into place). Its own operations are not
+// annotated: tests and tools drive it directly; Queue::Impl states what needs it.
+class CAPABILITY("index lock") SharedIndex {
  public:
   SharedIndex() = default;
   ~SharedIndex();
@@ -236,6 +241,10 @@ class SharedIndex {
   // True when the mapped header matches this build and boot (used by the first opener to
   // decide whether the existing file can be reused).
   bool reusable() const;
+
+  // Tells the analysis this thread holds the index: hdr().mu's lock() or try_lock() returned
+  // kOk or kOwnerDied, or the index is private (see above). Checks nothing.
+  void assert_held() const ASSERT_CAPABILITY(this) {}
 
   IndexHeader& hdr() { return *hdr_; }
   const IndexHeader& hdr() const { return *hdr_; }

@@ -9,14 +9,14 @@ using format::RecordType;
 using index::Entry;
 using index::State;
 
-void drop(index::SharedIndex& x, int64_t slot) {
+void drop(index::SharedIndex& x, int64_t slot) REQUIRES(x) {
   x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
   x.erase(static_cast<uint32_t>(slot));
 }
 
 // Every message up to `through`. All of them (a purge of the whole queue, as a live purge
 // always is) by a reset of the entries, which costs nothing per message.
-Status drop_through(index::SharedIndex& x, uint64_t through) {
+Status drop_through(index::SharedIndex& x, uint64_t through) REQUIRES(x) {
   auto& h = x.hdr();
   if (through + 1 >= h.next_id) {
     h.bytes_live = 0;

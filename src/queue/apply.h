@@ -26,14 +26,14 @@ struct Keys {
 };
 
 // Applies record `r`, at `at` (a packed Pos; 0 where the caller applies before its append,
-// which only a live LEASE does), to `x`, lock held: a MSG inserts a ready message (the room
+// which only a live LEASE does), to `x`, held (the index lock, or a private index): a MSG inserts a ready message (the room
 // reserved by a live caller), LEASE and RELEASE set the receive count, state and deadline,
 // ACK and DEAD drop the message, PURGE drops every message up to its id, CHECKPOINT sets
 // the totals. Every total (sent, acked, expired, dead, nacked, bytes live) is counted here
 // and nowhere else. Records of messages the index does not hold change nothing but the
 // totals. CLOCK records are the ReplayClock's; which MSG records are applied at all
 // (compaction copies, ids below a purge) is replay's choice.
-Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys);
+Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x);
 
 // `rec`, appended at `at`, as replay reads it (what apply_record() takes).
 storage::RecordView view_of(const storage::Record& rec);

@@ -70,6 +70,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     auto held = lock();
     if (!held.ok()) return held.status();
+    holds(*held);
     auto seqs = log->segments();
     if (!seqs.ok()) return seqs.status();
     uint64_t active = Pos::unpack(h.log_end).seq;
@@ -99,6 +100,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     auto held = lock();
     if (!held.ok()) return held.status();
+    holds(*held);
     idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
@@ -111,6 +113,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   for (size_t next = 0; next < ids.size(); report(next)) {
     auto held = lock();
     if (!held.ok()) return held.status();
+    holds(*held);
     std::vector<uint32_t> slots;
     for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
       int64_t slot = idx.find(ids[next]);
@@ -149,8 +152,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     res.messages_copied += slots.size();
   }
   // Everything the prefix still holds must have been copied (a message cannot move back).
-  // Lock held.
-  auto prefix_left = [&]() -> Status {
+  auto prefix_left = [&]() REQUIRES(idx) -> Status {
     bool left = false;
     idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
     if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
@@ -159,6 +161,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     auto held = lock();
     if (!held.ok()) return held.status();
+    holds(*held);
     if (Status s = prefix_left(); !s.ok()) return s;
   }
   crashpoint("compact.after_copy");
@@ -174,6 +177,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // this lock: a repair since the check above rebuilt the index from the log.
   auto held = lock();
   if (!held.ok()) return held.status();
+  holds(*held);
   if (Status s = prefix_left(); !s.ok()) return s;
   storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
                          h.next_id,        h.purged_through, h.expired_total,
@@ -207,14 +211,14 @@ auto Queue::Impl::maybe_compact(uint64_t end) -> void {
   uint64_t seq = Pos::unpack(end).seq;
   if (seq <= seen_seq.exchange(seq)) return;
   if (!seen_seq_initialised.exchange(true)) return;  // the first write only sets the mark
-  std::lock_guard lock(compact_mu);
+  sys::MutexLock lock(compact_mu);
   if (compact_stopping) return;
   compact_wanted = true;
   if (!compactor.joinable()) {
     compactor = std::thread([this] {
-      std::unique_lock lk(compact_mu);
+      sys::MutexLock lk(compact_mu);
       for (;;) {
-        compact_cv.wait(lk, [this] { return compact_wanted || compact_stopping; });
+        compact_cv.wait(lk, [this]() REQUIRES(compact_mu) { return compact_wanted || compact_stopping; });
         if (compact_stopping) return;
         compact_wanted = false;
         lk.unlock();
@@ -228,12 +232,14 @@ auto Queue::Impl::maybe_compact(uint64_t end) -> void {
 }
 
 auto Queue::Impl::stop_compactor() -> void {
+  std::thread running;  // maybe_compact() starts none once compact_stopping is set
   {
-    std::lock_guard lock(compact_mu);
+    sys::MutexLock lock(compact_mu);
     compact_stopping = true;
+    running = std::move(compactor);
   }
   compact_cv.notify_all();
-  if (compactor.joinable()) compactor.join();
+  if (running.joinable()) running.join();
 }
 
 }  // namespace spool

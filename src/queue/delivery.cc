@@ -166,7 +166,7 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
 }
 
 auto Queue::Impl::dead_letters() -> Result<Queue*> {
-  std::lock_guard lock(dlq_mu);
+  sys::MutexLock lock(dlq_mu);
   if (!dlq) {
     QueueOptions o = cfg.opts;
     o.max_receives = 0;

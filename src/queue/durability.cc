@@ -83,7 +83,7 @@ auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
       // the segment's own fsync error).
       start_flusher();
       if (flush_failed.load(std::memory_order_relaxed)) {
-        std::lock_guard lock(flush_mu);
+        sys::MutexLock lock(flush_mu);
         return flush_status;
       }
       return {};
@@ -94,10 +94,10 @@ auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
 }
 
 auto Queue::Impl::start_flusher() -> void {
-  std::lock_guard lock(flush_mu);
+  sys::MutexLock lock(flush_mu);
   if (flusher.joinable() || stopping) return;
   flusher = std::thread([this] {
-    std::unique_lock lk(flush_mu);
+    sys::MutexLock lk(flush_mu);
     while (!stopping) {
       flush_cv.wait_for(lk, cfg.opts.sync_interval);
       if (stopping) break;

@@ -92,15 +92,16 @@ auto Queue::Impl::reap_dead_owners() -> void {
 }
 
 auto Queue::Impl::release_own_slot() -> void {
-  if (owner_slot < 0 || owner_pid != ::getpid() || owners_fd.load() < 0) return;
-  {
-    auto held = lock();
-    if (held.ok()) {
-      uint32_t k = static_cast<uint32_t>(owner_slot);
-      release_owned(std::span(&k, 1));
-    }
-  }
-  sys::ofd_unlock(owners_fd.load(), static_cast<uint32_t>(owner_slot));
+  // owner_pid is set with the slot: 0, or the parent's in a fork child, when this process
+  // claimed none.
+  if (owner_pid != ::getpid() || owners_fd.load() < 0) return;
+  auto held = lock();
+  if (!held.ok()) return;  // closing owners_fd (~Impl) lets go of the slot's liveness lock
+  holds(*held);
+  if (owner_slot < 0) return;
+  uint32_t k = static_cast<uint32_t>(owner_slot);
+  release_owned(std::span(&k, 1));
+  sys::ofd_unlock(owners_fd.load(), k);
   owner_slot = -1;
 }
 

@@ -177,6 +177,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach("", true, true, 0600, impl->io); !s.ok()) return s;
     auto held = impl->lock_to_change();
     if (!held.ok()) return held.status();
+    impl->holds(*held);
     if (Status s = impl->rebuild(); !s.ok()) return s;
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
@@ -220,6 +221,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       }
       auto held = impl->lock_to_change();
       if (!held.ok()) return held.status();
+      impl->holds(*held);
       if (Status s = impl->rebuild(); !s.ok()) return s;
     }
     impl->idx.drop_resident();
@@ -407,6 +409,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   for (;;) {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
     // Duplicates first (under the lock, so two processes sending one dedup id at once queue
@@ -457,7 +460,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
       }
       // Wait outside the lock; the Locked guard releases it when `held` goes out of scope.
       auto wait_ns = std::min(give_up - t, kMaxWaitSliceNs);
-      { [[maybe_unused]] auto release = std::move(held).value(); }
+      Queue::Impl::Locked::release(std::move(held).value());
       h.room_waiters.fetch_add(1);
       sys::futex_wait(&h.room_seq, seen, wait_ns);
       (void)q.idx.check_file();  // before the header is touched again: see lock()
@@ -467,8 +470,8 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     // Room for the drain and the index slots first: a send fails before its records are
     // written, never after. Spares are made outside the lock, then it looks again.
     if (uint64_t short_by = q.spares_short(n_new, record_bytes); short_by != 0) {
-      { [[maybe_unused]] auto release = std::move(held).value(); }
-      if (Status s = q.make_spares(short_by, false); !s.ok()) return s;
+      Queue::Impl::Locked::release(std::move(held).value());
+      if (Status s = q.make_spares(short_by); !s.ok()) return s;
       continue;
     }
     if (Status s = q.idx.reserve(n_new, d != 0); !s.ok()) return s;
@@ -549,6 +552,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     {
       auto held = q.lock_to_change();
       if (!held.ok()) return held.status();
+      q.holds(*held);
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now = q.clocks();
       // Every queued message taken gets a heap item: room for them first, so that taking
@@ -611,6 +615,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
@@ -652,10 +657,11 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
 }
 
 // The slots of the `max` lowest ids among the messages whose state at boot time `now` is in
-// `states`, lowest first. Lock held. Queued messages (never received, not delayed: all
+// `states`, lowest first. Queued messages (never received, not delayed: all
 // ready) are in id order from the cursor on, so only the first `max` of them are read; the
 // heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
-static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now) {
+static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
+    REQUIRES(q.idx) {
   if (max == 0) return {};
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
@@ -700,8 +706,8 @@ const char* state_name(MessageState s) {
   return "unknown";
 }
 
-// Where the message in `slot` stands at `now` (lock held).
-static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) {
+// Where the message in `slot` stands at `now`.
+static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQUIRES(q.idx) {
   const Entry& e = q.idx.entry(slot);
   const uint64_t key = q.idx.key(slot);
   MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot};
@@ -721,6 +727,7 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
   Impl& q = *impl_;
   auto held = q.lock();
   if (!held.ok()) return held.status();
+  q.holds(*held);
   const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
   for (uint32_t slot : lowest_ids(q, max, states, now.boot)) out.push_back(info_of(q, slot, now));
@@ -731,6 +738,7 @@ Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) {
   Impl& q = *impl_;
   auto held = q.lock();
   if (!held.ok()) return held.status();
+  q.holds(*held);
   const int64_t slot = q.idx.find(id);
   if (slot < 0) {
     return Status(Code::kNotFound, "message " + std::to_string(id) +
@@ -758,6 +766,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     auto slot = q.fenced(id, gen);
     if (!slot.ok()) return slot.status();
     auto& h = q.idx.hdr();
@@ -789,6 +798,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     auto slot = q.fenced(id, gen);
     if (!slot.ok()) return slot.status();
     const Clocks now = q.clocks();
@@ -816,6 +826,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     int64_t slot = q.idx.find(id);
     if (slot < 0) {
       return Status(Code::kNotFound, "message " + std::to_string(id) +
@@ -839,6 +850,7 @@ Status Queue::bind_leases() {
   if (Status s = q.writable(); !s.ok()) return s;
   auto held = q.lock_to_change();
   if (!held.ok()) return held.status();
+  q.holds(*held);
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
   q.bind_all = true;
   return {};
@@ -851,6 +863,7 @@ Status Queue::bind(std::string_view receipt) {
   if (!r.ok()) return r.status();
   auto held = q.lock_to_change();
   if (!held.ok()) return held.status();
+  q.holds(*held);
   auto slot = q.fenced(r->first, r->second);
   if (!slot.ok()) return slot.status();
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
@@ -875,6 +888,7 @@ Result<std::vector<Message>> Queue::peek(size_t max) {
   Impl& q = *impl_;
   auto held = q.lock();
   if (!held.ok()) return held.status();
+  q.holds(*held);
   std::vector<Message> out;
   for (uint32_t slot : lowest_ids(q, max, StateFilter{}, 0)) {
     auto m = q.load(slot);
@@ -891,6 +905,7 @@ Result<uint64_t> Queue::purge() {
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     auto& h = q.idx.hdr();
     Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};
     if (h.next_id == 1) return uint64_t{0};
@@ -911,6 +926,7 @@ Result<Stats> Queue::stats() {
   {
     auto held = q.lock();
     if (!held.ok()) return held.status();
+    q.holds(*held);
     auto& h = q.idx.hdr();
     uint64_t now = sys::boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
@@ -992,6 +1008,7 @@ Result<uint64_t> Queue::redrive(size_t max) {
 std::string Queue::check_index() {
   auto held = impl_->lock();
   if (!held.ok()) return held.status().to_string();
+  impl_->holds(*held);
   return impl_->idx.check_invariants();
 }
 

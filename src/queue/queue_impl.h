@@ -41,7 +41,9 @@
 #include "sys/clock.h"
 #include "sys/file_modes.h"
 #include "sys/futex.h"
+#include "sys/mutex.h"
 #include "sys/ofd_lock.h"
+#include "sys/thread_annotations.h"
 
 namespace spool {
 
@@ -89,23 +91,23 @@ struct Queue::Impl {
   // Test hooks (crash tests): park inside the critical section, right after taking the
   // lock or right after a send's log append, until the named file is removed.
   std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK (the first lock() after it is set)
-  bool parked = false;
+  bool parked GUARDED_BY(idx) = false;
   std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 
-  std::mutex dlq_mu;
-  std::unique_ptr<Queue> dlq;
+  sys::Mutex dlq_mu;
+  std::unique_ptr<Queue> dlq GUARDED_BY(dlq_mu);
 
-  std::thread flusher;
-  std::mutex flush_mu;
-  std::condition_variable flush_cv;
-  bool stopping = false;
+  std::thread flusher GUARDED_BY(flush_mu);
+  sys::Mutex flush_mu;
+  std::condition_variable_any flush_cv;
+  bool stopping GUARDED_BY(flush_mu) = false;
   std::atomic<bool> flush_failed{false};
-  Status flush_status;  // guarded by flush_mu
+  Status flush_status GUARDED_BY(flush_mu);
 
   // Instant release on death (bind_leases): this Queue's owner slot and the descriptor that
   // holds its liveness lock (or that probes others'; -1 in a fork child).
   std::atomic<int> owners_fd{-1};
-  int owner_slot = -1;  // guarded by the index lock
+  int owner_slot GUARDED_BY(idx) = -1;
   pid_t owner_pid = 0;
   std::atomic<bool> bind_all{false};
 
@@ -118,23 +120,37 @@ struct Queue::Impl {
   void seal_if_last();
 
   // ---- locking -------------------------------------------------------------------------
+  //
+  // The index lock (idx.hdr().mu) is the capability `idx` for the analysis
+  // (sys/thread_annotations.h): a function marked REQUIRES(idx) runs with it held, a field
+  // marked GUARDED_BY(idx) is used only with it held.
 
-  class Locked {
+  // Holds the index lock lock() took, until it is destroyed.
+  class SCOPED_CAPABILITY Locked {
    public:
-    explicit Locked(Impl* impl) : impl_(impl) {}
-    Locked(Locked&& o) noexcept : impl_(std::exchange(o.impl_, nullptr)) {}
+    // Adopts the lock the caller (lock()) holds.
+    explicit Locked(Impl* impl) REQUIRES(impl->idx) : impl_(impl) {}
+    Locked(Locked&& o) noexcept : impl_(std::exchange(o.impl_, nullptr)), repaired_(std::move(o.repaired_)) {}
     Locked& operator=(Locked&&) = delete;
-    ~Locked() {
-      if (impl_ == nullptr) return;
-      // A use found a damaged value in the index (and did not follow it): rebuild it from
-      // the log before anyone else sees it (SharedIndex, "Damage").
-      if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
-      impl_->idx.hdr().mu.unlock();
-    }
+    ~Locked() RELEASE();
+    // What lock() found damaged in the index and rebuilt from the log before it returned,
+    // or "" (verify reports it).
+    const std::string& repaired() const { return repaired_; }
+    // Unlocks before the end of the holder's scope: `Locked::release(std::move(held).value())`.
+    static void release(Locked gone) { (void)gone; }
 
    private:
+    friend struct Impl;
     Impl* impl_;
+    std::string repaired_;
   };
+
+  // The analysis cannot see the lock inside lock()'s Result: each caller states it holds
+  // it right after the ok() check (`q.holds(*held)`). From there on to the end of the
+  // function the analysis takes the index lock as held, even past the end of `held`'s
+  // scope, so a function that takes the lock is not marked EXCLUDES(idx): a caller that
+  // held it in an earlier block would be taken to hold it still.
+  void holds(const Locked&) const ASSERT_CAPABILITY(idx) {}
 
   // The one lock path. On EOWNERDEAD the index is rebuilt from the log before the mutex is
   // marked consistent; if that fails the mutex is left unrecoverable and every user gets a
@@ -149,29 +165,29 @@ struct Queue::Impl {
 
   // ---- rebuild from the log (first opener, repair) -------------------------------------
 
-  // The index holds a value a check refused (idx.damage()): rebuilt from the log. Lock held.
-  Status repair_damage();
-  std::string last_repair;  // what the last repair_damage() found (verify reports it); lock held
+  // The index holds a value a check refused (idx.damage()): rebuilt from the log.
+  Status repair_damage() REQUIRES(idx);
 
   // Replays the log into the shared index. Lease bindings (instant release on death) are
   // not in the log, so they are carried over from the old index for the leases it still
   // agrees on (same id, same delivery): above all those of the process whose death caused
   // this rebuild, which would otherwise wait out their timeouts. The old index is only
   // read where its header is sound (a dying grow can leave it inconsistent).
-  Status rebuild();
+  Status rebuild() REQUIRES(idx);
 
-  // Empties `x` and replays the whole log into it. Lock held (or `x` private).
-  Status replay(index::SharedIndex& x);
+  // Empties `x` and replays the whole log into it. `x` held: the index lock (x is idx), or x
+  // is private (index::SharedIndex::assert_held()).
+  Status replay(index::SharedIndex& x) REQUIRES(x);
 
   // ---- deduplication (docs/semantics.md, "Deduplication") -------------------------------
 
   // The dedup part of applying a MSG record, for live sends and replay alike: a new message
   // (not a compaction copy) whose dedup id is still inside the window is remembered in the
-  // index's dedup table. Lock held (or `x` private); a send reserved the room first.
-  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now);
+  // index's dedup table. `x` held (see replay()); a send reserved the room first.
+  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now) REQUIRES(x);
   // The id of the message that carries `dedup_id` and was sent within the window, or 0.
-  // Every hint of the table is confirmed against its record. Lock held.
-  uint64_t find_dedup(std::string_view dedup_id, const Clocks& now);
+  // Every hint of the table is confirmed against its record.
+  uint64_t find_dedup(std::string_view dedup_id, const Clocks& now) REQUIRES(idx);
   // The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time
   // after now (a wall clock that went back since an earlier boot) counts as now.
   static uint64_t enqueue_key(const index::SharedIndex& x, Pos at, uint64_t t1, const Clocks& now);
@@ -222,20 +238,20 @@ struct Queue::Impl {
 
   Result<std::pair<uint64_t, uint32_t>> parse_receipt(std::string_view r) const;
 
-  // Finds the entry a receipt names and checks its fence. Lock held.
-  Result<uint32_t> fenced(uint64_t id, uint32_t gen);
+  // Finds the entry a receipt names and checks its fence.
+  Result<uint32_t> fenced(uint64_t id, uint32_t gen) REQUIRES(idx);
 
-  // Appends at the log end and publishes the new end. Lock held.
-  Result<storage::AppendResult> append_all(std::span<const Record> recs);
-  Result<Pos> append(std::span<const Record> recs);
+  // Appends at the log end and publishes the new end.
+  Result<storage::AppendResult> append_all(std::span<const Record> recs) REQUIRES(idx);
+  Result<Pos> append(std::span<const Record> recs) REQUIRES(idx);
   // The one mutator (queue/apply.h) for `rec`, a record of this call, written at `at` (0
-  // before its append), at `now`. Lock held.
-  Status apply(const Record& rec, uint64_t at, const Clocks& now);
+  // before its append), at `now`.
+  Status apply(const Record& rec, uint64_t at, const Clocks& now) REQUIRES(idx);
 
   // The clocks for the records written under this hold of the lock. A CLOCK record goes
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
   // clock keeps its offset: exact for this boot still, only further from the wall clock.
-  Clocks clocks();
+  Clocks clocks() REQUIRES(idx);
 
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
@@ -243,17 +259,23 @@ struct Queue::Impl {
   // compaction copy writes `bytes` of records that would eat into that room, more spares
   // are preallocated; when the disk cannot give one, the write fails with kNoSpace and the
   // room stays for the drain. (Nacks, extends and expiries are not reserved for.)
-  // How many spares short of that room the queue is. Lock held.
-  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes);
+  // How many spares short of that room the queue is.
+  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes) REQUIRES(idx);
   // spares_short(): no number of spares would do, the log has used every segment number.
   static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
-  // Makes `n` spares. Without the lock (a send's: each spare is a large fallocate and two
-  // syncs, which nothing under the index lock may wait for), each is counted under a short
-  // lock of its own once it is on disk; with `locked` (compaction's copies), under the lock
-  // the caller holds.
-  Status make_spares(uint64_t n, bool locked);
-  // Lock held.
-  Status ensure_room(uint64_t new_msgs, uint64_t bytes) { return make_spares(spares_short(new_msgs, bytes), true); }
+  // Makes `n` spares without the lock (a send's: each spare is a large fallocate and two
+  // syncs, which nothing under the index lock may wait for); each is counted under a short
+  // lock of its own once it is on disk.
+  Status make_spares(uint64_t n);
+  // make_spares() under the lock the caller holds (compaction's copies).
+  Status make_spares_held(uint64_t n) REQUIRES(idx);
+  Status ensure_room(uint64_t new_msgs, uint64_t bytes) REQUIRES(idx) {
+    return make_spares_held(spares_short(new_msgs, bytes));
+  }
+  // make_spares(): the error for kNoSegmentNumbers, and for a spare the disk refused
+  // (naming the queued messages the room is kept for).
+  Status no_segment_numbers() const;
+  Status spare_refused(const Status& why) REQUIRES(idx);
 
   // `n` messages just became receivable: wake as many long-pollers, not all of them (a
   // thundering herd cost ~2 context switches per waiter per message). A woken waiter that
@@ -265,23 +287,22 @@ struct Queue::Impl {
   void room();
 
   // Why a send of `n` messages / `bytes` payload bytes does not fit now; "" if it does.
-  // Lock held.
-  std::string full_reason(uint64_t n, uint64_t bytes);
+  std::string full_reason(uint64_t n, uint64_t bytes) REQUIRES(idx);
 
   // ---- lease owners (instant release on death) ------------------------------------------
 
   Status open_owners();
 
-  // Claims an owner slot for this Queue (lock held): a free one, or one whose owner died
-  // (its leftover leases are released first).
-  Status claim_owner_slot();
+  // Claims an owner slot for this Queue: a free one, or one whose owner died (its leftover
+  // leases are released first).
+  Status claim_owner_slot() REQUIRES(idx);
 
-  // Returns the leases bound to the owner slots `ks` to ready now and frees the slots (lock
-  // held). Leases that already ran out only lose their tag.
-  void release_owned(std::span<const uint32_t> ks);
+  // Returns the leases bound to the owner slots `ks` to ready now and frees the slots.
+  // Leases that already ran out only lose their tag.
+  void release_owned(std::span<const uint32_t> ks) REQUIRES(idx);
 
-  // Lock held: every kReapIntervalNs, release the leases of binders that died.
-  void reap_dead_owners();
+  // Every kReapIntervalNs, release the leases of binders that died.
+  void reap_dead_owners() REQUIRES(idx);
 
   // A Queue closed by its process releases its bound leases like a death would.
   void release_own_slot();
@@ -297,7 +318,8 @@ struct Queue::Impl {
   // The message in `slot`, its payload copied, or with `mapped` left in the segment.
   // `now`: the clocks of the caller's lock hold (read here if null); *age_ns: how long ago
   // the message was sent, on the boot clock.
-  Result<Message> load(uint32_t slot, Mapped* mapped = nullptr, const Clocks* now = nullptr, uint64_t* age_ns = nullptr);
+  Result<Message> load(uint32_t slot, Mapped* mapped = nullptr, const Clocks* now = nullptr, uint64_t* age_ns = nullptr)
+      REQUIRES(idx);
 
   // Compaction (compact.cc): every sealed segment with `everything`, else by policy;
   // waits for a running compaction with `wait`, else returns at once.
@@ -309,37 +331,38 @@ struct Queue::Impl {
   void stop_compactor();
   std::atomic<uint64_t> seen_seq{0};
   std::atomic<bool> seen_seq_initialised{false};
-  std::thread compactor;
-  std::mutex compact_mu;
-  std::condition_variable compact_cv;
-  bool compact_wanted = false;    // guarded by compact_mu
-  bool compact_stopping = false;  // guarded by compact_mu
-  uint64_t forgotten_through = 0;  // segments <= this dropped from the log's cache
+  sys::Mutex compact_mu;
+  std::thread compactor GUARDED_BY(compact_mu);
+  std::condition_variable_any compact_cv;
+  bool compact_wanted GUARDED_BY(compact_mu) = false;
+  bool compact_stopping GUARDED_BY(compact_mu) = false;
+  uint64_t forgotten_through GUARDED_BY(idx) = 0;  // segments <= this dropped from the log's cache
 
-  // Takes the receivable message in `slot` (lock held). A message past max_receives goes to
+  // Takes the receivable message in `slot`. A message past max_receives goes to
   // the dead-letter queue (nullopt); one whose record cannot be read is kCorrupt (the index
   // is rebuilt before the unlock); otherwise it is leased in the index and returned, and
   // the caller logs the lease with log_leases().
   Result<std::optional<Message>> take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end,
-                                      Mapped* mapped = nullptr);
+                                      Mapped* mapped = nullptr) REQUIRES(idx);
 
   // Moves the message in `slot`, read as `msg` (its payload in `body`), to the dead-letter
-  // queue (lock held): sent there with its attributes, `extra` and its spool.dead.*
+  // queue: sent there with its attributes, `extra` and its spool.dead.*
   // history (docs/semantics.md), then a DEAD record here. `reason` is "max_receives" or "consumer"; `extra` are
   // attributes a consumer adds (dead_letter()).
   Status bury(uint32_t slot, Message& msg, std::string_view body, const char* reason, const Attributes& extra,
-              const Clocks& now);
+              const Clocks& now) REQUIRES(idx);
 
   // Drops the message in `slot` for a retention limit: an ACK record flagged EXPIRED, so
-  // the drop is durable and counted apart from consumer acks (lock held).
-  Status expire(uint32_t slot);
+  // the drop is durable and counted apart from consumer acks.
+  Status expire(uint32_t slot) REQUIRES(idx);
 
-  // Logs the leases of messages just taken (lock held), in one append. If it fails the
+  // Logs the leases of messages just taken, in one append. If it fails the
   // index is rebuilt from the log, which undoes the leases. *end is the log end to honour
   // the sync policy for.
-  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end);
+  Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end)
+      REQUIRES(idx);
 
-  Result<Queue*> dead_letters();
+  Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
 };
 
 }  // namespace spool

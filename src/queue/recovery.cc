@@ -12,7 +12,7 @@ Queue::Impl::~Impl() {
   stop_compactor();
   if (flusher.joinable()) {
     {
-      std::lock_guard lock(flush_mu);
+      sys::MutexLock lock(flush_mu);
       stopping = true;
     }
     flush_cv.notify_all();
@@ -33,7 +33,10 @@ auto Queue::Impl::seal_if_last() -> void {
   if (::flock(gate_fd, LOCK_EX) != 0) return;
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
     auto held = lock();
-    if (held.ok()) idx.seal();
+    if (held.ok()) {
+      holds(*held);
+      idx.seal();
+    }
   }
   ::flock(gate_fd, LOCK_UN);
 }
@@ -50,6 +53,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     case sys::RobustMutex::LockResult::kOk:
       break;
     case sys::RobustMutex::LockResult::kOwnerDied: {
+      idx.assert_held();
       spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
       // It may have died creating a segment or a spare (both happen under this lock
       // only): its temp file would stay until the next first opener, which a queue with
@@ -70,6 +74,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     case sys::RobustMutex::LockResult::kBusy:
       return Status(Code::kIo, dir + ": cannot lock the index");
   }
+  idx.assert_held();  // kOk or kOwnerDied: every other case returned
   Locked held(this);
   // Every value the index gives is checked before it is used (SharedIndex, "Damage"):
   // the header here, the rest at each use.
@@ -79,6 +84,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     idx.damaged(bad);
   }
   if (!idx.damage().empty()) {
+    held.repaired_ = idx.damage();
     if (Status s = repair_damage(); !s.ok()) return s;
   }
   if (idx.hdr().compacted_through > forgotten_through) {
@@ -94,9 +100,18 @@ auto Queue::Impl::lock() -> Result<Locked> {
   return held;
 }
 
+Queue::Impl::Locked::~Locked() {
+  if (impl_ == nullptr) return;
+  // A use found a damaged value in the index (and did not follow it): rebuild it from
+  // the log before anyone else sees it (SharedIndex, "Damage").
+  if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
+  impl_->idx.hdr().mu.unlock();
+}
+
 auto Queue::Impl::lock_to_change() -> Result<Locked> {
   auto held = lock();
   if (!held.ok()) return held;
+  holds(*held);
   reap_dead_owners();
   // Here, where nobody holds a slot yet. On an error the region stays as it was.
   (void)idx.shrink();
@@ -106,7 +121,6 @@ auto Queue::Impl::lock_to_change() -> Result<Locked> {
 auto Queue::Impl::repair_damage() -> Status {
   const std::string why = idx.damage();
   spool::log().error("spool: {}/index is damaged ({}); rebuilding it from the log", dir, why);
-  last_repair = why;
   idx.clear_damage();
   Status s = rebuild();
   if (s.ok() && !idx.damage().empty()) s = Status(Code::kCorrupt, idx.damage());
@@ -167,7 +181,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
     unconfirmed_copies.erase(it);
   };
   Status failed;
-  auto rec = log->recover([&](Pos pos, const storage::RecordView& r) {
+  auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
     if (r.type == RecordType::kClock) return clock.clock_record(pos.pack(), r);
     if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);

@@ -43,13 +43,14 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
 
   index::SharedIndex truth;
   if (Status s = truth.attach("", true, true); !s.ok()) return s;
-  q.last_repair.clear();
+  truth.assert_held();  // private (anonymous)
   auto held = q.lock();
   if (!held.ok()) return held.status();
-  if (!q.last_repair.empty()) {
+  q.holds(*held);
+  if (const std::string& why = held->repaired(); !why.empty()) {
     // The lock found the index damaged and rebuilt it already (SharedIndex, "Damage").
-    rep.problems.push_back("index: damaged (" + q.last_repair + "); rebuilt from the log when verify took the lock");
-    rep.repairs.push_back("rebuilt the shared index from the log: it was damaged (" + q.last_repair + ")");
+    rep.problems.push_back("index: damaged (" + why + "); rebuilt from the log when verify took the lock");
+    rep.repairs.push_back("rebuilt the shared index from the log: it was damaged (" + why + ")");
   }
   if (Status s = q.replay(truth); !s.ok()) return s;
   if (progress) progress(seqs->size() + 1, seqs->size() + 1);

@@ -74,28 +74,37 @@ auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes) -> uint64_t {
   return short_by > numbers_left - usable ? kNoSegmentNumbers : short_by;
 }
 
-auto Queue::Impl::make_spares(uint64_t n, bool locked) -> Status {
-  if (n == kNoSegmentNumbers) {
-    return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
-                                      std::to_string(storage::kMaxSegmentSeq) +
-                                      "); the room left is kept so that the queued messages can still be received "
-                                      "and acked. Drain the queue into a new one (a larger segment_size makes the "
-                                      "limit further away)");
-  }
+auto Queue::Impl::no_segment_numbers() const -> Status {
+  return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
+                                    std::to_string(storage::kMaxSegmentSeq) +
+                                    "); the room left is kept so that the queued messages can still be received "
+                                    "and acked. Drain the queue into a new one (a larger segment_size makes the "
+                                    "limit further away)");
+}
+
+auto Queue::Impl::spare_refused(const Status& why) -> Status {
+  return Status(why.code(), why.message() + "; the space left is kept so that the " + std::to_string(idx.hdr().count) +
+                                " queued messages can still be received and acked");
+}
+
+auto Queue::Impl::make_spares(uint64_t n) -> Status {
+  if (n == kNoSegmentNumbers) return no_segment_numbers();
   for (; n > 0; --n) {
-    if (Status s = log->make_spare(); !s.ok()) {
-      std::optional<Result<Locked>> held;
-      if (!locked) held.emplace(lock());  // the count is read under the lock
-      return Status(s.code(), s.message() + "; the space left is kept so that the " +
-                                  std::to_string(idx.hdr().count) + " queued messages can still be received and acked");
-    }
-    if (locked) {
-      ++idx.hdr().spares;
-    } else {
-      auto held = lock();
-      if (!held.ok()) return held.status();
-      ++idx.hdr().spares;
-    }
+    Status made = log->make_spare();
+    auto held = lock();  // the count is read and changed under the lock
+    if (!held.ok()) return made.ok() ? held.status() : made;
+    holds(*held);
+    if (!made.ok()) return spare_refused(made);
+    ++idx.hdr().spares;
+  }
+  return {};
+}
+
+auto Queue::Impl::make_spares_held(uint64_t n) -> Status {
+  if (n == kNoSegmentNumbers) return no_segment_numbers();
+  for (; n > 0; --n) {
+    if (Status s = log->make_spare(); !s.ok()) return spare_refused(s);
+    ++idx.hdr().spares;
   }
   return {};
 }
