@@ -57,12 +57,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::mutex out_mu;
-  auto last = steady_clock::now();
-  while (steady_clock::now() - last < seconds(idle_exit_s)) {
+  auto last_batch = steady_clock::now();
+  while (steady_clock::now() - last_batch < seconds(idle_exit_s)) {
     const auto before = spool::LeaseManager::Clock::now();
     auto batch = (*q)->receive(static_cast<size_t>(threads) * 4, spool::Millis{0}, spool::Millis{500});
     if (!batch.ok() || batch->empty()) continue;  // nothing within the long poll
-    last = steady_clock::now();
+    last_batch = steady_clock::now();
     const auto lease_end = before + (*q)->options().visibility;
     std::vector<spool::Message> mine;
     for (auto& m : *batch) {
