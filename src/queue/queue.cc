@@ -174,7 +174,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
-    if (Status s = impl->idx.attach("", true, true, 0600, impl->io); !s.ok()) return s;
+    if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
     auto held = impl->lock_to_change();
     if (!held.ok()) return held.status();
     impl->holds(*held);
