@@ -272,7 +272,7 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
     std::string park_a = d / "park-a";
     std::string park_b = d / "park-b";
     pid_t a = spawn([&] {
-      ::setenv("SPOOL_TEST_PARK_IN_LOCK", park_a.c_str(), 1);
+      ::setenv("SPOOL_TEST_PARK_IN_EVERY_LOCK", park_a.c_str(), 1);
       auto q = Queue::open(p.dir, faulty());
       if (!q.ok()) return 1;
       auto r = (*q)->compact();
@@ -327,8 +327,18 @@ TEST(LockHolderDeath, RepairAtEveryStepOfACompactionLosesNothing) {
       std::this_thread::sleep_for(1ms);
     }
     if (!ok) {
-      ::unlink(park_b.c_str());
-      wait_exit(b);
+      // b may take the lock only now, after the compactor finished, and park there: keep
+      // releasing it until it exits.
+      int rc_b = -1;
+      for (auto b_end = std::chrono::steady_clock::now() + 20s;
+           rc_b < 0 && std::chrono::steady_clock::now() < b_end;) {
+        ::unlink(park_b.c_str());
+        int st = 0;
+        if (::waitpid(b, &st, WNOHANG) == b) rc_b = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        else std::this_thread::sleep_for(1ms);
+      }
+      if (rc_b < 0) rc_b = test::wait_exit_for(b, 1s);
+      EXPECT_EQ(rc_b, 0) << "the sender that never got the lock in time";
     }
     EXPECT_EQ(rc_a, 0) << "the compaction failed";
     Queue& q = *p.q;

@@ -168,7 +168,9 @@ lease_manager_example() {
   "$ROOT/producer" "$q" 40 task || return 1
   # Tasks of 1.5 s on leases of 1 s, two workers: the managers renew, so each message is
   # processed once, by one of them.
-  "$ROOT/lease_manager" "$q" --threads 8 --work-ms 1500 --idle-exit 3 >"$out" & local w1=$!
+  # Both append: a worker writing from offset 0 (">") would overwrite the other's lines.
+  : >"$out"
+  "$ROOT/lease_manager" "$q" --threads 8 --work-ms 1500 --idle-exit 3 >>"$out" & local w1=$!
   "$ROOT/lease_manager" "$q" --threads 8 --work-ms 1500 --idle-exit 3 >>"$out" & local w2=$!
   wait $w1 || return 1
   wait $w2 || return 1

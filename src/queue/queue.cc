@@ -169,6 +169,10 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   if (kTestHooks) {
     if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
+    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_EVERY_LOCK")) {
+      impl->park_path = park;
+      impl->park_every = true;
+    }
     if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
   }
 

@@ -90,7 +90,10 @@ struct Queue::Impl {
   pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
   // Test hooks (crash tests): park inside the critical section, right after taking the
   // lock or right after a send's log append, until the named file is removed.
-  std::string park_path;          // SPOOL_TEST_PARK_IN_LOCK (the first lock() after it is set)
+  // SPOOL_TEST_PARK_IN_LOCK parks in the first lock() after open only (a send may lock more
+  // than once); SPOOL_TEST_PARK_IN_EVERY_LOCK in each, to stop a compaction at every step.
+  std::string park_path;
+  bool park_every = false;
   bool parked GUARDED_BY(idx) = false;
   std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 

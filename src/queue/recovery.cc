@@ -92,8 +92,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     forgotten_through = idx.hdr().compacted_through;
     log->forget_below(forgotten_through + 1);
   }
-  // Once: a send may lock more than once (spares are made between two locks).
-  if (!park_path.empty() && !parked) {
+  if (!park_path.empty() && (park_every || !parked)) {
     parked = true;
     spool::park(park_path);
   }
