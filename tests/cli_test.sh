@@ -1165,6 +1165,57 @@ t_work_verbose_and_dead_letter_warning() {
   eq "dead" "$(stat_of dead q)" 1
 }
 
+# dlq_attr KEY: attribute KEY of the first dead letter `spool dlq q list --json` printed
+# to $D/out, exactly (empty if it has none; "BASE64:..." if it is not UTF-8).
+dlq_attr() {
+  python3 -c 'import json, sys
+d = json.loads(open(sys.argv[1]).readline())
+v = d["attributes"].get(sys.argv[2])
+b = d.get("attributes_base64", {}).get(sys.argv[2])
+sys.stdout.write(v if v is not None else "BASE64:" + b if b is not None else "")' "$D/out" "$1"
+}
+
+# A dead letter from spool work carries the tail of the last run's stderr, which still
+# reaches spool work's stderr whole.
+t_work_dead_letter_keeps_stderr_tail() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  "$SPOOL" send q many >/dev/null || fail "send"
+  # shellcheck disable=SC2016
+  timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- \
+    sh -c 'i=1; while [ $i -le 200 ]; do echo "line $i of the output" >&2; i=$((i + 1)); done; exit 3' \
+    >"$D/out" 2>"$D/err"
+  eq "exit code" "$?" 0
+  eq "lines of the command on spool work's stderr" "$(grep -c '^line [0-9]* of the output$' "$D/err")" 200
+  eq "first and last" "$(grep -m1 '^line' "$D/err") / $(grep '^line' "$D/err" | tail -n 1)" \
+    "line 1 of the output / line 200 of the output"
+  expect 0 "$SPOOL" dlq q list --json
+  eq "exit status" "$(jget spool.work.exit_status)" 3
+  local tail
+  tail=$(dlq_attr spool.work.stderr)
+  [[ $tail == *$'line 199 of the output\nline 200 of the output' ]] || fail "the tail lacks the last lines: '$tail'"
+  [[ $tail == *"line 1 of the output"* ]] && fail "the tail holds the first line: '$tail'"
+  ((${#tail} > 400 && ${#tail} <= 512)) || fail "tail of ${#tail} bytes, want the last 512 (less its cut line)"
+  # A tail that cuts a two-byte character in two starts after it: UTF-8 output stays UTF-8
+  # (602 bytes: 'a', 300 times U+00E9, 'b'; the last 512 start with the second half of one).
+  "$SPOOL" dlq q purge --yes 2>/dev/null || fail "purge"
+  "$SPOOL" send q utf8 >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- \
+    sh -c 'printf a >&2; i=0; while [ $i -lt 300 ]; do printf "\303\251" >&2; i=$((i + 1)); done; printf b >&2; exit 1' \
+    2>/dev/null
+  expect 0 "$SPOOL" dlq q list --json
+  local want
+  want="$(printf '\303\251%.0s' $(seq 255))b"
+  eq "a tail cut inside a character" "$(dlq_attr spool.work.stderr)" "$want"
+  # Nothing on stderr: no such attribute.
+  "$SPOOL" dlq q purge --yes 2>/dev/null || fail "purge"
+  "$SPOOL" send q quiet >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- false 2>/dev/null
+  expect 0 "$SPOOL" dlq q list --json
+  eq "failure" "$(jget spool.work.failure)" "command exited with status 1"
+  grep -q spool.work.stderr "$D/out" && fail "an empty stderr became an attribute: $(cat "$D/out")"
+  return 0
+}
+
 t_work_sigterm_waits_for_commands() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q job >/dev/null || fail "send"
@@ -1590,6 +1641,7 @@ TESTS=(
   t_work_until_empty_exits_once_drained
   t_work_max_messages
   t_work_verbose_and_dead_letter_warning
+  t_work_dead_letter_keeps_stderr_tail
   t_work_sigkill_stops_grandchildren
   t_work_sigterm_waits_for_commands
   t_work_ctrl_c_lets_commands_finish

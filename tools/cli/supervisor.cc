@@ -81,7 +81,7 @@ void sweep(pid_t group, const char* path) {
 }
 
 [[noreturn]] void supervise(const char* exe, char* const* argv, char* const* envp, int stdin_fd,
-                            int status_fd, pid_t parent) {
+                            int stderr_fd, int status_fd, pid_t parent) {
   // Signals arrive through sigtimedwait only; the command gets an empty mask back.
   sigset_t all, none, wanted;
   ::sigfillset(&all);
@@ -99,10 +99,13 @@ void sweep(pid_t group, const char* path) {
   // spool work's group does not reach the supervisor, which must outlive spool work.
   ::setpgid(0, 0);
 
-  // Keep 0 (the payload), 1, 2 and the status pipe; close everything else spool work has
-  // open (queue files, other commands' pipes: a payload pipe held open here would keep
-  // another command from ever seeing the end of its stdin).
+  // Keep 0 (the payload), 1, 2 (the stderr pipe) and the status pipe; close everything
+  // else spool work has open (queue files, other commands' pipes: a payload pipe held open
+  // here would keep another command from ever seeing the end of its stdin). The pipes are
+  // above 2 (spool work's 0-2 are open), so neither dup2 overwrites the other's source,
+  // and both are done before the status pipe may take the number 3 from one of them.
   ::dup2(stdin_fd, 0);
+  ::dup2(stderr_fd, 2);
   if (status_fd != kStatusFd) ::dup3(status_fd, kStatusFd, O_CLOEXEC);
   if (::close_range(kStatusFd + 1, ~0U, 0) != 0) {
     for (int fd = kStatusFd + 1; fd < 65536; ++fd) ::close(fd);
@@ -162,13 +165,14 @@ void sweep(pid_t group, const char* path) {
 
 }  // namespace
 
-Supervised start_supervised(const std::string& exe, char* const* argv, char* const* envp, int stdin_fd) {
+Supervised start_supervised(const std::string& exe, char* const* argv, char* const* envp, int stdin_fd,
+                            int stderr_fd) {
   Supervised s;
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return s;
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
-  if (pid == 0) supervise(exe.c_str(), argv, envp, stdin_fd, fds[1], parent);
+  if (pid == 0) supervise(exe.c_str(), argv, envp, stdin_fd, stderr_fd, fds[1], parent);
   int saved = errno;
   ::close(fds[1]);
   if (pid < 0) {

@@ -26,12 +26,16 @@ struct Supervised {
 };
 
 // Starts the supervisor, which runs `exe` with `argv` and `envp` (each ends with nullptr),
-// `stdin_fd` as its standard input, and descriptors 1 and 2 of this process. Only
+// `stdin_fd` as its standard input, `stderr_fd` as its standard error, and descriptor 1 of
+// this process as its standard output. Only
 // async-signal-safe calls run between fork and execve, so it may be called from any thread
 // of a multi-threaded process; the calling thread must outlive the supervisor (its exit is
 // the parent-death signal). Returns pid -1 with errno set if fork fails. The caller closes
-// its copy of `stdin_fd`, waits for `pid` and reads `status_fd` (then closes it).
-Supervised start_supervised(const std::string& exe, char* const* argv, char* const* envp, int stdin_fd);
+// its copies of `stdin_fd` and `stderr_fd`, waits for `pid` and reads `status_fd` (then
+// closes it). The supervisor holds `stderr_fd` until it exits, after what the command left
+// is gone: a pipe there reaches end of file only then.
+Supervised start_supervised(const std::string& exe, char* const* argv, char* const* envp, int stdin_fd,
+                            int stderr_fd);
 
 // CMD's wait status from `s` once the supervisor has exited (closes status_fd); false if the
 // supervisor ended without reporting one (it was killed).

@@ -22,6 +22,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/stderr_tee.h"
 #include "cli/supervisor.h"
 #include "spool/lease_keeper.h"
 
@@ -76,6 +77,11 @@ std::string absolute(const std::string& dir) {
   char real[PATH_MAX];
   return ::realpath(dir.c_str(), real) != nullptr ? std::string(real) : dir;
 }
+
+// How much of the last run's stderr a dead letter keeps (spool.work.stderr): a quarter of
+// the 4096 bytes all of a message's attributes may take, so it leaves room for the
+// message's own and its history.
+constexpr size_t kStderrTail = 512;
 
 Millis backoff(uint32_t receive_count) {
   // 1 s, 2 s, 4 s, ... capped at 10 minutes.
@@ -168,9 +174,9 @@ class Runner {
     ko.interval = std::max(Millis(10), vis_ / 3);
     ko.max_lifetime = opts_.max_runtime ? *opts_.max_runtime + vis_ : Millis(24ll * 3600 * 1000);
     LeaseKeeper keeper(q_, m.receipt, ko);
-    std::string why;
+    std::string why, err_tail;
     auto start = std::chrono::steady_clock::now();
-    int status = execute(m, &why);
+    int status = execute(m, &why, &err_tail);
     double took = seconds_since(start);
     keeper.stop();
     if (status == 0) {
@@ -184,15 +190,17 @@ class Runner {
       return;
     }
     // This was the last delivery max_receives allows: the message goes to the dead-letter
-    // queue now, with the command's exit status and failure beside its history.
+    // queue now, with the command's exit status, failure and the tail of its stderr beside
+    // its history.
     const uint32_t max_receives = q_.options().max_receives;
     const bool last = max_receives > 0 && m.receive_count >= max_receives;
     if (last) {
       wlog().warn("message {}: {} after {:.3f}s; that was delivery {} of max_receives {}: it goes to the "
                   "dead-letter queue (spool dlq {} list)",
                   m.id, why, took, m.receive_count, max_receives, q_.dir());
-      Status s = q_.dead_letter(m.receipt, {{"spool.work.exit_status", std::to_string(status)},
-                                            {"spool.work.failure", why.substr(0, 1024)}});
+      Attributes extra{{"spool.work.exit_status", std::to_string(status)}, {"spool.work.failure", why.substr(0, 1024)}};
+      if (!err_tail.empty()) extra["spool.work.stderr"] = err_tail;
+      Status s = q_.dead_letter(m.receipt, extra);
       if (s.ok()) return;
       // A nack instead: the next receive moves it to the dead-letter queue without them.
       wlog().warn("message {}: dead-lettering failed: {}", m.id, s.to_string());
@@ -203,8 +211,9 @@ class Runner {
     if (!s.ok()) wlog().warn("message {}: nack failed: {}", m.id, s.to_string());
   }
 
-  // Runs the command for `m`; its exit status (0 = success) and, if not 0, why.
-  int execute(const Message& m, std::string* why) {
+  // Runs the command for `m`; its exit status (0 = success) and, if not 0, why. The
+  // command's stderr passes through to ours; its last kStderrTail bytes go to `err_tail`.
+  int execute(const Message& m, std::string* why, std::string* err_tail) {
     std::vector<std::string> env_store;
     for (char** e = environ; *e != nullptr; ++e) {
       if (std::strncmp(*e, "SPOOL_MESSAGE_ID=", 17) && std::strncmp(*e, "SPOOL_RECEIVE_COUNT=", 20) &&
@@ -222,18 +231,27 @@ class Runner {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
 
-    int fds[2];
+    int fds[2], err[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
       *why = std::string("pipe: ") + std::strerror(errno);
       return -1;
     }
-    Supervised sup = start_supervised(exe_, argv.data(), envp.data(), fds[0]);
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      *why = std::string("pipe: ") + std::strerror(errno);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return -1;
+    }
+    Supervised sup = start_supervised(exe_, argv.data(), envp.data(), fds[0], err[1]);
     ::close(fds[0]);
+    ::close(err[1]);
     if (sup.pid < 0) {
       ::close(fds[1]);
+      ::close(err[0]);
       *why = std::string("fork: ") + std::strerror(errno);
       return -1;
     }
+    StderrTee tee(err[0], STDERR_FILENO, kStderrTail);
     pid_t pid = sup.pid;
     // The payload goes in from its own thread, so a command that never reads stdin cannot
     // block the deadline checks below; it ends with EPIPE once the command exits.
@@ -261,6 +279,7 @@ class Runner {
         *why = std::string("waitpid: ") + std::strerror(errno);
         ::close(sup.status_fd);
         writer.join();
+        *err_tail = tee.finish(false);
         return -1;
       }
       auto now = std::chrono::steady_clock::now();
@@ -285,8 +304,11 @@ class Runner {
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !supervised_status(sup, &st)) {
       if (sup.status_fd >= 0) ::close(sup.status_fd);
       *why = "the command's supervisor ended without its status";
+      // Killed, it did not sweep: what the command started may still hold the pipe.
+      *err_tail = tee.finish(false);
       return -1;
     }
+    *err_tail = tee.finish(true);
     if (term_sent) {
       *why = stopped_why;
       return -1;

@@ -49,7 +49,8 @@ Command add_work(CLI::App& app) {
   work->add_flag("-v,--verbose", a->verbose, "Log each message's outcome and duration");
   work->add_option("CMD", a->command, "Command and arguments, after --")->required();
   work->footer("CMD gets SPOOL_QUEUE, SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
-               "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m).\n"
+               "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m). CMD's stderr\n"
+               "passes through; a dead letter keeps its last 512 bytes (spool.work.stderr).\n"
                "SIGTERM/SIGINT: stop taking messages, wait for running commands; a second signal\n"
                "stops them too (SIGTERM, SIGKILL 5s later) and nacks their messages.\n"
                "Example: spool work /var/spool/jobs -j 4 -- sh -c 'convert - out/$SPOOL_MESSAGE_ID.png'");
