@@ -1165,6 +1165,66 @@ t_work_verbose_and_dead_letter_warning() {
   eq "dead" "$(stat_of dead q)" 1
 }
 
+# most_at_once FILE: the most commands running at once, from the "+" (start) and "-" (end)
+# lines they appended to FILE.
+most_at_once() { awk '{ n += ($1 == "+") ? 1 : -1; if (n > m) m = n } END { print m + 0 }' "$1"; }
+# targets FILE: the targets `spool work -v --autoscale` logged in FILE, in order.
+targets() { sed -n 's/^spool work: autoscale: target \([0-9]*\) (.*/\1/p' "$1"; }
+
+# --autoscale runs as many commands as the ready backlog needs to wait at most --latency,
+# between 1 and -j: more while the backlog is large, fewer as it drains, one for a small one.
+t_work_autoscale() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  seq 1 80 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  : >runs
+  # A command handles about 8 messages/s: 80 want more than 8 for a 500 ms latency, at first.
+  bg "$SPOOL" work q --autoscale --latency 500ms -j 8 -v -- sh -c 'echo + >> runs; sleep 0.1; echo - >> runs' \
+    2>"$D/work.err"
+  local pid=$BGPID
+  # Drained, and the target back at 1 after rising.
+  shrunk() {
+    [[ $(stat_of ready q) == 0 && $(targets "$D/work.err" | tail -n 1) == 1 ]] &&
+      (($(targets "$D/work.err" | sort -n | tail -n 1) > 1))
+  }
+  POLL=0.3 wait_for 20 shrunk
+  stop_work "$pid" TERM
+  eq "acked_total" "$(stat_of acked_total q)" 80
+  local most peak
+  most=$(most_at_once runs)
+  peak=$(targets "$D/work.err" | sort -n | tail -n 1)
+  ((most > 1 && most <= 8)) || fail "at most $most commands at once, want 2 to 8: $(cat "$D/work.err")"
+  ((peak > 1 && peak <= 8)) || fail "peak target $peak, want 2 to 8: $(cat "$D/work.err")"
+  eq "first target (nothing measured yet)" "$(targets "$D/work.err" | head -n 1)" 1
+  grep -qE '^spool work: autoscale: target [0-9]+ \(ready [0-9]+, [0-9.]+ messages/s per command, --latency 0\.5s\)$' \
+    "$D/work.err" || fail "no target line with a measured rate: $(cat "$D/work.err")"
+  # A small backlog: 4 messages at a given 5/s per command fit one command's second.
+  seq 1 4 | "$SPOOL" send q --lines >/dev/null || fail "send"
+  : >runs
+  timeout 20 "$SPOOL" work q --autoscale --latency 1s --rate 5 -j 8 -v --until-empty --grace 200ms -- \
+    sh -c 'echo + >> runs; sleep 0.2; echo - >> runs' 2>"$D/err"
+  eq "exit code" "$?" 0
+  eq "runs" "$(grep -c + runs)" 4
+  eq "most at once for a small backlog" "$(most_at_once runs)" 1
+  eq "targets for a small backlog" "$(targets "$D/err" | sort -u)" 1
+  # Usage errors: one line each, exit 64.
+  local args
+  for args in "--autoscale -j 4" "--autoscale --latency 0 -j 4" "--autoscale --latency 1s" \
+    "--autoscale --latency 1s -j 1" "--autoscale --latency 1s -j 4 --rate 0" "--autoscale --latency 1s -j 4 --rate x" \
+    "--latency 1s -j 4" "--rate 2 -j 4"; do
+    # shellcheck disable=SC2086
+    expect 64 "$SPOOL" work q $args -- true
+    one_line_err
+  done
+  expect 64 "$SPOOL" work q --autoscale -j 4 -- true
+  err_has "--autoscale needs --latency"
+  expect 64 "$SPOOL" work q --autoscale --latency 1s -j 4 --rate -2 -- true
+  err_has "bad rate '-2' for --rate"
+  expect 64 "$SPOOL" work q --autoscale --latency 1s -- true
+  err_has "--autoscale needs -j MAX"
+  expect 64 "$SPOOL" work q --rate 2 -- true
+  err_has "--rate goes with --autoscale"
+}
+
 # dlq_attr KEY: attribute KEY of the first dead letter `spool dlq q list --json` printed
 # to $D/out, exactly (empty if it has none; "BASE64:..." if it is not UTF-8).
 dlq_attr() {
@@ -1642,6 +1702,7 @@ TESTS=(
   t_work_max_messages
   t_work_verbose_and_dead_letter_warning
   t_work_dead_letter_keeps_stderr_tail
+  t_work_autoscale
   t_work_sigkill_stops_grandchildren
   t_work_sigterm_waits_for_commands
   t_work_ctrl_c_lets_commands_finish

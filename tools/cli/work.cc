@@ -93,7 +93,9 @@ class Runner {
  public:
   Runner(Queue& q, const WorkOptions& o, std::string exe)
       : q_(q), opts_(o), exe_(std::move(exe)),
-        vis_(o.visibility.count() > 0 ? o.visibility : q.options().visibility), queue_path_(absolute(q.dir())) {}
+        vis_(o.visibility.count() > 0 ? o.visibility : q.options().visibility), queue_path_(absolute(q.dir())) {
+    if (o.autoscale) scaler_.emplace(*o.autoscale);
+  }
 
   int run() {
     // A SIGKILLed `spool work` gives its messages back at once, not after the lease.
@@ -105,17 +107,21 @@ class Runner {
     // late by a whole long poll.
     const Millis wait = opts_.until_empty ? std::clamp(opts_.grace, Millis(10), Millis(500)) : Millis(500);
     uint64_t taken = 0;
+    std::thread scaler;
+    if (scaler_) scaler = std::thread([this] { scale(); });
     while (!g_stop) {
+      size_t cap;
       {
         std::unique_lock lock(mu_);
-        cv_.wait_for(lock, Millis(200), [&] { return running_ < opts_.jobs || g_stop; });
-        if (running_ >= opts_.jobs || g_stop) continue;
+        cv_.wait_for(lock, Millis(200), [&] { return running_ < limit() || g_stop; });
+        cap = limit();
+        if (running_ >= cap || g_stop) continue;
       }
       if (opts_.max_messages && taken >= *opts_.max_messages) {
         wlog().info("took --max-messages {} messages; finishing", *opts_.max_messages);
         break;
       }
-      size_t free = opts_.jobs - running_.load();
+      size_t free = cap - running_.load();  // running_ only falls meanwhile
       if (opts_.max_messages) free = static_cast<size_t>(std::min<uint64_t>(free, *opts_.max_messages - taken));
       auto msgs = q_.receive(free, vis_, wait);
       if (!msgs.ok()) {
@@ -149,10 +155,52 @@ class Runner {
       wlog().warn("stopping; waiting for {} running command(s) (signal again to stop them)", running_.load());
     }
     reap(true);
+    if (scaler.joinable()) {
+      {
+        std::lock_guard lock(mu_);
+        scaler_stop_ = true;
+      }
+      cv_.notify_all();
+      scaler.join();
+    }
     return failed_ ? 1 : 0;
   }
 
  private:
+  // Commands started at most at once now: the autoscaler's target, or -j.
+  size_t limit() const { return scaler_ ? scaler_->target() : opts_.jobs; }
+
+  // --autoscale: evaluates the target every period (the first at once) and logs each change.
+  void scale() {
+    const double latency_s = std::chrono::duration<double>(opts_.autoscale->latency).count();
+    size_t logged = 0;
+    bool warned = false;
+    std::unique_lock lock(mu_);
+    while (!scaler_stop_) {
+      lock.unlock();
+      if (auto st = q_.stats(); st.ok()) {
+        auto d = scaler_->evaluate(st->ready, std::chrono::steady_clock::now());
+        if (d.target != logged) {
+          const std::string per =
+              (d.rate >= 100 ? fmt::format("{:.0f}", d.rate) : fmt::format("{:.3g}", d.rate)) + " messages/s per command";
+          const std::string rate = d.rate <= 0     ? "rate not measured yet"
+                                   : d.rate_bound ? "at most " + per + " (none has finished yet)"
+                                                  : per;
+          wlog().info("autoscale: target {} (ready {}, {}, --latency {:.3g}s)", d.target, st->ready, rate,
+                      latency_s);
+          logged = d.target;
+        }
+        warned = false;
+      } else if (!warned) {
+        wlog().warn("autoscale: stats failed ({}); the target stays {}", st.status().to_string(), scaler_->target());
+        warned = true;
+      }
+      lock.lock();
+      cv_.notify_all();  // a higher target frees slots for the receive loop
+      cv_.wait_for(lock, Autoscaler::kPeriod, [&] { return scaler_stop_; });
+    }
+  }
+
   // --until-empty: true once the queue has held no ready, delayed or leased message (a
   // message leased by another worker may come back; a delayed one will be due), and no
   // command of ours has run, for the whole grace time.
@@ -176,7 +224,10 @@ class Runner {
     LeaseKeeper keeper(q_, m.receipt, ko);
     std::string why, err_tail;
     auto start = std::chrono::steady_clock::now();
+    std::optional<Autoscaler::Clock::time_point> token;
+    if (scaler_) token = scaler_->started();
     int status = execute(m, &why, &err_tail);
+    if (token) scaler_->finished(*token);
     double took = seconds_since(start);
     keeper.stop();
     if (status == 0) {
@@ -356,6 +407,8 @@ class Runner {
   std::atomic<size_t> running_{0};
   std::list<Job> jobs_;
   bool failed_ = false;
+  std::optional<Autoscaler> scaler_;  // with --autoscale
+  bool scaler_stop_ = false;          // guarded by mu_
   std::optional<std::chrono::steady_clock::time_point> empty_since_;  // receive loop only
 };
 

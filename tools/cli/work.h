@@ -5,12 +5,16 @@
 #include <string>
 #include <vector>
 
+#include "cli/autoscale.h"
 #include "spool/queue.h"
 
 namespace spool::cli {
 
 struct WorkOptions {
-  size_t jobs = 1;                  // commands running at once
+  size_t jobs = 1;                  // commands running at once (with autoscale, the most)
+  // Run as many commands as the ready backlog needs, between 1 and autoscale->max (which the
+  // caller sets to `jobs`) (docs/cli.md, "Autoscale").
+  std::optional<AutoscaleOptions> autoscale;
   Millis visibility{0};             // 0: the queue's default
   std::optional<Millis> max_runtime;  // a command running longer is stopped and nacked
   // Exit (0) once the queue has held no ready, delayed or leased message, and no command of
