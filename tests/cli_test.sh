@@ -935,6 +935,34 @@ t_work_renews_lease() {
   eq "runs" "$(tr '\n' ' ' <runs)" "run done "
 }
 
+# stats names the processes whose leases are bound to their life, with the leases each holds
+# now: for spool work, the commands it runs. A CLI recv binds nothing.
+t_stats_shows_holders() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q 1 2 3 4 5 >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  : >runs
+  bg "$SPOOL" work q -j 3 -- sh -c 'echo run >> runs; while [ ! -e go ]; do sleep 0.1; done'
+  local pid=$BGPID
+  three() { [[ $(lines runs) == 3 ]]; }
+  wait_for 10 three
+  expect 0 "$SPOOL" stats q --json
+  out_has "\"holders\":[{\"in_flight\":3,\"pid\":$pid}]"
+  eq "in_flight (3 bound, 1 not)" "$(jget in_flight)" 4
+  expect 0 "$SPOOL" stats q
+  out_has "pid $pid: 3"
+  expect 0 "$SPOOL" stats q --prometheus
+  out_has "spool_holder_in_flight{queue=\"q\",pid=\"$pid\"} 3"
+  touch go
+  acked() { [[ $(stat_of acked_total q) == 4 ]]; }
+  wait_for 10 acked
+  expect 0 "$SPOOL" stats q --json
+  out_has '"holders":[]'
+  stop_work "$pid" TERM
+  expect 0 "$SPOOL" stats q
+  ! grep -q "held by" "$D/out" || fail "a holder shown with none: $(cat "$D/out")"
+}
+
 t_work_max_runtime() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q hang >/dev/null || fail "send"
@@ -1689,6 +1717,7 @@ TESTS=(
   t_delete_by_id
   t_list_and_show_states
   t_stats_json_fields
+  t_stats_shows_holders
   t_stats_recommended_workers
   t_stats_prometheus
   t_stats_watch_stops_on_sigint

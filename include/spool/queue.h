@@ -176,6 +176,13 @@ struct Stats {
   // Deduplication ids remembered now: those of messages sent with one within the queue's
   // dedup_window (a count of the index's dedup table, O(table size)).
   uint64_t dedup_ids = 0;
+  // The processes whose leases are bound to their life (bind_leases; `spool work` binds, so
+  // for it this is the number of commands running), each with the unexpired leases it holds.
+  struct Holder {
+    int32_t pid = 0;  // as the holder saw itself (as list() shows it)
+    uint64_t in_flight = 0;
+  };
+  std::vector<Holder> holders;  // by pid
   // Workers needed to drain the ready backlog within `latency_target_s` when each worker
   // handles `rate_per_worker` messages per second: ceil(ready / (rate × target)).
   uint64_t workers_needed(double rate_per_worker, double latency_target_s) const;

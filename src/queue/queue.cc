@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <unordered_map>
 
@@ -938,15 +939,26 @@ Result<Stats> Queue::stats() {
     st.ready = h.queued;
     auto head = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
+    std::array<uint64_t, index::kOwnerSlots> bound{};
     for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
       if (items[i].key <= now) {
         ++st.ready;
-      } else if (q.idx.entry(static_cast<uint32_t>(q.idx.find(items[i].id))).state == State::kLeased) {
-        ++st.in_flight;
-      } else {
-        ++st.delayed;
+        continue;
       }
+      const int64_t slot = q.idx.find(items[i].id);
+      if (slot < 0) continue;  // damage, recorded by find(); the next lock repairs it
+      const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+      if (e.state != State::kLeased) {
+        ++st.delayed;
+        continue;
+      }
+      ++st.in_flight;
+      if (e.owner != 0 && e.owner <= index::kOwnerSlots && h.owner_claimed[e.owner - 1] != 0) ++bound[e.owner - 1];
     }
+    for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
+      if (bound[k] != 0) st.holders.push_back({h.owner_pid[k], bound[k]});
+    }
+    std::sort(st.holders.begin(), st.holders.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
     if (!head.empty()) {
       uint64_t age = 0;
       if (auto m = q.load(head.front(), nullptr, nullptr, &age); m.ok()) st.oldest_ready_age_s = static_cast<double>(age) / 1e9;

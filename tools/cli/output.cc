@@ -108,6 +108,8 @@ std::string info_line(const MessageInfo& m, bool dead) {
 }
 
 nlohmann::json stats_json(const Stats& s) {
+  nlohmann::json holders = nlohmann::json::array();
+  for (const auto& h : s.holders) holders.push_back({{"pid", h.pid}, {"in_flight", h.in_flight}});
   return {{"ready", s.ready},
           {"in_flight", s.in_flight},
           {"delayed", s.delayed},
@@ -121,7 +123,8 @@ nlohmann::json stats_json(const Stats& s) {
           {"bytes", s.bytes},
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments},
-          {"dedup_ids", s.dedup_ids}};
+          {"dedup_ids", s.dedup_ids},
+          {"holders", holders}};
 }
 
 std::string prometheus(const std::string& queue, const Stats& s) {
@@ -158,6 +161,13 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
   metric("spool_segments", "gauge", "Segment files.", s.segments);
   metric("spool_dedup_ids", "gauge", "Deduplication ids remembered (sent within the dedup window).", s.dedup_ids);
+  if (!s.holders.empty()) {
+    o << "# HELP spool_holder_in_flight Unexpired leases bound to a live process (bind_leases, spool work), by pid.\n"
+         "# TYPE spool_holder_in_flight gauge\n";
+    for (const auto& h : s.holders) {
+      o << "spool_holder_in_flight{queue=\"" << esc << "\",pid=\"" << h.pid << "\"} " << h.in_flight << "\n";
+    }
+  }
   return o.str();
 }
 
@@ -183,6 +193,14 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
                 static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);
   std::string out = buf;
+  if (!s.holders.empty()) {
+    out += "held by       ";
+    for (size_t i = 0; i < s.holders.size(); ++i) {
+      out += (i == 0 ? " pid " : ", pid ") + std::to_string(s.holders[i].pid) + ": " +
+             std::to_string(s.holders[i].in_flight);
+    }
+    out += "\n";
+  }
   if (prev != nullptr && seconds > 0) {
     auto rate = [&](uint64_t now, uint64_t before) {
       return now >= before ? static_cast<double>(now - before) / seconds : 0.0;
