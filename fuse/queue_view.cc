@@ -103,10 +103,11 @@ void QueueView::lookup(fuse_req_t req, std::string_view name) {
 void QueueView::create(fuse_req_t req, std::string_view name, fuse_file_info* fi) {
   // Dead letters come only from their queue.
   if (cfg_.kind == Kind::kDeadLetters) return (void)fuse_reply_err(req, EPERM);
-  // Names of messages are reserved: creating one (touch of an acked message, say) is
-  // ENOENT if no such message is listed, EEXIST if it is.
+  // Names of messages are reserved: creating one is EEXIST if the message is listed, else
+  // ENOTSUP, whose text ("Operation not supported") says what ENOENT did not: a message
+  // cannot be sent under a name of its own (`echo x > MNT/123`, or a touch after the ack).
   if (uint64_t id; message_name(name, &id))
-    return (void)fuse_reply_err(req, id && exists(id) ? EEXIST : ENOENT);
+    return (void)fuse_reply_err(req, id && exists(id) ? EEXIST : ENOTSUP);
   if (is_fixed_name(name)) return (void)fuse_reply_err(req, EEXIST);
   // Dot files are refused so that editors' swap and backup files are not sent.
   if (name.empty() || name[0] == '.') return (void)fuse_reply_err(req, EPERM);

@@ -8,6 +8,7 @@
 // queue_view.h (one queue, or its dead-letter queue, as a directory), common.h (shared
 // helpers), dead_mount.h (a mount left behind by a killed spoolfs). Built on the low-level
 // libfuse API (inode based, no hidden files, no path cache) and the public queue API only.
+#include <dirent.h>
 #include <fuse_lowlevel.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -225,6 +226,10 @@ int parse_args(int argc, char** argv, Options* o) {
                                         : "expected QUEUE_DIR and MOUNTPOINT");
   char real[PATH_MAX];
   if (!::realpath(pos[0].c_str(), real)) {
+    if (errno == ENOENT && !o->mount.root_mode) {
+      return std::fprintf(stderr, "spoolfs: %s: no such queue directory; create the queue with 'spool init %s'\n",
+                          pos[0].c_str(), pos[0].c_str()), 1;
+    }
     return std::fprintf(stderr, "spoolfs: %s: %s\n", pos[0].c_str(), std::strerror(errno)), 1;
   }
   o->mount.dir = real;
@@ -241,9 +246,23 @@ bool check_queue(const std::string& dir) {
   auto q = Queue::open(dir, qo);
   if (q.ok()) return true;
   if (q.status().code() == Code::kNotAQueue) {
-    std::fprintf(stderr,
-                 "spoolfs: %s; spoolfs never creates a queue: create one with 'spool init %s'\n",
-                 q.status().message().c_str(), dir.c_str());
+    // spool init makes a queue only in an empty or new directory: suggest it only there.
+    bool empty = true;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+      }
+      ::closedir(d);
+    }
+    if (empty) {
+      std::fprintf(stderr, "spoolfs: %s; spoolfs never creates a queue: create one with 'spool init %s'\n",
+                   q.status().message().c_str(), dir.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "spoolfs: %s; it holds other files, so it cannot become one: mount a queue "
+                   "directory (create one with 'spool init NEW_DIR')\n",
+                   q.status().message().c_str());
+    }
   } else {
     std::fprintf(stderr, "spoolfs: cannot open queue %s: %s\n", dir.c_str(),
                  q.status().to_string().c_str());

@@ -167,10 +167,16 @@ t_not_a_queue_is_refused() {
   echo x >"$D/notq/file"
   "$SPOOLFS" "$D/notq" "$D/mnt" -f >"$D/out" 2>"$D/err" && fail "mounted a directory that is not a queue"
   grep -q "not a spool queue" "$D/err" || fail "unclear message: $(cat "$D/err")"
-  grep -q "spool init" "$D/err" || fail "message does not say how to create one: $(cat "$D/err")"
+  grep -q "spool init NEW_DIR" "$D/err" || fail "message does not say how to create one: $(cat "$D/err")"
+  # spool init refuses a directory holding other files: spoolfs must not suggest it there.
+  grep -qF "spool init $D/notq" "$D/err" && fail "suggests an init that fails: $(cat "$D/err")"
   mountpoint -q "$D/mnt" && fail "left a mount behind"
+  "$SPOOLFS" "$D/missing" "$D/mnt" -f 2>"$D/err" && fail "mounted a missing directory"
+  grep -qF "no such queue directory; create the queue with 'spool init $D/missing'" "$D/err" ||
+    fail "unclear message for a missing queue: $(cat "$D/err")"
   mkdir -p "$D/empty"
   "$SPOOLFS" "$D/empty" "$D/mnt" -f 2>"$D/err" && fail "mounted (and so created?) a queue in an empty directory"
+  grep -qF "spool init $D/empty" "$D/err" || fail "no init suggested for an empty directory: $(cat "$D/err")"
   # (Queue::open with create=false leaves its lock file "gate" behind here: a library matter.)
   [[ -e $D/empty/spool.conf ]] && fail "spoolfs created a queue in an empty directory"
   "$SPOOLFS" "$D/empty" "$D/mnt" -o visibility=soon 2>"$D/err" && fail "accepted visibility=soon"
@@ -275,7 +281,7 @@ t_writes_to_messages_and_oversized_files_are_refused() {
   eq "size" "$(stat -c %s "$M/2")" 4096
   eq "cat original" "$(cat "$M/1")" original
   # Names of messages are reserved; dot files are refused.
-  (echo x >"$M/12345") 2>/dev/null && fail "created a file with a message's name"
+  fails_with "not supported" write_to "$M/12345"
   (echo x >"$M/.hidden") 2>/dev/null && fail "created a dot file"
   return 0
 }
