@@ -657,15 +657,31 @@ t_dlq_redrive_some_and_purge() {
   eq "redriven payloads: the oldest two" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | sort | tr -d '\n')" ab
   expect 0 "$SPOOL" dlq q list --json
   eq "dead letters left" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | tr -d '\n')" cde
+  # redrive --id: one named dead letter (d's id in the DLQ), the others stay; an id that is
+  # not a dead letter is reported, the rest still move (exit 1).
+  local d_id
+  d_id=$(sed -n 's/.*"id":\([0-9]*\),.*"payload":"d".*/\1/p' "$D/out")
+  [[ -n $d_id ]] || fail "no id for d in: $(cat "$D/out")"
+  expect 64 "$SPOOL" dlq q redrive --id "$d_id" -n 1
+  expect 64 "$SPOOL" dlq q list --id "$d_id"
+  expect 1 "$SPOOL" dlq q redrive --id 999 --id "$d_id" --json
+  err_has "no dead letter 999"
+  [[ $(cat "$D/out") =~ ^\{\"redriven\":1,\"ids\":\[[0-9]+\]\}$ ]] || fail "redrive --id --json: $(cat "$D/out")"
+  eq "dead after redrive --id" "$(stat_of dead q)" 2
+  expect 0 "$SPOOL" recv q --json
+  out_has '"payload":"d"'
+  expect 0 "$SPOOL" ack q "$(jget receipt)"
+  expect 0 "$SPOOL" dlq q list --json
+  eq "dead letters left after --id" "$(sed -n 's/.*"payload":"\([^"]*\)".*/\1/p' "$D/out" | tr -d '\n')" ce
 
   expect 64 "$SPOOL" dlq q purge
   err_has "add --yes to confirm"
   one_line_err
   expect 64 "$SPOOL" dlq q purge --yes -n 1
   err_has "-n"
-  eq "dead after refused purges" "$(stat_of dead q)" 3
+  eq "dead after refused purges" "$(stat_of dead q)" 2
   expect 0 "$SPOOL" dlq q purge --yes --json
-  eq "purge --json output" "$(cat "$D/out")" '{"purged":3}'
+  eq "purge --json output" "$(cat "$D/out")" '{"purged":2}'
   eq "dead after purge" "$(stat_of dead q)" 0
   eq "in flight after purge (the queue itself untouched)" "$(stat_of in_flight q)" 2
   expect 0 "$SPOOL" dlq q list

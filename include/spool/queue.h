@@ -319,6 +319,10 @@ class Queue {
   Result<Queue*> dead_letters();
   // Moves up to `max` dead letters back into this queue as new messages.
   Result<uint64_t> redrive(size_t max);
+  // Moves the one dead letter `dead_id` (its id in the dead-letter queue, as
+  // dead_letters()->list() shows it) back as a new message; returns the new id. kNotFound if
+  // there is no such dead letter, kEmpty while another caller is redriving or reading it.
+  Result<uint64_t> redrive_id(uint64_t dead_id);
 
   const std::string& dir() const;
   // The queue's stored settings (visibility, max_receives, sync, sizes).

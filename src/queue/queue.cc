@@ -997,6 +997,18 @@ Status Queue::sync() {
 
 Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 
+// One received dead letter back into `q` as a new message, whose history starts afresh:
+// the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between
+// duplicates, never loses.
+static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m) {
+  std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
+  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes});
+  if (!id.ok()) return id.status();
+  crashpoint("redrive.after_send");
+  if (Status s = dlq.ack(m.receipt); !s.ok()) return s;
+  return *id;
+}
+
 Result<uint64_t> Queue::redrive(size_t max) {
   if (Status s = impl_->writable(); !s.ok()) return s;
   auto dlq = dead_letters();
@@ -1009,16 +1021,25 @@ Result<uint64_t> Queue::redrive(size_t max) {
       return msgs.status();
     }
     for (auto& m : *msgs) {
-      // A new message, whose history starts afresh: the dead letter's spool.dead.* stay behind.
-      std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
-      // Send first, then ack: a crash in between duplicates, never loses.
-      if (auto id = send(m.payload, SendOptions{.attributes = m.attributes}); !id.ok()) return id.status();
-      crashpoint("redrive.after_send");
-      if (Status s = (*dlq)->ack(m.receipt); !s.ok()) return s;
+      if (auto id = redrive_one(*this, **dlq, m); !id.ok()) return id.status();
       ++moved;
     }
   }
   return moved;
+}
+
+Result<uint64_t> Queue::redrive_id(uint64_t dead_id) {
+  if (Status s = impl_->writable(); !s.ok()) return s;
+  auto dlq = dead_letters();
+  if (!dlq.ok()) return dlq.status();
+  auto m = (*dlq)->receive_id(dead_id, Millis(60000));
+  if (!m.ok()) {
+    if (m.status().code() == Code::kNotFound) {
+      return Status(Code::kNotFound, dir() + ": no dead letter " + std::to_string(dead_id));
+    }
+    return m.status();
+  }
+  return redrive_one(*this, **dlq, *m);
 }
 
 std::string Queue::check_index() {

@@ -12,9 +12,48 @@ namespace {
 
 struct DlqArgs {
   std::string dir, action;
+  std::vector<std::string> ids;  // redrive --id
   size_t n = 1;
   bool json = false, yes = false;
 };
+
+void print_redriven(bool json, uint64_t moved) {
+  if (json) {
+    std::printf("{\"redriven\":%" PRIu64 "}\n", moved);
+  } else {
+    std::fprintf(stderr, "redrove %" PRIu64 " messages\n", moved);
+  }
+}
+
+// redrive --id: every id is checked before anything moves (a typo is a usage error that
+// changes nothing); an id that is not a dead letter is reported and the others still move.
+int redrive_ids(Queue& q, const DlqArgs& a) {
+  std::vector<uint64_t> ids;
+  for (const auto& text : a.ids) {
+    uint64_t id = count_arg("--id", text);
+    if (id == 0) throw UsageError{"bad --id '0' (dead letter ids start at 1)"};
+    ids.push_back(id);
+  }
+  int rc = 0;
+  std::string new_ids;
+  uint64_t moved = 0;
+  for (uint64_t id : ids) {
+    auto to = q.redrive_id(id);
+    if (!to.ok()) {
+      rc = fail(to.status(), a.dir);
+      continue;
+    }
+    ++moved;
+    if (!a.json) std::printf("%" PRIu64 "\n", *to);
+    new_ids += (new_ids.empty() ? "" : ",") + std::to_string(*to);
+  }
+  if (a.json) {
+    std::printf("{\"redriven\":%" PRIu64 ",\"ids\":[%s]}\n", moved, new_ids.c_str());
+  } else {
+    print_redriven(false, moved);
+  }
+  return rc;
+}
 
 int run_dlq(const DlqArgs& a, bool n_given) {
   if (a.action == "purge" && !a.yes) {
@@ -24,6 +63,8 @@ int run_dlq(const DlqArgs& a, bool n_given) {
     throw UsageError{"-n is for dlq list and dlq redrive; dlq purge deletes every dead letter"};
   }
   if (a.action == "redrive" && n_given && a.n == 0) throw UsageError{"-n must be at least 1 for dlq redrive"};
+  if (!a.ids.empty() && a.action != "redrive") throw UsageError{"--id is for dlq redrive"};
+  if (!a.ids.empty() && n_given) throw UsageError{"give -n or --id to dlq redrive, not both"};
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
@@ -39,6 +80,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
     }
     return 0;
   }
+  if (a.action == "redrive" && !a.ids.empty()) return redrive_ids(*q, a);
   if (a.action == "redrive") {
     // In chunks, for the progress bar: the total is the dead-letter depth at the start
     // (or the -n limit, if lower).
@@ -56,11 +98,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
       bar.update(moved, std::max(total, moved));
       if (*chunk < want) break;
     }
-    if (a.json) {
-      std::printf("{\"redriven\":%" PRIu64 "}\n", moved);
-    } else {
-      std::fprintf(stderr, "redrove %" PRIu64 " messages\n", moved);
-    }
+    print_redriven(a.json, moved);
     return 0;
   }
   auto d = q->dead_letters();
@@ -79,12 +117,18 @@ Command add_dlq(CLI::App& app) {
   add_dir(dlq, a->dir);
   dlq->add_option("ACTION", a->action, "list, redrive or purge")->required()->check(CLI::IsMember({"list", "redrive", "purge"}));
   dlq->add_option("-n", a->n, "list: up to this many (default 100); redrive: at most this many, oldest first (default all)");
+  dlq->add_option("--id", a->ids, "redrive: only these dead letters (ids as dlq list prints them; repeatable); "
+                                  "prints the new id of each")
+      ->allow_extra_args(false);
   dlq->add_flag("--json", a->json, "list: one JSON object per line; redrive, purge: the count as JSON");
   dlq->add_flag("--yes", a->yes, "purge: confirm");
   dlq->footer("Examples: spool dlq q list -n 10   |   spool dlq q list --json | jq -r .payload   |   spool dlq q redrive\n"
-              "          spool dlq q redrive -n 5   |   spool dlq q purge --yes");
+              "          spool dlq q redrive -n 5   |   spool dlq q redrive --id 3 --id 7   |   spool dlq q purge --yes\n"
+              "redrive --id: an id that is not a dead letter is reported and the others are still redriven (exit 1).");
   Command c{dlq, [a, dlq] { return run_dlq(*a, dlq->count("-n") != 0); }};
-  c.stdout_data = [a]() -> const char* { return a->action == "list" ? "its output" : nullptr; };
+  c.stdout_data = [a]() -> const char* {
+    return a->action == "list" || (a->action == "redrive" && !a->ids.empty()) ? "its output" : nullptr;
+  };
   return c;
 }
 
