@@ -15,6 +15,7 @@
 //   1           the view's directory (in a single-queue mount, the queue's directory is the
 //               mount root and answers as FUSE_ROOT_ID instead)
 //   2, 3        .stats, .stats.json
+//   4           .next
 //   256 + N     message N (1 <= N < 2^43 - 256: about 8.8e12 messages per queue)
 //   2^43 + k    the k-th file created for writing in this view
 #pragma once
@@ -35,6 +36,7 @@ static_assert(sizeof(fuse_ino_t) == 8, "inode numbers must hold a view and a mes
 constexpr uint64_t kDir = 1;
 constexpr uint64_t kStats = 2;
 constexpr uint64_t kStatsJson = 3;
+constexpr uint64_t kNext = 4;
 constexpr uint64_t kMsgBase = 256;
 constexpr uint64_t kNewBase = uint64_t{1} << (kLocalBits - 1);
 constexpr uint64_t kMaxMsgId = kNewBase - kMsgBase - 1;

@@ -128,6 +128,11 @@ Status Mount::open_single() {
   return q.ok() ? Status() : q.status();
 }
 
+void Mount::stop_waiting(int err) {
+  std::lock_guard lock(mu_);
+  for (auto& s : slots_) s->view->stop_waiting(err);
+}
+
 // mu_ held.
 Mount::Slot* Mount::add_slot(const std::string& dir, const QueueId& id) {
   auto slot = std::make_unique<Slot>();

@@ -43,6 +43,9 @@ class Mount {
   // cross a fork), so that a queue that cannot be opened stops the daemon at once. A
   // --root mount opens each queue when first used.
   spool::Status open_single();
+  // Answers every read waiting on a .next with `err`: after the session loop, before the
+  // session is destroyed.
+  void stop_waiting(int err);
 
   // FUSE operations: each goes to the view that owns the inode (or the parent directory),
   // except those on the root of a --root mount, answered here.

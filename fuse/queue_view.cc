@@ -8,6 +8,8 @@
 #include <cstring>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "cli/output.h"
 #include "common.h"
 #include "inode.h"
@@ -31,6 +33,10 @@ constexpr std::string_view kAttrXattr = "user.spool.attr.";
 constexpr auto kHeldGrace = std::chrono::minutes(10);
 // How long a listing answers lookups before it is refreshed.
 constexpr auto kListingFresh = std::chrono::milliseconds(200);
+// An open .stats that tail -f follows grows by a rendering per change; past this it keeps
+// only the newest (its offsets go on growing), so a follower left running for days does not
+// grow without bound.
+constexpr size_t kTextKeep = 256 * 1024;
 
 // Readdir cookies: fixed entries first, then message N at kCookieMsgBase + N.
 constexpr off_t kCookieDot = 1;
@@ -38,7 +44,8 @@ constexpr off_t kCookieDotDot = 2;
 constexpr off_t kCookieStats = 3;
 constexpr off_t kCookieStatsJson = 4;
 constexpr off_t kCookieDlq = 5;
-constexpr off_t kCookieMsgBase = 5;
+constexpr off_t kCookieNext = 6;
+constexpr off_t kCookieMsgBase = 6;
 
 uint64_t payload_limit(Queue* q) {
   uint64_t max = q->options().max_payload;
@@ -50,13 +57,22 @@ uint64_t payload_limit(Queue* q) {
 // A file handle (fuse_file_info::fh). Owned by the kernel's open file: created at OPEN or
 // CREATE, deleted at RELEASE.
 struct QueueView::Handle {
-  enum class Kind { kMessage, kText, kNew } kind;
+  enum class Kind { kMessage, kText, kNext, kNew } kind;
   QueueView* view = nullptr;
   uint64_t local = 0;
-  // kMessage: the payload received at OPEN; kText: the rendering at OPEN. Immutable, so
-  // READs need no lock; shared so that a READ keeps its bytes alive until its reply is
-  // written, even if the RELEASE that the reply lets happen runs first on another thread.
+  // kMessage: the payload received at OPEN. Immutable, so READs need no lock; shared so
+  // that a READ keeps its bytes alive until its reply is written, even if the RELEASE that
+  // the reply lets happen runs first on another thread.
+  // kNext: the id line and payload of the message its first READ waited for; set once,
+  // under mu, then immutable.
   std::shared_ptr<const std::string> snapshot;
+  // kText, guarded by mu: the renderings so far, from file offset `base` on; the newest
+  // (`last`); who opened it (only its own fstat makes it grow); whether a READ has reached
+  // its end since it last grew.
+  std::string log, last;
+  uint64_t base = 0;
+  pid_t pid = 0;
+  bool caught_up = false;
   // kNew: where it goes (queues live as long as the mount) and how big it may grow.
   Queue* q = nullptr;
   uint64_t max_payload = 0;
@@ -72,8 +88,21 @@ QueueView::Handle* QueueView::handle_of(fuse_file_info* fi) {
 }
 
 QueueView::QueueView(Config cfg, Source source)
-    : cfg_(std::move(cfg)), source_(std::move(source)) {}
+    : cfg_(std::move(cfg)), source_(std::move(source)) {
+  if (has_next()) {
+    next_ = std::make_unique<NextReader>(
+        [this](size_t n, spool::Millis wait) { return receive_next(n, wait); },
+        [this](fuse_req_t req, void* key, size_t size, off_t off, spool::Message& m) {
+          return deliver_next(req, static_cast<Handle*>(key), size, off, m);
+        },
+        [this](const spool::Message& m) { give_back(m); });
+  }
+}
 QueueView::~QueueView() = default;
+
+void QueueView::stop_waiting(int err) {
+  if (next_) next_->stop(err);
+}
 
 QueueView* QueueView::owner(fuse_file_info* fi) {
   return handle_of(fi)->view;
@@ -85,6 +114,7 @@ spool::Millis QueueView::lease(Queue* q) const {
 
 bool QueueView::is_fixed_name(std::string_view name) const {
   if (has_stats() && (name == ".stats" || name == ".stats.json")) return true;
+  if (has_next() && name == ".next") return true;
   return cfg_.dlq_ino != 0 && name == ".dlq";
 }
 
@@ -181,6 +211,7 @@ void QueueView::ack(fuse_req_t req, uint64_t id) {
 // ------------------------------------------------------------------ inodes
 
 void QueueView::getattr(fuse_req_t req, uint64_t local) {
+  if (has_stats() && (local == ino::kStats || local == ino::kStatsJson)) return stats_attr(req, local);
   struct stat st {};
   if (int err = attr_of(local, &st)) return (void)fuse_reply_err(req, err);
   reply_attr(req, st);
@@ -261,6 +292,10 @@ void QueueView::open(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
     if (!read_only) return (void)fuse_reply_err(req, EACCES);
     return open_stats(req, local, fi);
   }
+  if (has_next() && local == ino::kNext) {
+    if (!read_only || (fi->flags & O_TRUNC)) return (void)fuse_reply_err(req, EACCES);
+    return open_next(req, fi);
+  }
   if (local >= ino::kNewBase)
     return (void)fuse_reply_err(req, EBUSY);  // being written by another open
   if (local == ino::kDir) return (void)fuse_reply_err(req, EISDIR);
@@ -302,8 +337,56 @@ void QueueView::open_stats(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
   auto h = std::make_unique<Handle>();
   h->kind = Handle::Kind::kText;
   h->local = local;
-  h->snapshot = std::make_shared<const std::string>(std::move(*text));
+  h->last = *text;
+  h->log = std::move(*text);
+  h->pid = fuse_req_ctx(req)->pid;
+  {
+    std::lock_guard lock(mu_);
+    texts_.insert(h.get());
+  }
   reply_open(req, fi, std::move(h));
+}
+
+// .next opens at once; its first READ waits (read_next).
+void QueueView::open_next(fuse_req_t req, fuse_file_info* fi) {
+  auto h = std::make_unique<Handle>();
+  h->kind = Handle::Kind::kNext;
+  h->local = ino::kNext;
+  reply_open(req, fi, std::move(h));
+}
+
+// GETATTR of .stats: for the process that has it open (tail -f polls with fstat), the copy
+// it opened grows by a fresh rendering when the figures changed and the reader has read
+// what it had. The size is then the end of that copy, so tail sees it grow and reads on from
+// where it was, never "file truncated". Everyone else sees the size of a fresh rendering.
+void QueueView::stats_attr(fuse_req_t req, uint64_t local) {
+  auto text = render_stats(local == ino::kStatsJson);
+  if (!text.ok()) return (void)fuse_reply_err(req, errno_of(text.status()));
+  pid_t pid = fuse_req_ctx(req)->pid;
+  uint64_t size = text->size();
+  bool own = false;
+  {
+    std::lock_guard lock(mu_);
+    for (Handle* h : texts_) {
+      if (h->local != local || h->pid != pid) continue;
+      std::lock_guard hl(h->mu);
+      if (h->caught_up && *text != h->last) {
+        h->log += *text;
+        h->last = *text;
+        h->caught_up = false;
+        if (h->log.size() > kTextKeep) {
+          h->base += h->log.size() - h->last.size();
+          h->log = h->last;
+        }
+      }
+      uint64_t end = h->base + h->log.size();
+      size = own ? std::max(size, end) : end;
+      own = true;
+    }
+  }
+  struct stat st {};
+  fill_reg(&st, ino(local), 0444, size, SysClock::now());
+  reply_attr(req, st);
 }
 
 void QueueView::opendir(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
@@ -327,6 +410,7 @@ void QueueView::readdir(fuse_req_t req, uint64_t local, size_t size, off_t off) 
   if (has_stats() && off < kCookieStatsJson)
     buf.add(".stats.json", ino(ino::kStatsJson), S_IFREG, kCookieStatsJson);
   if (cfg_.dlq_ino != 0 && off < kCookieDlq) buf.add(".dlq", cfg_.dlq_ino, S_IFDIR, kCookieDlq);
+  if (has_next() && off < kCookieNext) buf.add(".next", ino(ino::kNext), S_IFREG, kCookieNext);
   for (uint64_t id : ids) {
     if (!buf.add(std::to_string(id).c_str(), ino(ino::msg_local(id)), S_IFREG,
                  kCookieMsgBase + static_cast<off_t>(id)))
@@ -378,10 +462,91 @@ void QueueView::read(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi)
   Handle* h = handle_of(fi);
   if (h->kind == Handle::Kind::kNew) return (void)fuse_reply_err(req, EBADF);
   if (off < 0) return (void)fuse_reply_err(req, EINVAL);
+  if (h->kind == Handle::Kind::kText) return read_text(req, h, size, off);
+  if (h->kind == Handle::Kind::kNext) return read_next(req, h, size, off);
   size_t o = static_cast<size_t>(off);
   std::shared_ptr<const std::string> data = h->snapshot;
   if (o >= data->size()) return (void)fuse_reply_buf(req, nullptr, 0);  // EOF
   fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+}
+
+void QueueView::read_text(fuse_req_t req, Handle* h, size_t size, off_t off) {
+  std::string part;
+  {
+    std::lock_guard lock(h->mu);
+    auto o = static_cast<uint64_t>(off);
+    // Only a follower that seeks back finds the start of a long copy gone (kTextKeep).
+    if (o < h->base) return (void)fuse_reply_err(req, EIO);
+    uint64_t end = h->base + h->log.size();
+    if (o < end) part = h->log.substr(static_cast<size_t>(o - h->base), size);
+    if (o + part.size() >= end) h->caught_up = true;
+  }
+  fuse_reply_buf(req, part.data(), part.size());
+}
+
+// A READ of .next before its message came waits for one in next_; after, it reads the
+// message like any file (bash's `read` reads ahead and seeks back, then cat reads on).
+void QueueView::read_next(fuse_req_t req, Handle* h, size_t size, off_t off) {
+  std::shared_ptr<const std::string> data;
+  {
+    std::lock_guard lock(h->mu);
+    data = h->snapshot;
+  }
+  if (!data) return next_->add(req, h, size, off);
+  auto o = static_cast<size_t>(off);
+  if (o >= data->size()) return (void)fuse_reply_buf(req, nullptr, 0);
+  fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+}
+
+spool::Result<std::vector<spool::Message>> QueueView::receive_next(size_t n, spool::Millis wait) {
+  auto q = queue();
+  if (!q.ok()) return q.status();
+  return (*q)->receive(n, lease(*q), wait);
+}
+
+// Called by next_'s thread: the message becomes one this view holds (rm acks it, touch
+// extends it) before the reader can learn its name.
+bool QueueView::deliver_next(fuse_req_t req, Handle* h, size_t size, off_t off, spool::Message& m) {
+  std::shared_ptr<const std::string> data;
+  bool taken = false;
+  {
+    std::lock_guard lock(h->mu);
+    // Two READs of one open can wait at once (threads sharing the descriptor): the second
+    // reads the message the first got, and this one goes back.
+    if (!h->snapshot) {
+      h->snapshot = std::make_shared<const std::string>(std::to_string(m.id) + "\n" + m.payload);
+      taken = true;
+    }
+    data = h->snapshot;
+  }
+  if (taken) {
+    auto q = queue();
+    spool::Millis vis = q.ok() ? lease(*q) : spool::Millis{0};
+    std::lock_guard lock(mu_);
+    held_[m.id] = Held{m.receipt, Meta{m.payload.size(), m.receive_count, m.enqueued, true, m.attributes},
+                       Clock::now() + vis};
+  }
+  auto o = static_cast<size_t>(off);
+  if (o >= data->size()) {
+    fuse_reply_buf(req, nullptr, 0);
+  } else {
+    fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+  }
+  return taken;
+}
+
+void QueueView::give_back(const spool::Message& m) {
+  auto q = queue();
+  if (!q.ok()) return;
+  if (Status s = (*q)->nack(m.receipt); !s.ok()) {
+    spdlog::warn("spoolfs: {}: giving back message {} failed ({}); it comes back when its lease ends",
+                 cfg_.label, m.id, s.to_string());
+  }
+}
+
+void QueueView::forget_text(Handle* h) {
+  std::lock_guard lock(mu_);
+  texts_.erase(h);
 }
 
 void QueueView::write(fuse_req_t req, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
@@ -433,6 +598,7 @@ void QueueView::fsync(fuse_req_t req, fuse_file_info* fi) {
 
 void QueueView::release(fuse_req_t req, fuse_file_info* fi) {
   std::unique_ptr<Handle> h(handle_of(fi));
+  if (h->kind == Handle::Kind::kText) forget_text(h.get());
   if (h->kind == Handle::Kind::kNew) {
     // After forget_new no other request can reach h: the kernel sends nothing for this
     // open after RELEASE, and lookups no longer find it.
@@ -451,7 +617,11 @@ void QueueView::reply_open(fuse_req_t req, fuse_file_info* fi, std::unique_ptr<H
   fi->direct_io = 1;  // every READ reaches us, whatever st_size says
   fi->keep_cache = 0;
   fi->fh = reinterpret_cast<uint64_t>(h.release());
-  if (fuse_reply_open(req, fi) != 0) delete handle_of(fi);  // interrupted: no RELEASE will come
+  if (fuse_reply_open(req, fi) != 0) {  // interrupted: no RELEASE will come
+    Handle* opened = handle_of(fi);
+    if (opened->kind == Handle::Kind::kText) forget_text(opened);
+    delete opened;
+  }
 }
 
 std::string QueueView::receipt_of(uint64_t id) {
@@ -464,6 +634,7 @@ std::string QueueView::receipt_of(uint64_t id) {
 int QueueView::child_attr(std::string_view name, struct stat* st) {
   if (has_stats() && name == ".stats") return attr_of(ino::kStats, st);
   if (has_stats() && name == ".stats.json") return attr_of(ino::kStatsJson, st);
+  if (has_next() && name == ".next") return attr_of(ino::kNext, st);
   if (cfg_.dlq_ino != 0 && name == ".dlq") {
     fill_dir(st, cfg_.dlq_ino);
     return 0;
@@ -485,6 +656,11 @@ int QueueView::attr_of(uint64_t local, struct stat* st) {
     auto text = render_stats(local == ino::kStatsJson);
     if (!text.ok()) return errno_of(text.status());
     fill_reg(st, ino(local), 0444, text->size(), SysClock::now());
+    return 0;
+  }
+  if (has_next() && local == ino::kNext) {
+    // Its content exists only once a read has waited for it.
+    fill_reg(st, ino(local), 0444, 0, SysClock::now());
     return 0;
   }
   if (local >= ino::kNewBase) {
@@ -561,8 +737,12 @@ spool::Result<std::string> QueueView::render_stats(bool json) {
   if (!st.ok()) return st.status();
   size_t held;
   {
+    // held_ keeps messages for a while after their leases ran out (kHeldGrace, for a late
+    // rm); those are no longer held.
     std::lock_guard lock(mu_);
-    held = held_.size();
+    auto now = Clock::now();
+    held = static_cast<size_t>(
+        std::count_if(held_.begin(), held_.end(), [&](const auto& kv) { return kv.second.lease_end > now; }));
   }
   // The queue's part is the CLI's `spool stats` output; the mount adds its own counters.
   if (json) {

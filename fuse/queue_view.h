@@ -5,7 +5,10 @@
 //   rm DIR/ID           acks a message this mount received
 //   touch DIR/ID        extends the lease of a message this mount received
 //   echo x > DIR/name   sends one message when the file is released (last close)
-//   DIR/.stats(.json)   queue statistics
+//   DIR/.stats(.json)   queue statistics; an open copy grows by a fresh rendering when its
+//                       reader, having read to its end, stats it again (tail -f)
+//   DIR/.next           a read waits for a message and receives it: its id, a newline, the
+//                       payload (next_reader.h waits, so no FUSE worker does)
 //   DIR/.dlq            the dead-letter queue: a view of its own (Kind::kDeadLetters) that
 //                       has the same message files but takes no new files and has no
 //                       .stats or .dlq of its own
@@ -41,8 +44,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
+#include "next_reader.h"
 #include "spool/queue.h"
 
 namespace spoolfs {
@@ -73,6 +78,8 @@ class QueueView {
   QueueView& operator=(const QueueView&) = delete;
 
   fuse_ino_t dir_ino() const { return cfg_.dir_ino; }
+  // Answers every read waiting on .next with `err`; before the session ends.
+  void stop_waiting(int err);
 
   // Entries of this view's directory.
   void lookup(fuse_req_t req, std::string_view name);
@@ -115,6 +122,7 @@ class QueueView {
   spool::Result<spool::Queue*> queue() { return source_(); }
   spool::Millis lease(spool::Queue* q) const;
   bool has_stats() const { return cfg_.kind == Kind::kQueue; }
+  bool has_next() const { return cfg_.kind == Kind::kQueue; }
   bool is_fixed_name(std::string_view name) const;
   fuse_ino_t ino(uint64_t local) const;
 
@@ -129,6 +137,14 @@ class QueueView {
   int xattr_value(uint64_t local, std::string_view name, std::string* out);
 
   void open_stats(fuse_req_t req, uint64_t local, fuse_file_info* fi);
+  void open_next(fuse_req_t req, fuse_file_info* fi);
+  void stats_attr(fuse_req_t req, uint64_t local);
+  void read_text(fuse_req_t req, Handle* h, size_t size, off_t off);
+  void read_next(fuse_req_t req, Handle* h, size_t size, off_t off);
+  bool deliver_next(fuse_req_t req, Handle* h, size_t size, off_t off, spool::Message& m);
+  spool::Result<std::vector<spool::Message>> receive_next(size_t n, spool::Millis wait);
+  void give_back(const spool::Message& m);
+  void forget_text(Handle* h);
   void extend_lease(fuse_req_t req, uint64_t local);
   void truncate_new(fuse_req_t req, uint64_t local, off_t size, fuse_file_info* fi);
   void discard_new(fuse_req_t req, std::string_view name);
@@ -147,9 +163,11 @@ class QueueView {
   std::unordered_map<uint64_t, Held> held_;          // received here, not acked
   std::unordered_map<uint64_t, Handle*> new_files_;  // files being written, by local inode
   std::map<std::string, Handle*> new_names_;         // ... and by name (the newest of a name)
+  std::unordered_set<Handle*> texts_;                // open .stats and .stats.json files
   std::atomic<uint64_t> next_new_{0};
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> send_failures_{0};
+  std::unique_ptr<NextReader> next_;  // kQueue only; its thread starts with the first wait
 };
 
 }  // namespace spoolfs

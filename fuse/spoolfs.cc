@@ -326,6 +326,9 @@ int serve(fuse_session* se, Mount& mount, const Options& o) {
     rc = fuse_session_loop_mt(se, cfg) == 0 ? 0 : 1;
     fuse_loop_cfg_destroy(cfg);
   }
+  // Readers still waiting on .next (spoolfs was told to stop) are answered now, while the
+  // session can still carry the replies; else they would hang until the kernel gives up.
+  mount.stop_waiting(ENOTCONN);
   fuse_session_unmount(se);
   return rc;
 }
