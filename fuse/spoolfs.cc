@@ -134,6 +134,8 @@ void usage(FILE* out) {
       "Mounts the spool queue in QUEUE_DIR (it must exist: spool init QUEUE_DIR) as a\n"
       "directory: ls lists messages, cat receives one, rm acks it, touch extends its\n"
       "lease, and a file written and closed in it is sent. .dlq holds the dead letters.\n"
+      "Reading .next waits for a message and receives it: its id on the first line, then\n"
+      "the payload (rm MOUNTPOINT/ID acks it). .stats follows changes under tail -f.\n"
       "With --root, every queue in DIR (a subdirectory holding a spool.conf) is a\n"
       "subdirectory of the mount, and mkdir MOUNTPOINT/name creates the queue DIR/name.\n"
       "See docs/filesystem.md.\n"

@@ -162,6 +162,81 @@ xattr() {
 
 # ---------------------------------------------------------------------------- tests
 
+# .next: two readers wait at once (holding no FUSE worker: ls, cat and rm go on meanwhile),
+# two sends wake them, and each gets a different message, its id on the first line.
+t_next_blocks_until_a_message_and_each_reader_gets_its_own() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" first >/dev/null
+  wait_for 10 listed "$M" 1
+  timeout 20 cat "$M/.next" >"$D/r0" || fail "the read of .next with a message ready failed"
+  eq "ready message through .next" "$(tr '\n' ' ' <"$D/r0")" "1 first"
+  timeout 20 cat "$M/.next" >"$D/r1" &
+  local r1=$!
+  timeout 20 cat "$M/.next" >"$D/r2" &
+  local r2=$!
+  sleep 0.5  # both readers wait now
+  alive "$r1" && alive "$r2" || fail "a read of .next returned with nothing queued"
+  timeout 5 ls "$M" >/dev/null || fail "ls hangs while readers wait on .next"
+  timeout 5 cat "$M/.stats" >/dev/null || fail "cat .stats hangs while readers wait on .next"
+  timeout 5 rm "$M/1" || fail "rm hangs while readers wait on .next"
+  "$SPOOL" send "$D/q" a >/dev/null
+  "$SPOOL" send "$D/q" b >/dev/null
+  wait "$r1" || fail "reader 1: exit $?"
+  wait "$r2" || fail "reader 2: exit $?"
+  local id1 id2
+  id1=$(head -n 1 "$D/r1")
+  id2=$(head -n 1 "$D/r2")
+  [[ $id1 =~ ^[0-9]+$ && $id2 =~ ^[0-9]+$ && $id1 != "$id2" ]] || fail "ids '$id1' and '$id2'"
+  eq "payloads" "$( (tail -n +2 "$D/r1"; echo; tail -n +2 "$D/r2"; echo) | sort | tr '\n' ' ')" "a b "
+  eq "in flight" "$(stat_of in_flight "$D/q")" 2
+  rm "$M/$id1" "$M/$id2" || fail "rm of the messages read through .next"
+  eq "acked" "$(stat_of acked_total "$D/q")" 3
+}
+
+# An interrupted read of .next takes nothing: the message sent after it goes to the next
+# reader, and no lease is left behind.
+t_next_interrupted_read_takes_nothing() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  # In the background: a read whose interrupt is ignored hangs uninterruptibly (the kernel
+  # waits for spoolfs's answer), and must fail the test rather than stop it.
+  timeout -s INT 1 cat "$M/.next" >"$D/r" 2>/dev/null &
+  local reader=$! rc=0
+  interrupted() { ! alive "$reader"; }
+  wait_for 5 interrupted
+  wait "$reader" || rc=$?
+  eq "exit of the interrupted read (timeout's 124)" "$rc" 124
+  [[ -s $D/r ]] && fail "the interrupted read returned data: $(cat "$D/r")"
+  "$SPOOL" send "$D/q" later >/dev/null
+  sleep 0.3
+  eq "in flight after the interrupted read and a send" "$(stat_of in_flight "$D/q")" 0
+  timeout 10 cat "$M/.next" >"$D/r" || fail "the next read failed"
+  eq "next read" "$(tr '\n' ' ' <"$D/r")" "1 later"
+}
+
+# .stats under tail -f shows new figures as the queue changes, and held counts only leases
+# that have not run out.
+t_stats_follows_under_tail_and_held_counts_live_leases() {
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M" -o visibility=1s
+  timeout 4 tail -f "$M/.stats" >"$D/tail" 2>&1 &
+  local t=$!
+  sleep 1.2
+  "$SPOOL" send "$D/q" x >/dev/null
+  wait_for 10 listed "$M" 1
+  cat "$M/1" >/dev/null || fail "cat of the message"
+  grep -q "held 1" "$M/.stats" || fail ".stats while leased: $(cat "$M/.stats")"
+  sleep 1.3  # the 1 s lease has run out
+  grep -q "held 0" "$M/.stats" || fail ".stats counts an expired lease as held: $(cat "$M/.stats")"
+  wait "$t"
+  grep -q "^sent total *0$" "$D/tail" || fail "tail -f: no first snapshot: $(cat "$D/tail")"
+  grep -q "^sent total *1$" "$D/tail" || fail "tail -f showed no new figures: $(cat "$D/tail")"
+}
+
 t_not_a_queue_is_refused() {
   mkdir -p "$D/notq" "$D/mnt"
   echo x >"$D/notq/file"
@@ -834,6 +909,9 @@ t_commas_in_the_queue_path_are_no_mount_options() {
 }
 
 TESTS=(
+  t_next_blocks_until_a_message_and_each_reader_gets_its_own
+  t_next_interrupted_read_takes_nothing
+  t_stats_follows_under_tail_and_held_counts_live_leases
   t_spool_mount_runs_spoolfs
   t_a_second_mount_on_a_live_one_is_refused
   t_not_a_queue_is_refused
