@@ -319,11 +319,7 @@ void QueueView::open(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
   spool::Millis vis = lease(*q);
   auto m = (*q)->receive_id(id, vis);
   if (!m.ok()) return (void)fuse_reply_err(req, errno_of(m.status()));
-  {
-    std::lock_guard lock(mu_);
-    held_[id] = Held{m->receipt, Meta{m->payload.size(), m->receive_count, m->enqueued, true, m->attributes},
-                     Clock::now() + vis};
-  }
+  hold(*m, vis);
   auto h = std::make_unique<Handle>();
   h->kind = Handle::Kind::kMessage;
   h->local = local;
@@ -464,10 +460,22 @@ void QueueView::read(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi)
   if (off < 0) return (void)fuse_reply_err(req, EINVAL);
   if (h->kind == Handle::Kind::kText) return read_text(req, h, size, off);
   if (h->kind == Handle::Kind::kNext) return read_next(req, h, size, off);
-  size_t o = static_cast<size_t>(off);
   std::shared_ptr<const std::string> data = h->snapshot;
-  if (o >= data->size()) return (void)fuse_reply_buf(req, nullptr, 0);  // EOF
-  fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+  reply_slice(req, *data, size, off);
+}
+
+// Answers a READ of `size` bytes at `off` (>= 0) of `data`: empty at or past its end (EOF).
+void QueueView::reply_slice(fuse_req_t req, const std::string& data, size_t size, off_t off) {
+  auto o = static_cast<size_t>(off);
+  if (o >= data.size()) return (void)fuse_reply_buf(req, nullptr, 0);
+  fuse_reply_buf(req, data.data() + o, std::min(size, data.size() - o));
+}
+
+// `m` is now held by this view for `vis`: rm acks it, touch extends it, .stats counts it.
+void QueueView::hold(const spool::Message& m, spool::Millis vis) {
+  std::lock_guard lock(mu_);
+  held_[m.id] = Held{m.receipt, Meta{m.payload.size(), m.receive_count, m.enqueued, true, m.attributes},
+                     Clock::now() + vis};
 }
 
 void QueueView::read_text(fuse_req_t req, Handle* h, size_t size, off_t off) {
@@ -493,9 +501,7 @@ void QueueView::read_next(fuse_req_t req, Handle* h, size_t size, off_t off) {
     data = h->snapshot;
   }
   if (!data) return next_->add(req, h, size, off);
-  auto o = static_cast<size_t>(off);
-  if (o >= data->size()) return (void)fuse_reply_buf(req, nullptr, 0);
-  fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
+  reply_slice(req, *data, size, off);
 }
 
 spool::Result<std::vector<spool::Message>> QueueView::receive_next(size_t n, spool::Millis wait) {
@@ -521,17 +527,9 @@ bool QueueView::deliver_next(fuse_req_t req, Handle* h, size_t size, off_t off, 
   }
   if (taken) {
     auto q = queue();
-    spool::Millis vis = q.ok() ? lease(*q) : spool::Millis{0};
-    std::lock_guard lock(mu_);
-    held_[m.id] = Held{m.receipt, Meta{m.payload.size(), m.receive_count, m.enqueued, true, m.attributes},
-                       Clock::now() + vis};
+    hold(m, q.ok() ? lease(*q) : spool::Millis{0});
   }
-  auto o = static_cast<size_t>(off);
-  if (o >= data->size()) {
-    fuse_reply_buf(req, nullptr, 0);
-  } else {
-    fuse_reply_buf(req, data->data() + o, std::min(size, data->size() - o));
-  }
+  reply_slice(req, *data, size, off);
   return taken;
 }
 

@@ -141,6 +141,8 @@ class QueueView {
   void stats_attr(fuse_req_t req, uint64_t local);
   void read_text(fuse_req_t req, Handle* h, size_t size, off_t off);
   void read_next(fuse_req_t req, Handle* h, size_t size, off_t off);
+  static void reply_slice(fuse_req_t req, const std::string& data, size_t size, off_t off);
+  void hold(const spool::Message& m, spool::Millis vis);
   bool deliver_next(fuse_req_t req, Handle* h, size_t size, off_t off, spool::Message& m);
   spool::Result<std::vector<spool::Message>> receive_next(size_t n, spool::Millis wait);
   void give_back(const spool::Message& m);
