@@ -711,6 +711,12 @@ const char* state_name(MessageState s) {
   return "unknown";
 }
 
+// The owner slot of a lease bound to a live process (bind_leases), or -1.
+static int bound_owner(const index::IndexHeader& h, const Entry& e) {
+  if (e.owner == 0 || e.owner > index::kOwnerSlots || h.owner_claimed[e.owner - 1] == 0) return -1;
+  return static_cast<int>(e.owner) - 1;
+}
+
 // Where the message in `slot` stands at `now`.
 static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQUIRES(q.idx) {
   const Entry& e = q.idx.entry(slot);
@@ -721,10 +727,7 @@ static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQ
   m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
       std::chrono::nanoseconds(now.real + (key - now.boot))));
   const auto& h = q.idx.hdr();
-  if (m.state == MessageState::kInFlight && e.owner != 0 && e.owner <= index::kOwnerSlots &&
-      h.owner_claimed[e.owner - 1] != 0) {
-    m.holder_pid = h.owner_pid[e.owner - 1];
-  }
+  if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.owner_pid[k];
   return m;
 }
 
@@ -953,7 +956,7 @@ Result<Stats> Queue::stats() {
         continue;
       }
       ++st.in_flight;
-      if (e.owner != 0 && e.owner <= index::kOwnerSlots && h.owner_claimed[e.owner - 1] != 0) ++bound[e.owner - 1];
+      if (int k = bound_owner(h, e); k >= 0) ++bound[k];
     }
     for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
       if (bound[k] != 0) st.holders.push_back({h.owner_pid[k], bound[k]});
