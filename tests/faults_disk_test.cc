@@ -487,7 +487,10 @@ TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
 }
 
 // A segment that cannot be created (fallocate fails: ENOSPC, EIO) fails the send that needed
-// it, cleanly, and the next send creates it.
+// it, cleanly, and the next send creates it. Allocations fail for stretches longer than a
+// segment's worth of sends: a single failed allocation may fall to the background thread
+// that makes spares ahead (which leaves it to a send), so only a stretch is sure to reach
+// a send.
 TEST(IoErrors, SegmentCreationFailureIsCleanAndRetried) {
   for (int err : {ENOSPC, EIO}) {
     TempDir d;
@@ -496,19 +499,21 @@ TEST(IoErrors, SegmentCreationFailureIsCleanAndRetried) {
     auto q = Queue::open(d / "q", o);
     ASSERT_TRUE(q.ok());
     std::set<uint64_t> sent;
-    int failures = 0;
-    for (int i = 0; i < 200; ++i) {
-      if (i % 20 == 0) sf::fail(sf::Op::kAllocate, 1, err);
+    int failures[3] = {};  // in each stretch
+    for (int i = 0; i < 350; ++i) {
+      if (i % 100 == 50) sf::fail(sf::Op::kAllocate, 1, err, true);  // sends 50-109: three segments' worth
+      if (i % 100 == 10) sf::clear();
       auto id = (*q)->send(std::string(700, 'x'));
       if (id.ok()) {
         sent.insert(*id);
       } else {
-        ++failures;
+        ASSERT_GE(i, 50) << "a send failed while allocations worked";
+        ++failures[(i - 50) / 100];
         EXPECT_EQ(id.status().code(), err == ENOSPC ? Code::kNoSpace : Code::kIo) << id.status().to_string();
       }
     }
     sf::clear();
-    EXPECT_GT(failures, 3);
+    for (int k = 0; k < 3; ++k) EXPECT_GT(failures[k], 0) << "no send met the failed allocations of stretch " << k;
     EXPECT_EQ(ids_of(**q), sent);
     EXPECT_EQ(consistency(**q), "");
   }

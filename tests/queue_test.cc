@@ -649,6 +649,41 @@ TEST_F(QueueTest, BadInputGetsClearErrors) {
   EXPECT_EQ(Queue::open(dir_ / "bad", bad).status().code(), Code::kInvalidArgument);
 }
 
+// A roll takes a spare (or makes a segment); the process's background thread then makes the
+// spare the queue will want next, so that sends do not pay for the next segment's
+// allocation. Here nothing stays queued, so the drain reserve alone never asks for a spare,
+// and every spare seen was made ahead of need.
+TEST_F(QueueTest, ARollIsFollowedByASpareMadeInTheBackground) {
+  QueueOptions o;
+  o.segment_size = 1 << 20;
+  o.sync = SyncPolicy::kNever;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  const std::string segs = qdir() + "/segments";
+  auto count = [&](std::string_view prefix) {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(segs)) n += e.path().filename().string().starts_with(prefix);
+    return n;
+  };
+  const std::string body(4000, 'x');
+  while (count("000") < 3) {
+    ASSERT_TRUE(q->send(body).ok());
+    Message m = one(*q);
+    ASSERT_TRUE(q->ack(m.receipt).ok());
+  }
+  EXPECT_EQ(q->stats()->ready, 0u);
+  const auto give_up = std::chrono::steady_clock::now() + 20s;
+  while (count("spare-") == 0 && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(count("spare-"), 1u) << "no spare was made after the log rolled twice";
+  // And the next roll takes it: the log goes on across it.
+  const size_t before = count("000");
+  while (count("000") == before) {
+    ASSERT_TRUE(q->send(body).ok());
+    ASSERT_TRUE(q->ack(one(*q).receipt).ok());
+  }
+  EXPECT_EQ(q->check_index(), "");
+}
+
 }  // namespace
 }  // namespace spool
 

@@ -5,6 +5,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -267,6 +270,44 @@ TEST_F(LogTest, RollsTakeSpareSegmentsFirst) {
   log.reset();
   auto again = open_log();
   EXPECT_EQ(recovered(*again), payloads);
+}
+
+// A spare of a log that stores through its mappings is zero-filled before it counts: its
+// blocks are written ones, not fallocate's unwritten extents, so a store into a page of it
+// needs no extent conversion under the index lock, and its sync flushes data only.
+TEST_F(LogTest, ASpareOfAMappedLogHasNoUnwrittenExtents) {
+  auto log = open_log(1 << 20, io::make_mmap_io());
+  ASSERT_TRUE(log);
+  ASSERT_TRUE(log->mapped()) << "the test directory's filesystem takes the pwrite backend";
+  ASSERT_TRUE(log->make_spare().ok());
+  std::string spare;
+  for (const auto& e : std::filesystem::directory_iterator(dir())) {
+    if (e.path().filename().string().starts_with("spare-")) spare = e.path().string();
+  }
+  ASSERT_FALSE(spare.empty());
+  int fd = ::open(spare.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  constexpr unsigned kMax = 64;
+  std::vector<uint64_t> buf((sizeof(fiemap) + kMax * sizeof(fiemap_extent)) / sizeof(uint64_t) + 1, 0);
+  auto* fm = reinterpret_cast<fiemap*>(buf.data());
+  fm->fm_length = FIEMAP_MAX_OFFSET;
+  fm->fm_flags = FIEMAP_FLAG_SYNC;
+  fm->fm_extent_count = kMax;
+  const int r = ::ioctl(fd, FS_IOC_FIEMAP, fm);
+  const int err = errno;
+  ::close(fd);
+  if (r != 0 && (err == EOPNOTSUPP || err == ENOTTY)) {
+    GTEST_SKIP() << "*** SKIPPED: the filesystem of " << dir() << " has no FIEMAP, so its extents cannot be seen";
+  }
+  ASSERT_EQ(r, 0) << std::strerror(err);
+  ASSERT_GT(fm->fm_mapped_extents, 0u);
+  uint64_t covered = 0;
+  for (unsigned i = 0; i < fm->fm_mapped_extents; ++i) {
+    EXPECT_EQ(fm->fm_extents[i].fe_flags & FIEMAP_EXTENT_UNWRITTEN, 0u)
+        << "extent " << i << " at " << fm->fm_extents[i].fe_logical << " is unwritten";
+    covered += fm->fm_extents[i].fe_length;
+  }
+  EXPECT_GE(covered, uint64_t{1} << 20) << "the spare's blocks are all allocated";
 }
 
 TEST_F(LogTest, RecordLargerThanSegmentIsTooLargeAndWritesNothing) {

@@ -233,6 +233,15 @@ Status SharedIndex::refresh() {
   return map_region();
 }
 
+Status SharedIndex::check_file_recent() {
+  constexpr uint64_t kTrustNs = 100'000'000;
+  if (!anonymous_ && fd_ >= 0 && !lost_.load(std::memory_order_acquire) && !faulted()) {
+    const uint64_t at = checked_at_.load(std::memory_order_relaxed);
+    if (at != 0 && sys::coarse_ns() - at < kTrustNs) return {};
+  }
+  return check_file();
+}
+
 Status SharedIndex::check_file() {
   if (anonymous_ || fd_ < 0) return {};
   if (lost_.load(std::memory_order_acquire)) return Status(Code::kCorrupt, lost_why_);
@@ -242,7 +251,10 @@ Status SharedIndex::check_file() {
   const bool faulted = faulted_.load(std::memory_order_acquire);
   struct stat st {};
   if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path_);
-  if (!faulted && static_cast<uint64_t>(st.st_size) >= mapped) return {};
+  if (!faulted && static_cast<uint64_t>(st.st_size) >= mapped) {
+    checked_at_.store(sys::coarse_ns(), std::memory_order_relaxed);
+    return {};
+  }
   static std::mutex mu;  // one thread replaces the mappings
   std::lock_guard lock(mu);
   if (!lost_.load(std::memory_order_acquire)) {

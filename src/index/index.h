@@ -363,6 +363,15 @@ class CAPABILITY("index lock") SharedIndex {
   // check_header(): "" or what is wrong with the header's counters and geometry (O(1), lock
   // held, after refresh()).
   Status check_file();
+  // check_file() for the lock path, which every call takes: trusts a check of this process
+  // made in the last 100 ms (a monotonic coarse clock, no system call) unless a SIGBUS was
+  // caught since. A file cut within that window is still caught: the lock word's page past
+  // the end faults at once, the guard zero-fills it and sets the flag, and the caller checks
+  // faulted() right after taking the lock; a cut that leaves the header and takes the
+  // region is the window no check closes (a cut in the middle of a locked call), guarded
+  // the same way.
+  Status check_file_recent();
+  bool faulted() const { return faulted_.load(std::memory_order_acquire); }
   std::string check_header() const;
   // The first damage a use found since clear_damage(), or "".
   const std::string& damage() const { return damage_; }
@@ -426,6 +435,7 @@ class CAPABILITY("index lock") SharedIndex {
   // mapped; check_file() loads it before its fstat, so a grow by this process's lock
   // holder between the two can only make the file look longer, never cut.
   std::atomic<uint64_t> covered_{0};
+  std::atomic<uint64_t> checked_at_{0};  // CLOCK_MONOTONIC_COARSE of the last passed check_file()
   uint64_t mapped_gen_ = UINT64_MAX;
   // The capacities the mapping was laid out with (the header's may be newer).
   uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0, dcap_ = 0;

@@ -222,6 +222,7 @@ auto Queue::Impl::maybe_compact(uint64_t end) -> void {
         if (compact_stopping) return;
         compact_wanted = false;
         lk.unlock();
+        top_up_spares();
         auto r = compact(false, false);
         if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
         lk.lock();

@@ -94,8 +94,11 @@ auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
 }
 
 auto Queue::Impl::start_flusher() -> void {
+  // Every write of an `interval` queue comes here: after the first, without the mutex.
+  if (flusher_started.load(std::memory_order_acquire)) return;
   sys::MutexLock lock(flush_mu);
   if (flusher.joinable() || stopping) return;
+  flusher_started.store(true, std::memory_order_release);
   flusher = std::thread([this] {
     sys::MutexLock lk(flush_mu);
     while (!stopping) {

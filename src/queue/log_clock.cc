@@ -58,9 +58,9 @@ storage::Record anchor_record(const Clocks& c, const uint64_t& boot) {
                          std::string_view(reinterpret_cast<const char*>(&boot), sizeof boot)};
 }
 
-storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot) {
+storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns) {
   Clocks c;
-  c.boot = sys::boot_ns();
+  c.boot = boot_ns != 0 ? boot_ns : sys::boot_ns();
   c.rt = c.boot + h.clock[anchors(h) - 1].off;
   return anchor_record(c, boot);
 }

@@ -54,8 +54,10 @@ Clocks read_clocks(const index::IndexHeader& h);
 bool anchor_due(const index::IndexHeader& h, const Clocks& c);
 // The CLOCK record stating `c`'s log clock (t1 = c.rt, t2 = c.boot); `boot` backs the payload.
 storage::Record anchor_record(const Clocks& c, const uint64_t& boot);
-// The CLOCK record that restates the newest anchor's offset (the header has one).
-storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot);
+// The CLOCK record that restates the newest anchor's offset (the header has one), at boot
+// time `boot_ns` (0: now). Only the offset (t1 - t2) is read back, so any boot time this
+// boot has seen will do: a caller passes the one it read last and saves a clock read.
+storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns = 0);
 // Enters an anchor written at `at` (packed Pos) with offset `off` (none past kClockAnchors).
 void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off);
 // `t`, a time a record at `at` stores, on the current log clock of `now`. Times of earlier

@@ -407,7 +407,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     return Status(Code::kInvalidArgument, "delay and wait_for_room must not be negative");
   }
   const uint64_t d = ms_to_ns(opts.delay);
-  const uint64_t give_up = sys::boot_ns() + ms_to_ns(opts.wait_for_room);
+  uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
   uint64_t woken = 0;
   std::vector<uint64_t> ids;
@@ -459,6 +459,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     uint32_t seen = h.room_seq.load(std::memory_order_acquire);
     if (std::string full = n_new == 0 ? "" : q.full_reason(n_new, total); !full.empty()) {
       uint64_t t = sys::boot_ns();
+      if (give_up == 0) give_up = t + ms_to_ns(opts.wait_for_room);
       if (t >= give_up) {
         return Status(Code::kQueueFull, "queue full: " + q.dir + " has " + full +
                                             "; consumers must catch up, or raise the limit");
@@ -547,7 +548,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     return Status(Code::kInvalidArgument, "visibility and wait must not be negative");
   }
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
-  const uint64_t give_up = sys::boot_ns() + ms_to_ns(wait);
+  uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
     std::vector<Message> out;
@@ -579,6 +580,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     }
     if (!out.empty()) return out;
     uint64_t now = sys::boot_ns();
+    if (give_up == 0) give_up = now + ms_to_ns(wait);
     if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
     uint64_t until = std::min(give_up, next_key);
     uint64_t slice = std::min(until > now ? until - now : 0,

@@ -101,6 +101,7 @@ struct Queue::Impl {
   std::unique_ptr<Queue> dlq GUARDED_BY(dlq_mu);
 
   std::thread flusher GUARDED_BY(flush_mu);
+  std::atomic<bool> flusher_started{false};  // set once, when `flusher` starts
   sys::Mutex flush_mu;
   std::condition_variable_any flush_cv;
   bool stopping GUARDED_BY(flush_mu) = false;
@@ -255,6 +256,7 @@ struct Queue::Impl {
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
   // clock keeps its offset: exact for this boot still, only further from the wall clock.
   Clocks clocks() REQUIRES(idx);
+  uint64_t boot_seen GUARDED_BY(idx) = 0;  // the boot time clocks() read last (restatement())
 
   // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
@@ -262,14 +264,20 @@ struct Queue::Impl {
   // compaction copy writes `bytes` of records that would eat into that room, more spares
   // are preallocated; when the disk cannot give one, the write fails with kNoSpace and the
   // room stays for the drain. (Nacks, extends and expiries are not reserved for.)
-  // How many spares short of that room the queue is.
-  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes) REQUIRES(idx);
+  // How many spares short of that room, plus `headroom` whole segments, the queue is.
+  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t headroom = 0) REQUIRES(idx);
   // spares_short(): no number of spares would do, the log has used every segment number.
   static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
   // Makes `n` spares without the lock (a send's: each spare is a large fallocate and two
   // syncs, which nothing under the index lock may wait for); each is counted under a short
   // lock of its own once it is on disk.
   Status make_spares(uint64_t n);
+  // Called by the background thread after a roll: makes the spares the queue needs to have
+  // one whole segment more than spares_short() asks for, so that the roll that uses up a
+  // spare is followed by a new one made off every caller's path, and a send makes one
+  // itself only when the background falls a whole segment behind. Another process's
+  // thread may make one at the same time: at most one extra spare each, used by later rolls.
+  void top_up_spares();
   // make_spares() under the lock the caller holds (compaction's copies).
   Status make_spares_held(uint64_t n) REQUIRES(idx);
   Status ensure_room(uint64_t new_msgs, uint64_t bytes) REQUIRES(idx) {
@@ -328,8 +336,8 @@ struct Queue::Impl {
   // waits for a running compaction with `wait`, else returns at once.
   Result<CompactResult> compact(bool everything, bool wait, const Progress& progress = {});
 
-  // Called after a write that may have rolled the log. A roll asks the process's compactor
-  // thread to compact by policy, so no send or ack waits for a compaction.
+  // Called after a write that may have rolled the log. A roll asks the process's background
+  // thread to top up the spares and compact by policy, so no send or ack waits for either.
   void maybe_compact(uint64_t end);
   void stop_compactor();
   std::atomic<uint64_t> seen_seq{0};

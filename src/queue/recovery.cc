@@ -43,8 +43,9 @@ auto Queue::Impl::seal_if_last() -> void {
 
 auto Queue::Impl::lock() -> Result<Locked> {
   // Before the lock word is touched: it is in the file, which another process may have
-  // truncated (a page past the end of a file is a SIGBUS).
-  if (Status s = idx.check_file(); !s.ok()) {
+  // truncated (a page past the end of a file is a SIGBUS, which the guard turns into zeros
+  // and a flag: SharedIndex::check_file_recent()).
+  if (Status s = idx.check_file_recent(); !s.ok()) {
     if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());  // once: every call fails so
     return s;
   }
@@ -75,6 +76,13 @@ auto Queue::Impl::lock() -> Result<Locked> {
       return Status(Code::kIo, dir + ": cannot lock the index");
   }
   idx.assert_held();  // kOk or kOwnerDied: every other case returned
+  if (idx.faulted()) {
+    // The file was cut since the last check: the "lock" just taken is a private zero page.
+    mu.unlock();
+    Status s = idx.check_file();
+    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
+    return s;
+  }
   Locked held(this);
   // Every value the index gives is checked before it is used (SharedIndex, "Damage"):
   // the header here, the rest at each use.

@@ -21,7 +21,7 @@ auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::Ap
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
-  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot);
+  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
   auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr);
   if (!res.ok()) return res.status();
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
@@ -42,6 +42,7 @@ auto Queue::Impl::apply(const Record& rec, uint64_t at, const Clocks& now) -> St
 auto Queue::Impl::clocks() -> Clocks {
   auto& h = idx.hdr();
   Clocks c = queue::read_clocks(h);
+  boot_seen = c.boot;
   if (read_only || !queue::anchor_due(h, c)) return c;
   Clocks next = c;
   next.rt = next.real;
@@ -56,7 +57,7 @@ auto Queue::Impl::clocks() -> Clocks {
   return next;
 }
 
-auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes) -> uint64_t {
+auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t headroom) -> uint64_t {
   constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
   constexpr uint64_t kSlack = 4096;
   auto& h = idx.hdr();
@@ -68,7 +69,7 @@ auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes) -> uint64_t {
   uint64_t usable = std::min(h.spares, numbers_left);
   uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + usable * cap;
   // Twice the records: a roll wastes the tail of a segment the next record does not fit.
-  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack + headroom * cap;
   if (room >= need) return 0;
   const uint64_t short_by = (need - room + cap - 1) / cap;
   return short_by > numbers_left - usable ? kNoSegmentNumbers : short_by;
@@ -98,6 +99,21 @@ auto Queue::Impl::make_spares(uint64_t n) -> Status {
     ++idx.hdr().spares;
   }
   return {};
+}
+
+auto Queue::Impl::top_up_spares() -> void {
+  uint64_t n;
+  {
+    auto held = lock_to_change();
+    if (!held.ok()) return;
+    holds(*held);
+    n = spares_short(0, 0, 1);
+  }
+  // A failure here is not the caller's: the send that is really short makes the spare
+  // itself and reports the error.
+  if (n != 0 && n != kNoSegmentNumbers) {
+    if (Status s = make_spares(n); !s.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, s.to_string());
+  }
 }
 
 auto Queue::Impl::make_spares_held(uint64_t n) -> Status {

@@ -25,6 +25,9 @@
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14 (uapi asm-generic/mman-common.h)
 #endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
 
 namespace spool::storage {
 namespace {
@@ -132,15 +135,19 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
 }
 
 void Log::prefault(int fd, uint64_t len) {
-  // The first store into each page of a preallocated file faults, and the kernel allocates
-  // and zeroes a page cache page then, under the index lock (docs/performance.md, "Where
-  // the time goes now"). Reading the spare in here, where no lock is held, leaves
-  // those pages in the page cache, clean (a populate for writing would dirty 64 MiB of
-  // zeros for the next fdatasync to write). Best effort: older kernels (before 5.14) refuse
-  // the advice, and stores then fault as before; the kernel may also reclaim the pages.
-  void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  // fallocate leaves the blocks "unwritten": the first store into each page then faults
+  // and the filesystem converts the extent under that fault (ext4: a journal handle per
+  // page), and an fdatasync after it commits the conversion. Both happened under the
+  // index lock, for every page of every segment. Faulting the whole spare in for writing
+  // here dirties it with zeros, which the spare's own fdatasync (after this, still outside
+  // any lock) writes, so the blocks are written ones: a later store is a plain page cache
+  // write, and a sync of it flushes data only (PostgreSQL zero-fills new WAL files for the
+  // same reason). The cost is the spare's size once more in disk writes, off the hot path.
+  // Best effort: a kernel without the advice (before 5.14) gets the read populate, which
+  // at least leaves the pages in the page cache.
+  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return;
-  (void)::madvise(m, len, MADV_POPULATE_READ);
+  if (::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
   ::munmap(m, len);
 }
 
@@ -313,8 +320,8 @@ Status Log::make_spare() {
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
   // for draining a full disk.
   int r = opts_.io->allocate(fd, 0, opts_.segment_size);
-  if (r == 0) r = opts_.io->datasync(fd);
   if (r == 0 && mapped_) prefault(fd, opts_.segment_size);
+  if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
   char name[64];
   std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));

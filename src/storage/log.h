@@ -149,7 +149,8 @@ class Log {
   // Stores `len` bytes at `off` of `seg`: through its mapping when it is writable, else with
   // write_all. 0 or -errno.
   int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
-  // Brings the first `len` bytes of `fd` into the page cache (a spare, before any lock
+  // Dirties the first `len` bytes of `fd` with zeros in the page cache, so that the sync
+  // that follows turns its preallocated blocks into written ones (a spare, before any lock
   // holder stores into it).
   static void prefault(int fd, uint64_t len);
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);

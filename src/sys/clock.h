@@ -17,6 +17,9 @@ inline uint64_t now_ns(clockid_t clock) {
 }
 inline uint64_t boot_ns() { return now_ns(CLOCK_BOOTTIME); }
 inline uint64_t real_ns() { return now_ns(CLOCK_REALTIME); }
+// Ticks at the scheduler's rate (a few ms) and is read without a system call or a TSC read:
+// for "was this done in the last N ms" on hot paths.
+inline uint64_t coarse_ns() { return now_ns(CLOCK_MONOTONIC_COARSE); }
 
 // /proc/sys/kernel/random/boot_id, which changes at every boot ("" if unreadable).
 std::string boot_id();
