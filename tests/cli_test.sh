@@ -229,6 +229,39 @@ t_init() {
   done
 }
 
+# Issue 24: a near-empty queue, with its dead-letter queue, takes under 2 MB of disk
+# (segments start small); sending more rolls to segments that double in size.
+t_near_empty_queue_is_small_and_segments_grow() {
+  expect 0 "$SPOOL" init q --max-receives 1
+  expect 0 "$SPOOL" send q x
+  local kb
+  kb=$(du -sk q | cut -f1)
+  (( kb < 2048 )) || fail "init and one send take $kb KiB: $(du -ak q)"
+  # A dead letter creates dlq/, a queue of its own: still under 2 MB together.
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" nack q "$(receipt_of)"
+  expect 2 "$SPOOL" recv q
+  eq "dead" "$(stat_of dead q)" 1
+  [[ -d q/dlq/segments ]] || fail "no dead-letter queue: $(ls -R q)"
+  kb=$(du -sk q | cut -f1)
+  (( kb < 2048 )) || fail "a queue and its dead-letter queue take $kb KiB: $(du -ak q)"
+  # About 3 MiB of records: past the first segments.
+  local pad
+  pad=$(printf '%0900d' 0)
+  seq -f "%06g $pad" 3000 | "$SPOOL" send --lines q >/dev/null || fail "send --lines"
+  local sizes
+  sizes=$(stat -c %s q/segments/*.seg | tr '\n' ' ')
+  local -a sz=($sizes)
+  (( ${#sz[@]} >= 3 )) || fail "3 MiB of messages did not roll twice: segment sizes $sizes"
+  (( sz[0] <= 262144 )) || fail "the first segment is not small: segment sizes $sizes"
+  local i
+  for ((i = 1; i < ${#sz[@]}; i++)); do
+    (( sz[i] == 2 * sz[i - 1] )) || fail "segment $((i + 1)) is not twice the one before: sizes $sizes"
+  done
+  expect 0 "$SPOOL" verify q
+  eq "ready" "$(stat_of ready q)" 3000
+}
+
 t_not_a_queue_exit_1() {
   expect 1 "$SPOOL" send missing hello
   err_has "spool init"
@@ -1714,6 +1747,7 @@ TESTS=(
   t_bad_durations_exit_64
   t_bad_sizes_exit_64
   t_init
+  t_near_empty_queue_is_small_and_segments_grow
   t_not_a_queue_exit_1
   t_send_recv_ack_text
   t_recv_wait_long_poll

@@ -38,7 +38,7 @@ namespace {
 // ---- 4. Disk full, I/O errors ----------------------------------------------------------------
 
 class FullDisk : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     if (::geteuid() != 0) {
       GTEST_SKIP() << "\n*** SKIPPED: mounting a 2 MiB tmpfs needs root; a really full file system "
@@ -73,14 +73,15 @@ class FullDisk : public ::testing::Test {
   }
   std::string filler() const { return mnt_ + "/filler"; }
   std::string qdir() const { return mnt_ + "/q"; }
-  // Runs `body` in a child on a queue in the mount (128 KiB segments, 4 KiB payloads), with
-  // 640 KiB of the 2 MiB taken by filler(): a file not the queue's, so that removing it
-  // frees space.
-  void in_child_on_queue(const std::string& what, const std::function<void(Report&, Queue&)>& body) {
+  // Runs `body` in a child on a queue in the mount (128 KiB segments unless `segment_size`
+  // says otherwise, 4 KiB payloads), with 640 KiB of the 2 MiB taken by filler(): a file not
+  // the queue's, so that removing it frees space.
+  void in_child_on_queue(const std::string& what, const std::function<void(Report&, Queue&)>& body,
+                         uint64_t segment_size = 128 << 10) {
     fill(filler(), 640 << 10);
     in_child(what, [&](Report& r) {
       QueueOptions o;
-      o.segment_size = 128 << 10;
+      o.segment_size = segment_size;
       o.max_payload = 4096;
       auto q = Queue::open(qdir(), o);
       if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
@@ -94,8 +95,8 @@ class FullDisk : public ::testing::Test {
 
 // Sends fail with kNoSpace and a message that says so, again and again without harm;
 // nothing acknowledged is lost; after space that is not the queue's frees, sends work again.
-TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
-  in_child_on_queue("full disk", [&](Report& r, Queue& Q) {
+void sends_fail_cleanly(FullDisk& t, uint64_t segment_size) {
+  t.in_child_on_queue("full disk", [&](Report& r, Queue& Q) {
     std::set<uint64_t> sent;
     Status full;
     for (int i = 0; i < 100000; ++i) {
@@ -117,7 +118,7 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
     r.check(ids_of(Q) == sent, "every send that returned is still queued");
     std::string c = consistency(Q);
     r.check(c.empty(), "while full: " + c);
-    r.check(::unlink(filler().c_str()) == 0, "remove the filler");
+    r.check(::unlink(t.filler().c_str()) == 0, "remove the filler");
     for (int i = 0; i < 50; ++i) {
       auto id = Q.send(std::string(1000, 'y'));
       if (!r.check(id.ok(), "send after freeing space: " + id.status().to_string())) break;
@@ -126,18 +127,27 @@ TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
     r.check(ids_of(Q) == sent, "nothing acknowledged was lost");
     c = consistency(Q);
     r.check(c.empty(), "at the end: " + c);
-  });
+  }, segment_size);
   // And from the log alone, after every process closed it.
-  ::unlink((qdir() + "/index").c_str());
-  auto q = Queue::open(qdir());
+  ::unlink((t.qdir() + "/index").c_str());
+  auto q = Queue::open(t.qdir());
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   EXPECT_EQ(consistency(**q), "");
 }
 
+TEST_F(FullDisk, SendsFailCleanlyAndWorkAgainAfterSpaceFrees) { sends_fail_cleanly(*this, 128 << 10); }
+
+// The same with the default segment size, which the disk cannot hold one of: the queue's
+// segments start small and grow (storage/log.h), and the spares made ahead for the drain
+// grow with them, until one does not fit.
+TEST_F(FullDisk, GrowingSegmentsSendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
+  sends_fail_cleanly(*this, QueueOptions{}.segment_size);
+}
+
 // PRODUCT.md §4: on a full disk receive, ack and compaction keep working, so a full queue
 // can be drained, and then accepts sends again.
-TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
-  in_child_on_queue("drain a full disk", [&](Report& r, Queue& Q) {
+void drain_full(FullDisk& t, uint64_t segment_size) {
+  t.in_child_on_queue("drain a full disk", [&](Report& r, Queue& Q) {
     std::set<uint64_t> sent;
     for (int i = 0; i < 100000; ++i) {
       auto id = Q.send(std::string(1000, 'a'));
@@ -166,7 +176,13 @@ TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
     r.check(after.ok(), "send after draining and compacting: " + after.status().to_string());
     std::string c = consistency(Q);
     r.check(c.empty(), "at the end: " + c);
-  });
+  }, segment_size);
+}
+
+TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) { drain_full(*this, 128 << 10); }
+
+TEST_F(FullDisk, GrowingSegmentsAFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
+  drain_full(*this, QueueOptions{}.segment_size);
 }
 
 // The index is a mapped file: growing it on a full disk must be an error, never SIGBUS.

@@ -337,6 +337,37 @@ TEST_F(QueueTest, GrowsPastTheInitialIndexCapacity) {
   EXPECT_EQ(q->stats()->ready, 2500u);
 }
 
+// Issue 24: a near-empty queue takes little disk. Its first segment is small, and a message
+// larger than that (up to max_payload) still goes in, into a larger segment, and reads back
+// after a reopen that rebuilds the index from the log.
+TEST_F(QueueTest, SegmentsStartSmallAndAMessageLargerThanTheFirstStillFits) {
+  std::string big(1 << 20, 'b');  // the default max_payload
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>('a' + i / 4096 % 26);
+  {
+    auto q = open();
+    ASSERT_TRUE(q->send("tiny").ok());
+    struct stat st {};
+    ASSERT_EQ(::stat((qdir() + "/segments/00000000000000000001.seg").c_str(), &st), 0);
+    EXPECT_LE(static_cast<uint64_t>(st.st_size), 256u << 10) << "the first segment is small";
+    EXPECT_LT(q->stats()->bytes_on_disk, 1u << 20);
+    ASSERT_TRUE(q->send(big).ok());
+    ASSERT_TRUE(q->send("after").ok());
+    EXPECT_EQ(q->check_index(), "");
+  }
+  ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);
+  auto q = open();
+  auto got = q->receive(3);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ(got->at(0).payload, "tiny");
+  EXPECT_EQ(got->at(1).payload, big);
+  EXPECT_EQ(got->at(2).payload, "after");
+  // A sealed segment smaller than segment_size is no damage: its header gives its size.
+  auto v = q->verify(false);
+  ASSERT_TRUE(v.ok()) << v.status().to_string();
+  EXPECT_TRUE(v->ok()) << (v->problems.empty() ? "" : v->problems[0]);
+}
+
 TEST_F(QueueTest, PurgeRemovesEverythingDurably) {
   {
     auto q = open();

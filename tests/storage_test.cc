@@ -279,7 +279,7 @@ TEST_F(LogTest, ASpareOfAMappedLogHasNoUnwrittenExtents) {
   auto log = open_log(1 << 20, io::make_mmap_io());
   ASSERT_TRUE(log);
   ASSERT_TRUE(log->mapped()) << "the test directory's filesystem takes the pwrite backend";
-  ASSERT_TRUE(log->make_spare().ok());
+  ASSERT_TRUE(log->make_spare(1 << 20).ok());
   std::string spare;
   for (const auto& e : std::filesystem::directory_iterator(dir())) {
     if (e.path().filename().string().starts_with("spare-")) spare = e.path().string();
@@ -308,6 +308,63 @@ TEST_F(LogTest, ASpareOfAMappedLogHasNoUnwrittenExtents) {
     covered += fm->fm_extents[i].fe_length;
   }
   EXPECT_GE(covered, uint64_t{1} << 20) << "the spare's blocks are all allocated";
+}
+
+// Segments start at the first size and double at each roll up to segment_size; a record
+// larger than the next size gets a segment it fits; a spare too small for the record a
+// roll is for stays a spare, and a later roll takes it (with its own size).
+TEST_F(LogTest, SegmentsGrowFromASmallFirstOneAndFitLargeRecords) {
+  LogOptions o = opts(1 << 20);
+  o.first_segment_size = 64 << 10;
+  auto made = Log::open(dir(), o);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  auto log = std::move(made).value();
+  EXPECT_EQ(log->first_size(), 64u << 10);
+  EXPECT_EQ(log->next_size(64 << 10), 128u << 10);
+  EXPECT_EQ(log->next_size(768 << 10), 1u << 20);
+  Pos end;
+  uint64_t id = 1;
+  std::vector<std::string> payloads;
+  auto append = [&](size_t len) {
+    payloads.push_back(payload_for(id, len));
+    Record r{format::RecordType::kMsg, 0, id++, 1, 2, payloads.back()};
+    auto res = log->append(end, std::span(&r, 1));
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    end = res->end;
+  };
+  auto size_of = [&](uint64_t seq) {
+    struct stat st {};
+    EXPECT_EQ(::stat(log->segment_path(seq).c_str(), &st), 0);
+    return static_cast<uint64_t>(st.st_size);
+  };
+  ASSERT_NO_FATAL_FAILURE(append(100));
+  EXPECT_EQ(size_of(1), 64u << 10);
+  while (end.seq < 3) ASSERT_NO_FATAL_FAILURE(append(3000));
+  EXPECT_EQ(size_of(2), 128u << 10);
+  // Larger than the 256 KiB the next roll would make.
+  ASSERT_TRUE(log->make_spare(16 << 10).ok());
+  ASSERT_NO_FATAL_FAILURE(append(300 << 10));
+  EXPECT_EQ(end.seq, 4u);
+  EXPECT_GE(size_of(4), (300u << 10) + 64 + 48);
+  EXPECT_EQ(*log->count_spares(), 1u) << "the spare too small for that record stays";
+  // The next roll takes it, at its size.
+  while (end.seq < 5) ASSERT_NO_FATAL_FAILURE(append(3000));
+  uint64_t spare_bytes = 1;
+  EXPECT_EQ(*log->count_spares(&spare_bytes), 0u);
+  EXPECT_EQ(spare_bytes, 0u);
+  EXPECT_EQ(size_of(5), 16u << 10);
+  while (end.seq < 7) ASSERT_NO_FATAL_FAILURE(append(3000));
+  EXPECT_EQ(size_of(6), 64u << 10) << "never smaller than the first";
+  log.reset();
+  auto again = Log::open(dir(), o);
+  ASSERT_TRUE(again.ok());
+  Pos recovered_end;
+  EXPECT_EQ(recovered(**again, &recovered_end), payloads);
+  EXPECT_EQ(recovered_end, end);
+  // Sealed segments smaller than segment_size are no damage.
+  auto rec = (*again)->recover([](Pos, const RecordView&) {});
+  ASSERT_TRUE(rec.ok());
+  EXPECT_TRUE(rec->corrupt.empty());
 }
 
 TEST_F(LogTest, RecordLargerThanSegmentIsTooLargeAndWritesNothing) {

@@ -49,7 +49,9 @@ struct QueueOptions {
   uint32_t max_receives = 10;      // [stored] deliveries before a message is dead-lettered; 0: never
   SyncPolicy sync = SyncPolicy::kInterval;  // [stored]
   Millis sync_interval{50};        // [stored]
-  uint64_t segment_size = 64ull << 20;  // [stored] bytes per segment file (4 KiB .. 1 TiB)
+  // [stored] the largest segment file (4 KiB .. 1 TiB). A queue's first segment is 256 KiB
+  // (or this, if less) and each next one twice the one before, up to this.
+  uint64_t segment_size = 64ull << 20;
   // [stored] largest message; 0: 1 MiB, or what fits one segment if that is less.
   uint64_t max_payload = 0;
   // [stored] Retention, off (0) by default: ready messages older than max_age, and the

@@ -311,7 +311,7 @@ class Queue:
     :param max_receives: [stored] deliveries before a message is dead-lettered (10; 0: never)
     :param sync: [stored] "always", "interval" (default) or "never"
     :param sync_interval: [stored] with "interval": the longest a write stays unsynced (0.05 s)
-    :param segment_size: [stored] bytes per segment file (64 MiB)
+    :param segment_size: [stored] the largest segment file (64 MiB); segments start at 256 KiB and double
     :param max_payload: [stored] largest message in bytes (0: 1 MiB)
     :param retention_max_age: [stored] drop ready messages older than this (0: off)
     :param retention_max_bytes: [stored] drop the oldest ready messages past this (0: off)

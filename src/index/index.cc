@@ -597,16 +597,20 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   const uint64_t keep = region_bytes(w, hc, oc, dcap_);
   if (keep == region_len_ || region_len_ - keep < min_gain) return {};
   if (Status s = resize(w, hc, oc); !s.ok()) return s;
+  punch_tail();
+  return {};
+}
+
+void SharedIndex::punch_tail() {
   // Hand the tail's blocks and cache pages back. Not ftruncate: other processes map the
   // old length until their next lock, and a page past the end of a file is a SIGBUS; a
   // hole reads as zeros, and nobody reads there before remapping. Whole pages from the
   // first one past the region: the page the region ends in keeps its block.
-  const uint64_t from = (kHeaderBytes + keep + 4095) / 4096 * 4096;
-  if (!anonymous_ && h.file_bytes > from) {
+  const uint64_t from = (kHeaderBytes + region_len_ + 4095) / 4096 * 4096;
+  if (!anonymous_ && hdr_->file_bytes > from) {
     (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
-                      static_cast<off_t>(h.file_bytes - from));  // best effort: some file systems cannot
+                      static_cast<off_t>(hdr_->file_bytes - from));  // best effort: some file systems cannot
   }
-  return {};
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {

@@ -70,8 +70,8 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
-// 13: clock anchors; 14: owner pids
-inline constexpr uint32_t kIndexVersion = 14;
+// 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes)
+inline constexpr uint32_t kIndexVersion = 15;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -168,6 +168,7 @@ struct alignas(64) IndexHeader {
   uint64_t bytes_live;
   uint64_t compacted_through;  // every segment <= this was removed by compaction
   uint64_t spares;             // spare segment files (Log::make_spare) on disk
+  uint64_t spare_bytes;        // their sizes, summed
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
   uint64_t dedup_cap;     // dedup table slots (0: none yet)
   uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
@@ -301,6 +302,10 @@ class CAPABILITY("index lock") SharedIndex {
   // does nothing. Remaps, so no slot may be held. The file keeps its size
   // (docs/durability.md, "The shared index").
   Status shrink(uint64_t min_gain = kShrinkMinBytes);
+  // Punches the file's blocks past the region out (best effort). shrink() does it for what
+  // it frees; a rebuild does it too, for the tail a process killed inside a shrink left
+  // allocated (resized, not yet punched), which no later shrink would free.
+  void punch_tail();
 
   // For stats, list and peek: heap items (in heap order) and the queued messages from the
   // cursor on (in id order; f returns false to stop).

@@ -84,7 +84,9 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     for (uint64_t seq : *seqs) {
       if (seq >= active || seq >= pinned) break;
       cum_live += live[seq];
-      cum_size += cfg.opts.segment_size;
+      // Each segment's own size: the log grows them (storage/log.h).
+      auto seg = log->segment(seq);
+      cum_size += seg.ok() ? (*seg)->info().size : cfg.opts.segment_size;
       uint64_t n = everything ? kOnDemandLiveDenominator : kAutoLiveDenominator;
       if (cum_live * n <= cum_size) last = seq;
     }
@@ -142,9 +144,13 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
                             id, now.rt, rt, {}});
     }
-    uint64_t copy_bytes = 0;
-    for (const Record& r : recs) copy_bytes += format::record_size(r.ext.size() + r.payload.size());
-    if (Status s = ensure_room(0, copy_bytes); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
+    uint64_t copy_bytes = 0, largest = 0;
+    for (const Record& r : recs) {
+      const uint64_t rb = format::record_size(r.ext.size() + r.payload.size());
+      copy_bytes += rb;
+      largest = std::max(largest, rb);
+    }
+    if (Status s = ensure_room(0, copy_bytes, largest); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
     auto at = append_all(recs);
     if (!at.ok()) return at.status();
     // Copying took no lock-free step, so the slots are still those of the same entries.

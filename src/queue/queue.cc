@@ -444,11 +444,13 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     }
     const size_t n_new = dedup.empty() ? payloads.size() : keep.size();
     auto kept = [&](size_t k) { return dedup.empty() ? k : keep[k]; };
-    uint64_t total = 0, record_bytes = 0;
+    uint64_t total = 0, record_bytes = 0, largest = 0;
     for (size_t k = 0; k < n_new; ++k) {
       const size_t i = kept(k);
       total += payloads[i].size();
-      record_bytes += format::record_size((exts.empty() ? 0 : exts[i].size()) + payloads[i].size());
+      const uint64_t rb = format::record_size((exts.empty() ? 0 : exts[i].size()) + payloads[i].size());
+      record_bytes += rb;
+      largest = std::max(largest, rb);
     }
     if ((q.cfg.opts.max_ready != 0 && n_new > q.cfg.opts.max_ready) ||
         (q.cfg.opts.max_bytes != 0 && total > q.cfg.opts.max_bytes)) {
@@ -475,7 +477,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     }
     // Room for the drain and the index slots first: a send fails before its records are
     // written, never after. Spares are made outside the lock, then it looks again.
-    if (uint64_t short_by = q.spares_short(n_new, record_bytes); short_by != 0) {
+    if (auto short_by = q.spares_short(n_new, record_bytes, largest); short_by.n != 0) {
       Queue::Impl::Locked::release(std::move(held).value());
       if (Status s = q.make_spares(short_by); !s.ok()) return s;
       continue;

@@ -264,14 +264,25 @@ struct Queue::Impl {
   // compaction copy writes `bytes` of records that would eat into that room, more spares
   // are preallocated; when the disk cannot give one, the write fails with kNoSpace and the
   // room stays for the drain. (Nacks, extends and expiries are not reserved for.)
-  // How many spares short of that room, plus `headroom` whole segments, the queue is.
-  uint64_t spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t headroom = 0) REQUIRES(idx);
+  // The spares a queue is short of that room: `n` of them, the first of `size` bytes and
+  // each next one twice the one before (at most the segment size), none smaller than
+  // `at_least` (what the largest record about to be written needs, in a segment of its own).
+  // Segments grow by doubling from a small first one (storage/log.h), and so do the spares
+  // made ahead of the rolls that will take them.
+  struct SpareShort {
+    uint64_t n = 0;
+    uint64_t size = 0;
+    uint64_t at_least = 0;
+  };
+  // `largest`: the record size of the largest record about to be written (0: none).
+  // `ahead`: the room of one more segment, of the size the next roll makes, on top.
+  SpareShort spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t largest = 0, bool ahead = false) REQUIRES(idx);
   // spares_short(): no number of spares would do, the log has used every segment number.
   static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
-  // Makes `n` spares without the lock (a send's: each spare is a large fallocate and two
+  // Makes the spares without the lock (a send's: each spare is a large fallocate and two
   // syncs, which nothing under the index lock may wait for); each is counted under a short
   // lock of its own once it is on disk.
-  Status make_spares(uint64_t n);
+  Status make_spares(const SpareShort& s);
   // Called by the background thread after a roll: makes the spares the queue needs to have
   // one whole segment more than spares_short() asks for, so that the roll that uses up a
   // spare is followed by a new one made off every caller's path, and a send makes one
@@ -279,9 +290,9 @@ struct Queue::Impl {
   // thread may make one at the same time: at most one extra spare each, used by later rolls.
   void top_up_spares();
   // make_spares() under the lock the caller holds (compaction's copies).
-  Status make_spares_held(uint64_t n) REQUIRES(idx);
-  Status ensure_room(uint64_t new_msgs, uint64_t bytes) REQUIRES(idx) {
-    return make_spares_held(spares_short(new_msgs, bytes));
+  Status make_spares_held(const SpareShort& s) REQUIRES(idx);
+  Status ensure_room(uint64_t new_msgs, uint64_t bytes, uint64_t largest) REQUIRES(idx) {
+    return make_spares_held(spares_short(new_msgs, bytes, largest));
   }
   // make_spares(): the error for kNoSegmentNumbers, and for a spare the disk refused
   // (naming the queued messages the room is kept for).

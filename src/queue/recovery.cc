@@ -154,10 +154,13 @@ auto Queue::Impl::rebuild() -> Status {
     });
   }
   if (Status s = replay(idx); !s.ok()) return s;
+  idx.punch_tail();
   // What a lock holder killed in the middle of a store left after the end.
   if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
-  auto spares = log->count_spares();
+  uint64_t spare_bytes = 0;
+  auto spares = log->count_spares(&spare_bytes);
   idx.hdr().spares = spares.ok() ? *spares : 0;
+  idx.hdr().spare_bytes = spares.ok() ? spare_bytes : 0;
   for (const Owned& o : owned) {
     int64_t slot = idx.find(o.id);
     if (slot < 0) continue;

@@ -27,7 +27,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
     }
     auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {});
     if (i + 1 < seqs->size()) {
-      for (const auto& c : storage::sealed_tail_damage(**seg, scan.end, q.cfg.opts.segment_size)) {
+      for (const auto& c : storage::sealed_tail_damage(**seg, scan.end)) {
         scan.corrupt.push_back(c);
       }
     }

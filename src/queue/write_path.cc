@@ -25,6 +25,7 @@ auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::Ap
   auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr);
   if (!res.ok()) return res.status();
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
+  h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
   __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
   return res;
 }
@@ -57,22 +58,54 @@ auto Queue::Impl::clocks() -> Clocks {
   return next;
 }
 
-auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t headroom) -> uint64_t {
+auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t largest, bool ahead) -> SpareShort {
   constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
   constexpr uint64_t kSlack = 4096;
+  // What a segment cannot hold of drain records: its header, the CLOCK record that opens
+  // it, and the tail a drain record did not fit.
+  static constexpr uint64_t kPerSegment = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
+  auto cap = [](uint64_t size) { return size - std::min(size, kPerSegment); };
   auto& h = idx.hdr();
-  const uint64_t seg = cfg.opts.segment_size;
-  const uint64_t cap = seg - format::kSegmentHeaderSize;
   Pos end = Pos::unpack(h.log_end);
-  // A spare beyond the last segment number a position can hold is never rolled into.
+  uint64_t active = 0;  // the active segment's size
+  if (end.seq != 0) {
+    auto seg = log->segment(end.seq);
+    active = seg.ok() ? (*seg)->info().size : 0;
+  }
+  // A spare beyond the last segment number a position can hold is never rolled into; when
+  // there are more spares than numbers, each one left counts as the smallest a spare can be.
   const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
   uint64_t usable = std::min(h.spares, numbers_left);
-  uint64_t room = (end.seq == 0 ? 0 : seg - std::min(seg, end.off)) + usable * cap;
+  const uint64_t spare_room = usable == h.spares ? h.spare_bytes - std::min(h.spare_bytes, h.spares * kPerSegment)
+                                                 : usable * cap(log->first_size());
+  uint64_t room = active - std::min(active, end.off) + spare_room;
   // Twice the records: a roll wastes the tail of a segment the next record does not fit.
-  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack + headroom * cap;
-  if (room >= need) return 0;
-  const uint64_t short_by = (need - room + cap - 1) / cap;
-  return short_by > numbers_left - usable ? kNoSegmentNumbers : short_by;
+  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+  if (ahead) need += cap(log->next_size(active));
+  if (room >= need) return {};
+  SpareShort s;
+  // The size of the roll after the spares there are (each roll doubles).
+  uint64_t size = log->next_size(active);
+  for (uint64_t i = 0; i < h.spares && size < log->max_size(); ++i) size = log->next_size(size);
+  s.size = size;
+  const uint64_t header_and_clock = format::kSegmentHeaderSize + format::record_size(8);
+  s.at_least = largest == 0 ? 0 : std::min(log->max_size(), (header_and_clock + largest + 4095) & ~uint64_t{4095});
+  const uint64_t max_n = numbers_left - usable;
+  while (room < need) {
+    if (s.n >= max_n) return SpareShort{kNoSegmentNumbers, 0, 0};
+    if (size >= log->max_size() && s.at_least <= size) {
+      // The rest are all of the largest size.
+      const uint64_t c = std::max<uint64_t>(1, cap(size));
+      const uint64_t more = (need - room + c - 1) / c;
+      if (more > max_n - s.n) return SpareShort{kNoSegmentNumbers, 0, 0};
+      s.n += more;
+      break;
+    }
+    room += cap(std::max(size, s.at_least));
+    ++s.n;
+    size = log->next_size(size);
+  }
+  return s;
 }
 
 auto Queue::Impl::no_segment_numbers() const -> Status {
@@ -88,39 +121,45 @@ auto Queue::Impl::spare_refused(const Status& why) -> Status {
                                 " queued messages can still be received and acked");
 }
 
-auto Queue::Impl::make_spares(uint64_t n) -> Status {
-  if (n == kNoSegmentNumbers) return no_segment_numbers();
-  for (; n > 0; --n) {
-    Status made = log->make_spare();
+auto Queue::Impl::make_spares(const SpareShort& s) -> Status {
+  if (s.n == kNoSegmentNumbers) return no_segment_numbers();
+  uint64_t size = s.size;
+  for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
+    const uint64_t bytes = std::max(size, s.at_least);
+    Status made = log->make_spare(bytes);
     auto held = lock();  // the count is read and changed under the lock
     if (!held.ok()) return made.ok() ? held.status() : made;
     holds(*held);
     if (!made.ok()) return spare_refused(made);
     ++idx.hdr().spares;
+    idx.hdr().spare_bytes += bytes;
   }
   return {};
 }
 
 auto Queue::Impl::top_up_spares() -> void {
-  uint64_t n;
+  SpareShort s;
   {
-    auto held = lock_to_change();
+    auto held = lock();  // reads the counts only: no reaping or shrinking from this thread
     if (!held.ok()) return;
     holds(*held);
-    n = spares_short(0, 0, 1);
+    s = spares_short(0, 0, 0, true);
   }
   // A failure here is not the caller's: the send that is really short makes the spare
   // itself and reports the error.
-  if (n != 0 && n != kNoSegmentNumbers) {
-    if (Status s = make_spares(n); !s.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, s.to_string());
+  if (s.n != 0 && s.n != kNoSegmentNumbers) {
+    if (Status st = make_spares(s); !st.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
   }
 }
 
-auto Queue::Impl::make_spares_held(uint64_t n) -> Status {
-  if (n == kNoSegmentNumbers) return no_segment_numbers();
-  for (; n > 0; --n) {
-    if (Status s = log->make_spare(); !s.ok()) return spare_refused(s);
+auto Queue::Impl::make_spares_held(const SpareShort& s) -> Status {
+  if (s.n == kNoSegmentNumbers) return no_segment_numbers();
+  uint64_t size = s.size;
+  for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
+    const uint64_t bytes = std::max(size, s.at_least);
+    if (Status st = log->make_spare(bytes); !st.ok()) return spare_refused(st);
     ++idx.hdr().spares;
+    idx.hdr().spare_bytes += bytes;
   }
   return {};
 }

@@ -245,7 +245,15 @@ void Log::forget_below(uint64_t seq) {
   cache_.erase(cache_.begin(), cache_.lower_bound(seq));
 }
 
-Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used) {
+uint64_t Log::first_size() const { return std::min(opts_.first_segment_size, opts_.segment_size); }
+
+uint64_t Log::next_size(uint64_t prev) const {
+  if (prev == 0) return first_size();
+  return std::max(first_size(), std::min(opts_.segment_size, prev > opts_.segment_size / 2 ? opts_.segment_size : 2 * prev));
+}
+
+Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
+                                           AppendResult* res) {
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
   if (seq > kMaxSegmentSeq) {
     // A Pos keeps 24 bits of segment number: one more segment would wrap the log end to
@@ -264,20 +272,35 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t base_id, uint3
   }
   Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
   for (const std::string& spare : spares()) {
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, &spare, mapped_,
-                          opts_.file_mode);
-    if (seg.ok()) {
-      ++*spares_used;
-      break;
+    // The spare's reservation is counted by its size (the caller's spare_bytes): the new
+    // segment takes that size, not next_size(), so the room counted is the room there is.
+    // One too small for the record stays a spare, for a later roll.
+    struct stat st {};
+    const bool sized = ::lstat(spare.c_str(), &st) == 0;
+    const uint64_t size = sized ? std::min<uint64_t>(static_cast<uint64_t>(st.st_size), opts_.segment_size) : 0;
+    if (sized && S_ISREG(st.st_mode) && size < need) continue;
+    if (sized && S_ISREG(st.st_mode)) {
+      seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, &spare, mapped_, opts_.file_mode);
+      if (seg.ok()) {
+        ++res->spares_used;
+        res->spare_bytes_used += static_cast<uint64_t>(st.st_size);
+        break;
+      }
+    } else {
+      seg = Status(Code::kCorrupt, spare + (sized ? ": not a regular file" : ": cannot stat it"));
     }
-    // A spare that cannot serve (too small for this segment size, unreadable) is dropped;
-    // the count kept by the caller is re-read at the next repair.
+    // A spare that cannot serve (not a file, unreadable) is dropped; the count kept by the
+    // caller is re-read at the next repair.
     spool::log().warn("spool: {}: spare segment not used: {}", dir_, seg.status().message());
-    if (opts_.io->unlink(spare) == 0) ++*spares_used;
+    if (opts_.io->unlink(spare) == 0) {
+      ++res->spares_used;
+      res->spare_bytes_used += sized ? static_cast<uint64_t>(st.st_size) : 0;
+    }
   }
   if (!seg.ok()) {
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, opts_.segment_size, nullptr, mapped_,
-                          opts_.file_mode);
+    // A page multiple, unless the largest size is not one.
+    const uint64_t size = std::min(opts_.segment_size, std::max(next_size(prev), (need + 4095) & ~uint64_t{4095}));
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, nullptr, mapped_, opts_.file_mode);
   }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());
@@ -299,12 +322,21 @@ std::vector<std::string> Log::spares() const {
   return out;
 }
 
-Result<uint64_t> Log::count_spares() const {
+Result<uint64_t> Log::count_spares(uint64_t* bytes) const {
   if (::access(dir_.c_str(), R_OK) != 0) return errno_status(errno, "list " + dir_);
-  return spares().size();
+  std::vector<std::string> all = spares();
+  if (bytes != nullptr) {
+    *bytes = 0;
+    for (const std::string& spare : all) {
+      struct stat st {};
+      if (::lstat(spare.c_str(), &st) == 0 && S_ISREG(st.st_mode)) *bytes += static_cast<uint64_t>(st.st_size);
+    }
+  }
+  return all.size();
 }
 
-Status Log::make_spare() {
+Status Log::make_spare(uint64_t size) {
+  size = size == 0 ? opts_.segment_size : std::clamp(size, format::kMinSegmentSize, opts_.segment_size);
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
   // Allocated under a temporary name and renamed, so a spare is never short; the name only
   // has to be unique among spares. Spares are made without the index lock, by any thread:
@@ -319,8 +351,8 @@ Status Log::make_spare() {
   // Synced, file and directory, before it counts as reserved: an unsynced spare comes back
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
   // for draining a full disk.
-  int r = opts_.io->allocate(fd, 0, opts_.segment_size);
-  if (r == 0 && mapped_) prefault(fd, opts_.segment_size);
+  int r = opts_.io->allocate(fd, 0, size);
+  if (r == 0 && mapped_) prefault(fd, size);
   if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
   char name[64];
@@ -349,13 +381,15 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
         return seg.status();
       }
       spool::log().error("spool: {}: skipped: {}", segment_path(seq), seg.status().message());
-      rec.corrupt.push_back(Corruption{seq, 0, opts_.segment_size});
+      struct stat st {};
+      const uint64_t len = ::stat(segment_path(seq).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+      rec.corrupt.push_back(Corruption{seq, 0, len});
       continue;
     }
     ScanResult r = scan(**seg, format::kSegmentHeaderSize,
                         [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); });
     if (sealed) {
-      for (const auto& c : sealed_tail_damage(**seg, r.end, opts_.segment_size)) r.corrupt.push_back(c);
+      for (const auto& c : sealed_tail_damage(**seg, r.end)) r.corrupt.push_back(c);
     }
     for (const auto& c : r.corrupt) {
       spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
@@ -382,7 +416,9 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   AppendResult res;
   std::shared_ptr<Segment> seg;
   if (end.seq == 0) {
-    auto s = roll(1, recs.empty() ? base_id : recs.front().id, &res.spares_used);
+    const uint64_t first = recs.empty() ? 0 : format::record_size(recs.front().ext.size() + recs.front().payload.size());
+    auto s = roll(1, 0, format::kSegmentHeaderSize + opener_size + first, recs.empty() ? base_id : recs.front().id,
+                  &res);
     if (!s.ok()) return s.status();
     seg = *s;
     end = {1, format::kSegmentHeaderSize};
@@ -422,7 +458,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       if (opts_.sync_on_roll) {
         if (Status s = sync(end.seq); !s.ok()) return fail(s);
       }
-      auto next = roll(end.seq + 1, r.id, &res.spares_used);
+      auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + sz, r.id, &res);
       if (!next.ok()) return fail(next.status());
       seg = *next;
       end = {end.seq + 1, format::kSegmentHeaderSize};

@@ -44,9 +44,15 @@ struct Pos {
   static Pos unpack(uint64_t v) { return {v >> 40, v & ((1ull << 40) - 1)}; }
 };
 
+// The size of a log's first segment, unless LogOptions::segment_size is smaller.
+inline constexpr uint64_t kFirstSegmentSize = 256ull << 10;
+
 struct LogOptions {
-  // Preallocated size of each new segment; also bounds the largest record.
+  // The largest preallocated size of a segment; also bounds the largest record. Segments
+  // start smaller and grow (next_size()), so a near-empty log takes little disk.
   uint64_t segment_size = format::kDefaultSegmentSize;
+  // The size of the first segment (at most segment_size: the smaller of the two is used).
+  uint64_t first_segment_size = kFirstSegmentSize;
   // fdatasync a segment before moving on to the next one, so durability can be tracked
   // in the active segment alone. Off only for sync policy "never".
   bool sync_on_roll = true;
@@ -70,6 +76,7 @@ struct AppendResult {
   std::vector<Pos> at;  // where each record went
   Pos end;              // the new end
   uint32_t spares_used = 0;  // spare segments the rolls of this append took
+  uint64_t spare_bytes_used = 0;  // and their sizes, summed
 };
 
 struct Recovery {
@@ -119,10 +126,20 @@ class Log {
 
   // Spare segments: preallocated files, not part of the log, that the next rolls take
   // instead of allocating. A queue keeps enough of them that the messages it holds can be
-  // drained (received and acked) when the disk is full. make_spare() adds one (kNoSpace
-  // when the disk is full); count_spares() lists them.
-  Status make_spare();
-  Result<uint64_t> count_spares() const;
+  // drained (received and acked) when the disk is full. make_spare() adds one of `size`
+  // bytes (0: segment_size; clamped to [kMinSegmentSize, segment_size]; kNoSpace when the
+  // disk is full); count_spares() counts them and, with `bytes`, sums their sizes.
+  // A roll takes the first spare (oldest) that the record it rolls for fits, whatever its
+  // size, and the new segment has the spare's size; a spare too small stays for a later roll.
+  Status make_spare(uint64_t size = 0);
+  Result<uint64_t> count_spares(uint64_t* bytes = nullptr) const;
+
+  // Segment sizes: the first segment is first_size(); a roll from a segment of `prev`
+  // bytes makes one of next_size(prev) (double, at most segment_size), or larger if the
+  // record it rolls for needs it; a spare it takes keeps its own size.
+  uint64_t first_size() const;
+  uint64_t next_size(uint64_t prev) const;
+  uint64_t max_size() const { return opts_.segment_size; }
 
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
   Status sync(uint64_t seq);
@@ -153,7 +170,9 @@ class Log {
   // that follows turns its preallocated blocks into written ones (a spare, before any lock
   // holder stores into it).
   static void prefault(int fd, uint64_t len);
-  Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t base_id, uint32_t* spares_used);
+  // Starts segment `seq` after one of `prev` bytes (0: none), at least `need` bytes long.
+  Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
+                                        AppendResult* res);
   std::vector<std::string> spares() const;
 
   std::string dir_;

@@ -101,6 +101,7 @@ Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::stri
   info.base_id = load<uint64_t>(d + 32);
   info.created_ns = load<uint64_t>(d + 40);
   info.size = load<uint64_t>(d + 48);
+  info.preallocated = info.size;
   if (info.size < kSegmentHeaderSize) {
     return Status(Code::kCorrupt, name + ": segment header gives an impossible size");
   }
@@ -402,11 +403,12 @@ std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_
   return Corruption{seg.info().seq, end, last - end};
 }
 
-std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size) {
+std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end) {
   std::vector<Corruption> out;
   const uint64_t size = seg.info().size;
+  const uint64_t want = seg.info().preallocated;
   if (auto c = stored_after(seg, end, size)) out.push_back(*c);
-  if (size < segment_size) out.push_back(Corruption{seg.info().seq, size, segment_size - size});
+  if (size < want) out.push_back(Corruption{seg.info().seq, size, want - size});
   return out;
 }
 

@@ -63,6 +63,7 @@ struct SegmentInfo {
   uint64_t base_id = 0;
   uint64_t created_ns = 0;
   uint64_t size = 0;  // usable bytes: the header's size, or less if the file was truncated
+  uint64_t preallocated = 0;  // the header's size: what the file was preallocated to
 };
 
 // A run of bytes that held no valid record between two valid ones.
@@ -168,8 +169,9 @@ std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_
 
 // Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
 // valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
-// the zero-fill it was preallocated with), and a file shorter than `segment_size`.
-std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end, uint64_t segment_size);
+// the zero-fill it was preallocated with), and a file shorter than its header's size (each
+// segment has its own: the log grows them, storage/log.h).
+std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end);
 
 // Visits every valid record from `from` (a record boundary, >= 64) in offset order, skipping
 // and reporting corrupt regions, and finds the logical end.

@@ -85,7 +85,7 @@ Command add_init(CLI::App& app) {
   init->add_option("--max-receives", a->max_receives, "Deliveries before dead-lettering; 0: never (default 10)");
   init->add_option("--sync", a->sync, "Durability: always, interval (default) or never")
       ->check(CLI::IsMember({"always", "interval", "never"}));
-  init->add_option("--segment-size", a->segment_size, "Bytes per segment file (default 64M)");
+  init->add_option("--segment-size", a->segment_size, "Largest segment file: the first is 256K, each next one twice the last, up to this (default 64M)");
   init->add_option("--max-payload", a->max_payload, "Largest message (default 1M)");
   init->add_option("--retention-max-age", a->retention_age, "Drop ready messages older than this (default off)");
   init->add_option("--retention-max-bytes", a->retention_bytes, "Drop the oldest ready messages above this much payload (default off)");
