@@ -196,7 +196,6 @@ void check_log(Env& e, const uint8_t* data, size_t len, const spool::Result<Segm
                const ScanResult* scanned, uint64_t mapped_size) {
   LogOptions opts;
   opts.segment_size = format::kMinSegmentSize;
-  opts.sync_on_roll = false;
   opts.io = e.io;
   auto log = Log::open(e.dir, opts);
   FUZZ_CHECK(log.ok());

@@ -615,5 +615,45 @@ TEST(Fork, AChildForkedDuringACompactionDoesNotInheritItsLock) {
   ::close(fds[1]);
 }
 
+// Nothing under the index lock waits for the disk: every other process waits for that lock,
+// so an fdatasync there (a roll's seal of the segment it leaves, a new segment's header and
+// directory entry, a spare made for a compaction's copies) stalled them all. Every datasync
+// and directory sync of a queue that rolls many times, at sync=always, with receives, acks
+// and the background compaction, is checked against the lock word's owner.
+TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
+  TempDir d;
+  QueueOptions o = faulty();
+  o.sync = SyncPolicy::kAlways;
+  o.segment_size = 64 << 10;
+  const std::string qdir = d / "q";
+  auto q = Queue::open(qdir, o);
+  ASSERT_TRUE(q.ok()) << q.status().to_string();
+  test::IndexFile index(qdir);
+  ASSERT_TRUE(index.ok());
+  std::atomic<int> syncs{0}, under_lock{0};
+  sf::on_sync([&] {
+    ++syncs;
+    if (index.hdr().mu.native()->__data.__owner == static_cast<int>(::gettid())) ++under_lock;
+  });
+  const std::string body(700, 'x');
+  for (int i = 0; i < 400; ++i) {
+    ASSERT_TRUE((*q)->send(body).ok());
+    if (i % 4 != 0) continue;
+    auto got = (*q)->receive(4, 60s);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    for (const auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
+  }
+  ASSERT_TRUE((*q)->compact().ok());
+  sf::on_sync(nullptr);
+  size_t segments = 0;
+  for (const auto& e : std::filesystem::directory_iterator(qdir + "/segments")) {
+    segments += e.path().filename().string().ends_with(".seg");
+  }
+  EXPECT_GT((*q)->stats()->acked_total, 0u);
+  EXPECT_GT(syncs.load(), 400) << "the hook did not see the queue's syncs";
+  EXPECT_EQ(under_lock.load(), 0) << "of " << syncs.load() << " syncs, made holding the index lock ("
+                                  << segments << " segments now)";
+}
+
 }  // namespace
 }  // namespace spool::faults

@@ -37,6 +37,7 @@ size_t g_short = 0;
 Counters g_counters;
 bool g_recording = false;
 std::string g_park_sync;
+std::function<void()> g_on_sync;
 
 // The undo log: a header, then entries back to back.
 struct Region {
@@ -137,6 +138,11 @@ void clear() {
   std::lock_guard lock(g_mu);
   for (Fault& f : g_faults) f = Fault{};
   g_short = 0;
+}
+
+void on_sync(std::function<void()> f) {
+  std::lock_guard lock(g_mu);
+  g_on_sync = std::move(f);
 }
 
 void park_next_sync(const std::string& path) {
@@ -243,10 +249,25 @@ namespace {
 
 // The pwrite backend's calls, each first through the bookkeeping above.
 class SysFaultIo final : public io::Io {
+  static void called_on_sync() {
+    std::function<void()> f;
+    {
+      std::lock_guard lock(g_mu);
+      f = g_on_sync;
+    }
+    if (f) f();
+  }
+
  public:
   const char* name() const override { return "pwrite"; }
 
+  int sync_dir(const std::string& path) override {
+    called_on_sync();
+    return io::Io::sync_dir(path);
+  }
+
   int datasync(int fd) override {
+    called_on_sync();
     std::string park;
     {
       std::lock_guard lock(g_mu);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <functional>
 #include <string>
 
 namespace spool::io {
@@ -44,6 +45,8 @@ void clear();
 // The next datasync first creates the file `path`, then waits while it exists (the call
 // holds whatever the caller holds meanwhile: a test kills it there).
 void park_next_sync(const std::string& path);
+// Called in the syncing thread before every datasync and directory sync (nullptr: none).
+void on_sync(std::function<void()> f);
 
 struct Counters {
   uint64_t writes = 0, syncs = 0, allocates = 0;  // calls seen

@@ -116,6 +116,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     auto held = lock();
     if (!held.ok()) return held.status();
     holds(*held);
+    const size_t batch_start = next;
     std::vector<uint32_t> slots;
     for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
       int64_t slot = idx.find(ids[next]);
@@ -150,7 +151,13 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       copy_bytes += rb;
       largest = std::max(largest, rb);
     }
-    if (Status s = ensure_room(0, copy_bytes, largest); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
+    // Spares are made outside the lock, as a send makes them; then the batch is chosen again.
+    if (SpareShort short_by = spares_short(0, copy_bytes, largest); short_by.n != 0) {
+      Locked::release(std::move(held).value());
+      if (Status s = make_spares(short_by); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
+      next = batch_start;
+      continue;
+    }
     auto at = append_all(recs);
     if (!at.ok()) return at.status();
     // Copying took no lock-free step, so the slots are still those of the same entries.
@@ -173,27 +180,34 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   crashpoint("compact.after_copy");
 
   // 3. The copies must be on disk before any original goes, whatever the sync policy.
+  const Pos after_prefix{last + 1, 0};
   Pos end = Pos::unpack(__atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-  for (uint64_t seq = last + 1; seq <= end.seq; ++seq) {
-    if (Status s = log->sync(seq); !s.ok()) return s;
-  }
+  if (Status s = log->sync_through(after_prefix, end); !s.ok()) return s;
   crashpoint("compact.after_sync");
 
-  // 4. Checkpoint the totals, then remove the prefix, oldest first. Checked again under
-  // this lock: a repair since the check above rebuilt the index from the log.
+  // 4. Checkpoint the totals, sync it (outside the lock: nothing under it waits for the
+  // disk), then remove the prefix, oldest first. Checked again under each lock: a repair
+  // since the check above rebuilt the index from the log.
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    holds(*held);
+    if (Status s = prefix_left(); !s.ok()) return s;
+    storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
+                           h.next_id,        h.purged_through, h.expired_total,
+                           h.nacked_total};
+    std::string payload = storage::encode_checkpoint(cp);
+    Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
+    auto at = append_all(std::span(&rec, 1));
+    if (!at.ok()) return at.status();
+    end = at->end;
+  }
+  if (Status s = log->sync_through(after_prefix, end); !s.ok()) return s;
+  crashpoint("compact.after_checkpoint");
   auto held = lock();
   if (!held.ok()) return held.status();
   holds(*held);
   if (Status s = prefix_left(); !s.ok()) return s;
-  storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
-                         h.next_id,        h.purged_through, h.expired_total,
-                         h.nacked_total};
-  std::string payload = storage::encode_checkpoint(cp);
-  Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
-  auto at = append_all(std::span(&rec, 1));
-  if (!at.ok()) return at.status();
-  if (Status s = log->sync(at->end.seq); !s.ok()) return s;
-  crashpoint("compact.after_checkpoint");
   for (uint64_t seq : prefix) {
     std::string path = log->segment_path(seq);
     struct stat st {};
@@ -204,8 +218,9 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     h.compacted_through = seq;
     crashpoint("compact.after_unlink");
   }
-  if (int r = log->io().sync_dir(log->dir()); r < 0) return errno_status(-r, "sync " + log->dir());
   log->forget_below(last + 1);
+  Locked::release(std::move(held).value());
+  if (int r = log->io().sync_dir(log->dir()); r < 0) return errno_status(-r, "sync " + log->dir());
   spool::log().info("spool: {}: compaction removed {} segments, copied {} live messages", dir,
                     res.segments_removed, res.messages_copied);
   return res;

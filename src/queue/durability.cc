@@ -37,7 +37,7 @@ auto Queue::Impl::sync_to(uint64_t end) -> Status {
     uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
     if (h.durable_end.load(std::memory_order_acquire) < end) {
       const uint64_t t0 = sys::boot_ns();
-      s = log->sync(Pos::unpack(target).seq);
+      s = log->sync_through(Pos::unpack(h.durable_end.load(std::memory_order_acquire)), Pos::unpack(target));
       lead_crowd = h.durable_waiters.load();
       lead_sync_ns = sys::boot_ns() - t0;
       if (s.ok()) {

@@ -159,7 +159,6 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   lo.segment_size = impl->cfg.opts.segment_size;
   // Longer lengths are no records (bounds recovery); a message's extension may add to it.
   lo.max_payload = impl->cfg.opts.max_payload + format::kMaxExtSize;
-  lo.sync_on_roll = impl->cfg.opts.sync != SyncPolicy::kNever;
   lo.read_only = impl->read_only;
   lo.dir_mode = impl->modes.dir;
   lo.file_mode = impl->modes.data;

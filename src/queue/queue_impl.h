@@ -279,9 +279,9 @@ struct Queue::Impl {
   SpareShort spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t largest = 0, bool ahead = false) REQUIRES(idx);
   // spares_short(): no number of spares would do, the log has used every segment number.
   static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
-  // Makes the spares without the lock (a send's: each spare is a large fallocate and two
-  // syncs, which nothing under the index lock may wait for); each is counted under a short
-  // lock of its own once it is on disk.
+  // Makes the spares without the lock (a send's or a compaction's: each spare is a large
+  // fallocate and two syncs, which nothing under the index lock may wait for); each is
+  // counted under a short lock of its own once it is on disk.
   Status make_spares(const SpareShort& s);
   // Called by the background thread after a roll: makes the spares the queue needs to have
   // one whole segment more than spares_short() asks for, so that the roll that uses up a
@@ -289,11 +289,6 @@ struct Queue::Impl {
   // itself only when the background falls a whole segment behind. Another process's
   // thread may make one at the same time: at most one extra spare each, used by later rolls.
   void top_up_spares();
-  // make_spares() under the lock the caller holds (compaction's copies).
-  Status make_spares_held(const SpareShort& s) REQUIRES(idx);
-  Status ensure_room(uint64_t new_msgs, uint64_t bytes, uint64_t largest) REQUIRES(idx) {
-    return make_spares_held(spares_short(new_msgs, bytes, largest));
-  }
   // make_spares(): the error for kNoSegmentNumbers, and for a spare the disk refused
   // (naming the queued messages the room is kept for).
   Status no_segment_numbers() const;

@@ -152,18 +152,6 @@ auto Queue::Impl::top_up_spares() -> void {
   }
 }
 
-auto Queue::Impl::make_spares_held(const SpareShort& s) -> Status {
-  if (s.n == kNoSegmentNumbers) return no_segment_numbers();
-  uint64_t size = s.size;
-  for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
-    const uint64_t bytes = std::max(size, s.at_least);
-    if (Status st = log->make_spare(bytes); !st.ok()) return spare_refused(st);
-    ++idx.hdr().spares;
-    idx.hdr().spare_bytes += bytes;
-  }
-  return {};
-}
-
 auto Queue::Impl::wake(uint64_t n) -> void {
   auto& h = idx.hdr();
   h.wake_seq.fetch_add(1, std::memory_order_release);

@@ -53,9 +53,6 @@ struct LogOptions {
   uint64_t segment_size = format::kDefaultSegmentSize;
   // The size of the first segment (at most segment_size: the smaller of the two is used).
   uint64_t first_segment_size = kFirstSegmentSize;
-  // fdatasync a segment before moving on to the next one, so durability can be tracked
-  // in the active segment alone. Off only for sync policy "never".
-  bool sync_on_roll = true;
   bool read_only = false;
   // What the segments directory, when this creates it, and each segment and spare get,
   // whatever the umask (the queue's modes, sys/file_modes.h). 0: what the umask leaves.
@@ -143,6 +140,12 @@ class Log {
 
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
   Status sync(uint64_t seq);
+  // Makes everything appended up to `to` durable, given that everything up to `from` is:
+  // syncs each segment from from.seq (the first one present, for seq 0) to to.seq, and the
+  // directory when that crosses into a segment after from.seq (a roll does not sync the
+  // segment it leaves, nor the new one's header and name). A segment compaction removed
+  // meanwhile is skipped.
+  Status sync_through(Pos from, Pos to);
 
   // The record at `p`, validated; the view lives as long as `*keep`.
   Result<RecordView> read(Pos p, std::shared_ptr<Segment>* keep);

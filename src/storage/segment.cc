@@ -138,6 +138,15 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
     if (::fstat(fd, &st) != 0) return fail(-errno, "stat spare for");
     if (!S_ISREG(st.st_mode)) return fail(-EINVAL, "spare segment is not a regular file, for");
     if (static_cast<uint64_t>(st.st_size) < size) return fail(-EINVAL, "spare segment too small for");
+    // A spare holding a segment header was rolled into a segment whose new name a power cut
+    // lost (the rename is made durable by the first sync of the segment, which never came):
+    // records of that segment may follow the header, and a new header over them would make
+    // them damage in the new segment.
+    char magic[8] = {};
+    if (::pread(fd, magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) &&
+        std::memcmp(magic, format::kSegmentMagic, sizeof magic) == 0) {
+      return fail(-EINVAL, "spare segment holds a segment header (a roll a power cut undid), not used for");
+    }
   } else if (int r = io.allocate(fd, 0, size); r < 0) {
     return fail(r, "preallocate segment");
   }
@@ -153,10 +162,11 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   store<uint64_t>(h + 56, XXH3_64bits(h, 56));
   iovec iov{h, sizeof h};
   if (int r = io.write_all(fd, &iov, 1, 0); r < 0) return fail(r, "write segment header");
-  if (int r = io.datasync(fd); r < 0) return fail(r, "sync segment");
+  // No sync here: segments are created under the index lock, where nothing may wait for the
+  // disk. The header and the name become durable with the first sync that covers the
+  // segment (Log::sync_through), before anything in it is called durable; a power cut
+  // before that can leave the name without the header, which recover() drops.
   if (int r = io.rename(tmp, path); r < 0) return fail(r, "rename segment into place");
-  std::string dir = path.substr(0, path.find_last_of('/'));
-  if (int r = io.sync_dir(dir); r < 0) return errno_status(-r, "sync directory " + dir);
   ::close(fd);
   return open(io, path, true, map_writes);
 }

@@ -79,7 +79,8 @@ class Segment {
   Segment& operator=(const Segment&) = delete;
   ~Segment();
 
-  // Creates `path` crash-safely (temp file, fallocate, header, fdatasync, rename, fsync dir).
+  // Creates `path` (temp file, fallocate, header, rename): a kill never leaves a segment
+  // without its header; syncing it is the caller's (Log::sync_through).
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
   // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
   // new one; on failure it stays a spare.
