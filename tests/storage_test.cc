@@ -286,14 +286,15 @@ TEST_F(LogTest, RollsTakeSpareSegmentsFirst) {
   EXPECT_EQ(recovered(*again), payloads);
 }
 
-// A spare of a log that stores through its mappings is zero-filled before it counts: its
+// A spare made ahead (zero_fill, as the background thread makes them) of a log that stores
+// through its mappings is zero-filled before it counts: its
 // blocks are written ones, not fallocate's unwritten extents, so a store into a page of it
 // needs no extent conversion under the index lock, and its sync flushes data only.
 TEST_F(LogTest, ASpareOfAMappedLogHasNoUnwrittenExtents) {
   auto log = open_log(1 << 20, io::make_mmap_io());
   ASSERT_TRUE(log);
   ASSERT_TRUE(log->mapped()) << "the test directory's filesystem takes the pwrite backend";
-  ASSERT_TRUE(log->make_spare(1 << 20).ok());
+  ASSERT_TRUE(log->make_spare(1 << 20, true).ok());
   std::string spare;
   for (const auto& e : std::filesystem::directory_iterator(dir())) {
     if (e.path().filename().string().starts_with("spare-")) spare = e.path().string();

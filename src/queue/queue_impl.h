@@ -282,7 +282,7 @@ struct Queue::Impl {
   // Makes the spares without the lock (a send's or a compaction's: each spare is a large
   // fallocate and two syncs, which nothing under the index lock may wait for); each is
   // counted under a short lock of its own once it is on disk.
-  Status make_spares(const SpareShort& s);
+  Status make_spares(const SpareShort& s, bool zero_fill = false);
   // Called by the background thread after a roll: makes the spares the queue needs to have
   // one whole segment more than spares_short() asks for, so that the roll that uses up a
   // spare is followed by a new one made off every caller's path, and a send makes one

@@ -121,12 +121,12 @@ auto Queue::Impl::spare_refused(const Status& why) -> Status {
                                 " queued messages can still be received and acked");
 }
 
-auto Queue::Impl::make_spares(const SpareShort& s) -> Status {
+auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
   if (s.n == kNoSegmentNumbers) return no_segment_numbers();
   uint64_t size = s.size;
   for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
     const uint64_t bytes = std::max(size, s.at_least);
-    Status made = log->make_spare(bytes);
+    Status made = log->make_spare(bytes, zero_fill);
     auto held = lock();  // the count is read and changed under the lock
     if (!held.ok()) return made.ok() ? held.status() : made;
     holds(*held);
@@ -148,7 +148,7 @@ auto Queue::Impl::top_up_spares() -> void {
   // A failure here is not the caller's: the send that is really short makes the spare
   // itself and reports the error.
   if (s.n != 0 && s.n != kNoSegmentNumbers) {
-    if (Status st = make_spares(s); !st.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
+    if (Status st = make_spares(s, true); !st.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
   }
 }
 

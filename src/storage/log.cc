@@ -144,7 +144,7 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   return std::unique_ptr<Log>(new Log(dir, std::move(opts), mapped));
 }
 
-void Log::prefault(int fd, uint64_t len) {
+void Log::prefault(int fd, uint64_t len, bool zero_fill) {
   // fallocate leaves the blocks "unwritten": the first store into each page then faults
   // and the filesystem converts the extent under that fault (ext4: a journal handle per
   // page), and an fdatasync after it commits the conversion. Both happened under the
@@ -152,12 +152,13 @@ void Log::prefault(int fd, uint64_t len) {
   // here dirties it with zeros, which the spare's own fdatasync (after this, still outside
   // any lock) writes, so the blocks are written ones: a later store is a plain page cache
   // write, and a sync of it flushes data only (PostgreSQL zero-fills new WAL files for the
-  // same reason). The cost is the spare's size once more in disk writes, off the hot path.
-  // Best effort: a kernel without the advice (before 5.14) gets the read populate, which
-  // at least leaves the pages in the page cache.
+  // same reason). The cost is the spare's size once more in disk writes, and the sync
+  // waits for them: only for a spare made in the background (Log::make_spare). Without
+  // `zero_fill`, or on a kernel without the advice (before 5.14), the read populate at
+  // least leaves the pages in the page cache, zeroed off the lock.
   void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (m == MAP_FAILED) return;
-  if (::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
+  if (!zero_fill || ::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
   ::munmap(m, len);
 }
 
@@ -345,7 +346,7 @@ Result<uint64_t> Log::count_spares(uint64_t* bytes) const {
   return all.size();
 }
 
-Status Log::make_spare(uint64_t size) {
+Status Log::make_spare(uint64_t size, bool zero_fill) {
   size = size == 0 ? opts_.segment_size : std::clamp(size, format::kMinSegmentSize, opts_.segment_size);
   if (opts_.read_only) return Status(Code::kReadOnly, dir_ + ": log opened read-only");
   // Allocated under a temporary name and renamed, so a spare is never short; the name only
@@ -362,7 +363,7 @@ Status Log::make_spare(uint64_t size) {
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
   // for draining a full disk.
   int r = opts_.io->allocate(fd, 0, size);
-  if (r == 0 && mapped_) prefault(fd, size);
+  if (r == 0 && mapped_) prefault(fd, size, zero_fill);
   if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
   char name[64];

@@ -128,7 +128,11 @@ class Log {
   // disk is full); count_spares() counts them and, with `bytes`, sums their sizes.
   // A roll takes the first spare (oldest) that the record it rolls for fits, whatever its
   // size, and the new segment has the spare's size; a spare too small stays for a later roll.
-  Status make_spare(uint64_t size = 0);
+  // With the mapped backend, `zero_fill` writes the spare's zeros before its sync, so
+  // that its blocks are written ones (prefault()): worth its disk writes for a spare a
+  // background thread makes ahead of a roll, not for one a caller waits for (that one only
+  // has its pages read into the page cache).
+  Status make_spare(uint64_t size = 0, bool zero_fill = false);
   Result<uint64_t> count_spares(uint64_t* bytes = nullptr) const;
 
   // Segment sizes: the first segment is first_size(); a roll from a segment of `prev`
@@ -169,10 +173,10 @@ class Log {
   // Stores `len` bytes at `off` of `seg`: through its mapping when it is writable, else with
   // write_all. 0 or -errno.
   int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
-  // Dirties the first `len` bytes of `fd` with zeros in the page cache, so that the sync
-  // that follows turns its preallocated blocks into written ones (a spare, before any lock
-  // holder stores into it).
-  static void prefault(int fd, uint64_t len);
+  // Brings the first `len` bytes of `fd` into the page cache (a spare, before any lock
+  // holder stores into it); with `zero_fill`, dirty, so that the sync that follows turns
+  // its preallocated blocks into written ones.
+  static void prefault(int fd, uint64_t len, bool zero_fill);
   // Starts segment `seq` after one of `prev` bytes (0: none), at least `need` bytes long.
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
                                         AppendResult* res);
