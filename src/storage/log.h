@@ -145,7 +145,7 @@ class Log {
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
   Status sync(uint64_t seq);
   // Makes everything appended up to `to` durable, given that everything up to `from` is:
-  // syncs each segment from from.seq (the first one present, for seq 0) to to.seq, and the
+  // syncs each segment from from.seq (1 for seq 0) to to.seq, and the
   // directory when that crosses into a segment after from.seq (a roll does not sync the
   // segment it leaves, nor the new one's header and name). A segment compaction removed
   // meanwhile is skipped.
