@@ -183,6 +183,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   const Pos after_prefix{last + 1, 0};
   Pos end = Pos::unpack(__atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
   if (Status s = log->sync_through(after_prefix, end); !s.ok()) return s;
+  const Pos synced = end;
   crashpoint("compact.after_sync");
 
   // 4. Checkpoint the totals, sync it (outside the lock: nothing under it waits for the
@@ -202,7 +203,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (!at.ok()) return at.status();
     end = at->end;
   }
-  if (Status s = log->sync_through(after_prefix, end); !s.ok()) return s;
+  if (Status s = log->sync_through(synced, end); !s.ok()) return s;
   crashpoint("compact.after_checkpoint");
   auto held = lock();
   if (!held.ok()) return held.status();
@@ -215,7 +216,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (int r = log->io().unlink(path); r < 0 && r != -ENOENT) return errno_status(-r, "remove " + path);
     ++res.segments_removed;
     report(ids.size() + res.segments_removed);
-    h.compacted_through = seq;
+    __atomic_store_n(&h.compacted_through, seq, __ATOMIC_RELEASE);  // sync_to() reads it without the lock
     crashpoint("compact.after_unlink");
   }
   log->forget_below(last + 1);

@@ -235,10 +235,9 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   if (!failed.ok()) return failed;
   h.log_end = rec->end.pack();
   h.sent_through.store(h.next_id - 1, std::memory_order_release);
-  // Nothing is known to be durable: the next sync covers every segment from the first
-  // (a process that died may have rolled past segments it never synced).
-  auto seqs = log->segments();
-  h.durable_end.store(seqs.ok() && !seqs->empty() ? Pos{seqs->front(), 0}.pack() : 0);
+  // Nothing is known to be durable: the next sync covers every segment compaction left
+  // (a process that died may have rolled past segments it never synced; sync_to()).
+  h.durable_end.store(0);
   h.durable_id.store(0);
   if (!rec->corrupt.empty()) {
     spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,

@@ -544,7 +544,7 @@ Status Log::clear_tail(Pos end) {
 Status Log::sync_through(Pos from, Pos to) {
   // No listing of the directory here: the flusher thread calls this, and a program that
   // forks while a thread allocates can deadlock its child (ASan's allocator, met by the
-  // tests). A queue starts `from` at the log's first segment after a rebuild.
+  // tests). A queue starts `from` after the segments compaction removed.
   uint64_t seq = std::max<uint64_t>(from.seq, 1);
   const bool crossed = to.seq > from.seq;
   for (; seq <= to.seq; ++seq) {
