@@ -250,7 +250,10 @@ int churn(const std::string& qdir, const std::string& journal, uint32_t seed) {
     int op = static_cast<int>(rng() % 10);
     if (op < 5) {
       auto id = (*q)->send(std::string(100 + rng() % 1500, 'm'));
-      if (!id.ok()) return 2;
+      if (!id.ok()) {
+        std::fprintf(stderr, "churn: send failed: %s\n", id.status().to_string().c_str());
+        return 2;
+      }
       j.line("S " + std::to_string(*id));
     } else if (op < 9) {
       auto got = (*q)->receive(8, 50ms);
