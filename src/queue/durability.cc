@@ -37,9 +37,10 @@ auto Queue::Impl::sync_to(uint64_t end) -> Status {
     uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
     if (h.durable_end.load(std::memory_order_acquire) < end) {
       const uint64_t t0 = sys::boot_ns();
-      // From the durable end; after a rebuild (0), from the first segment compaction left.
+      // From the durable end (after a rebuild, 0), but not from segments compaction removed.
       Pos from = Pos::unpack(h.durable_end.load(std::memory_order_acquire));
-      if (from.seq == 0) from = Pos{__atomic_load_n(&h.compacted_through, __ATOMIC_ACQUIRE) + 1, 0};
+      const uint64_t kept = __atomic_load_n(&h.compacted_through, __ATOMIC_ACQUIRE) + 1;
+      if (from.seq < kept) from = Pos{kept, 0};
       s = log->sync_through(from, Pos::unpack(target));
       lead_crowd = h.durable_waiters.load();
       lead_sync_ns = sys::boot_ns() - t0;
