@@ -482,6 +482,19 @@ t_expired_lease_reappears_with_receive_count_2() {
   eq "ready" "$(stat_of ready "$D/q")" 0
 }
 
+# watcher_of PID: the fusermount3 watcher (auto_unmount) that spoolfs PID started, or "".
+# cat, not awk over the files: awk gives up at the first file it cannot open, and a process
+# that exits between the glob and the read (the machine is busy in CI) is such a file.
+watcher_of() {
+  local w="" i
+  for ((i = 0; i < 30; i++)); do
+    w=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v p="$1" '$4 == p && $2 == "(fusermount3)" { print $1 }')
+    [[ -n $w ]] && break
+    sleep 0.1
+  done
+  echo "$w"
+}
+
 t_kill_9_leaves_the_queue_intact_and_remounts() {
   new_queue "$D/q"
   local M=$D/mnt
@@ -494,7 +507,7 @@ t_kill_9_leaves_the_queue_intact_and_remounts() {
   wait_for 10 count_is "$M" 3
   cat "$M/1" >/dev/null || fail "cat failed"
   local W
-  W=$(awk -v p="$PID" '$4 == p && $2 == "(fusermount3)" { print $1 }' /proc/[0-9]*/stat 2>/dev/null)
+  W=$(watcher_of "$PID")
   kill -KILL "$PID"
   wait "$PID" 2>/dev/null
   if ((AUTO_UNMOUNT)); then
@@ -548,7 +561,7 @@ t_a_dead_mount_is_removed_by_the_next_spoolfs() {
   mount_fs "$D/q" "$M"
   "$SPOOL" send "$D/q" "one" >/dev/null
   wait_for 10 count_is "$M" 1
-  W=$(awk -v p="$PID" '$4 == p && $2 == "(fusermount3)" { print $1 }' /proc/[0-9]*/stat 2>/dev/null)
+  W=$(watcher_of "$PID")
   [[ -n $W ]] || fail "no fusermount3 watcher under spoolfs $PID"
   kill -KILL "$W"
   wait_for 10 gone "$W"
