@@ -1614,6 +1614,29 @@ t_send_attributes_shown_by_recv_and_peek() {
   eq "sent_total" "$(stat_of sent_total q)" 3
 }
 
+# --priority: recv takes the most urgent first, in another process than the sender; recv and
+# peek --json and show print it; out of range is a usage error that sends nothing.
+t_send_priority_orders_recv() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q bulk1 bulk2 --priority 200
+  expect 0 "$SPOOL" send q plain
+  expect 0 "$SPOOL" send q --priority 0 urgent
+  expect 0 "$SPOOL" peek q -n 1 --json
+  out_has '"priority":200'
+  expect 0 "$SPOOL" show q 4
+  out_has "priority: 0"
+  local got="" i
+  for i in 1 2 3 4; do
+    expect 0 "$SPOOL" recv q --json
+    got+="$(grep -o '"payload":"[a-z0-9]*"' "$D/out" | cut -d'"' -f4)/$(grep -o '"priority":[0-9]*' "$D/out" | cut -d: -f2) "
+    "$SPOOL" ack q "$(grep -o '"receipt":"[^"]*"' "$D/out" | cut -d'"' -f4)" || fail "ack"
+  done
+  eq "order" "$got" "urgent/0 plain/128 bulk1/200 bulk2/200 "
+  expect 64 "$SPOOL" send q --priority 256 x
+  err_has "--priority must be 0 (most urgent) to 255"
+  eq "sent_total" "$(stat_of sent_total q)" 4
+}
+
 # A second send with the same --dedup-id prints the first id and queues nothing, also after
 # the message was acked and after the index was deleted; the window is a stored setting.
 t_send_dedup_id() {
@@ -1798,6 +1821,7 @@ TESTS=(
   t_send_and_ack_durable
   t_progress_bar_only_on_a_terminal
   t_send_attributes_shown_by_recv_and_peek
+  t_send_priority_orders_recv
   t_send_dedup_id
   t_work_errors
   t_failed_open_leaves_directory_untouched

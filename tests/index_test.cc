@@ -11,7 +11,9 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <random>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -28,6 +30,7 @@ using index::State;
 struct Model {
   State state;
   uint64_t key;  // a queued message's key, rounded down as the index keeps it
+  uint8_t priority = index::kDefaultPriority;
 };
 
 void random_operations(SharedIndex& x, uint64_t seed, int steps) {
@@ -46,22 +49,29 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       }
     }
   };
-  // What next() must answer. Queued messages (never received, no delay) leave in id order;
-  // the head of that queue competes with the earliest (key, id) of the others that can be
-  // received at `now`.
+  // What next() must answer. Queued messages (never received, no delay, the default
+  // priority) leave in id order; the head of that queue, as (default priority, its key, id),
+  // competes with the least (priority, key, id) of the others that can be received at
+  // `now`, keys compared at the due heap's 256 ns.
   auto want_next = [&]() -> uint64_t {
-    uint64_t q = 0, h = 0, h_key = UINT64_MAX;
+    using T = std::tuple<uint8_t, uint64_t, uint64_t>;
+    std::optional<T> best;
+    bool queue_seen = false;
     for (auto& [id, m] : live) {
-      if (m.state == State::kQueued) {
-        if (q == 0) q = id;  // std::map: ids ascending
-      } else if (m.key <= now && (m.key < h_key || (m.key == h_key && id < h))) {
-        h = id, h_key = m.key;
+      // A queued message evicted to the overflow table waits in the heap instead (fit()).
+      if (m.state == State::kQueued && static_cast<uint64_t>(x.find(id)) >= x.hdr().capacity) {
+        m.state = State::kReady;
       }
+      if (m.state == State::kQueued) {
+        if (queue_seen) continue;  // std::map: ids ascending
+        queue_seen = true;
+      } else if (m.key > now) {
+        continue;
+      }
+      T t{m.state == State::kQueued ? index::kDefaultPriority : m.priority, m.key >> 8, id};
+      if (!best || t < *best) best = t;
     }
-    if (q == 0) return h;
-    if (h == 0) return q;
-    uint64_t q_key = live[q].key;
-    return q_key < h_key || (q_key == h_key && q < h) ? q : h;
+    return best ? std::get<2>(*best) : 0;
   };
   auto slot_of = [&](uint64_t id) {
     int64_t s = x.find(id);
@@ -86,11 +96,13 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       uint64_t id = next_id++;
       x.hdr().next_id = next_id;
       Entry e{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0};
-      auto slot = x.insert(id, e, key, now);
+      // Mostly the default priority, as most sends are.
+      const uint8_t pri = rng() % 4 != 0 ? index::kDefaultPriority : static_cast<uint8_t>(rng() % 256);
+      auto slot = x.insert(id, e, key, now, pri);
       ASSERT_TRUE(slot.ok()) << slot.status().to_string();
-      bool queued = key <= now;
+      bool queued = key <= now && pri == index::kDefaultPriority;
       ASSERT_EQ(x.entry(*slot).state, queued ? State::kQueued : State::kReady);
-      live[id] = Model{queued ? State::kQueued : State::kReady, queued ? key >> 10 << 10 : key};
+      live[id] = Model{queued ? State::kQueued : State::kReady, queued ? key >> 10 << 10 : key, pri};
       ids.push_back(id);
     } else if (op < 38) {
       // Replay meets a compaction copy of an id below the window: it goes to the overflow.
@@ -99,9 +111,10 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       uint64_t id = 1 + rng() % (low - 1);
       if (live.count(id) != 0) continue;
       Entry e{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0};
-      auto slot = x.insert(id, e, key, now);
+      const uint8_t pri = static_cast<uint8_t>(rng() % 256);
+      auto slot = x.insert(id, e, key, now, pri);
       ASSERT_TRUE(slot.ok()) << slot.status().to_string();
-      live[id] = Model{State::kReady, key};
+      live[id] = Model{State::kReady, key, pri};
       ids.push_back(id);
       ++overflow_inserts;
     } else if (op < 64) {
@@ -110,7 +123,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       State st = rng() % 2 == 0 ? State::kLeased : State::kReady;
       leased += (st == State::kLeased) - (live[id].state == State::kLeased);
       ASSERT_TRUE(x.set(slot_of(id), st, key).ok());
-      live[id] = Model{st, key};
+      live[id] = Model{st, key, live[id].priority};
     } else if (op < 90) {
       // An ack of a random message: holes everywhere, and long-lived stragglers.
       uint64_t id = ids[rng() % ids.size()];
@@ -132,7 +145,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
         ASSERT_TRUE(x.reserve_heap(1).ok());
         ASSERT_TRUE(x.set(slot_of(want), State::kLeased, now + 30000).ok());
         leased += live[want].state != State::kLeased;
-        live[want] = Model{State::kLeased, now + 30000};
+        live[want] = Model{State::kLeased, now + 30000, live[want].priority};
       } else {
         leased -= live[want].state == State::kLeased;
         x.erase(slot_of(want));
@@ -147,7 +160,12 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       for (auto& [id, m] : live) {
         uint32_t s = slot_of(id);
         ASSERT_EQ(x.id_of(s), id);
-        ASSERT_EQ(x.key(s), m.key) << "id " << id << " at step " << step;
+        if (m.state == State::kQueued && s >= x.hdr().capacity) m.state = State::kReady;  // evicted
+        // (A ready item's key is kept at 256 ns in the due heap.)
+        ASSERT_EQ(x.key(s) >> 8, m.key >> 8) << "id " << id << " at step " << step;
+        if (m.state != State::kQueued) {
+          ASSERT_EQ(x.entry(s).key_hi, m.priority) << "id " << id;
+        }
         ASSERT_EQ(x.entry(s).state, m.state) << "id " << id << " at step " << step;
         ASSERT_EQ(x.entry(s).loc, id * 64) << "id " << id << " at step " << step;
       }
@@ -297,7 +315,7 @@ TEST_F(IndexWindow, AnEvictionKeepsTheHeapBackPointers) {
 
 // A backlog of 200,000, most of it leased once (the heap grows too) and then acked, except
 // the last ten: the region shrinks to its minimum sizes, and the ten keep their states,
-// keys and order. Then the queue fills and drains again as before.
+// keys and order (their deadlines 1 us apart: expired ones are ordered at 256 ns). Then the queue fills and drains again as before.
 void drain_and_shrink(SharedIndex& x) {
   const uint64_t n = 200000;
   auto add = [&](uint64_t id) {
@@ -306,7 +324,7 @@ void drain_and_shrink(SharedIndex& x) {
   };
   for (uint64_t id = 1; id <= n; ++id) add(id);
   for (uint64_t id = 1; id <= n / 2; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 50).ok());
-  for (uint64_t id = n - 9; id < n; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 1000 + n - id).ok());
+  for (uint64_t id = n - 9; id < n; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 1000 * (n - id)).ok());
   for (uint64_t id = 1; id <= n - 10; ++id) x.erase(static_cast<uint32_t>(x.find(id)));
   const uint64_t big = x.hdr().capacity;
   ASSERT_GE(big, n);
@@ -321,7 +339,7 @@ void drain_and_shrink(SharedIndex& x) {
     ASSERT_GE(s, 0) << id;
     EXPECT_EQ(x.entry(static_cast<uint32_t>(s)).state, State::kLeased);
     EXPECT_EQ(x.entry(static_cast<uint32_t>(s)).loc, id * 64);
-    EXPECT_EQ(x.key(static_cast<uint32_t>(s)), 1000 + n - id);
+    EXPECT_EQ(x.key(static_cast<uint32_t>(s)), 1000 * (n - id));
   }
   // Delivery order: the queued last message (key 5), then the leases by deadline.
   std::vector<uint64_t> order;

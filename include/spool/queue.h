@@ -87,6 +87,10 @@ struct QueueOptions {
 // whose policy is interval or never (concurrent kSync callers share one fdatasync).
 enum class Durability { kQueuePolicy, kSync };
 
+// Priorities (docs/semantics.md, "Priorities"): 0 is the most urgent, 255 the least; a
+// message sent without one has this.
+inline constexpr uint8_t kDefaultPriority = 128;
+
 struct SendOptions {
   Millis delay{0};  // receivable only after this
   Durability durability = Durability::kQueuePolicy;
@@ -99,6 +103,10 @@ struct SendOptions {
   // queue's dedup_window, nothing is queued and the first message's id is returned. At most
   // 128 bytes; empty: none. send() only: a batch gives one per message (SendItem).
   std::string dedup_id = {};
+  // Receive takes the most urgent ready message first (0 first), the oldest first among
+  // equals; a nacked or delayed message keeps its priority. Every message of a send_batch
+  // of payloads.
+  uint8_t priority = kDefaultPriority;
 };
 
 // One message of a send_batch that gives each message its own attributes and dedup id.
@@ -106,6 +114,7 @@ struct SendItem {
   std::string_view payload;
   Attributes attributes = {};
   std::string dedup_id = {};  // as SendOptions::dedup_id; duplicates within the batch count too
+  uint8_t priority = kDefaultPriority;
 };
 
 struct Message {
@@ -115,6 +124,7 @@ struct Message {
   std::chrono::system_clock::time_point enqueued;
   std::string receipt;  // names this delivery's lease; empty for peek()
   Attributes attributes = {};
+  uint8_t priority = kDefaultPriority;
 };
 
 // A received message whose payload was not copied: a view into the queue's memory-mapped
@@ -128,6 +138,7 @@ struct MessageView {
   std::string receipt;
   std::shared_ptr<const void> keep;  // the mapping; not for use
   Attributes attributes = {};
+  uint8_t priority = kDefaultPriority;
 };
 
 // Where a message in the queue stands. Dead letters are in dead_letters(), not here.

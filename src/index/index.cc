@@ -283,11 +283,13 @@ std::string SharedIndex::check_header() const {
   if (!mapped_current()) return "the mapping is not the header's geometry";
   if (h.resizing != 0) return "a resize was interrupted";
   if (h.win_offset >= wcap_) return "window offset " + n(h.win_offset) + " >= window size " + n(wcap_);
-  if (h.heap_size > hcap_) return "heap size " + n(h.heap_size) + " > heap capacity " + n(hcap_);
+  if (h.heap_size > hcap_ || h.due_size > hcap_ - h.heap_size) {
+    return "heap sizes " + n(h.heap_size) + " and " + n(h.due_size) + " > heap capacity " + n(hcap_);
+  }
   if (h.count > wcap_ + ocap_ || h.ovf_count > h.count || h.ovf_count * 4 > ocap_ * 3 || h.queued > h.count ||
-      h.leased > h.heap_size || h.heap_size + h.queued != h.count) {
+      h.leased > h.heap_size + h.due_size || h.heap_size + h.due_size + h.queued != h.count) {
     return "counts: " + n(h.count) + " live, " + n(h.ovf_count) + " in the overflow table, " + n(h.queued) +
-           " queued, " + n(h.heap_size) + " in the heap, " + n(h.leased) + " leased";
+           " queued, " + n(h.heap_size) + " + " + n(h.due_size) + " in the heaps, " + n(h.leased) + " leased";
   }
   if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id) || h.next_id > (1ull << 62) ||
       h.sent_through.load(std::memory_order_relaxed) + 1 != h.next_id) {
@@ -331,7 +333,7 @@ Entry& SharedIndex::bad_slot(uint32_t slot) {
 
 Status SharedIndex::reset() {
   auto& h = *hdr_;
-  h.count = h.ovf_count = h.queued = h.heap_size = h.leased = 0;
+  h.count = h.ovf_count = h.queued = h.heap_size = h.due_size = h.leased = 0;
   h.low_id = h.cursor = std::max<uint64_t>(h.next_id, 1);
   h.win_offset = 0;  // an interrupted resize may have left the old window's
   h.resizing = 0;
@@ -385,13 +387,17 @@ Entry& SharedIndex::entry_of(uint64_t id) {
   return entry(static_cast<uint32_t>(slot));
 }
 
-int64_t SharedIndex::heap_entry(uint64_t pos, uint64_t id) const {
-  if (pos >= hdr_->heap_size || pos >= hcap_ || heap_[pos].id != id) {
+auto SharedIndex::heap_entry(uint32_t pos, uint64_t id) const -> HeapAt {
+  const Heap w = (pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer;
+  const uint64_t i = pos & ~kDueBit;
+  const uint64_t size = w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size;
+  if (i >= size || i >= hcap_ || item(w, i).id != id) {
     damaged("message " + std::to_string(id) + " has heap position " + std::to_string(pos) +
-            ", which is not its heap item (heap size " + std::to_string(hdr_->heap_size) + ")");
-    return -1;
+            ", which is not its heap item (heap sizes " + std::to_string(hdr_->heap_size) + " and " +
+            std::to_string(hdr_->due_size) + ")");
+    return {w, -1};
   }
-  return static_cast<int64_t>(pos);
+  return {w, static_cast<int64_t>(i)};
 }
 
 uint64_t SharedIndex::key(uint32_t slot) const {
@@ -401,8 +407,10 @@ uint64_t SharedIndex::key(uint32_t slot) const {
   }
   const Entry& e = slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e;
   if (e.state == State::kQueued) return ((uint64_t{e.key_hi} << 32) | e.heap_pos) << kQueuedKeyShift;
-  int64_t pos = heap_entry(e.heap_pos, id_of(slot));
-  return pos < 0 ? UINT64_MAX : heap_[pos].key;  // damaged: never receivable until rebuilt
+  const HeapAt at = heap_entry(e.heap_pos, id_of(slot));
+  if (at.i < 0) return UINT64_MAX;  // damaged: never receivable until rebuilt
+  const uint64_t k = item(at.heap, static_cast<uint64_t>(at.i)).key;
+  return at.heap == Heap::kTimer ? k : due_time(k);
 }
 
 // The region is laid out window, heap, overflow table, and the file never gets shorter
@@ -429,6 +437,8 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   std::vector<HeapItem> items;
   std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
   if (!same_win || anonymous_) items.assign(heap_, heap_ + h.heap_size);
+  // The due heap sits at the array's end, which moves whenever the array's size does.
+  const std::vector<HeapItem> dues(due_begin(), due_begin() + due_size());
   if (smaller_win) {
     // shrink(): the window's ids, in order from low_id, to be laid out again from slot 0.
     for (uint64_t id = h.low_id, end = std::min(std::max(h.next_id, h.low_id), h.low_id + old_w); id < end; ++id) {
@@ -505,6 +515,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
     }
   }
   if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
+  if (!dues.empty()) std::memcpy(static_cast<void*>(heap_ + hcap_ - dues.size()), dues.data(), dues.size() * sizeof(HeapItem));
   if (same_ovf) {
     std::memcpy(static_cast<void*>(ovf_), ovs.data(), ocap_ * sizeof(OvfEntry));
   } else {
@@ -588,7 +599,7 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   // (Bounded: a damaged next_id must not make the new window smaller than the old one's ids.)
   const uint64_t span = std::min(std::max(h.next_id, h.low_id) - h.low_id, wcap_);
   uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
-  uint64_t hc = std::max(kMinHeap, std::bit_ceil(h.heap_size * 2));
+  uint64_t hc = std::max(kMinHeap, std::bit_ceil((h.heap_size + h.due_size) * 2));
   uint64_t oc = std::max(kMinOverflow, std::bit_ceil(h.ovf_count * 2));
   if (w * 4 > wcap_) w = wcap_;
   if (hc * 4 > hcap_) hc = hcap_;
@@ -614,7 +625,7 @@ void SharedIndex::punch_tail() {
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {
-  uint64_t need = hdr_->heap_size + more;
+  uint64_t need = hdr_->heap_size + hdr_->due_size + more;
   if (need <= hcap_) return {};
   uint64_t hc = hcap_;
   while (hc < need) hc *= 2;
@@ -720,7 +731,8 @@ Status SharedIndex::fit(uint64_t first, uint64_t last) {
       uint64_t k = key(s);
       --h.queued;
       win_[s].state = State::kReady;
-      push_heap(s, x, k);
+      win_[s].key_hi = kDefaultPriority;
+      push(Heap::kTimer, s, x, k);
     }
     for (uint64_t x = h.low_id; x < stop; ++x) {
       const auto s = wslot(x);
@@ -744,10 +756,11 @@ Status SharedIndex::reserve(uint64_t more, bool delayed) {
   return last < first ? Status() : fit(first, last);
 }
 
-Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key, uint64_t now) {
+Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key, uint64_t now, uint8_t priority) {
   auto& h = *hdr_;
   Entry e = in;
   e.owner = 0;
+  e.key_hi = priority;
   uint32_t slot;
   if (id < h.low_id) {
     // Replay only: a compaction copy whose original went with its segment.
@@ -756,7 +769,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
     e.state = State::kReady;
     slot = ovf_place(id, e);
     ++h.ovf_count;
-    push_heap(slot, id, key);
+    push(Heap::kTimer, slot, id, key);
   } else {
     if (Status s = fit(id, id); !s.ok()) return s;
     slot = wslot(id);
@@ -764,7 +777,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
       damaged("message " + std::to_string(id) + " is already in the index (next id " + std::to_string(h.next_id) + ")");
       return Status(Code::kCorrupt, "index is damaged: message " + std::to_string(id) + " is already in it");
     }
-    if (key <= now) {
+    if (key <= now && priority == kDefaultPriority) {
       uint64_t k = key >> kQueuedKeyShift;
       e.state = State::kQueued;
       e.heap_pos = static_cast<uint32_t>(k);
@@ -777,7 +790,11 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
       slot = wslot(id);
       e.state = State::kReady;
       win_[slot] = e;
-      push_heap(slot, id, key);
+      if (key <= now) {
+        push(Heap::kDue, slot, id, due_key(priority, key));
+      } else {
+        push(Heap::kTimer, slot, id, key);
+      }
     }
   }
   ++h.count;
@@ -791,19 +808,26 @@ Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
     if (Status s = reserve_heap(1); !s.ok()) return s;  // slot survives: ids keep theirs
     --hdr_->queued;
     entry(slot).state = state;
+    entry(slot).key_hi = kDefaultPriority;
     hdr_->leased += state == State::kLeased;
-    push_heap(slot, id, key);
+    push(Heap::kTimer, slot, id, key);
     return {};
   }
   Entry& e = entry(slot);
-  int64_t at = heap_entry(e.heap_pos, id_of(slot));
-  if (at < 0) return Status(Code::kCorrupt, "index is damaged: " + damage_);
+  const uint64_t id = id_of(slot);
+  const HeapAt at = heap_entry(e.heap_pos, id);
+  if (at.i < 0) return Status(Code::kCorrupt, "index is damaged: " + damage_);
   e.state = state;
   hdr_->leased += (state == State::kLeased) - (was == State::kLeased);
-  uint64_t pos = static_cast<uint64_t>(at);
+  if (at.heap == Heap::kDue) {  // back to the timer heap: the total the array holds stays
+    remove(at);
+    push(Heap::kTimer, slot, id, key);
+    return {};
+  }
+  uint64_t pos = static_cast<uint64_t>(at.i);
   heap_[pos].key = key;
-  sift_down(pos);
-  sift_up(pos);
+  sift_down(Heap::kTimer, pos);
+  sift_up(Heap::kTimer, pos);
   return {};
 }
 
@@ -818,15 +842,8 @@ void SharedIndex::erase(uint32_t slot) {
   if (e.state == State::kLeased) --h.leased;
   if (e.state == State::kQueued) {
     --h.queued;
-  } else if (int64_t at = heap_entry(e.heap_pos, id); at >= 0) {
-    // Heap removal: move the last item into the hole, then restore order both ways.
-    uint64_t pos = static_cast<uint64_t>(at);
-    uint64_t last = --h.heap_size;
-    if (pos != last) {
-      move_item(pos, heap_[last]);
-      sift_down(pos);
-      sift_up(pos);
-    }
+  } else if (const HeapAt at = heap_entry(e.heap_pos, id); at.i >= 0) {
+    remove(at);
   }
   --h.count;
   if (slot >= wcap_) {
@@ -849,31 +866,56 @@ int64_t SharedIndex::queue_head() {
 }
 
 int64_t SharedIndex::next(uint64_t now) {
-  const bool heap_ready = hdr_->heap_size != 0 && heap_[0].key <= now;
-  if (int64_t q = queue_head(); q >= 0) {
-    if (!heap_ready || less(HeapItem{key(static_cast<uint32_t>(q)), hdr_->cursor}, heap_[0])) return q;
+  auto& h = *hdr_;
+  // Each item moves once per time it becomes ready, so this costs what the heap operations
+  // of its delivery cost anyway; a receive that finds many at once pays for all of them.
+  while (h.heap_size != 0 && heap_[0].key <= now) {
+    const HeapItem top = heap_[0];
+    const int64_t slot = find(top.id);
+    if (slot < 0) {
+      damaged("the heap's first item names message " + std::to_string(top.id) + ", which is not in the index");
+      return -1;
+    }
+    remove(HeapAt{Heap::kTimer, 0});
+    const uint16_t pri = entry(static_cast<uint32_t>(slot)).key_hi;
+    push(Heap::kDue, static_cast<uint32_t>(slot), top.id, due_key(static_cast<uint8_t>(std::min<uint16_t>(pri, 255)), top.key));
   }
-  if (!heap_ready) return -1;
-  int64_t top = find(heap_[0].id);
-  if (top < 0) damaged("the heap's first item names message " + std::to_string(heap_[0].id) + ", which is not in the index");
+  const int64_t q = queue_head();
+  if (h.due_size == 0 || h.due_size > hcap_) return q;
+  const HeapItem& d = item(Heap::kDue, 0);
+  if (q >= 0 && less(HeapItem{due_key(kDefaultPriority, key(static_cast<uint32_t>(q))), h.cursor}, d)) return q;
+  const int64_t top = find(d.id);
+  if (top < 0) damaged("the due heap's first item names message " + std::to_string(d.id) + ", which is not in the index");
   return top;
 }
 
 uint64_t SharedIndex::next_key() {
+  if (hdr_->due_size != 0) return 0;  // receivable now
   uint64_t k = hdr_->heap_size != 0 ? heap_[0].key : UINT64_MAX;
   if (int64_t q = queue_head(); q >= 0) k = std::min(k, key(static_cast<uint32_t>(q)));
   return k;
 }
 
-void SharedIndex::push_heap(uint32_t slot, uint64_t id, uint64_t key) {
-  if (hdr_->heap_size >= hcap_) {  // callers reserve first: only damage gets here
+void SharedIndex::push(Heap w, uint32_t slot, uint64_t id, uint64_t key) {
+  if (hdr_->heap_size + hdr_->due_size >= hcap_) {  // callers reserve first: only damage gets here
     damaged("the heap is full");
     return;
   }
-  uint64_t pos = hdr_->heap_size++;
-  heap_[pos] = HeapItem{key, id};
-  entry(slot).heap_pos = static_cast<uint32_t>(pos);
-  sift_up(pos);
+  uint64_t pos = size_of(w)++;
+  item(w, pos) = HeapItem{key, id};
+  entry(slot).heap_pos = static_cast<uint32_t>(w == Heap::kTimer ? pos : (pos | kDueBit));
+  sift_up(w, pos);
+}
+
+void SharedIndex::remove(HeapAt at) {
+  // Move the last item into the hole, then restore order both ways.
+  const uint64_t pos = static_cast<uint64_t>(at.i);
+  const uint64_t last = --size_of(at.heap);
+  if (pos != last) {
+    move_item(at.heap, pos, item(at.heap, last));
+    sift_down(at.heap, pos);
+    sift_up(at.heap, pos);
+  }
 }
 
 // The heap is 4-ary and sifts move a hole instead of swapping: every level writes the moved
@@ -881,38 +923,38 @@ void SharedIndex::push_heap(uint32_t slot, uint64_t id, uint64_t key) {
 // message, a binary heap with swaps paid two such misses a level (bench_queue --only=index,
 // receive+ack at 1M queued as a share of the rate at 1k: binary with swaps 0.28x; 4-ary
 // 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x). Four children are 64 B, one cache line.
-void SharedIndex::move_item(uint64_t to, const HeapItem& it) {
-  heap_[to] = it;
-  entry_of(it.id).heap_pos = static_cast<uint32_t>(to);
+void SharedIndex::move_item(Heap w, uint64_t to, const HeapItem& it) {
+  item(w, to) = it;
+  entry_of(it.id).heap_pos = static_cast<uint32_t>(w == Heap::kTimer ? to : (to | kDueBit));
 }
 
-void SharedIndex::sift_up(uint64_t i) {
-  const HeapItem it = heap_[i];
+void SharedIndex::sift_up(Heap w, uint64_t i) {
+  const HeapItem it = item(w, i);
   const uint64_t start = i;
   while (i > 0) {
     uint64_t parent = (i - 1) / kHeapArity;
-    if (!less(it, heap_[parent])) break;
-    move_item(i, heap_[parent]);
+    if (!less(it, item(w, parent))) break;
+    move_item(w, i, item(w, parent));
     i = parent;
   }
-  if (i != start) move_item(i, it);
+  if (i != start) move_item(w, i, it);
 }
 
-void SharedIndex::sift_down(uint64_t i) {
-  const uint64_t n = std::min(hdr_->heap_size, hcap_);
-  const HeapItem it = heap_[i];
+void SharedIndex::sift_down(Heap w, uint64_t i) {
+  const uint64_t n = std::min(size_of(w), hcap_);
+  const HeapItem it = item(w, i);
   const uint64_t start = i;
   for (;;) {
     uint64_t first = kHeapArity * i + 1;
     if (first >= n) break;
     uint64_t end = std::min(first + kHeapArity, n), m = first;
     for (uint64_t c = first + 1; c < end; ++c)
-      if (less(heap_[c], heap_[m])) m = c;
-    if (!less(heap_[m], it)) break;
-    move_item(i, heap_[m]);
+      if (less(item(w, c), item(w, m))) m = c;
+    if (!less(item(w, m), it)) break;
+    move_item(w, i, item(w, m));
     i = m;
   }
-  if (i != start) move_item(i, it);
+  if (i != start) move_item(w, i, it);
 }
 
 std::string SharedIndex::check_invariants() const {
@@ -923,7 +965,7 @@ std::string SharedIndex::check_invariants() const {
     return "I5: low_id " + std::to_string(h.low_id) + ", cursor " + std::to_string(h.cursor) + ", next_id " +
            std::to_string(h.next_id);
   }
-  if (h.heap_size > hcap_) return "I2: heap size";
+  if (h.heap_size > hcap_ || h.due_size > hcap_ - h.heap_size) return "I2: heap sizes";
   // The overflow table's load first: every probe below relies on an empty slot.
   uint64_t on = 0;
   for (uint64_t s = 0; s < ocap_; ++s) on += ovf_[s].id != 0;
@@ -939,8 +981,13 @@ std::string SharedIndex::check_invariants() const {
     if (e.state == State::kQueued) {
       ++queued;
       if (id < h.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
-    } else if (e.heap_pos >= h.heap_size || heap_[e.heap_pos].id != id) {
-      return "I2: heap back-pointer of " + std::to_string(id);
+    } else {
+      const Heap w = (e.heap_pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer;
+      const uint64_t i = e.heap_pos & ~kDueBit;
+      if (i >= (w == Heap::kTimer ? h.heap_size : h.due_size) || item(w, i).id != id) {
+        return "I2: heap back-pointer of " + std::to_string(id);
+      }
+      if (e.key_hi > 255) return "I6: entry " + std::to_string(id) + " has priority " + std::to_string(e.key_hi);
     }
     return "";
   };
@@ -961,10 +1008,13 @@ std::string SharedIndex::check_invariants() const {
   uint64_t deds = 0;
   for (uint64_t s = 0; s < dcap_; ++s) deds += ded_[s].hash != 0;
   if (deds != h.dedup_used) return "dedup slots used: " + std::to_string(h.dedup_used) + ", occupied " + std::to_string(deds);
-  if (queued != h.queued || h.heap_size != n - queued) return "I2: heap size";
+  if (queued != h.queued || h.heap_size + h.due_size != n - queued) return "I2: heap size";
   if (leased != h.leased) return "I4: leased count";
-  for (uint64_t i = 1; i < h.heap_size; ++i)
-    if (less(heap_[i], heap_[(i - 1) / kHeapArity])) return "I3: heap order at " + std::to_string(i);
+  for (Heap w : {Heap::kTimer, Heap::kDue}) {
+    for (uint64_t i = 1, size = w == Heap::kTimer ? h.heap_size : h.due_size; i < size; ++i) {
+      if (less(item(w, i), item(w, (i - 1) / kHeapArity))) return "I3: heap order at " + std::to_string(i);
+    }
+  }
   return "";
 }
 

@@ -15,18 +15,26 @@
 // live count (a long delay, a lease extended for hours) moves to the overflow table, an
 // open-addressing hash table (linear probing, backward-shift deletion, load <= 3/4).
 //
-// A message that has been ready since it was sent and was never received is "queued": it is
-// in no heap. Queued messages are delivered in id order, found by a cursor that only moves
-// forward. Every other message (leased, delayed, nacked, released) has an item in one 4-ary
-// min-heap ordered by (the time it can next be received, id): a leased message by its lease
-// deadline, a delayed one by its ready-at time. The heap is as large as the messages in
-// flight, not the backlog, so a receive from a backlog of 10M costs what it costs at 1k.
-// The next message to deliver is the earlier of the queue head and the heap top.
+// A message of the default priority that has been ready since it was sent and was never
+// received is "queued": it is in no heap. Queued messages are delivered in id order, found by
+// a cursor that only moves forward. Every other message has an item in one of two 4-ary
+// min-heaps that share one array (the timer heap grows from its start, the due heap from
+// its end, so their sum is what the array must hold):
+//  - the timer heap, ordered by (the time it can next be received, id): a leased message by
+//    its lease deadline, a delayed or released one by its ready-at time;
+//  - the due heap, ordered by (priority, the time it became ready, id): messages that can
+//    be received now and are not queued (another priority, or redelivered). next() moves
+//    timer items whose time has come into it, each once per time it becomes ready.
+// Both are as large as the messages in flight, delayed, redelivered or of another priority,
+// not the default-priority backlog, so a receive from a backlog of 10M costs what it costs
+// at 1k. The next message to deliver is the lower of the queue head, taken as (default
+// priority, its send time, id), and the due heap's top.
 //
 // Invariants, true whenever the mutex is free (checked by check_invariants()):
 //  I1 count == live window slots + ovf_count; ovf_count <= ovf_cap * 3/4.
-//  I2 heap_size == count - queued; every non-queued entry's heap_pos names its heap item.
-//  I3 the heap property holds on (key, id).
+//  I2 heap_size + due_size == count - queued <= heap_cap; every non-queued entry's heap_pos
+//     names its item (kDueBit set: in the due heap).
+//  I3 the heap property holds on (key, id) in both heaps.
 //  I4 leased == number of entries in state kLeased.
 //  I5 every id < next_id; window ids are in [low_id, low_id + capacity), overflow ids are
 //     below low_id and findable; 1 <= low_id <= cursor <= next_id; queued entries >= cursor.
@@ -70,8 +78,9 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
-// 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes)
-inline constexpr uint32_t kIndexVersion = 15;
+// 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes);
+// 16: priorities (the due heap)
+inline constexpr uint32_t kIndexVersion = 16;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -80,11 +89,19 @@ inline constexpr uint64_t kMinOverflow = 64;
 inline constexpr uint64_t kMinDedup = 1024;
 inline constexpr uint64_t kMaxDedup = 1ull << 21;
 inline constexpr uint32_t kNoPos = UINT32_MAX;
+// A heap_pos with this bit names an item of the due heap (the rest is its position there).
+inline constexpr uint32_t kDueBit = 1u << 31;
+// Priorities (docs/semantics.md, "Priorities"): 0 is the most urgent.
+inline constexpr uint8_t kDefaultPriority = 128;
+// A due heap item's key: the priority above the time it became ready, in 256 ns units.
+inline constexpr uint64_t due_key(uint8_t priority, uint64_t ready) { return (uint64_t{priority} << 56) | (ready >> 8); }
+inline constexpr uint64_t due_time(uint64_t key) { return (key & ((uint64_t{1} << 56) - 1)) << 8; }
 // shrink() gives the region back only when that frees at least this much.
 inline constexpr uint64_t kShrinkMinBytes = 1 << 20;
 
-// kQueued: ready since it was sent, never received: no heap item (see above). kReady: ready
-// or delayed, in the heap. kLeased: in the heap by its lease deadline.
+// kQueued: of the default priority, ready since it was sent, never received: no heap item
+// (see above). kReady: ready or delayed, in a heap. kLeased: in the timer heap by its lease
+// deadline, or in the due heap once that has passed.
 enum class State : uint8_t { kEmpty = 0, kReady = 1, kLeased = 2, kQueued = 3 };
 
 // Processes that bind their leases (Queue::bind_leases) each claim one owner slot; at most
@@ -95,8 +112,8 @@ struct Entry {
   uint64_t loc;       // storage::Pos::pack() of the MSG record
   uint32_t len;       // payload length
   uint32_t count;     // receive count == lease generation
-  uint32_t heap_pos;  // where this entry's item sits in the heap; kQueued: key bits (key())
-  uint16_t key_hi;    // kQueued: more key bits
+  uint32_t heap_pos;  // where this entry's item sits in its heap; kQueued: key bits (key())
+  uint16_t key_hi;    // kQueued: more key bits; otherwise the message's priority
   State state;
   uint8_t owner;      // 1 + owner slot of the process the lease is bound to; 0: unbound
 };
@@ -153,7 +170,8 @@ struct alignas(64) IndexHeader {
   uint64_t count;      // live messages
   uint64_t ovf_count;  // of them in the overflow table
   uint64_t queued;     // of them in state kQueued
-  uint64_t heap_size;
+  uint64_t heap_size;  // timer heap items
+  uint64_t due_size;   // due heap items
   uint64_t low_id;     // the window's first id
   uint64_t cursor;     // no queued message has a lower id
   uint64_t leased;
@@ -281,21 +299,24 @@ class CAPABILITY("index lock") SharedIndex {
   }
   // When the message can next be received (a queued one's key is rounded down to 1 us).
   uint64_t key(uint32_t slot) const;
-  // Adds message `id` (not present), queued if `key` <= `now`, else ready at `key`.
-  Result<uint32_t> insert(uint64_t id, const Entry& e, uint64_t key, uint64_t now);
+  // Adds message `id` (not present): queued if `key` <= `now` and `priority` is the
+  // default, else ready at `key`.
+  Result<uint32_t> insert(uint64_t id, const Entry& e, uint64_t key, uint64_t now,
+                          uint8_t priority = kDefaultPriority);
   // Makes room now so that inserting the ids next_id .. next_id + more - 1 (ready at a later
   // time when `delayed`) cannot fail.
   Status reserve(uint64_t more, bool delayed);
   // Gives the message in `slot` state kReady or kLeased and the time it can next be
-  // received; a queued message moves into the heap.
+  // received (its item goes to the timer heap; a queued message gets one). Cannot remap.
   Status set(uint32_t slot, State state, uint64_t key);
   void erase(uint32_t slot);
-  // The message to deliver next if one can be received at `now`: the earlier of the queue
-  // head and the heap top; -1 if none. Moves the cursor.
+  // The message to deliver next if one can be received at `now`: the lower of the queue
+  // head and the due heap's top, after moving the timer items due at `now` into the due
+  // heap; -1 if none. Moves the cursor.
   int64_t next(uint64_t now);
   // The earliest time anything can be received (UINT64_MAX: nothing is queued).
   uint64_t next_key();
-  // Grows the heap now so that `more` messages can leave the queue without a remap.
+  // Grows the heaps' array now so that `more` messages can leave the queue without a remap.
   Status reserve_heap(uint64_t more);
   // Once a big backlog has drained, lays the region out again at a fraction of its size and
   // punches the freed tail out of the file, if that frees at least `min_gain` bytes; else
@@ -307,10 +328,13 @@ class CAPABILITY("index lock") SharedIndex {
   // allocated (resized, not yet punched), which no later shrink would free.
   void punch_tail();
 
-  // For stats, list and peek: heap items (in heap order) and the queued messages from the
-  // cursor on (in id order; f returns false to stop).
+  // For stats, list and peek: the timer heap's items (in heap order), the due heap's (all
+  // ready now; keys are due_key()s) and the queued messages from the cursor on (in id
+  // order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
   uint64_t heap_size() const { return hdr_->heap_size; }
+  const HeapItem* due_begin() const { return heap_ + hcap_ - std::min(hdr_->due_size, hcap_); }
+  uint64_t due_size() const { return std::min(hdr_->due_size, hcap_); }
   template <class F>
   void for_each_queued(F&& f) {
     uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
@@ -410,20 +434,32 @@ class CAPABILITY("index lock") SharedIndex {
   uint32_t ovf_place(uint64_t id, const Entry& e);
   void ovf_erase(uint64_t s);
   Entry& entry_of(uint64_t id);
-  void push_heap(uint32_t slot, uint64_t id, uint64_t key);
   void advance_low(uint64_t limit);  // past empty slots, never past `limit`
+  // The two heaps (see the top of this file): the timer heap's item i is heap_[i], the due
+  // heap's heap_[hcap_ - 1 - i].
+  enum class Heap : uint8_t { kTimer, kDue };
+  struct HeapAt {
+    Heap heap;
+    int64_t i;  // -1: damage (recorded)
+  };
   static constexpr uint64_t kHeapArity = 4;
-  void move_item(uint64_t to, const HeapItem& it);
-  void sift_up(uint64_t i);
-  void sift_down(uint64_t i);
+  HeapItem& item(Heap w, uint64_t i) { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
+  const HeapItem& item(Heap w, uint64_t i) const { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
+  uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size; }
+  void push(Heap w, uint32_t slot, uint64_t id, uint64_t key);
+  void remove(HeapAt at);  // the last item fills the hole
+  void move_item(Heap w, uint64_t to, const HeapItem& it);
+  void sift_up(Heap w, uint64_t i);
+  void sift_down(Heap w, uint64_t i);
   static bool less(const HeapItem& a, const HeapItem& b) {
     return a.key < b.key || (a.key == b.key && a.id < b.id);
   }
 
   uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
   Entry& bad_slot(uint32_t slot);
-  // Where a heap item's entry is, checked; -1 (and damage recorded) if it is not there.
-  int64_t heap_entry(uint64_t pos, uint64_t id) const;
+  // Where the heap item of the entry with heap_pos `pos` is, checked against its id; i = -1
+  // (and damage recorded) if it is not there.
+  HeapAt heap_entry(uint32_t pos, uint64_t id) const;
 
   std::shared_ptr<io::Io> io_;
   int fd_ = -1;

@@ -2,7 +2,10 @@
 
 #include <vector>
 
+#include "spool/queue.h"
+
 namespace spool::queue {
+static_assert(format::kDefaultPriority == kDefaultPriority && index::kDefaultPriority == kDefaultPriority);
 namespace {
 
 using format::RecordType;
@@ -41,7 +44,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   switch (r.type) {
     case RecordType::kMsg: {
       Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
-      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot);
+      const uint8_t priority = r.ext.empty() ? format::kDefaultPriority : storage::ext_priority(r.ext);
+      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority);
       if (!ins.ok()) return ins.status();
       if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
       h.bytes_live += r.payload.size();

@@ -29,6 +29,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
                                         "): " + ext.status().message());
     }
     m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
+    m.priority = ext->priority;
   }
   if (mapped != nullptr) {
     mapped->view = r->payload;
@@ -120,6 +121,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   // send). A consumer's own attributes come first, so the history cannot crowd them out.
   SendOptions keep;
   keep.attributes = std::move(msg.attributes);
+  keep.priority = msg.priority;
   std::vector<std::pair<std::string, std::string>> history(extra.begin(), extra.end());
   history.emplace_back("spool.dead.reason", reason);
   history.emplace_back("spool.dead.original_id", std::to_string(id));

@@ -331,14 +331,15 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
   if (opts.attributes.empty() && opts.dedup_id.empty()) {
-    auto ids = send_batch(std::span(&payload, 1), opts);
+    auto ids = send_batch(std::span(&payload, 1), opts);  // the priority goes along
     if (!ids.ok()) return ids.status();
     return ids->front();
   }
-  SendItem item{payload, opts.attributes, opts.dedup_id};
+  SendItem item{payload, opts.attributes, opts.dedup_id, opts.priority};
   SendOptions rest = opts;
   rest.attributes.clear();
   rest.dedup_id.clear();
+  rest.priority = kDefaultPriority;
   auto ids = send_batch(std::span(&item, 1), rest);
   if (!ids.ok()) return ids.status();
   return ids->front();
@@ -356,18 +357,21 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
                                           "be duplicates); give each message its own with SendItem");
   }
-  if (opts.attributes.empty()) return send_core(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+  if (opts.attributes.empty() && opts.priority == kDefaultPriority) {
+    return send_core(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+  }
   if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
   storage::MessageExt e;
   e.attributes.assign(opts.attributes.begin(), opts.attributes.end());
+  e.priority = opts.priority;
   std::vector<std::string> exts(payloads.size(), storage::encode_ext(e));
   return send_core(*impl_, payloads, exts, {}, opts);
 }
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
-  if (!opts.attributes.empty() || !opts.dedup_id.empty()) {
-    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes and dedup ids from each item, "
-                                          "not from SendOptions");
+  if (!opts.attributes.empty() || !opts.dedup_id.empty() || opts.priority != kDefaultPriority) {
+    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids and priorities from "
+                                          "each item, not from SendOptions");
   }
   std::vector<std::string_view> payloads;
   std::vector<std::string> exts;
@@ -383,6 +387,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     storage::MessageExt e;
     e.attributes.assign(it.attributes.begin(), it.attributes.end());
     e.dedup_id = it.dedup_id;
+    e.priority = it.priority;
     payloads.push_back(it.payload);
     exts.push_back(storage::encode_ext(e));
     dedup.push_back(it.dedup_id);
@@ -607,7 +612,7 @@ Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibil
   for (size_t i = 0; i < msgs->size(); ++i) {
     Message& m = (*msgs)[i];
     out.push_back(MessageView{m.id, mapped[i].view, m.receive_count, m.enqueued, std::move(m.receipt),
-                              std::move(mapped[i].keep), std::move(m.attributes)});
+                              std::move(mapped[i].keep), std::move(m.attributes), m.priority});
   }
   return out;
 }
@@ -692,6 +697,8 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
     offer(items[i].id, slot);
   }
   if (states.ready) {
+    const index::HeapItem* due = q.idx.due_begin();
+    for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
     size_t seen = 0;
     q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
       offer(id, slot);
@@ -942,7 +949,7 @@ Result<Stats> Queue::stats() {
     uint64_t now = sys::boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
-    st.ready = h.queued;
+    st.ready = h.queued + q.idx.due_size();
     auto head = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
     std::array<uint64_t, index::kOwnerSlots> bound{};
@@ -1008,7 +1015,7 @@ Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 // duplicates, never loses.
 static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m) {
   std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
-  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes});
+  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority});
   if (!id.ok()) return id.status();
   crashpoint("redrive.after_send");
   if (Status s = dlq.ack(m.receipt); !s.ok()) return s;

@@ -47,9 +47,10 @@ inline constexpr uint32_t kExtEntryHeaderSize = 4;  // type u8 | 0 u8 | len u16
 enum class ExtType : uint8_t {
   kAttribute = 1,  // key_len u8 | key | value
   kDedupId = 2,    // the deduplication id
-  kGroup = 3,      // reserved: the ordered-group key (issue 26, not written yet)
-  kPriority = 4,   // reserved: the priority (issue 26, not written yet)
+  kGroup = 3,      // reserved: the ordered-group key (not written yet)
+  kPriority = 4,   // u8, 0 most urgent; absent: kDefaultPriority
 };
+inline constexpr uint8_t kDefaultPriority = 128;
 // Bounds (docs/semantics.md, "Attributes" and "Deduplication").
 inline constexpr uint32_t kMaxAttributes = 16;
 inline constexpr uint32_t kMaxAttrKey = 64;
@@ -60,7 +61,7 @@ inline constexpr uint32_t kMaxDedupId = 128;
 // much longer than the queue's max_payload.
 inline constexpr uint32_t kMaxExtSize = 8192;
 static_assert(kExtHeaderSize + kMaxAttributes * (kExtEntryHeaderSize + 1) + kMaxAttrTotal +
-                  kExtEntryHeaderSize + kMaxDedupId <= kMaxExtSize);
+                  kExtEntryHeaderSize + kMaxDedupId + kExtEntryHeaderSize + 1 <= kMaxExtSize);
 
 inline constexpr uint64_t align_up(uint64_t n) { return (n + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1}; }
 inline constexpr uint64_t record_size(uint64_t payload_len) {

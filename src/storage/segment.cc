@@ -302,7 +302,7 @@ void Segment::encode(const Record& r, std::string& out) const {
 }
 
 std::string encode_ext(const MessageExt& e) {
-  if (e.attributes.empty() && e.dedup_id.empty()) return {};
+  if (e.attributes.empty() && e.dedup_id.empty() && e.priority == format::kDefaultPriority) return {};
   std::string out(format::kExtHeaderSize, '\0');
   out[4] = static_cast<char>(format::kExtVersion);
   auto entry = [&](format::ExtType type, std::string_view a, std::string_view b) {
@@ -318,6 +318,7 @@ std::string encode_ext(const MessageExt& e) {
     entry(format::ExtType::kAttribute, std::string(1, klen) + k, v);
   }
   if (!e.dedup_id.empty()) entry(format::ExtType::kDedupId, e.dedup_id, {});
+  if (e.priority != format::kDefaultPriority) entry(format::ExtType::kPriority, std::string(1, static_cast<char>(e.priority)), {});
   store<uint32_t>(reinterpret_cast<uint8_t*>(out.data()), static_cast<uint32_t>(out.size()));
   return out;
 }
@@ -352,11 +353,29 @@ Result<MessageExt> decode_ext(std::string_view ext) {
       case format::ExtType::kDedupId:
         e.dedup_id.assign(v);
         break;
+      case format::ExtType::kPriority:
+        if (v.size() != 1) return bad("a priority entry of " + std::to_string(v.size()) + " bytes (it is 1)");
+        e.priority = static_cast<uint8_t>(v[0]);
+        break;
       default:
         break;  // a later version's optional entry
     }
   }
   return e;
+}
+
+uint8_t ext_priority(std::string_view ext) {
+  const auto* p = reinterpret_cast<const uint8_t*>(ext.data());
+  if (ext.size() < format::kExtHeaderSize || load<uint32_t>(p) != ext.size()) return format::kDefaultPriority;
+  for (uint64_t o = format::kExtHeaderSize; ext.size() - o >= format::kExtEntryHeaderSize;) {
+    const auto type = static_cast<format::ExtType>(p[o]);
+    const uint64_t n = load<uint16_t>(p + o + 2);
+    o += format::kExtEntryHeaderSize;
+    if (n > ext.size() - o) break;
+    if (type == format::ExtType::kPriority && n == 1) return p[o];
+    o += n;
+  }
+  return format::kDefaultPriority;
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {

@@ -196,12 +196,16 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload);
 struct MessageExt {
   std::vector<std::pair<std::string, std::string>> attributes;  // in key order, keys unique
   std::string dedup_id;                                         // empty: none
+  uint8_t priority = format::kDefaultPriority;
 };
 // The encoding of `e` ("" for an empty one: no extension). The caller checked the bounds.
 std::string encode_ext(const MessageExt& e);
 // Decodes an extension area; kCorrupt naming what is wrong. Entry types it does not know
 // are skipped (docs/format.md says which may be added so).
 Result<MessageExt> decode_ext(std::string_view ext);
+// The priority an extension area gives (kDefaultPriority when it gives none or is not
+// sound: decode_ext() is what reports that), without decoding the rest.
+uint8_t ext_priority(std::string_view ext);
 
 // Parses and validates a segment header from raw bytes; used by open() and the fuzzer.
 Result<SegmentInfo> parse_header(const uint8_t* data, uint64_t len, const std::string& name);

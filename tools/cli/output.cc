@@ -60,6 +60,7 @@ nlohmann::json message_json(const Message& m) {
   j["id"] = m.id;
   if (!m.receipt.empty()) j["receipt"] = m.receipt;
   j["receive_count"] = m.receive_count;
+  j["priority"] = m.priority;
   j["enqueued_at"] = iso_time(m.enqueued);
   if (valid_utf8(m.payload)) {
     j["payload"] = m.payload;

@@ -149,8 +149,8 @@ int run_show(const MessageArgs& a) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("id: %" PRIu64 "\nstate: %s\nreceive_count: %u\nsize: %u\nenqueued: %s\n", m.id, state,
-              info.receive_count, info.size, cli::iso_time(m.enqueued).c_str());
+  std::printf("id: %" PRIu64 "\nstate: %s\nreceive_count: %u\npriority: %u\nsize: %u\nenqueued: %s\n", m.id, state,
+              info.receive_count, m.priority, info.size, cli::iso_time(m.enqueued).c_str());
   if (!a.dlq && info.state != MessageState::kReady) std::printf("due: %s\n", cli::iso_time(info.due).c_str());
   if (!a.dlq && info.holder_pid != 0) std::printf("holder_pid: %d\n", info.holder_pid);
   for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
@@ -213,7 +213,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
     recv->add_option("-n", a->n, "Up to this many messages (default 1)")->check(CLI::Range(size_t{1}, size_t{100000}));
     recv->add_option("--visibility", a->visibility, "Lease length (default: the queue's)");
     recv->add_option("--wait", a->wait, "Long poll: wait up to this long for a message (default 0)");
-    recv->add_flag("--json", a->json, "One JSON object per line: id, receipt, receive_count, enqueued_at, payload");
+    recv->add_flag("--json", a->json, "One JSON object per line: id, receipt, receive_count, priority, enqueued_at, payload, attributes");
     recv->footer("Plain output: the payload byte for byte on stdout, 'receipt: R' on stderr.\n"
                  "Exit code 2 when no message arrived within --wait.\n"
                  "Example: spool recv q --wait 20s > job && ... && spool ack q RECEIPT");

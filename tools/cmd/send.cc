@@ -12,7 +12,7 @@ namespace spool::cmd {
 namespace {
 
 struct SendArgs {
-  std::string dir, delay, wait, dedup_id, batch;
+  std::string dir, delay, wait, dedup_id, batch, priority;
   std::vector<std::string> messages, attrs;
   bool lines = false, durable = false;
 };
@@ -38,6 +38,11 @@ int run_send(const SendArgs& a) {
     if (!so.attributes.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second) {
       throw UsageError{"-a names the attribute '" + kv.substr(0, eq) + "' twice"};
     }
+  }
+  if (!a.priority.empty()) {
+    const uint64_t p = count_arg("--priority", a.priority);
+    if (p > 255) throw UsageError{"--priority must be 0 (most urgent) to 255, not " + a.priority};
+    so.priority = static_cast<uint8_t>(p);
   }
   uint64_t max_batch = 1000;
   if (!a.batch.empty()) max_batch = count_arg("--batch", a.batch);
@@ -114,9 +119,12 @@ Command add_send(CLI::App& app) {
       ->allow_extra_args(false);  // one KEY=VALUE per -a: the MESSAGE arguments are not attributes
   send->add_option("--dedup-id", a->dedup_id, "Deduplication id of the one message sent: a second send with it within the "
                                               "queue's --dedup-window queues nothing and prints the first message's id");
+  send->add_option("--priority", a->priority, "Priority of every message sent: 0 (most urgent) to 255; default 128. "
+                                              "Receive takes the most urgent ready message first");
   send->add_option("--batch", a->batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
-               "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list");
+               "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list\n"
+               "          spool send q --priority 0 'page the operator'");
   Command c{send, [a] { return run_send(*a); }};
   c.reads_stdin = [a] { return a->messages.empty(); };
   return c;
