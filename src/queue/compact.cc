@@ -15,7 +15,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 
-#include <map>
+#include <algorithm>
 
 #include "sys/crashpoint.h"
 #include "queue/queue_impl.h"
@@ -71,19 +71,30 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     auto held = lock();
     if (!held.ok()) return held.status();
     holds(*held);
-    auto seqs = log->segments();
-    if (!seqs.ok()) return seqs.status();
-    uint64_t active = Pos::unpack(h.log_end).seq;
-    std::map<uint64_t, uint64_t> live;
-    idx.for_each_entry(
-        [&](uint32_t, uint64_t, const Entry& e) { live[Pos::unpack(e.loc).seq] += format::record_size(e.len); });
-    uint64_t cum_live = 0, cum_size = 0;
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
     const uint64_t pinned = idx.dedup_oldest_seq(sys::boot_ns());
-    for (uint64_t seq : *seqs) {
+    const uint64_t removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
+    if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
+        fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {
+      return res;
+    }
+    fruitless_skips.store(0);
+    auto seqs = log->segments();
+    if (!seqs.ok()) return seqs.status();
+    uint64_t active = Pos::unpack(h.log_end).seq;
+    // Live bytes per segment, in the order of `seqs` (a flat array and a binary search: this
+    // loop visits every live message under the lock; the numbers may have gaps).
+    std::vector<uint64_t> live(seqs->size(), 0);
+    idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) {
+      auto it = std::lower_bound(seqs->begin(), seqs->end(), Pos::unpack(e.loc).seq);
+      if (it != seqs->end() && *it == Pos::unpack(e.loc).seq) live[static_cast<size_t>(it - seqs->begin())] += format::record_size(e.len);
+    });
+    uint64_t cum_live = 0, cum_size = 0;
+    for (size_t i = 0; i < seqs->size(); ++i) {
+      const uint64_t seq = (*seqs)[i];
       if (seq >= active || seq >= pinned) break;
-      cum_live += live[seq];
+      cum_live += live[i];
       // Each segment's own size: the log grows them (storage/log.h).
       auto seg = log->segment(seq);
       cum_size += seg.ok() ? (*seg)->info().size : cfg.opts.segment_size;
@@ -92,6 +103,10 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     }
     for (uint64_t seq : *seqs)
       if (seq <= last) prefix.push_back(seq);
+    if (last == 0) {
+      fruitless_removed.store(removed);
+      fruitless_pinned.store(pinned);
+    }
   }
   if (last == 0) return res;
 

@@ -353,6 +353,15 @@ struct Queue::Impl {
   std::condition_variable_any compact_cv;
   bool compact_wanted GUARDED_BY(compact_mu) = false;
   bool compact_stopping GUARDED_BY(compact_mu) = false;
+  // What the last automatic compaction that found nothing to remove saw: the messages
+  // removed from the queue so far and the segment its dedup ids pinned. Until either
+  // changes, a prefix can only have become worth compacting through control records alone
+  // (leases that expire unacked), so the next ones skip their scan of every live message
+  // under the index lock, but for every kFruitlessScanEvery-th.
+  static constexpr uint32_t kFruitlessScanEvery = 16;
+  std::atomic<uint64_t> fruitless_removed{UINT64_MAX};
+  std::atomic<uint64_t> fruitless_pinned{UINT64_MAX};
+  std::atomic<uint32_t> fruitless_skips{0};
   uint64_t forgotten_through GUARDED_BY(idx) = 0;  // segments <= this dropped from the log's cache
 
   // Takes the receivable message in `slot`. A message past max_receives goes to
