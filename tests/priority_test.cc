@@ -223,6 +223,24 @@ TEST_F(PriorityTest, ADeadLetterKeepsItsPriorityAndRedriveToo) {
   EXPECT_EQ(m->front().priority, 7);
 }
 
+// A byte retention limit drops the oldest ready message, not the most urgent one (the one a
+// receive would take).
+TEST_F(PriorityTest, RetentionByBytesDropsTheOldestNotTheMostUrgent) {
+  QueueOptions o;
+  o.retention_max_bytes = 300;
+  auto q = open(o);
+  ASSERT_NE(q, nullptr);
+  send(*q, std::string(100, 'a'), kDefaultPriority);
+  send(*q, std::string(100, 'u'), 0);
+  send(*q, std::string(100, 'c'), kDefaultPriority);
+  send(*q, std::string(100, 'd'), kDefaultPriority);  // 400 bytes: one must go
+  auto order = drain(*q);
+  ASSERT_EQ(order.size(), 3u);
+  EXPECT_EQ(order[0][0], 'u') << "the urgent message was dropped";
+  EXPECT_EQ(order[1][0], 'c');
+  EXPECT_EQ(order[2][0], 'd');
+}
+
 // Random sends, receives, nacks and acks against a model: every receive takes a message of
 // the most urgent priority ready, and plain messages that were never nacked come in send
 // order.

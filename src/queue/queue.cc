@@ -345,6 +345,9 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
   return ids->front();
 }
 
+static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
+    REQUIRES(q.idx);
+
 // The one send path. `exts` is empty (no message has an extension) or holds one encoded
 // extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
 static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
@@ -525,9 +528,14 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     }
     if (recs.empty()) return ids;  // every message was a duplicate: nothing written
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
-    // records go after the messages just written).
+    // records go after the messages just written). next() is the oldest unless priorities or
+    // redeliveries are ready (it would take the most urgent); then the lowest ready id.
     while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes) {
       int64_t oldest = q.idx.next(now.boot);
+      if (oldest >= 0 && q.idx.due_size() != 0) {
+        auto lowest = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now.boot);
+        oldest = lowest.empty() ? -1 : lowest.front();
+      }
       if (oldest < 0) break;
       if (Status s = q.expire(static_cast<uint32_t>(oldest)); !s.ok()) return s;
     }
