@@ -169,6 +169,24 @@ TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
   EXPECT_FALSE(q->replay(since(Millis(1000), Millis(1000))).ok());
 }
 
+// A retention drop is an ACK record too, flagged EXPIRED: not a consumer's ack.
+TEST_F(ReplayTest, RetentionDropsAreNotReplayed) {
+  QueueOptions o = keep(kHour);
+  o.retention_max_bytes = 10;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("dropped!").ok());
+  ASSERT_TRUE(q->send("acked-me").ok());  // over 10 bytes: the oldest is dropped
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->expired_total, 1u);
+  EXPECT_EQ(drain(*q).size(), 1u);
+  auto r = q->replay(since(kHour));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->replayed, 1u);
+  EXPECT_EQ(payloads(take_all(*q)), std::set<std::string>{"acked-me"});
+}
+
 TEST_F(ReplayTest, ToAnotherQueue) {
   auto q = open(keep(kHour));
   ASSERT_TRUE(q);
@@ -290,13 +308,15 @@ TEST_F(ReplayCompactTest, WithoutKeepAckedCompactionRemovesThem) {
 }
 
 TEST_F(ReplayCompactTest, PastTheWindowCompactionRemovesThem) {
-  auto q = open(small(Millis(1000)));
+  auto q = open(small(Millis(3000)));
   ASSERT_TRUE(q);
+  const uint64_t start = mono_ns();
   fill_and_ack(*q);
   auto early = q->compact();
   ASSERT_TRUE(early.ok());
-  EXPECT_EQ(early->segments_removed, 0u);  // still inside the 1 s window
-  std::this_thread::sleep_for(1500ms);
+  // Still inside the 3 s window (unless filling took most of it: a slow sanitizer run).
+  if (mono_ns() - start < 2'000'000'000) EXPECT_EQ(early->segments_removed, 0u);
+  std::this_thread::sleep_for(3500ms);  // the window, and its 1/30 step, have passed
   auto st = q->stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->kept_acked, 0u);
