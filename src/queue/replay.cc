@@ -72,10 +72,23 @@ Result<ReplayResult> Queue::replay(const ReplayOptions& o) {
       if (seq > through_seq || seq > end.seq) break;
       auto seg = q.log->segment(seq);
       if (!seg.ok()) continue;  // compaction removed it since the listing
-      (void)storage::scan(**seg, format::kSegmentHeaderSize, [&](const storage::RecordView& r) {
-        if (seq == end.seq && r.offset >= end.off) return;
-        f(Pos{seq, r.offset}, r);
-      });
+      if (seq != end.seq) {
+        (void)storage::scan(**seg, format::kSegmentHeaderSize,
+                            [&](const storage::RecordView& r) { f(Pos{seq, r.offset}, r); });
+        continue;
+      }
+      // The active segment only up to the end read above: past it other processes are
+      // appending, and nothing there may be read.
+      for (uint64_t off = format::kSegmentHeaderSize; off < end.off;) {
+        auto r = (*seg)->record_at(off);
+        if (!r) {
+          off = (*seg)->resync(off + format::kRecordAlign);  // damage: the next valid record
+          continue;
+        }
+        if (off + r->size > end.off) break;
+        f(Pos{seq, off}, *r);
+        off += r->size;
+      }
     }
   };
 
