@@ -70,7 +70,7 @@ struct QueueOptions {
   Millis dedup_window{300000};
   // [stored] Replay after ack, off (0) by default: an acked message stays in the log, its
   // payload and attributes readable by replay(), for this long after its ack; compaction
-  // keeps the segments that hold it until then (docs/semantics.md, "Replay"). 0 to 30 days.
+  // keeps the segments that hold it until then (docs/semantics.md, "Replay after ack"). 0 to 30 days.
   Millis keep_acked{0};
   bool create = true;              // create the queue if the directory holds none
   // At creation only (the directory holds no spool.conf yet): the mode of the queue's
@@ -211,7 +211,7 @@ struct CompactResult {
 };
 
 // Which acked messages replay() sends again: those whose ack lies between `since` and
-// `until` before now (docs/semantics.md, "Replay").
+// `until` before now (docs/semantics.md, "Replay after ack").
 struct ReplayOptions {
   Millis since{0};  // required: acked at most this long ago (> until)
   Millis until{0};  // acked at least this long ago; 0: up to now

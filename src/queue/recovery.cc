@@ -192,7 +192,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
     unconfirmed_copies.erase(it);
   };
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
-  // records before it (docs/semantics.md, "Replay").
+  // records before it (docs/semantics.md, "Replay after ack").
   const uint64_t keep_acked = ms_to_ns(cfg.opts.keep_acked);
   uint64_t latest = 0;
   Status failed;

@@ -1,4 +1,4 @@
-// Replay after ack (docs/semantics.md, "Replay"): sends the messages acked within a time
+// Replay after ack (docs/semantics.md, "Replay after ack"): sends the messages acked within a time
 // window again, as new messages, from what the log still holds.
 //
 // The log is read, not the index (a cache that forgets a message at its ack): one pass
