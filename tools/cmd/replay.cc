@@ -49,7 +49,8 @@ Command add_replay(CLI::App& app) {
   auto a = std::make_shared<ReplayArgs>();
   auto* replay = app.add_subcommand("replay", "Send messages acked within a time window again, as new messages");
   add_dir(replay, a->dir);
-  replay->add_option("--since", a->since, "Replay messages acked at most this long ago (required), e.g. 6h")->required();
+  replay->add_option("--since", a->since, "Replay messages acked at most this long ago (required), e.g. 6h")
+      ->required();
   replay->add_option("--until", a->until, "... and at least this long ago (default 0: up to now)");
   replay->add_option("--to", a->to, "Send them to this queue (an existing one) instead of DIR");
   replay->add_option("--max", a->max, "At most this many (the earliest acks first)");
