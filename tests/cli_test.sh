@@ -108,7 +108,7 @@ t_help_and_version() {
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge delete dlq stats mount compact verify work forward pull; do
+  for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples
@@ -1667,6 +1667,50 @@ t_send_dedup_id() {
   [[ ! -e q2 && ! -e q3 ]] || fail "a refused init left a directory"
 }
 
+# Issue 26: replay after ack (init --keep-acked, replay, stats), across an index rebuild.
+t_replay_after_ack() {
+  "$SPOOL" init q --keep-acked 24h >/dev/null || fail "init"
+  grep -qx 'keep_acked_ms = 86400000' q/spool.conf || fail "keep_acked not stored: $(cat q/spool.conf)"
+  "$SPOOL" init q2 >/dev/null || fail "init q2"
+  grep -q keep_acked q2/spool.conf && fail "keep_acked written for a queue without it"
+  expect 0 "$SPOOL" send q -a color=blue first
+  expect 0 "$SPOOL" send q second
+  expect 0 "$SPOOL" recv q -n 2 --json
+  sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' "$D/out" | xargs "$SPOOL" ack q || fail "ack"
+  eq "kept_acked" "$(stat_of kept_acked q)" 2
+  eq "kept_acked_bytes" "$(stat_of kept_acked_bytes q)" 11
+  expect 0 "$SPOOL" stats q --json
+  eq "keep_acked_ms" "$(jget keep_acked_ms)" 86400000
+  expect 0 "$SPOOL" stats q --prometheus
+  out_has 'spool_kept_acked{queue="q"} 2'
+  expect 0 "$SPOOL" stats q
+  out_has "kept acked     2"
+  rm q/index  # the log is the truth: the next command rebuilds the index from it
+  expect 0 "$SPOOL" replay q --since 1h --until 30m --json
+  eq "replayed before --until" "$(jget replayed)" 0
+  expect 0 "$SPOOL" replay q --since 1h --json
+  eq "replayed" "$(jget replayed)" 2
+  eq "missing" "$(jget missing)" 0
+  expect 0 "$SPOOL" recv q -n 2 --json
+  out_has '"color":"blue"'
+  out_has '"spool.replay.original_id":"1"'
+  out_has '"spool.replay.original_id":"2"'
+  out_has '"spool.replay.acked_at":"'
+  grep -q '"payload":"first"' "$D/out" || fail "first not replayed: $(cat "$D/out")"
+  expect 0 "$SPOOL" replay q --since 1h --to q2
+  out_has "replayed 2 acked messages into q2"
+  eq "ready in q2" "$(stat_of ready q2)" 2
+  expect 64 "$SPOOL" replay q --since 1h --until 2h
+  err_has "--until must be less than --since"
+  expect 64 "$SPOOL" replay q
+  expect 64 "$SPOOL" replay q --since soon
+  expect 1 "$SPOOL" replay q --since 1h --to nowhere
+  err_has "nowhere"
+  expect 64 "$SPOOL" init q3 --keep-acked 721h
+  err_has "keep_acked_ms = 2595600000 is out of range"
+  [[ ! -e q3 ]] || fail "a refused init left a directory"
+}
+
 t_progress_bar_only_on_a_terminal() {
   command -v script >/dev/null || fail "script(1) (util-linux) is needed to give spool a terminal"
   "$SPOOL" init q --segment-size 64K >/dev/null || fail "init"
@@ -1823,6 +1867,7 @@ TESTS=(
   t_send_attributes_shown_by_recv_and_peek
   t_send_priority_orders_recv
   t_send_dedup_id
+  t_replay_after_ack
   t_work_errors
   t_failed_open_leaves_directory_untouched
   t_closed_std_fds_never_reach_queue_files

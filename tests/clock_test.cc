@@ -263,5 +263,62 @@ TEST_F(ClockStep, ADelayFromAnEarlierBootIsNotStretchedByAWallClockThatWentBack)
   EXPECT_EQ(got_n(q->receive(1, 0ms, 5000ms)), 1u) << "a 1 s delay of an earlier boot was held for a day";
 }
 
+// Replay after ack (issue 26): an ack's age is measured on the boot clock within a boot, so
+// a wall-clock step either way neither hides a fresh ack from replay nor lets compaction
+// drop it; before and after an index rebuild.
+TEST_F(ClockStep, AReplayWindowIgnoresWallClockSteps) {
+  QueueOptions o;
+  o.keep_acked = Millis(3600 * 1000);
+  for (int64_t step : {2 * kHour, -2 * kHour}) {
+    g_wall_step_ns = 0;
+    std::filesystem::remove_all(qdir());
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->send("fresh").ok());
+    auto m = q->receive(1, 60000ms);
+    ASSERT_TRUE(m.ok() && m->size() == 1);
+    ASSERT_TRUE(q->ack(m->front().receipt).ok());
+    g_wall_step_ns = step;
+    for (int pass = 0; pass < 2; ++pass) {
+      ReplayOptions ro;
+      ro.since = Millis(60 * 1000);
+      auto r = q->replay(ro);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      EXPECT_EQ(r->replayed, 1u) << "step " << step / kHour << " h, pass " << pass;
+      EXPECT_EQ(q->stats()->kept_acked, 1u) << "step " << step / kHour << " h, pass " << pass;
+      ASSERT_TRUE(q->purge().ok());  // the replayed copy; the ack stays in the log
+      q = rebuilt(std::move(q), o);
+      ASSERT_TRUE(q);
+    }
+  }
+}
+
+// An ack of an earlier boot is dated by the wall clock (no common clock across a reboot).
+TEST_F(ClockStep, AnAckFromAnEarlierBootIsDatedByTheWallClock) {
+  QueueOptions o;
+  o.keep_acked = Millis(24 * 3600 * 1000);
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("before the reboot").ok());
+  auto m = q->receive(1, 60000ms);
+  ASSERT_TRUE(m.ok() && m->size() == 1);
+  ASSERT_TRUE(q->ack(m->front().receipt).ok());
+  q.reset();
+  ASSERT_GE(mark_clock_records_as_another_boot(qdir()), 1);
+  std::filesystem::remove(qdir() + "/index");
+  g_wall_step_ns = 2 * kHour;  // the reboot took two hours, by the wall clock
+  q = open(o);
+  ASSERT_TRUE(q);
+  ReplayOptions ro;
+  ro.since = Millis(3600 * 1000);
+  auto recent = q->replay(ro);
+  ASSERT_TRUE(recent.ok()) << recent.status().to_string();
+  EXPECT_EQ(recent->replayed, 0u) << "acked two hours ago by the wall clock";
+  ro.since = Millis(3 * 3600 * 1000);
+  auto older = q->replay(ro);
+  ASSERT_TRUE(older.ok()) << older.status().to_string();
+  EXPECT_EQ(older->replayed, 1u);
+}
+
 }  // namespace
 }  // namespace spool::test

@@ -45,6 +45,7 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   for (auto& c : add_message_commands(app)) commands.push_back(std::move(c));
   commands.push_back(add_dlq(app));
   commands.push_back(add_stats(app));
+  commands.push_back(add_replay(app));
   for (auto& c : add_admin_commands(app)) commands.push_back(std::move(c));
   commands.push_back(add_work(app));
   for (auto& c : add_nats_commands(app)) commands.push_back(std::move(c));

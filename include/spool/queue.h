@@ -68,6 +68,10 @@ struct QueueOptions {
   // [stored] How long a deduplication id is remembered after its message was sent
   // (SendOptions::dedup_id): 1 ms to 7 days.
   Millis dedup_window{300000};
+  // [stored] Replay after ack, off (0) by default: an acked message stays in the log, its
+  // payload and attributes readable by replay(), for this long after its ack; compaction
+  // keeps the segments that hold it until then (docs/semantics.md, "Replay after ack"). 0 to 30 days.
+  Millis keep_acked{0};
   bool create = true;              // create the queue if the directory holds none
   // At creation only (the directory holds no spool.conf yet): the mode of the queue's
   // files (0: what the umask leaves of 0666; 0660 for a queue a group shares, 0664 to let
@@ -189,6 +193,11 @@ struct Stats {
   // Deduplication ids remembered now: those of messages sent with one within the queue's
   // dedup_window (a count of the index's dedup table, O(table size)).
   uint64_t dedup_ids = 0;
+  // Replay after ack (QueueOptions::keep_acked): the messages acked within the keep_acked
+  // window, whose payloads compaction keeps for replay(), and their payload bytes. Counted
+  // in steps of 1/30 of the window (a message acked up to that much earlier may be counted).
+  uint64_t kept_acked = 0;
+  uint64_t kept_acked_bytes = 0;
   // The processes whose leases are bound to their life (bind_leases; `spool work` binds, so
   // for it this is the number of commands running), each with the unexpired leases it holds.
   struct Holder {
@@ -210,6 +219,25 @@ struct CompactResult {
   uint64_t segments_removed = 0;
   uint64_t messages_copied = 0;  // live messages moved out of the removed segments
   uint64_t bytes_freed = 0;      // disk space of the removed segment files
+};
+
+// Which acked messages replay() sends again: those whose ack lies between `since` and
+// `until` before now (docs/semantics.md, "Replay after ack").
+struct ReplayOptions {
+  Millis since{0};  // required: acked at most this long ago (> until)
+  Millis until{0};  // acked at least this long ago; 0: up to now
+  // The queue directory to send them to (an existing queue); empty: this queue.
+  std::string to = {};
+  uint64_t max = UINT64_MAX;  // at most this many (the oldest acks first)
+};
+
+struct ReplayResult {
+  uint64_t replayed = 0;  // sent again as new messages
+  // Acked within the window but no longer replayable: compaction removed the message's
+  // MSG record and kept its ACK (keep_acked off, or shorter than the window asked for).
+  // An ack whose ACK record compaction removed too is not seen at all.
+  uint64_t missing = 0;
+  std::vector<uint64_t> ids;  // the new messages' ids, in the order sent
 };
 
 struct VerifyReport {
@@ -336,6 +364,16 @@ class Queue {
   // dead_letters()->list() shows it) back as a new message; returns the new id. kNotFound if
   // there is no such dead letter, kEmpty while another caller is redriving or reading it.
   Result<uint64_t> redrive_id(uint64_t dead_id);
+
+  // Replay after ack: sends the messages acked in the window `opts` names again, as new
+  // messages (in the order of their acks), each with its payload and attributes plus
+  // spool.replay.original_id and spool.replay.acked_at. Reads the log, not the index; only
+  // consumer acks and remove() count (not dead-lettering, retention drops or purges). A
+  // queue whose keep_acked covers the window keeps every such message; otherwise those
+  // compaction already removed are counted as missing. kInvalidArgument for a bad window,
+  // kNotFound / kNotAQueue for a `to` that is no queue. Not atomic: a crash midway leaves
+  // the messages sent so far (a second replay sends them again).
+  Result<ReplayResult> replay(const ReplayOptions& opts);
 
   const std::string& dir() const;
   // The queue's stored settings (visibility, max_receives, sync, sizes).

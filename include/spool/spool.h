@@ -87,6 +87,7 @@ typedef struct spool_options {
   int create;                    /* create the queue if the directory holds none; 1 */
   /* ---- since 0.2.0 (a struct of 0.1.0 ends here: its size is 88 on LP64) */
   uint64_t dedup_window_ms;      /* [stored] how long a dedup id is remembered; 300000 */
+  uint64_t keep_acked_ms;        /* [stored] replay after ack: keep acked messages; 0: off */
 } spool_options;
 
 /* Fills the first `size` bytes of *opts (at most sizeof(spool_options) of this header) with
@@ -329,6 +330,8 @@ typedef struct spool_stats {
   uint64_t next_id;
   /* ---- since 0.2.0 */
   uint64_t dedup_ids; /* dedup ids remembered now (sent within the dedup window) */
+  uint64_t kept_acked;       /* acked messages kept for replay (within keep_acked) */
+  uint64_t kept_acked_bytes; /* and their payload bytes */
 } spool_stats;
 
 /* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */
@@ -366,6 +369,13 @@ spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq);
 
 /* Moves up to `max` dead letters back into q as new messages; *moved gets how many. */
 spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved);
+
+/* Replay after ack (spool::Queue::replay): sends the messages acked between since_ms and
+ * until_ms ago (since_ms > until_ms >= 0) again as new messages, into q, or into the existing
+ * queue in directory `to` when it is not NULL. *replayed and *missing (acked in the window
+ * but removed by compaction) may be NULL. */
+spool_code spool_replay(spool_queue* q, uint64_t since_ms, uint64_t until_ms, const char* to,
+                        uint64_t* replayed, uint64_t* missing);
 
 #ifdef __cplusplus
 }

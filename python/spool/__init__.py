@@ -222,6 +222,8 @@ class Stats:
     segments: int
     next_id: int
     dedup_ids: int  # dedup ids remembered now (sent within the queue's dedup window)
+    kept_acked: int = 0  # acked messages kept for replay (acked within keep_acked)
+    kept_acked_bytes: int = 0  # and their payload bytes
 
     def workers_needed(self, rate_per_worker: float, latency_target: float) -> int:
         """Workers that drain the ready backlog within ``latency_target`` seconds when each
@@ -320,6 +322,8 @@ class Queue:
     :param max_bytes: [stored] back-pressure on payload bytes (0: off)
     :param dedup_window: [stored] how long a dedup id is remembered after its message was
         sent (300 s; 0.001 s to 7 days)
+    :param keep_acked: [stored] replay after ack: keep acked messages in the log this many
+        seconds after their ack, for :meth:`replay` (0: off, the default; at most 30 days)
     :param create: create the queue if the directory holds none (True)
 
     Raises NotAQueue, Incompatible, ReadOnly, IoError. Use as a context manager, or call
@@ -332,7 +336,7 @@ class Queue:
                  max_payload: Optional[int] = None, retention_max_age: Optional[float] = None,
                  retention_max_bytes: Optional[int] = None, max_ready: Optional[int] = None,
                  max_bytes: Optional[int] = None, dedup_window: Optional[float] = None,
-                 create: bool = True) -> None:
+                 keep_acked: Optional[float] = None, create: bool = True) -> None:
         o = _capi.spool_options()
         _lib.spool_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
         if visibility is not None:
@@ -354,6 +358,8 @@ class Queue:
             o.retention_max_age_ms = _ms(retention_max_age, "retention_max_age")
         if dedup_window is not None:
             o.dedup_window_ms = _ms(dedup_window, "dedup_window")
+        if keep_acked is not None:
+            o.keep_acked_ms = _ms(keep_acked, "keep_acked")
         o.create = 1 if create else 0
         handle = ctypes.c_void_p()
         self._h: Optional[int] = None
@@ -415,6 +421,13 @@ class Queue:
         o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
         _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
         return o.dedup_window_ms / 1000
+
+    @property
+    def keep_acked(self) -> float:
+        """The queue's stored keep_acked (replay after ack), in seconds; 0: off."""
+        o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
+        _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
+        return o.keep_acked_ms / 1000
 
     # -- sending
 
@@ -641,7 +654,8 @@ class Queue:
         _check(_lib.spool_get_stats(self._handle(), ctypes.byref(s)))
         return Stats(s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
                      s.acked_total, s.dead_lettered_total, s.expired_total, s.nacked_total,
-                     s.bytes, s.bytes_on_disk, s.segments, s.next_id, s.dedup_ids)
+                     s.bytes, s.bytes_on_disk, s.segments, s.next_id, s.dedup_ids,
+                     s.kept_acked, s.kept_acked_bytes)
 
     def sync(self) -> None:
         """Makes every write so far durable, whatever the sync policy."""
@@ -683,6 +697,19 @@ class Queue:
         n = ctypes.c_uint64()
         _check(_lib.spool_redrive(self._handle(), max, ctypes.byref(n)))
         return n.value
+
+    def replay(self, since: float, until: float = 0,
+               to: Optional[Union[str, os.PathLike]] = None) -> dict[str, int]:
+        """Replay after ack: sends the messages acked between ``since`` and ``until`` seconds
+        ago again as new messages (into this queue, or the existing queue ``to``), each with
+        its attributes plus spool.replay.original_id and spool.replay.acked_at. Returns
+        {"replayed": N, "missing": M} (M: acked in the window, removed by compaction)."""
+        n = ctypes.c_uint64()
+        missing = ctypes.c_uint64()
+        dest = os.fsencode(to) if to is not None else None
+        _check(_lib.spool_replay(self._handle(), _ms(since, "since"), _ms(until, "until"), dest,
+                                 ctypes.byref(n), ctypes.byref(missing)))
+        return {"replayed": n.value, "missing": missing.value}
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else "open"

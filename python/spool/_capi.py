@@ -34,6 +34,7 @@ class spool_options(ctypes.Structure):
         ("max_bytes", c_uint64),
         ("create", c_int),
         ("dedup_window_ms", c_uint64),  # since 0.2.0
+        ("keep_acked_ms", c_uint64),  # since 0.2.0
     ]
 
 
@@ -97,6 +98,8 @@ class spool_stats(ctypes.Structure):
         ("segments", c_uint64),
         ("next_id", c_uint64),
         ("dedup_ids", c_uint64),  # since 0.2.0
+        ("kept_acked", c_uint64),  # since 0.2.0
+        ("kept_acked_bytes", c_uint64),  # since 0.2.0
     ]
 
 
@@ -170,6 +173,7 @@ def _load() -> ctypes.CDLL:
         "spool_verify": (c_int, [q, c_int, POINTER(c_size_t), POINTER(c_void_p)]),
         "spool_dead_letters": (c_int, [q, POINTER(c_void_p)]),
         "spool_redrive": (c_int, [q, c_size_t, POINTER(c_uint64)]),
+        "spool_replay": (c_int, [q, c_uint64, c_uint64, c_char_p, POINTER(c_uint64), POINTER(c_uint64)]),
     }
     for fn, (restype, argtypes) in sigs.items():
         f = getattr(lib, fn)

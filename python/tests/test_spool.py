@@ -204,6 +204,29 @@ def test_dedup_id_is_forgotten_after_the_window(qdir):
         assert q.send("3", dedup_id="w") != a
 
 
+
+def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
+    with spool.Queue(qdir, keep_acked=3600) as q:
+        assert q.keep_acked == 3600
+        a = q.send("again", attributes={"tenant": "acme"})
+        q.send("left alone")
+        m = q.receive()[0]
+        assert m.id == a
+        m.ack()
+        st = q.stats()
+        assert (st.kept_acked, st.kept_acked_bytes) == (1, 5)
+        assert q.replay(since=3600) == {"replayed": 1, "missing": 0}
+        got = {m.text: m for m in q.receive(max=10)}
+        assert set(got) == {"again", "left alone"}
+        attrs = got["again"].text_attributes
+        assert attrs["tenant"] == "acme" and attrs["spool.replay.original_id"] == str(a)
+        assert attrs["spool.replay.acked_at"].endswith("Z")
+        with spool.Queue(tmp_path / "other") as other:
+            assert q.replay(since=3600, to=tmp_path / "other")["replayed"] == 1
+            assert [m.text for m in other.receive(max=10)] == ["again"]
+        with pytest.raises(spool.InvalidArgument):
+            q.replay(since=1, until=2)
+
 def test_caller_of_the_shorter_0_1_0_send_options_struct(qdir):
     """A binding written for 0.1.0 has a 32-byte spool_send_options: the library's old
     init function writes only those bytes, and spool_send reads only them (the newer fields

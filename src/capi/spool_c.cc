@@ -180,6 +180,7 @@ spool_options c_options(const spool::QueueOptions& o) {
   c.max_bytes = o.max_bytes;
   c.create = o.create ? 1 : 0;
   c.dedup_window_ms = static_cast<uint64_t>(o.dedup_window.count());
+  c.keep_acked_ms = static_cast<uint64_t>(o.keep_acked.count());
   return c;
 }
 
@@ -211,6 +212,7 @@ bool to_queue_options(const spool_options* o, spool::QueueOptions* out, std::str
   if (SPOOL_HAS(o, max_bytes)) out->max_bytes = o->max_bytes;
   if (SPOOL_HAS(o, create)) out->create = o->create != 0;
   if (SPOOL_HAS(o, dedup_window_ms)) out->dedup_window = ms(o->dedup_window_ms);
+  if (SPOOL_HAS(o, keep_acked_ms)) out->keep_acked = ms(o->keep_acked_ms);
   return true;
 }
 
@@ -673,7 +675,7 @@ spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
     spool_stats full{sizeof(spool_stats), s.ready, s.in_flight, s.delayed, s.dead,
                      s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
                      s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
-                     s.next_id, s.dedup_ids};
+                     s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes};
     const size_t size = out->size;
     std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;
@@ -758,6 +760,25 @@ spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved) {
     auto r = q->queue->redrive(max);
     if (!r.ok()) return fail(r.status());
     if (moved != nullptr) *moved = *r;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_replay(spool_queue* q, uint64_t since_ms, uint64_t until_ms, const char* to,
+                        uint64_t* replayed, uint64_t* missing) {
+  return guard("spool_replay", [&] {
+    if (q == nullptr) return null_arg("spool_replay", "q");
+    if (since_ms > static_cast<uint64_t>(INT64_MAX) || until_ms > static_cast<uint64_t>(INT64_MAX)) {
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_replay: since_ms or until_ms is out of range");
+    }
+    spool::ReplayOptions o;
+    o.since = ms(since_ms);
+    o.until = ms(until_ms);
+    if (to != nullptr) o.to = to;
+    auto r = q->queue->replay(o);
+    if (!r.ok()) return fail(r.status());
+    if (replayed != nullptr) *replayed = r->replayed;
+    if (missing != nullptr) *missing = r->missing;
     return SPOOL_OK;
   });
 }

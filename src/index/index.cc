@@ -582,6 +582,59 @@ uint64_t SharedIndex::dedup_oldest_seq(uint64_t now) const {
   return lowest;
 }
 
+namespace {
+uint64_t kept_width_for(uint64_t keep) { return (keep + kKeptBuckets - 3) / (kKeptBuckets - 2); }
+}  // namespace
+
+void SharedIndex::kept_clear() {
+  hdr_->kept_width = 0;
+  std::memset(hdr_->kept, 0, sizeof hdr_->kept);
+}
+
+void SharedIndex::kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep) {
+  if (keep == 0) return;
+  auto& h = *hdr_;
+  const uint64_t width = kept_width_for(keep);
+  if (h.kept_width != width) {
+    // None yet, or spool.conf was edited: the buckets of another width mean nothing now.
+    std::memset(h.kept, 0, sizeof h.kept);
+    h.kept_width = width;
+  }
+  const uint64_t n = key / width + 1;
+  KeptBucket& b = h.kept[n % kKeptBuckets];
+  if (b.n > n) return;  // older than the whole ring: long out of the window
+  if (b.n != n) b = KeptBucket{n, seq, 0, 0};
+  b.min_seq = std::min(b.min_seq, seq);
+  ++b.acks;
+  b.bytes += bytes;
+}
+
+// A bucket may hold an ack still inside the window when its end is less than `keep` ago.
+static bool kept_in_window(const KeptBucket& b, uint64_t width, uint64_t now, uint64_t keep) {
+  return b.n != 0 && b.n * width + keep > now;
+}
+
+uint64_t SharedIndex::kept_oldest_seq(uint64_t now, uint64_t keep) const {
+  const auto& h = *hdr_;
+  uint64_t lowest = UINT64_MAX;
+  if (keep == 0 || h.kept_width != kept_width_for(keep)) return lowest;
+  for (const KeptBucket& b : h.kept) {
+    if (kept_in_window(b, h.kept_width, now, keep)) lowest = std::min(lowest, b.min_seq);
+  }
+  return lowest;
+}
+
+void SharedIndex::kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const {
+  const auto& h = *hdr_;
+  *acks = *bytes = 0;
+  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
+  for (const KeptBucket& b : h.kept) {
+    if (!kept_in_window(b, h.kept_width, now, keep)) continue;
+    *acks += b.acks;
+    *bytes += b.bytes;
+  }
+}
+
 uint64_t SharedIndex::dedup_live(uint64_t now) const {
   uint64_t n = 0;
   for (uint64_t s = 0; s < dcap_; ++s) n += ded_[s].hash != 0 && ded_[s].expires > now;

@@ -79,8 +79,8 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
 // 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes);
-// 16: priorities (the due heap)
-inline constexpr uint32_t kIndexVersion = 16;
+// 16: priorities (the due heap); 17: kept-acked buckets (replay after ack)
+inline constexpr uint32_t kIndexVersion = 17;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -150,6 +150,20 @@ struct ClockAnchor {
 };
 inline constexpr uint32_t kClockAnchors = 64;
 
+// Replay after ack (QueueOptions::keep_acked): the acks of the last keep_acked, by time, in
+// a ring of buckets each `width` ns of CLOCK_BOOTTIME wide (width = keep_acked / (n - 2),
+// rounded up, so the ring spans the window and then some). A bucket keeps the lowest
+// segment holding the MSG record of a message acked in it (compaction keeps that segment
+// and every later one until the bucket has left the window), and how many messages were
+// acked in it, with their payload bytes (stats).
+inline constexpr uint32_t kKeptBuckets = 32;
+struct KeptBucket {
+  uint64_t n;        // bucket number + 1 (the acks at [n-1, n) * width); 0: empty
+  uint64_t min_seq;  // lowest segment holding the MSG record of one of them
+  uint64_t acks;
+  uint64_t bytes;
+};
+
 struct alignas(64) IndexHeader {
   uint64_t magic;
   uint64_t format;    // format_word(): refuses builds with another ABI
@@ -190,6 +204,8 @@ struct alignas(64) IndexHeader {
   uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
   uint64_t dedup_cap;     // dedup table slots (0: none yet)
   uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
+  uint64_t kept_width;    // KeptBucket width in ns (0: none noted yet)
+  KeptBucket kept[kKeptBuckets];
   // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
   // clock_n), and where the first of them is.
   uint32_t clock_n;
@@ -378,6 +394,15 @@ class CAPABILITY("index lock") SharedIndex {
   uint64_t dedup_oldest_seq(uint64_t now) const;
   // Unexpired remembered ids, for stats (O(table)).
   uint64_t dedup_live(uint64_t now) const;
+  // Replay after ack (see KeptBucket; lock held). kept_note() counts the ack at `key` of a
+  // message of `bytes` payload bytes whose MSG record is in segment `seq`, for a window of
+  // `keep` ns (0: does nothing). kept_oldest_seq(): the lowest segment a bucket still inside
+  // the window at `now` names (UINT64_MAX: none). kept_live(): the acks and bytes of those
+  // buckets. kept_clear(): forgets them all (a replay notes them again).
+  void kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep);
+  uint64_t kept_oldest_seq(uint64_t now, uint64_t keep) const;
+  void kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const;
+  void kept_clear();
 
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;

@@ -68,7 +68,13 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       } else {
         ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
       }
-      if (int64_t slot = x.find(r.id); slot >= 0) drop(x, slot);
+      if (int64_t slot = x.find(r.id); slot >= 0) {
+        if (keys.keep_acked != 0 && r.type == RecordType::kAck && (r.flags & format::kFlagExpired) == 0) {
+          const Entry& e = x.entry(static_cast<uint32_t>(slot));
+          x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, e.loc >> 40, e.len, keys.keep_acked);
+        }
+        drop(x, slot);
+      }
       return {};
     }
     case RecordType::kPurge: {

@@ -19,6 +19,11 @@ namespace spool::queue {
 struct Keys {
   const ReplayClock* replay = nullptr;
   Clocks now;
+  // Replay after ack: the queue's keep_acked in ns (0: off), and the key of an ACK's time
+  // (0: now.boot, a live ack's). An ACK record stores no time: replay passes the latest
+  // time of the records before it (ReplayClock::time_key()).
+  uint64_t keep_acked = 0;
+  uint64_t acked = 0;
   uint64_t lease(uint64_t at, uint64_t t2) const { return replay != nullptr ? replay->lease_key(at, t2) : now.key(t2); }
   uint64_t ready(uint64_t at, uint64_t t1, uint64_t t2) const {
     return replay != nullptr ? replay->ready_key(at, t1, t2) : now.key(t2);
@@ -28,7 +33,8 @@ struct Keys {
 // Applies record `r`, at `at` (a packed Pos; 0 where the caller applies before its append,
 // which only a live LEASE does), to `x`, held (the index lock, or a private index): a MSG inserts a ready message (the room
 // reserved by a live caller), LEASE and RELEASE set the receive count, state and deadline,
-// ACK and DEAD drop the message, PURGE drops every message up to its id, CHECKPOINT sets
+// ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
+// with keep_acked), PURGE drops every message up to its id, CHECKPOINT sets
 // the totals. Every total (sent, acked, expired, dead, nacked, bytes live) is counted here
 // and nowhere else. Records of messages the index does not hold change nothing but the
 // totals. CLOCK records are the ReplayClock's; which MSG records are applied at all

@@ -73,7 +73,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     holds(*held);
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
-    const uint64_t pinned = idx.dedup_oldest_seq(sys::boot_ns());
+    // Replay after ack likewise: the segments from the oldest MSG record of a message acked
+    // within keep_acked on stay, so that replay() finds its payload and its ACK.
+    const uint64_t now_boot = sys::boot_ns();
+    const uint64_t pinned =
+        std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
     const uint64_t removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {

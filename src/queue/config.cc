@@ -41,6 +41,8 @@ Status write_config(const std::string& dir, const Config& c, io::Io& io) {
       << "max_ready = " << c.opts.max_ready << "\n"
       << "max_bytes = " << c.opts.max_bytes << "\n"
       << "dedup_window_ms = " << c.opts.dedup_window.count() << "\n";
+  // Only when set: a queue without it reads as before, also by a spool that predates it.
+  if (c.opts.keep_acked.count() != 0) out << "keep_acked_ms = " << c.opts.keep_acked.count() << "\n";
   std::string text = out.str();
   std::string tmp = dir + "/spool.conf.tmp." + std::to_string(::getpid());
   (void)io.unlink(tmp);  // a leftover with our pid; never written through if it is a link
@@ -71,6 +73,9 @@ constexpr uint64_t kMaxRetentionAgeMs = 100ull * 365 * 24 * 3600 * 1000;  // a c
 // Every id remembered within the window takes a slot of a bounded table: a week is far
 // more than redelivery or retry loops need (SQS keeps 5 minutes).
 constexpr uint64_t kMaxDedupWindowMs = 7ull * 24 * 3600 * 1000;
+// Replay after ack keeps acked messages' segments this long at most: the disk it costs is
+// a window of traffic, so the window is bounded.
+constexpr uint64_t kMaxKeepAckedMs = 30ull * 24 * 3600 * 1000;
 
 std::string range_text(uint64_t lo, uint64_t hi) { return std::to_string(lo) + " to " + std::to_string(hi); }
 
@@ -99,6 +104,9 @@ Status validate(QueueOptions& o, const std::string& where) {
   }
   if (!in(o.dedup_window.count(), 1, kMaxDedupWindowMs)) {
     return bad("dedup_window_ms", o.dedup_window.count(), range_text(1, kMaxDedupWindowMs) + " (milliseconds)");
+  }
+  if (!in(o.keep_acked.count(), 0, kMaxKeepAckedMs)) {
+    return bad("keep_acked_ms", o.keep_acked.count(), range_text(0, kMaxKeepAckedMs) + " (milliseconds, 30 days; 0: off)");
   }
   if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, at + "segment_size = " + std::to_string(o.segment_size) +
@@ -202,6 +210,7 @@ Result<Config> read_config(const std::string& dir, io::Io& io) {
   c.opts.max_bytes = number("max_bytes", false, UINT64_MAX, 0);
   // Queues made before deduplication have no such line: the default.
   c.opts.dedup_window = Millis(static_cast<int64_t>(number("dedup_window_ms", false, kMs, 300000)));
+  c.opts.keep_acked = Millis(static_cast<int64_t>(number("keep_acked_ms", false, kMs, 0)));
   if (!err.ok()) return err;
   const auto sync = kv.find("sync");
   if (sync == kv.end()) return Status(Code::kCorrupt, path + ": the setting sync is missing");

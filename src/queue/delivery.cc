@@ -92,7 +92,6 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   return std::optional<Message>(std::move(*msg));
 }
 
-namespace {
 // Adds `add` to `a` key by key while the attribute bounds (docs/semantics.md) allow: the
 // message's own attributes always go to the dead-letter queue whole, its history as far as
 // it fits beside them.
@@ -108,7 +107,6 @@ void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, s
     a[k] = v;
   }
 }
-}  // namespace
 
 auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const char* reason,
                        const Attributes& extra, const Clocks& now) -> Status {

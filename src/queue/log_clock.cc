@@ -111,4 +111,25 @@ uint64_t ReplayClock::ready_key(uint64_t at, uint64_t t1, uint64_t t2) const {
   return k;
 }
 
+uint64_t ReplayClock::written(const storage::RecordView& r) {
+  switch (r.type) {
+    case format::RecordType::kMsg: return (r.flags & format::kFlagCopy) != 0 ? 0 : r.t1;
+    case format::RecordType::kLease:
+    case format::RecordType::kRelease:
+    case format::RecordType::kClock: return r.t1;
+    default: return 0;
+  }
+}
+
+uint64_t ReplayClock::time_key(uint64_t at, uint64_t t) const {
+  if (t == 0) return 0;
+  if (this_boot(at)) return std::min(now_.boot, key_at(t, offset_at(h_, at)));
+  return std::min(now_.boot, key_at(t, now_.real - now_.boot));
+}
+
+uint64_t ReplayClock::time_wall(uint64_t at, uint64_t t) const {
+  if (this_boot(at)) return now_.real - std::min(now_.real, now_.boot - time_key(at, t));
+  return std::min(now_.real, t);
+}
+
 }  // namespace spool::queue

@@ -74,6 +74,23 @@ class ReplayClock {
   // its enqueue time as t1, RELEASE with its write time or 0).
   uint64_t lease_key(uint64_t at, uint64_t t2) const;
   uint64_t ready_key(uint64_t at, uint64_t t1, uint64_t t2) const;
+  // The key of `t`, the time a record at `at` was written (a MSG's enqueue time, a LEASE's
+  // or RELEASE's write time, a CLOCK's t1): exact for this boot; for an earlier boot's, by
+  // the wall clock, 0 if it lies before this boot, never after now.
+  uint64_t time_key(uint64_t at, uint64_t t) const;
+  // The same time on the wall clock as of now(): exact (now().real less the boot time since)
+  // for this boot's records, the stored time itself (at most now) for an earlier boot's.
+  uint64_t time_wall(uint64_t at, uint64_t t) const;
+  // When the record `r` at `at` was written, as time_key() (0: it stores no such time).
+  // A new MSG stores its enqueue time, a LEASE or RELEASE its write time (0 in logs of
+  // spool 0.1), a CLOCK its anchor; a compaction copy's MSG keeps the original's, and the
+  // others (ACK, DEAD, PURGE, CHECKPOINT) store none.
+  uint64_t written_key(uint64_t at, const storage::RecordView& r) const { return time_key(at, written(r)); }
+  uint64_t written_wall(uint64_t at, const storage::RecordView& r) const {
+    const uint64_t t = written(r);
+    return t == 0 ? 0 : time_wall(at, t);
+  }
+  static uint64_t written(const storage::RecordView& r);
   const Clocks& now() const { return now_; }
 
  private:

@@ -864,7 +864,9 @@ Status Queue::remove(uint64_t id, Durability durability) {
     Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
-    (void)q.apply(rec, at->pack(), Clocks{});
+    Clocks now{};
+    now.boot = sys::boot_ns();  // the ack's time, for replay after ack
+    (void)q.apply(rec, at->pack(), now);
     q.room();
     end = q.idx.hdr().log_end;
   }
@@ -992,6 +994,7 @@ Result<Stats> Queue::stats() {
     st.bytes = h.bytes_live;
     st.next_id = h.next_id;
     st.dedup_ids = q.idx.dedup_live(sys::boot_ns());  // expiries are boot-clock keys
+    q.idx.kept_live(sys::boot_ns(), ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {
     st.segments = seqs->size();

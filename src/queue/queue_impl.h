@@ -69,6 +69,10 @@ inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uin
 
 }  // namespace detail
 using queue::Clocks;
+// Adds `add` to `a` in order, each pair only while the attribute bounds leave room for it
+// (docs/semantics.md, "Attributes"): a message's own attributes are never crowded out by
+// the history spool adds (dead letters, replays).
+void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add);
 using detail::ms_to_ns;
 using detail::kMaxWaitSliceNs;
 using detail::kReapIntervalNs;

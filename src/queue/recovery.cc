@@ -177,6 +177,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   h.next_id = 1;
   if (Status s = x.reset(); !s.ok()) return s;
   x.dedup_clear();
+  x.kept_clear();
   h.purged_through = 0;
   h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
   queue::ReplayClock clock(h, queue::read_clocks(h));
@@ -190,10 +191,16 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
     if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
     unconfirmed_copies.erase(it);
   };
+  // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
+  // records before it (docs/semantics.md, "Replay after ack").
+  const uint64_t keep_acked = ms_to_ns(cfg.opts.keep_acked);
+  uint64_t latest = 0;
   Status failed;
   auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
-    if (r.type == RecordType::kClock) return clock.clock_record(pos.pack(), r);
+    if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
+    if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
+    if (r.type == RecordType::kClock) return;
     if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
     // Which records are applied, and where the index points, is replay's part; what a
     // record does to the state is apply_record()'s, as for the live call that wrote it.
@@ -229,7 +236,8 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
       default:
         break;
     }
-    if (Status s = queue::apply_record(x, pos.pack(), r, queue::Keys{&clock, clock.now()}); !s.ok()) failed = s;
+    const queue::Keys keys{&clock, clock.now(), keep_acked, latest};
+    if (Status s = queue::apply_record(x, pos.pack(), r, keys); !s.ok()) failed = s;
   });
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;

@@ -37,7 +37,7 @@ auto Queue::Impl::append(std::span<const Record> recs) -> Result<Pos> {
 }
 
 auto Queue::Impl::apply(const Record& rec, uint64_t at, const Clocks& now) -> Status {
-  return queue::apply_record(idx, at, queue::view_of(rec), queue::Keys{nullptr, now});
+  return queue::apply_record(idx, at, queue::view_of(rec), queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked)});
 }
 
 auto Queue::Impl::clocks() -> Clocks {

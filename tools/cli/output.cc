@@ -125,6 +125,8 @@ nlohmann::json stats_json(const Stats& s) {
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments},
           {"dedup_ids", s.dedup_ids},
+          {"kept_acked", s.kept_acked},
+          {"kept_acked_bytes", s.kept_acked_bytes},
           {"holders", holders}};
 }
 
@@ -162,6 +164,9 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
   metric("spool_segments", "gauge", "Segment files.", s.segments);
   metric("spool_dedup_ids", "gauge", "Deduplication ids remembered (sent within the dedup window).", s.dedup_ids);
+  metric("spool_kept_acked", "gauge", "Acked messages kept for replay (acked within keep_acked).", s.kept_acked);
+  metric("spool_kept_acked_bytes", "gauge", "Payload bytes of the acked messages kept for replay.",
+         s.kept_acked_bytes);
   if (!s.holders.empty()) {
     o << "# HELP spool_holder_in_flight Unexpired leases bound to a live process (bind_leases, spool work), by pid.\n"
          "# TYPE spool_holder_in_flight gauge\n";
@@ -194,6 +199,11 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
                 static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);
   std::string out = buf;
+  if (s.kept_acked != 0) {
+    std::snprintf(buf, sizeof buf, "kept acked     %" PRIu64 " (%.1f MiB of payload, for replay)\n", s.kept_acked,
+                  static_cast<double>(s.kept_acked_bytes) / (1 << 20));
+    out += buf;
+  }
   if (!s.holders.empty()) {
     out += "held by       ";
     for (size_t i = 0; i < s.holders.size(); ++i) {

@@ -43,6 +43,7 @@ Command add_send(CLI::App& app);
 std::vector<Command> add_message_commands(CLI::App& app);  // recv ack nack extend peek list show purge delete
 Command add_dlq(CLI::App& app);
 Command add_stats(CLI::App& app);
+Command add_replay(CLI::App& app);
 std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
 Command add_work(CLI::App& app);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull

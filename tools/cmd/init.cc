@@ -13,7 +13,7 @@ namespace {
 
 struct InitArgs {
   std::string dir, visibility, sync = "interval", segment_size, max_payload, retention_age, retention_bytes,
-      max_ready, max_bytes, dedup_window, mode, group;
+      max_ready, max_bytes, dedup_window, keep_acked, mode, group;
   uint32_t max_receives = 10;
 };
 
@@ -44,6 +44,7 @@ int run_init(const InitArgs& a) {
   if (!a.max_ready.empty()) o.max_ready = count_arg("--max-ready", a.max_ready);
   if (!a.max_bytes.empty()) o.max_bytes = size_arg("--max-bytes", a.max_bytes);
   if (!a.dedup_window.empty()) o.dedup_window = duration_arg("--dedup-window", a.dedup_window);
+  if (!a.keep_acked.empty()) o.keep_acked = duration_arg("--keep-acked", a.keep_acked);
   if (!a.mode.empty()) {
     const bool octal = a.mode.size() <= 4 && a.mode.find_first_not_of("01234567") == std::string::npos;
     o.mode = octal ? static_cast<uint32_t>(std::stoul(a.mode, nullptr, 8)) : 01000;
@@ -92,9 +93,11 @@ Command add_init(CLI::App& app) {
   init->add_option("--max-ready", a->max_ready, "Back-pressure: refuse sends beyond N messages waiting (default off)");
   init->add_option("--max-bytes", a->max_bytes, "Back-pressure: refuse sends beyond this much payload queued (default off)");
   init->add_option("--dedup-window", a->dedup_window, "How long a send's --dedup-id is remembered (default 5m, at most 7d)");
+  init->add_option("--keep-acked", a->keep_acked, "Keep acked messages in the log this long, for spool replay (default off; at most 720h, 30 days)");
   init->add_option("--mode", a->mode, "Octal mode of the queue's files, e.g. 0660 for a queue a group shares (default: from the umask)");
   init->add_option("--group", a->group, "Group (name or number) that owns the queue; every file made later, by anyone, takes it");
   init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000\n"
+               "Replayable for a day after each ack: spool init /var/spool/jobs --keep-acked 24h\n"
                "Shared by a group: spool init /srv/q --group workers --mode 0660");
   return {init, [a] { return run_init(*a); }};
 }

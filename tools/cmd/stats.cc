@@ -51,10 +51,14 @@ int run_stats(const StatsArgs& a) {
       }
     } else if (a.json) {
       auto j = cli::stats_json(*st);
+      j["keep_acked_ms"] = q->options().keep_acked.count();
       if (a.rate > 0) j["recommended_workers"] = st->workers_needed(a.rate, target_s);
       out = j.dump() + "\n";
     } else {
       out = cli::human_stats(a.dir, *st, prev ? &*prev : nullptr, seconds);
+      if (const Millis keep = q->options().keep_acked; keep.count() != 0 && st->kept_acked == 0) {
+        out += "kept acked     0 (keep_acked " + std::to_string(keep.count()) + " ms)\n";
+      }
       if (a.rate > 0) out += "workers needed " + std::to_string(st->workers_needed(a.rate, target_s)) + "\n";
     }
     prev = *st;
