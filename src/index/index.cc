@@ -388,7 +388,7 @@ Entry& SharedIndex::entry_of(uint64_t id) {
 }
 
 auto SharedIndex::heap_entry(uint32_t pos, uint64_t id) const -> HeapAt {
-  const Heap w = (pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer;
+  const Heap w = heap_of(pos);
   const uint64_t i = pos & ~kDueBit;
   const uint64_t size = w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size;
   if (i >= size || i >= hcap_ || item(w, i).id != id) {
@@ -956,7 +956,7 @@ void SharedIndex::push(Heap w, uint32_t slot, uint64_t id, uint64_t key) {
   }
   uint64_t pos = size_of(w)++;
   item(w, pos) = HeapItem{key, id};
-  entry(slot).heap_pos = static_cast<uint32_t>(w == Heap::kTimer ? pos : (pos | kDueBit));
+  entry(slot).heap_pos = pos_word(w, pos);
   sift_up(w, pos);
 }
 
@@ -978,7 +978,7 @@ void SharedIndex::remove(HeapAt at) {
 // 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x). Four children are 64 B, one cache line.
 void SharedIndex::move_item(Heap w, uint64_t to, const HeapItem& it) {
   item(w, to) = it;
-  entry_of(it.id).heap_pos = static_cast<uint32_t>(w == Heap::kTimer ? to : (to | kDueBit));
+  entry_of(it.id).heap_pos = pos_word(w, to);
 }
 
 void SharedIndex::sift_up(Heap w, uint64_t i) {
@@ -1035,7 +1035,7 @@ std::string SharedIndex::check_invariants() const {
       ++queued;
       if (id < h.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
     } else {
-      const Heap w = (e.heap_pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer;
+      const Heap w = heap_of(e.heap_pos);
       const uint64_t i = e.heap_pos & ~kDueBit;
       if (i >= (w == Heap::kTimer ? h.heap_size : h.due_size) || item(w, i).id != id) {
         return "I2: heap back-pointer of " + std::to_string(id);

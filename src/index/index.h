@@ -468,6 +468,9 @@ class CAPABILITY("index lock") SharedIndex {
     int64_t i;  // -1: damage (recorded)
   };
   static constexpr uint64_t kHeapArity = 4;
+  // An entry's heap_pos for item i of heap w, and back.
+  static uint32_t pos_word(Heap w, uint64_t i) { return static_cast<uint32_t>(w == Heap::kTimer ? i : (i | kDueBit)); }
+  static Heap heap_of(uint32_t pos) { return (pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer; }
   HeapItem& item(Heap w, uint64_t i) { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   const HeapItem& item(Heap w, uint64_t i) const { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size; }

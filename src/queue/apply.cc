@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "spool/queue.h"
+#include "storage/log.h"
 
 namespace spool::queue {
 static_assert(format::kDefaultPriority == kDefaultPriority && index::kDefaultPriority == kDefaultPriority);
@@ -44,8 +45,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   switch (r.type) {
     case RecordType::kMsg: {
       Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
-      const uint8_t priority = r.ext.empty() ? format::kDefaultPriority : storage::ext_priority(r.ext);
-      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority);
+      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, storage::ext_priority(r.ext));
       if (!ins.ok()) return ins.status();
       if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
       h.bytes_live += r.payload.size();
@@ -71,7 +71,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       if (int64_t slot = x.find(r.id); slot >= 0) {
         if (keys.keep_acked != 0 && r.type == RecordType::kAck && (r.flags & format::kFlagExpired) == 0) {
           const Entry& e = x.entry(static_cast<uint32_t>(slot));
-          x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, e.loc >> 40, e.len, keys.keep_acked);
+          x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, storage::Pos::unpack(e.loc).seq, e.len, keys.keep_acked);
         }
         drop(x, slot);
       }

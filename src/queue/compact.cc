@@ -91,8 +91,9 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // loop visits every live message under the lock; the numbers may have gaps).
     std::vector<uint64_t> live(seqs->size(), 0);
     idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) {
-      auto it = std::lower_bound(seqs->begin(), seqs->end(), Pos::unpack(e.loc).seq);
-      if (it != seqs->end() && *it == Pos::unpack(e.loc).seq) live[static_cast<size_t>(it - seqs->begin())] += format::record_size(e.len);
+      const uint64_t seq = Pos::unpack(e.loc).seq;
+      auto it = std::lower_bound(seqs->begin(), seqs->end(), seq);
+      if (it != seqs->end() && *it == seq) live[static_cast<size_t>(it - seqs->begin())] += format::record_size(e.len);
     });
     uint64_t cum_live = 0, cum_size = 0;
     for (size_t i = 0; i < seqs->size(); ++i) {

@@ -993,8 +993,8 @@ Result<Stats> Queue::stats() {
     st.nacked_total = h.nacked_total;
     st.bytes = h.bytes_live;
     st.next_id = h.next_id;
-    st.dedup_ids = q.idx.dedup_live(sys::boot_ns());  // expiries are boot-clock keys
-    q.idx.kept_live(sys::boot_ns(), ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
+    st.dedup_ids = q.idx.dedup_live(now);  // expiries are boot-clock keys
+    q.idx.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {
     st.segments = seqs->size();

@@ -358,7 +358,7 @@ struct Queue::Impl {
   bool compact_wanted GUARDED_BY(compact_mu) = false;
   bool compact_stopping GUARDED_BY(compact_mu) = false;
   // What the last automatic compaction that found nothing to remove saw: the messages
-  // removed from the queue so far and the segment its dedup ids pinned. Until either
+  // removed from the queue so far and the segment its dedup ids and kept acks pinned. Until either
   // changes, a prefix can only have become worth compacting through control records alone
   // (leases that expire unacked), so the next ones skip their scan of every live message
   // under the index lock, but for every kFruitlessScanEvery-th.

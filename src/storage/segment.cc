@@ -54,8 +54,7 @@ uint64_t now_realtime_ns() {
 uint64_t record_checksum(const uint8_t* header, std::string_view payload, uint64_t salt) {
   // A small record is hashed in one call over a copy of it: the same value (XXH3's streaming
   // form equals its one-shot form over the concatenation), and up to 240 bytes the one-shot
-  // form needs no secret derived from the seed, which the streaming reset always derives:
-  // 70 instead of about 300 instructions for a 100-byte message (docs/performance.md).
+  // form derives no secret from the seed, which the streaming reset does at every call.
   constexpr size_t kOneShot = 240 - format::kChecksumOffset;
   if (payload.size() <= kOneShot) {
     uint8_t buf[format::kChecksumOffset + kOneShot];
