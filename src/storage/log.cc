@@ -549,10 +549,12 @@ Status Log::sync_through(Pos from, Pos to) {
   const bool crossed = to.seq > from.seq;
   for (; seq <= to.seq; ++seq) {
     if (Status s = sync(seq); !s.ok()) {
-      if (seq == to.seq || ::access(segment_path(seq).c_str(), F_OK) == 0 || errno != ENOENT) return s;
-      // Compaction removed it since the caller read where it stopped, or the log has a gap
-      // (recovery accepts one; the numbers may be far apart). Rare: only then is the
-      // directory listed, to jump to the next segment present.
+      if (::access(segment_path(seq).c_str(), F_OK) == 0 || errno != ENOENT) return s;
+      // Compaction removed it since the caller read where it stopped (the target's segment
+      // too: the log may have rolled past it meanwhile, and compaction synced the copies of
+      // what it held), or the log has a gap (recovery accepts one; the numbers may be far
+      // apart). Rare: only then is the directory listed, to jump to the next segment present.
+      if (seq == to.seq) break;
       auto seqs = segments();
       if (!seqs.ok()) return seqs.status();
       auto next = std::upper_bound(seqs->begin(), seqs->end(), seq);
