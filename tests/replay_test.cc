@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -119,6 +120,39 @@ TEST_F(ReplayTest, AckedMessagesComeBackWithTheirAttributes) {
   EXPECT_EQ(at.size(), 24u) << at;  // 2026-12-03T06:14:37.181Z
   EXPECT_EQ(at.back(), 'Z') << at;
   EXPECT_EQ(ra.attributes.size(), 3u);
+}
+
+// A replayed message keeps the priority it was sent with: acked least urgent first, the
+// replays come back most urgent first.
+TEST_F(ReplayTest, ReplayKeepsThePriority) {
+  auto q = open(keep(kHour));
+  ASSERT_TRUE(q);
+  SendOptions low, urgent;
+  low.priority = 200;
+  urgent.priority = 0;
+  ASSERT_TRUE(q->send("low", low).ok());
+  ASSERT_TRUE(q->send("plain").ok());
+  ASSERT_TRUE(q->send("urgent", urgent).ok());
+  auto got = q->receive(3, Millis(60000));
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 3u);
+  // Acked in send order, so the replays are sent (and numbered) low, plain, urgent: the id
+  // order alone would hand them out that way.
+  for (const char* p : {"low", "plain", "urgent"}) {
+    auto it = std::find_if(got->begin(), got->end(), [&](const Message& m) { return m.payload == p; });
+    ASSERT_NE(it, got->end()) << p;
+    ASSERT_TRUE(q->ack(it->receipt).ok());
+  }
+  auto r = q->replay(since(kHour));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->replayed, 3u);
+  std::vector<std::pair<std::string, int>> order;
+  for (int i = 0; i < 3; ++i) {
+    auto one = q->receive(1, Millis(60000));
+    ASSERT_TRUE(one.ok()) << one.status().to_string();
+    order.emplace_back((*one)[0].payload, (*one)[0].priority);
+  }
+  EXPECT_EQ(order, (std::vector<std::pair<std::string, int>>{{"urgent", 0}, {"plain", 128}, {"low", 200}}));
 }
 
 TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {

@@ -366,7 +366,7 @@ class Queue {
   Result<uint64_t> redrive_id(uint64_t dead_id);
 
   // Replay after ack: sends the messages acked in the window `opts` names again, as new
-  // messages (in the order of their acks), each with its payload and attributes plus
+  // messages (in the order of their acks), each with its payload, attributes and priority plus
   // spool.replay.original_id and spool.replay.acked_at. Reads the log, not the index; only
   // consumer acks and remove() count (not dead-lettering, retention drops or purges). A
   // queue whose keep_acked covers the window keeps every such message; otherwise those
