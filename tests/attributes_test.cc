@@ -319,6 +319,55 @@ TEST_F(AttributesTest, SendBatchDedupsPerMessageAndWithinTheBatch) {
   EXPECT_EQ(q->send_batch(ps, o).status().code(), Code::kInvalidArgument);
 }
 
+// The overloads with a duplicate flag tell a dedup hit from a new message: for send(), with
+// and without a dedup id, also once the first message is acked and after an index rebuild;
+// for a batch, per item, whether it repeats an earlier send or an earlier item.
+TEST_F(AttributesTest, TheDuplicateFlagTellsADedupHitFromANewMessage) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  SendOptions o;
+  o.dedup_id = "order-17";
+  bool dup = true;
+  auto first = q->send("one", o, &dup);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_FALSE(dup);
+  auto second = q->send("two", o, &dup);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, *first);
+  EXPECT_TRUE(dup);
+  dup = true;
+  ASSERT_TRUE(q->send("plain", SendOptions{}, &dup).ok());
+  EXPECT_FALSE(dup) << "no dedup id";
+  o.dedup_id = "order-18";
+  dup = true;
+  ASSERT_TRUE(q->send("new", o, &dup).ok());
+  EXPECT_FALSE(dup) << "another dedup id";
+
+  auto got = q->receive(10);
+  ASSERT_TRUE(got.ok());
+  for (const auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+  q = rebuilt(std::move(q));
+  ASSERT_NE(q, nullptr);
+  o.dedup_id = "order-17";
+  dup = false;
+  auto after = q->send("three", o, &dup);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, *first);
+  EXPECT_TRUE(dup) << "acked, and the index rebuilt: still a duplicate within the window";
+
+  std::vector<SendItem> items = {{"a", {}, "x"}, {"b", {}, ""}, {"c", {}, "x"}, {"d", {}, "order-18"}};
+  std::vector<bool> dups = {true};
+  auto ids = q->send_batch(items, {}, &dups);
+  ASSERT_TRUE(ids.ok()) << ids.status().to_string();
+  EXPECT_EQ(dups, (std::vector<bool>{false, false, true, true}));
+  auto again = q->send_batch(std::vector<SendItem>{{"e", {}, "x"}, {"f", {}, "y"}}, {}, &dups);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(dups, (std::vector<bool>{true, false}));
+  ASSERT_TRUE(q->send_batch(std::span<const SendItem>(), {}, &dups).ok());
+  EXPECT_TRUE(dups.empty());
+  EXPECT_EQ(q->stats()->sent_total, 6u);  // one, plain, new, a, b, f
+}
+
 TEST_F(AttributesTest, TheWindowEndsAndAnExpiredIdIsNotRebuilt) {
   QueueOptions o;
   // 3 s: the rebuild between send b and the check must fit inside the window even under

@@ -104,8 +104,9 @@ struct SendOptions {
   // Set on the message (send(); every message of a send_batch of payloads).
   Attributes attributes = {};
   // Deduplication (docs/semantics.md): when a message with this id was sent within the
-  // queue's dedup_window, nothing is queued and the first message's id is returned. At most
-  // 128 bytes; empty: none. send() only: a batch gives one per message (SendItem).
+  // queue's dedup_window, nothing is queued and the first message's id is returned (the
+  // send overloads with a duplicate flag tell which happened). At most 128 bytes; empty:
+  // none. send() only: a batch gives one per message (SendItem).
   std::string dedup_id = {};
   // Receive takes the most urgent ready message first (0 first), the oldest first among
   // equals; a nacked or delayed message keeps its priority. Every message of a send_batch
@@ -273,6 +274,15 @@ class Queue {
   // (sent earlier, or earlier in this batch). All or nothing, as above; the new messages
   // get consecutive ids. Bad attributes or dedup ids: kInvalidArgument naming the item.
   Result<std::vector<uint64_t>> send_batch(std::span<const SendItem> items, const SendOptions& opts = {});
+  // As above, and tell whether each message was a duplicate (its dedup id was remembered:
+  // nothing was queued for it and its id is the first message's): *duplicate for send(),
+  // (*duplicates)[i] for item i (resized to the batch), set on success; may be null. An
+  // out-parameter of its own overload, not a field of SendOptions or SendItem: send() keeps
+  // returning the id that most callers want, the flag shows at the call that asks for it,
+  // and no struct's layout changes.
+  Result<uint64_t> send(std::string_view payload, const SendOptions& opts, bool* duplicate);
+  Result<std::vector<uint64_t>> send_batch(std::span<const SendItem> items, const SendOptions& opts,
+                                           std::vector<bool>* duplicates);
   // The durable watermark: every message with an id <= durable_id() is on disk (by this
   // or any other process's sync). Cheap (one atomic load).
   uint64_t durable_id();

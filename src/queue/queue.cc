@@ -330,9 +330,14 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
 }
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
+  return send(payload, opts, nullptr);
+}
+
+Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
   if (opts.attributes.empty() && opts.dedup_id.empty()) {
     auto ids = send_batch(std::span(&payload, 1), opts);  // the priority goes along
     if (!ids.ok()) return ids.status();
+    if (duplicate != nullptr) *duplicate = false;  // no dedup id: always a new message
     return ids->front();
   }
   SendItem item{payload, opts.attributes, opts.dedup_id, opts.priority};
@@ -340,8 +345,10 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
   rest.attributes.clear();
   rest.dedup_id.clear();
   rest.priority = kDefaultPriority;
-  auto ids = send_batch(std::span(&item, 1), rest);
+  std::vector<bool> dup;
+  auto ids = send_batch(std::span(&item, 1), rest, duplicate != nullptr ? &dup : nullptr);
   if (!ids.ok()) return ids.status();
+  if (duplicate != nullptr) *duplicate = dup.front();
   return ids->front();
 }
 
@@ -350,9 +357,11 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
 
 // The one send path. `exts` is empty (no message has an extension) or holds one encoded
 // extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
+// `duplicates`, if not null, gets one flag per payload.
 static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
                                                std::span<const std::string> exts,
-                                               std::span<const std::string_view> dedup, const SendOptions& opts);
+                                               std::span<const std::string_view> dedup, const SendOptions& opts,
+                                               std::vector<bool>* duplicates = nullptr);
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
                                                 const SendOptions& opts) {
@@ -372,6 +381,12 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
 }
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
+  return send_batch(items, opts, nullptr);
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
+                                                std::vector<bool>* duplicates) {
+  if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
   if (!opts.attributes.empty() || !opts.dedup_id.empty() || opts.priority != kDefaultPriority) {
     return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids and priorities from "
                                           "each item, not from SendOptions");
@@ -395,12 +410,13 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     exts.push_back(storage::encode_ext(e));
     dedup.push_back(it.dedup_id);
   }
-  return send_core(*impl_, payloads, exts, dedup, opts);
+  return send_core(*impl_, payloads, exts, dedup, opts, duplicates);
 }
 
 static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
                                                std::span<const std::string> exts,
-                                               std::span<const std::string_view> dedup, const SendOptions& opts) {
+                                               std::span<const std::string_view> dedup, const SendOptions& opts,
+                                               std::vector<bool>* duplicates) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return std::vector<uint64_t>{};
   for (auto p : payloads) {
@@ -525,6 +541,10 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     for (size_t i = 0; i < first.size(); ++i) {
       if (first[i] != 0) ids[i] = first[i];
       if (from[i] != SIZE_MAX) ids[i] = ids[from[i]];
+    }
+    if (duplicates != nullptr) {
+      duplicates->assign(payloads.size(), false);
+      for (size_t i = 0; i < first.size(); ++i) (*duplicates)[i] = first[i] != 0 || from[i] != SIZE_MAX;
     }
     if (recs.empty()) return ids;  // every message was a duplicate: nothing written
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
