@@ -3,7 +3,8 @@
  * the queue itself, every message acked exactly once; a consumer killed with SIGKILL while it
  * holds a bound lease; stale receipts; the error texts and their thread-locality; the size
  * field of the option structs, and callers built against 0.1.0's shorter structs; dead
- * letters and redrive; attributes and dedup ids (issue 26) with their bounds.
+ * letters and redrive; attributes, dedup ids and priorities (issue 26) with their bounds,
+ * and the flag that tells a duplicate send.
  *
  *   capi_test            (exit 0: all passed; 1: a check failed, named on stderr)
  */
@@ -648,7 +649,9 @@ static void test_attribute_bounds(void) {
 
   /* In a batch of items, one bad item refuses the whole batch and is named. */
   spool_send_item items[3] = {
-      {"i0", 2, NULL, 0, NULL, 0}, {"i1", 2, a, 1, "id-1", 4}, {"i2", 2, bad, 1, NULL, 0}};
+      {.payload = "i0", .len = 2},
+      {.payload = "i1", .len = 2, .attributes = a, .attribute_count = 1, .dedup_id = "id-1", .dedup_id_len = 4},
+      {.payload = "i2", .len = 2, .attributes = bad, .attribute_count = 1}};
   spool_attribute badkey = {"sp ace", "", 0};
   items[2].attributes = &badkey;
   const uint64_t before = sent_total(q);
@@ -730,10 +733,10 @@ static void test_dedup(void) {
   CHECK(strstr(spool_last_error(), "with spool_send_items") != NULL, "says what to do");
 
   /* Items: against an earlier send, and within the batch. */
-  spool_send_item items[4] = {{"x", 1, NULL, 0, "order-1", 7},
-                              {"y", 1, NULL, 0, "order-3", 7},
-                              {"z", 1, NULL, 0, "order-3", 7},
-                              {"w", 1, NULL, 0, NULL, 0}};
+  spool_send_item items[4] = {{.payload = "x", .len = 1, .dedup_id = "order-1", .dedup_id_len = 7},
+                              {.payload = "y", .len = 1, .dedup_id = "order-3", .dedup_id_len = 7},
+                              {.payload = "z", .len = 1, .dedup_id = "order-3", .dedup_id_len = 7},
+                              {.payload = "w", .len = 1}};
   uint64_t ids[4];
   CHECK_CODE(spool_send_items(q, items, 4, sizeof items[0], NULL, ids), SPOOL_OK);
   CHECK(ids[0] == a, "an earlier send's id");
@@ -755,6 +758,139 @@ static void test_dedup(void) {
   CHECK(send_dedup(q, "w3", "w", 1) != w, "a new message after the window");
   spool_close(q);
   printf("ok: dedup ids (same id once, different ids twice, batch items, window, stats)\n");
+}
+
+/* ------------------------------------------------------------ priorities (issue 26) */
+
+static spool_code send_prio(spool_queue* q, const char* payload, int has, int priority) {
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.has_priority = has;
+  so.priority = priority;
+  return spool_send(q, payload, strlen(payload), &so, NULL);
+}
+
+static void test_priorities(void) {
+  spool_queue* q = open_in_root("priorities", NULL);
+  CHECK_CODE(send_prio(q, "low", 1, 200), SPOOL_OK);
+  CHECK_CODE(send_prio(q, "plain", 0, 7), SPOOL_OK); /* no has_priority: the 7 is not read */
+  CHECK_CODE(send_prio(q, "urgent", 1, 0), SPOOL_OK);
+  spool_send_options so;
+  spool_send_options_init(&so);
+  CHECK(so.has_priority == 0 && so.priority == SPOOL_DEFAULT_PRIORITY && so.duplicate == NULL, "init");
+  so.has_priority = 1;
+  so.priority = 10;
+  const void* ptrs[2] = {"b1", "b2"};
+  size_t lens[2] = {2, 2};
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 2, &so, NULL), SPOOL_OK);
+  spool_send_item items[3];
+  memset(items, 0, sizeof items); /* a zeroed item: the default priority */
+  items[0].payload = "i5";
+  items[0].len = 2;
+  items[0].has_priority = 1;
+  items[0].priority = 5;
+  items[1].payload = "i-default";
+  items[1].len = 9;
+  items[2].payload = "i255";
+  items[2].len = 4;
+  items[2].has_priority = 1;
+  items[2].priority = 255;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_OK);
+
+  /* Peek is in id order and reports each one's priority. */
+  spool_message* m = NULL;
+  size_t n = 0;
+  int p = -1;
+  CHECK_CODE(spool_peek(q, 10, &m, &n), SPOOL_OK);
+  CHECK(n == 8, "peek %zu", n);
+  const int by_id[8] = {200, 128, 0, 10, 10, 5, 128, 255};
+  for (size_t i = 0; i < n; ++i) {
+    CHECK_CODE(spool_message_priority(m, i, &p), SPOOL_OK);
+    CHECK(p == by_id[i], "peeked message %zu has priority %d, want %d", i, p, by_id[i]);
+  }
+  CHECK_CODE(spool_message_priority(m, 8, &p), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "message 8 of a batch of 8") != NULL, "index past the batch");
+  CHECK_CODE(spool_message_priority(&m[1], 0, &p), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_message_priority(m, 0, NULL), SPOOL_INVALID_ARGUMENT);
+  spool_messages_free(m);
+
+  /* Receive takes the most urgent first, the oldest first among equals. */
+  const char* order[8] = {"urgent", "i5", "b1", "b2", "plain", "i-default", "low", "i255"};
+  const int prio[8] = {0, 5, 10, 10, 128, 128, 200, 255};
+  for (int i = 0; i < 8; ++i) {
+    CHECK_CODE(spool_receive(q, 1, 60000, 0, &m, &n), SPOOL_OK);
+    CHECK(m[0].payload_len == strlen(order[i]) && memcmp(m[0].payload, order[i], m[0].payload_len) == 0,
+          "receive %d: %.*s, want %s", i, (int)m[0].payload_len, (const char*)m[0].payload, order[i]);
+    CHECK_CODE(spool_message_priority(m, 0, &p), SPOOL_OK);
+    CHECK(p == prio[i], "received %s with priority %d, want %d", order[i], p, prio[i]);
+    CHECK_CODE(spool_ack(q, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+    spool_messages_free(m);
+  }
+
+  /* Out of range: refused, naming the field, nothing queued. */
+  const uint64_t before = sent_total(q);
+  CHECK_CODE(send_prio(q, "x", 1, 256), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "opts->priority is 256: 0 (most urgent) to 255") != NULL, "256");
+  CHECK_CODE(send_prio(q, "x", 1, -1), SPOOL_INVALID_ARGUMENT);
+  items[1].has_priority = 1;
+  items[1].priority = 300;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "items[1].priority is 300") != NULL, "names the item");
+  items[1].has_priority = 0;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "each item gives its own") != NULL, "a priority in opts with items");
+  CHECK(sent_total(q) == before, "nothing of the refused sends was queued");
+  spool_close(q);
+  printf("ok: priorities (send, batch, items, receive order, peek, bounds)\n");
+}
+
+static void test_duplicate_flags(void) {
+  spool_queue* q = open_in_root("duplicates", NULL);
+  spool_send_options so;
+  spool_send_options_init(&so);
+  int dup = 7;
+  uint64_t a = 0, id = 0;
+  so.duplicate = &dup;
+  CHECK_CODE(spool_send(q, "plain", 5, &so, NULL), SPOOL_OK);
+  CHECK(dup == 0, "no dedup id: new, %d", dup);
+  so.dedup_id = "order-1";
+  so.dedup_id_len = 7;
+  dup = 7;
+  CHECK_CODE(spool_send(q, "first", 5, &so, &a), SPOOL_OK);
+  CHECK(dup == 0, "the first send of an id: new, %d", dup);
+  CHECK_CODE(spool_send(q, "again", 5, &so, &id), SPOOL_OK);
+  CHECK(dup == 1 && id == a, "the second: a duplicate with the first id, %d", dup);
+
+  /* A batch of payloads has no dedup id, so no flag to set. */
+  const void* ptrs[1] = {"p"};
+  size_t lens[1] = {1};
+  so.dedup_id = NULL;
+  so.dedup_id_len = 0;
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "opts->duplicate is for spool_send") != NULL, "batch");
+  CHECK_CODE(spool_send_items(q, NULL, 0, sizeof(spool_send_item), &so, NULL), SPOOL_INVALID_ARGUMENT);
+
+  /* Items: each its own flag; one without a flag is left alone. */
+  int flags[4] = {7, 7, 7, 7};
+  spool_send_item items[4];
+  memset(items, 0, sizeof items);
+  const char* dedup[4] = {"order-1", "order-2", "order-2", NULL};
+  for (int i = 0; i < 4; ++i) {
+    items[i].payload = "i";
+    items[i].len = 1;
+    items[i].dedup_id = dedup[i];
+    items[i].dedup_id_len = dedup[i] != NULL ? 7 : 0;
+    items[i].duplicate = i < 3 ? &flags[i] : NULL;
+  }
+  uint64_t ids[4];
+  CHECK_CODE(spool_send_items(q, items, 4, sizeof items[0], NULL, ids), SPOOL_OK);
+  CHECK(flags[0] == 1 && flags[1] == 0 && flags[2] == 1 && flags[3] == 7, "flags %d %d %d %d", flags[0],
+        flags[1], flags[2], flags[3]);
+  CHECK(ids[0] == a && ids[2] == ids[1] && ids[3] == ids[1] + 1, "ids");
+  CHECK(sent_total(q) == 4, "plain, first, order-2 and the one without an id: %llu",
+        (unsigned long long)sent_total(q));
+  spool_close(q);
+  printf("ok: duplicate flags (send, items; refused for a batch of payloads)\n");
 }
 
 /* ------------------------------------------------------------ callers of 0.1.0 (issue 26) */
@@ -846,6 +982,8 @@ int main(void) {
   test_attributes_round_trip();
   test_attribute_bounds();
   test_dedup();
+  test_priorities();
+  test_duplicate_flags();
   test_old_struct_sizes();
   test_killed_consumer();
   test_competing_processes();

@@ -133,6 +133,10 @@ typedef enum spool_durability {
 #define SPOOL_MAX_ATTRIBUTES_TOTAL 4096 /* bytes of all keys and values together */
 #define SPOOL_MAX_DEDUP_ID 128         /* bytes of a dedup id (any bytes) */
 
+/* Priorities (docs/semantics.md, "Priorities"): 0 is the most urgent, 255 the least; a
+ * message sent without one has this. Receive takes the most urgent ready message first. */
+#define SPOOL_DEFAULT_PRIORITY 128
+
 /* One attribute of a message: given to a send, or handed out with a received message. Fixed
  * layout: it never grows. */
 typedef struct spool_attribute {
@@ -157,10 +161,22 @@ typedef struct spool_send_options {
    * message's id. NULL, 0: none. */
   const void* dedup_id;
   size_t dedup_id_len;
+  /* Priority of the message (spool_send; every message of spool_send_batch; not with
+   * spool_send_items, whose items have their own): with has_priority nonzero, `priority`, 0
+   * (most urgent) to 255, else SPOOL_INVALID_ARGUMENT; with has_priority 0,
+   * SPOOL_DEFAULT_PRIORITY. A flag beside the value because a zeroed field must mean "as
+   * before" (docs/api.md, "Structs that grow") and priority 0 is the most urgent. */
+  int has_priority;
+  int priority;
+  /* spool_send only (a batch refuses it: spool_send_items reports per item): if not NULL,
+   * set on success to 1 when the send was a duplicate (its dedup id was remembered: nothing
+   * was queued and *id is the first message's), else to 0. */
+  int* duplicate;
 } spool_send_options;
 
 /* Fills the first `size` bytes of *opts (at most sizeof(spool_send_options)) with the
- * defaults (no delay, the queue's durability, no attributes, no dedup id), and opts->size
+ * defaults (no delay, the queue's durability, no attributes, no dedup id, the default
+ * priority, no duplicate flag), and opts->size
  * with that many; called through the macro below. */
 void spool_send_options_init_size(spool_send_options* opts, size_t size);
 /* 0.1.0's function: fills only 0.1.0's fields (size 32), see spool_options_init. */
@@ -169,20 +185,22 @@ void spool_send_options_init(spool_send_options* opts);
 
 /* Appends one message of `len` bytes (any bytes; payload may be NULL when len is 0). opts may
  * be NULL (no delay, the queue's durability). *id (if id is not NULL) gets its id; ids
- * increase; a duplicate (opts->dedup_id) gets the first message's. Errors: SPOOL_TOO_LARGE,
+ * increase; a duplicate (opts->dedup_id) gets the first message's, and *opts->duplicate
+ * tells it was one. Errors: SPOOL_TOO_LARGE,
  * SPOOL_QUEUE_FULL, SPOOL_NO_SPACE, SPOOL_READ_ONLY, SPOOL_IO, SPOOL_INVALID_ARGUMENT (bad
  * attributes or dedup id: the message names the key and the bound). */
 spool_code spool_send(spool_queue* q, const void* payload, size_t len,
                       const spool_send_options* opts, uint64_t* id);
 
 /* All or nothing: either all n payloads are queued with consecutive ids (written to ids[0..n)
- * if ids is not NULL) or none is. opts->attributes go on every message; a dedup id cannot be
- * shared by a batch (SPOOL_INVALID_ARGUMENT): give each message its own with
- * spool_send_items. */
+ * if ids is not NULL) or none is. opts->attributes and opts->priority go on every message; a
+ * dedup id cannot be shared by a batch, so there is no duplicate to report either
+ * (SPOOL_INVALID_ARGUMENT for opts->dedup_id or opts->duplicate): give each message its own
+ * with spool_send_items. */
 spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const size_t* lens,
                             size_t n, const spool_send_options* opts, uint64_t* ids);
 
-/* One message of spool_send_items. */
+/* One message of spool_send_items. A zeroed item is an empty message with nothing else. */
 typedef struct spool_send_item {
   const void* payload;                /* len bytes (NULL when len is 0) */
   size_t len;
@@ -190,14 +208,18 @@ typedef struct spool_send_item {
   size_t attribute_count;
   const void* dedup_id;               /* as spool_send_options; NULL, 0: none */
   size_t dedup_id_len;
+  int has_priority;                   /* as spool_send_options: 0, the default priority */
+  int priority;
+  int* duplicate;                     /* if not NULL, set on success: 1 for a duplicate */
 } spool_send_item;
 
-/* A batch in which each message has its own attributes and dedup id. item_size is
+/* A batch in which each message has its own attributes, dedup id and priority. item_size is
  * sizeof(spool_send_item) as the caller compiled it (the array's stride; fields past it read
  * as none). ids[i] (n entries, if ids is not NULL) gets item i's id: a duplicate's is the
  * first message's (sent earlier, or earlier in this batch). All or nothing; the new messages
- * get consecutive ids. opts (may be NULL) gives delay, durability and wait_for_room; its
- * attributes and dedup id must be unset. Bad attributes or dedup ids: SPOOL_INVALID_ARGUMENT
+ * get consecutive ids; *items[i].duplicate tells which were duplicates. opts (may be NULL)
+ * gives delay, durability and wait_for_room; its attributes, dedup id, priority and
+ * duplicate must be unset. Bad attributes, dedup ids or priorities: SPOOL_INVALID_ARGUMENT
  * naming the item. */
 spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t n,
                             size_t item_size, const spool_send_options* opts, uint64_t* ids);
@@ -252,6 +274,11 @@ spool_code spool_message_attributes(const spool_message* msgs, size_t i,
  * SPOOL_NOT_FOUND (outputs NULL, 0) when the message has no such attribute. */
 spool_code spool_message_attribute(const spool_message* msgs, size_t i, const char* key,
                                    const void** value, size_t* value_len);
+
+/* The priority of msgs[i] (msgs as above), 0 (most urgent) to 255, into *priority: the one
+ * it was sent with, SPOOL_DEFAULT_PRIORITY if none. SPOOL_INVALID_ARGUMENT as for
+ * spool_message_attributes. */
+spool_code spool_message_priority(const spool_message* msgs, size_t i, int* priority);
 
 /* What spool_list tells about a message without reading its payload. */
 typedef struct spool_message_info {

@@ -162,6 +162,21 @@ bool to_dedup_id(const void* id, size_t len, const std::string& fn, const std::s
   return true;
 }
 
+// A priority a C caller gives: with `has` 0 the default stays. An int, checked here, rather
+// than a uint8_t that would wrap 300 into 44 without a word.
+bool to_priority(int has, int priority, const std::string& fn, const std::string& owner, uint8_t* out,
+                 std::string* why) {
+  if (has == 0) return true;
+  if (priority < 0 || priority > 255) {
+    *why = fn + ": " + owner + "priority is " + std::to_string(priority) + ": 0 (most urgent) to 255";
+    return false;
+  }
+  *out = static_cast<uint8_t>(priority);
+  return true;
+}
+
+static_assert(SPOOL_DEFAULT_PRIORITY == spool::kDefaultPriority);
+
 // QueueOptions as the C struct, whole (size: this header's).
 spool_options c_options(const spool::QueueOptions& o) {
   spool_options c{};
@@ -231,7 +246,14 @@ bool to_send_options(const std::string& fn, const spool_send_options* o, spool::
     return false;
   if (SPOOL_HAS(o, dedup_id_len) && !to_dedup_id(o->dedup_id, o->dedup_id_len, fn, "opts->", &out->dedup_id, why))
     return false;
+  if (SPOOL_HAS(o, priority) && !to_priority(o->has_priority, o->priority, fn, "opts->", &out->priority, why))
+    return false;
   return true;
+}
+
+// The caller's duplicate flag, if its struct holds one and it is set.
+int* duplicate_flag(const spool_send_options* o) {
+  return o != nullptr && SPOOL_HAS(o, duplicate) ? o->duplicate : nullptr;
 }
 
 // A batch of messages handed to C. Lives in one allocation with the array after it.
@@ -245,6 +267,7 @@ struct Batch {
   // attrs[i]: message i's attributes as C pairs, pointing into the strings of its
   // Attributes in views / copies (map nodes: their addresses do not move).
   std::vector<std::vector<spool_attribute>> attrs;
+  std::vector<uint8_t> priorities;
   size_t count = 0;
 };
 // The array starts this far into the allocation (a multiple of both alignments).
@@ -271,8 +294,8 @@ const Batch* owner_of(const spool_message* msgs) {
   return std::launder(reinterpret_cast<const Batch*>(reinterpret_cast<const char*>(msgs) - kArrayOffset));
 }
 
-// Message i's attributes in the batch `msgs`, or null (with the error set) if i is past it.
-const std::vector<spool_attribute>* attributes_of(const char* fn, const spool_message* msgs, size_t i) {
+// The batch `msgs` if it holds a message i, or null (with the error set).
+const Batch* batch_at(const char* fn, const spool_message* msgs, size_t i) {
   const Batch* b = owner_of(msgs);
   if (b->magic != Batch::kMagic) {
     fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": msgs is not a batch from spool_receive, spool_receive_id or "
@@ -284,7 +307,12 @@ const std::vector<spool_attribute>* attributes_of(const char* fn, const spool_me
                                      std::to_string(b->count));
     return nullptr;
   }
-  return &b->attrs[i];
+  return b;
+}
+
+const std::vector<spool_attribute>* attributes_of(const char* fn, const spool_message* msgs, size_t i) {
+  const Batch* b = batch_at(fn, msgs, i);
+  return b == nullptr ? nullptr : &b->attrs[i];
 }
 
 // Moves `msgs` (MessageView or Message) into a new batch and fills its array from them.
@@ -295,10 +323,12 @@ spool_message* batch_of(std::vector<M> msgs, std::vector<M> Batch::*slot) {
   std::vector<M>& kept = b->*slot;
   kept = std::move(msgs);
   b->attrs.resize(kept.size());
+  b->priorities.resize(kept.size());
   for (size_t i = 0; i < kept.size(); ++i) {
     const M& m = kept[i];
     out[i] = spool_message{m.id, m.payload.data(), m.payload.size(), m.receive_count,
                            to_ns(m.enqueued), m.receipt.c_str()};
+    b->priorities[i] = m.priority;
     b->attrs[i].reserve(m.attributes.size());
     for (const auto& [k, v] : m.attributes) b->attrs[i].push_back(spool_attribute{k.c_str(), v.c_str(), v.size()});
   }
@@ -376,6 +406,7 @@ void spool_send_options_init_size(spool_send_options* opts, size_t size) {
   spool_send_options full{};
   full.size = sizeof(spool_send_options);
   full.durability = SPOOL_DURABILITY_QUEUE;
+  full.priority = SPOOL_DEFAULT_PRIORITY;  // what has_priority = 1 alone then asks for
   init_prefix(opts, full, size);
 }
 
@@ -391,9 +422,13 @@ spool_code spool_send(spool_queue* q, const void* payload, size_t len,
     spool::SendOptions so;
     std::string why;
     if (!to_send_options("spool_send", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
-    auto r = q->queue->send(std::string_view(static_cast<const char*>(payload), len), so);
+    int* flag = duplicate_flag(opts);
+    bool dup = false;
+    auto r = q->queue->send(std::string_view(static_cast<const char*>(payload), len), so,
+                            flag != nullptr ? &dup : nullptr);
     if (!r.ok()) return fail(r.status());
     if (id != nullptr) *id = *r;
+    if (flag != nullptr) *flag = dup ? 1 : 0;
     return SPOOL_OK;
   });
 }
@@ -411,6 +446,10 @@ spool_code spool_send_batch(spool_queue* q, const void* const* payloads, const s
       return fail(SPOOL_INVALID_ARGUMENT,
                   "spool_send_batch: a batch cannot share opts->dedup_id (all but the first message would be "
                   "duplicates); give each message its own with spool_send_items");
+    if (duplicate_flag(opts) != nullptr)
+      return fail(SPOOL_INVALID_ARGUMENT,
+                  "spool_send_batch: opts->duplicate is for spool_send: a batch of payloads has no dedup id "
+                  "(spool_send_items reports per item)");
     std::vector<std::string_view> views;
     views.reserve(n);
     for (size_t i = 0; i < n; ++i) {
@@ -439,10 +478,13 @@ spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t
     spool::SendOptions so;
     std::string why;
     if (!to_send_options("spool_send_items", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
-    if (!so.attributes.empty() || !so.dedup_id.empty())
-      return fail(SPOOL_INVALID_ARGUMENT,
-                  "spool_send_items: opts->attributes and opts->dedup_id must be unset: each item gives its own");
+    const bool opts_priority = opts != nullptr && SPOOL_HAS(opts, priority) && opts->has_priority != 0;
+    if (!so.attributes.empty() || !so.dedup_id.empty() || opts_priority || duplicate_flag(opts) != nullptr)
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: opts->attributes, dedup_id, priority and duplicate must "
+                                          "be unset: each item gives its own");
     std::vector<spool::SendItem> conv(n);
+    std::vector<int*> flags(n, nullptr);
+    bool any_flag = false;
     for (size_t i = 0; i < n; ++i) {
       // The caller's array has its own stride; read only what an item of that size holds.
       spool_send_item it{};
@@ -453,13 +495,20 @@ spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t
         return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: " + owner + "payload is NULL");
       conv[i].payload = std::string_view(static_cast<const char*>(it.payload), it.len);
       if (!to_attributes(it.attributes, it.attribute_count, "spool_send_items", owner, &conv[i].attributes, &why) ||
-          !to_dedup_id(it.dedup_id, it.dedup_id_len, "spool_send_items", owner, &conv[i].dedup_id, &why))
+          !to_dedup_id(it.dedup_id, it.dedup_id_len, "spool_send_items", owner, &conv[i].dedup_id, &why) ||
+          !to_priority(it.has_priority, it.priority, "spool_send_items", owner, &conv[i].priority, &why))
         return fail(SPOOL_INVALID_ARGUMENT, why);
+      flags[i] = it.duplicate;
+      any_flag = any_flag || it.duplicate != nullptr;
     }
-    auto r = q->queue->send_batch(std::span<const spool::SendItem>(conv), so);
+    std::vector<bool> dups;
+    auto r = q->queue->send_batch(std::span<const spool::SendItem>(conv), so, any_flag ? &dups : nullptr);
     if (!r.ok()) return fail(r.status());
     if (ids != nullptr)
       for (size_t i = 0; i < r->size(); ++i) ids[i] = (*r)[i];
+    if (any_flag)
+      for (size_t i = 0; i < n; ++i)
+        if (flags[i] != nullptr) *flags[i] = dups[i] ? 1 : 0;
     return SPOOL_OK;
   });
 }
@@ -554,6 +603,16 @@ spool_code spool_message_attribute(const spool_message* msgs, size_t i, const ch
     }
     return fail(SPOOL_NOT_FOUND, "spool_message_attribute: message " + std::to_string(msgs[i].id) +
                                      " has no attribute '" + key + "'");
+  });
+}
+
+spool_code spool_message_priority(const spool_message* msgs, size_t i, int* priority) {
+  return guard("spool_message_priority", [&] {
+    if (msgs == nullptr || priority == nullptr) return null_arg("spool_message_priority", "msgs or priority");
+    const Batch* b = batch_at("spool_message_priority", msgs, i);
+    if (b == nullptr) return SPOOL_INVALID_ARGUMENT;
+    *priority = b->priorities[i];
+    return SPOOL_OK;
   });
 }
 
