@@ -16,7 +16,9 @@ compiler. Semantics: docs/semantics.md; this binding: docs/python.md.
 Messages may carry attributes (``q.send(body, attributes={"trace": "7f3a"})``; read back as
 ``msg.attributes``, a dict of str to bytes, or ``msg.text_attributes`` decoded) and a
 deduplication id (``q.send(body, dedup_id="order-17")``: a second send of that id within the
-queue's dedup window queues nothing and returns the first message's id).
+queue's dedup window queues nothing and returns the first message's id, a :class:`SentId`
+whose ``duplicate`` is True), and a priority (``q.send(body, priority=0)``: 0 is the most
+urgent, 255 the least, 128 the default; ``msg.priority`` on receipt).
 
 Errors are exceptions, one class per code, all subclasses of :class:`spool.Error`.
 
@@ -36,9 +38,9 @@ from . import _capi
 from ._capi import lib as _lib
 
 __all__ = [
-    "Queue", "Message", "SendItem", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
+    "Queue", "Message", "SendItem", "SentId", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
     "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
-    "IoError", "Corrupt", "ReadOnly", "library_path",
+    "IoError", "Corrupt", "ReadOnly", "DEFAULT_PRIORITY", "library_path",
 ]
 
 Payload = Union[bytes, bytearray, memoryview, str]
@@ -190,6 +192,21 @@ def _c_attributes(attributes: Optional[Attributes], keep: list[Any]) -> tuple[An
     return arr, len(attributes)
 
 
+DEFAULT_PRIORITY = 128
+"""The priority of a message sent without one (0 is the most urgent, 255 the least)."""
+
+
+def _c_priority(priority: Optional[int]) -> tuple[int, int]:
+    """(has_priority, priority) of the C structs; None: the default."""
+    if priority is None:
+        return 0, DEFAULT_PRIORITY
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority is an int, not {type(priority).__name__}")
+    if not 0 <= priority <= 255:  # before ctypes truncates it to a C int
+        raise InvalidArgument(f"invalid argument: priority is {priority}: 0 (most urgent) to 255", 4)
+    return 1, priority
+
+
 def _c_dedup_id(dedup_id: Union[str, bytes, None], keep: list[Any]) -> tuple[Optional[int], int]:
     """A dedup id's address and length ((None, 0) for none); its bytes go to ``keep``."""
     if dedup_id is None:
@@ -234,27 +251,46 @@ class Stats:
 
 @dataclass(frozen=True)
 class SendItem:
-    """One message of :meth:`Queue.send_batch` with attributes and a dedup id of its own."""
+    """One message of :meth:`Queue.send_batch` with attributes, a dedup id and a priority
+    of its own (None: the batch's ``priority``)."""
     payload: Payload
     attributes: Optional[Attributes] = None
     dedup_id: Union[str, bytes, None] = None
+    priority: Optional[int] = None
+
+
+class SentId(int):
+    """What a send returns: the message's id, an int, that also tells whether the send was
+    a duplicate. ``duplicate`` is True when its dedup id was sent within the queue's dedup
+    window: nothing was queued and this is the first message's id. An int, printed and
+    compared as one, so that code that only wants the id (``str(q.send(...))``,
+    ``json.dumps``, ``id + 1``) sees none of this."""
+
+    duplicate: bool
+
+    def __new__(cls, id: int, duplicate: bool = False) -> "SentId":
+        self = super().__new__(cls, id)
+        self.duplicate = duplicate
+        return self
 
 
 class Message:
     """One delivery of a message. ``payload`` is a copy (bytes), ``text`` the same decoded
     as UTF-8; ``attributes`` the attributes it was sent with (a dict of str to bytes, the
     values as sent: str values come back UTF-8 encoded), ``text_attributes`` the same with
-    the values decoded. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
+    the values decoded; ``priority`` the one it was sent with (0 most urgent to 255;
+    :data:`DEFAULT_PRIORITY` if none). Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
     the lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
 
-    __slots__ = ("id", "payload", "attributes", "receive_count", "enqueued", "receipt", "_queue",
-                 "_keeper", "settled", "lease_lost")
+    __slots__ = ("id", "payload", "attributes", "priority", "receive_count", "enqueued", "receipt",
+                 "_queue", "_keeper", "settled", "lease_lost")
 
     def __init__(self, queue: "Queue", m: _capi.spool_message,
-                 attributes: dict[str, bytes]) -> None:
+                 attributes: dict[str, bytes], priority: int) -> None:
         self.id: int = m.id
         self.payload: bytes = ctypes.string_at(m.payload, m.payload_len) if m.payload_len else b""
         self.attributes: dict[str, bytes] = attributes
+        self.priority: int = priority
         self.receive_count: int = m.receive_count
         self.enqueued: float = m.enqueued_ns / 1e9  # seconds since the epoch, like time.time()
         self.receipt: str = (m.receipt or b"").decode()
@@ -298,6 +334,7 @@ class Message:
 
     def __repr__(self) -> str:
         return (f"<spool.Message id={self.id} receive_count={self.receive_count} "
+                f"priority={self.priority} "
                 f"payload={self.payload[:40]!r}{'...' if len(self.payload) > 40 else ''}>")
 
 
@@ -434,7 +471,7 @@ class Queue:
     @staticmethod
     def _send_options(delay: float, sync: bool, wait_for_room: float,
                       attributes: Optional[Attributes], dedup_id: Union[str, bytes, None],
-                      keep: list[Any]) -> _capi.spool_send_options:
+                      priority: Optional[int], keep: list[Any]) -> _capi.spool_send_options:
         """The C send options; what their pointers point into is appended to ``keep``."""
         so = _capi.spool_send_options()
         _lib.spool_send_options_init_size(ctypes.byref(so), ctypes.sizeof(so))
@@ -443,37 +480,44 @@ class Queue:
         so.wait_for_room_ms = _ms(wait_for_room, "wait_for_room")
         so.attributes, so.attribute_count = _c_attributes(attributes, keep)
         so.dedup_id, so.dedup_id_len = _c_dedup_id(dedup_id, keep)
+        so.has_priority, so.priority = _c_priority(priority)
         return so
 
     def send(self, payload: Payload, *, delay: float = 0.0, sync: bool = False,
              wait_for_room: float = 0.0, attributes: Optional[Attributes] = None,
-             dedup_id: Union[str, bytes, None] = None) -> int:
-        """Appends a message (bytes, or str sent as UTF-8); returns its id (ids increase).
+             dedup_id: Union[str, bytes, None] = None, priority: Optional[int] = None) -> SentId:
+        """Appends a message (bytes, or str sent as UTF-8); returns its id (ids increase), a
+        :class:`SentId`.
         ``delay``: receivable only after this many seconds. ``sync``: return only once on
         disk. ``wait_for_room``: at a back-pressure limit, wait up to this long for room
         before raising QueueFull. ``attributes``: str keys, bytes or str values, returned
         with the message (see :data:`Attributes` for the bounds). ``dedup_id`` (str or
         bytes, 1 to 128 bytes): if a message with this id was sent within the queue's dedup
-        window, nothing is queued and that message's id is returned. Raises TooLarge,
-        QueueFull, NoSpace, ReadOnly, IoError, InvalidArgument (bad attributes or dedup id,
-        naming the key and the bound)."""
+        window, nothing is queued and that message's id is returned, with ``.duplicate``
+        True. ``priority``: 0 (most urgent) to 255; receive takes the most urgent ready
+        message first (None: :data:`DEFAULT_PRIORITY`). Raises TooLarge, QueueFull, NoSpace,
+        ReadOnly, IoError, InvalidArgument (bad attributes, dedup id or priority, naming the
+        key and the bound)."""
         data = _bytes(payload)
         keep: list[Any] = []
-        so = self._send_options(delay, sync, wait_for_room, attributes, dedup_id, keep)
+        so = self._send_options(delay, sync, wait_for_room, attributes, dedup_id, priority, keep)
+        dup = ctypes.c_int()
+        so.duplicate = ctypes.pointer(dup)
         out = ctypes.c_uint64()
         _check(_lib.spool_send(self._handle(), data, len(data), ctypes.byref(so),
                                ctypes.byref(out)))
-        return out.value
+        return SentId(out.value, dup.value != 0)
 
     def send_batch(self, payloads: Iterable[Union[Payload, SendItem]], *, delay: float = 0.0,
                    sync: bool = False, wait_for_room: float = 0.0,
-                   attributes: Optional[Attributes] = None) -> list[int]:
+                   attributes: Optional[Attributes] = None,
+                   priority: Optional[int] = None) -> list[SentId]:
         """All or nothing: queues every message with consecutive ids, or none. Much cheaper
-        per message than send() in a loop. ``attributes`` go on every message. An element
-        may be a :class:`SendItem` with attributes (added to the shared ones, its own
-        winning for a key in both) and a dedup id of its own; the id returned for a
-        duplicate (of an earlier send, or of an earlier item of this batch) is the first
-        message's."""
+        per message than send() in a loop. ``attributes`` and ``priority`` go on every
+        message. An element may be a :class:`SendItem` with attributes (added to the shared
+        ones, its own winning for a key in both), a dedup id and a priority (winning over the
+        shared one) of its own; the id returned for a duplicate (of an earlier send, or of an
+        earlier item of this batch) is the first message's, with ``.duplicate`` True."""
         items = list(payloads)
         n = len(items)
         if n == 0:
@@ -484,10 +528,11 @@ class Queue:
             datas = [_bytes(p) for p in items]  # type: ignore[arg-type]
             ptrs = (ctypes.c_char_p * n)(*datas)
             lens = (ctypes.c_size_t * n)(*(len(d) for d in datas))
-            so = self._send_options(delay, sync, wait_for_room, attributes, None, keep)
+            so = self._send_options(delay, sync, wait_for_room, attributes, None, priority, keep)
             _check(_lib.spool_send_batch(self._handle(), ptrs, lens, n, ctypes.byref(so), ids))
-            return list(ids)
+            return [SentId(i) for i in ids]  # no dedup ids: none is a duplicate
         arr = (_capi.spool_send_item * n)()
+        dups = (ctypes.c_int * n)()
         for i, it in enumerate(items):
             item = it if isinstance(it, SendItem) else SendItem(it)
             data = _bytes(item.payload)
@@ -497,10 +542,14 @@ class Queue:
             arr[i].len = len(data)
             arr[i].attributes, arr[i].attribute_count = _c_attributes(merged, keep)
             arr[i].dedup_id, arr[i].dedup_id_len = _c_dedup_id(item.dedup_id, keep)
-        so = self._send_options(delay, sync, wait_for_room, None, None, keep)
+            arr[i].has_priority, arr[i].priority = _c_priority(
+                priority if item.priority is None else item.priority)
+            arr[i].duplicate = ctypes.cast(ctypes.addressof(dups) + i * ctypes.sizeof(ctypes.c_int),
+                                           _capi.c_int_p)
+        so = self._send_options(delay, sync, wait_for_room, None, None, None, keep)
         _check(_lib.spool_send_items(self._handle(), arr, n, ctypes.sizeof(_capi.spool_send_item),
                                      ctypes.byref(so), ids))
-        return list(ids)
+        return [SentId(ids[i], dups[i] != 0) for i in range(n)]
 
     @property
     def durable_id(self) -> int:
@@ -511,7 +560,8 @@ class Queue:
 
     def _batch(self, ptr: "ctypes._Pointer[_capi.spool_message]", n: int) -> list[Message]:
         try:
-            return [Message(self, ptr[i], self._attributes(ptr, i)) for i in range(n)]
+            return [Message(self, ptr[i], self._attributes(ptr, i), self._priority(ptr, i))
+                    for i in range(n)]
         finally:
             _lib.spool_messages_free(ptr)
 
@@ -522,6 +572,12 @@ class Queue:
         _check(_lib.spool_message_attributes(ptr, i, ctypes.byref(attrs), ctypes.byref(n)))
         return {attrs[k].key.decode(): ctypes.string_at(attrs[k].value, attrs[k].value_len)
                 for k in range(n.value)}
+
+    @staticmethod
+    def _priority(ptr: "ctypes._Pointer[_capi.spool_message]", i: int) -> int:
+        p = ctypes.c_int()
+        _check(_lib.spool_message_priority(ptr, i, ctypes.byref(p)))
+        return p.value
 
     def receive(self, max: int = 1, *, visibility: Optional[float] = None,
                 wait: float = 0.0) -> list[Message]:

@@ -53,6 +53,9 @@ _MESSAGE_EXTRAS = [
     ("attribute_count", c_size_t),
     ("dedup_id", c_void_p),
     ("dedup_id_len", c_size_t),
+    ("has_priority", c_int),
+    ("priority", c_int),
+    ("duplicate", c_int_p),
 ]
 
 
@@ -153,6 +156,7 @@ def _load() -> ctypes.CDLL:
         "spool_message_attributes": (c_int, [POINTER(spool_message), c_size_t,
                                              POINTER(POINTER(spool_attribute)),
                                              POINTER(c_size_t)]),
+        "spool_message_priority": (c_int, [POINTER(spool_message), c_size_t, c_int_p]),
         "spool_free": (None, [c_void_p]),
         "spool_ack": (c_int, [q, c_char_p, c_int]),
         "spool_remove": (c_int, [q, c_uint64, c_int]),

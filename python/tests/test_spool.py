@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import multiprocessing
 import os
 import signal
@@ -195,6 +196,34 @@ def test_dedup_same_id_once_different_ids_twice(qdir):
         assert q.stats().sent_total == 4
 
 
+def test_sent_id_tells_whether_a_send_was_a_duplicate(qdir):
+    with spool.Queue(qdir, dedup_window=60) as q:
+        plain = q.send("plain")
+        assert isinstance(plain, int) and isinstance(plain, spool.SentId)
+        assert plain.duplicate is False
+        first = q.send("first", dedup_id="order-1")
+        assert first.duplicate is False
+        again = q.send("again", dedup_id="order-1")
+        assert again == first and again.duplicate is True
+        assert json.loads(json.dumps({"id": again})) == {"id": int(first)}  # still just an int
+        assert str(again) == f"{again}" == repr(again) == str(int(first))  # printed as the id
+        ids = q.send_batch([spool.SendItem("x", dedup_id="order-1"),
+                            spool.SendItem("y", dedup_id="order-2"),
+                            spool.SendItem("z", dedup_id="order-2"), "w"])
+        assert [i.duplicate for i in ids] == [True, False, True, False]
+        assert [i.duplicate for i in q.send_batch(["p", "q"])] == [False, False]
+        # Another process: the duplicate is seen from there too.
+        child = run_python("""
+            import sys, spool
+            with spool.Queue(sys.argv[1]) as q:
+                sent = q.send("from the child", dedup_id="order-2")
+                print(int(sent), sent.duplicate)
+        """, qdir, stdout=subprocess.PIPE)
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0 and out.split() == [str(ids[1]).encode(), b"True"]
+        assert q.stats().sent_total == 6  # plain, first, y, w, p, q
+
+
 def test_dedup_id_is_forgotten_after_the_window(qdir):
     with spool.Queue(qdir, dedup_window=2.0) as q:  # two sends fit on a loaded machine
         a = q.send("1", dedup_id="w")
@@ -203,6 +232,50 @@ def test_dedup_id_is_forgotten_after_the_window(qdir):
         assert q.stats().dedup_ids == 0
         assert q.send("3", dedup_id="w") != a
 
+
+
+def test_priorities_order_receives_and_are_reported(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("low", priority=200)
+        q.send("plain")
+        q.send("urgent", priority=0)
+        q.send_batch(["b1", "b2"], priority=10)
+        q.send_batch([spool.SendItem("i5", priority=5), spool.SendItem("i-batch"), "i-plain-batch"],
+                     priority=150)
+        q.send_batch([spool.SendItem("i-default"), spool.SendItem("i255", priority=255)])
+        # Another process sends the most urgent one.
+        child = run_python("""
+            import sys, spool
+            with spool.Queue(sys.argv[1]) as q:
+                q.send("from the child", priority=1)
+        """, qdir)
+        assert child.wait(timeout=60) == 0
+        assert [(m.text, m.priority) for m in q.peek(20)] == [
+            ("low", 200), ("plain", 128), ("urgent", 0), ("b1", 10), ("b2", 10), ("i5", 5),
+            ("i-batch", 150), ("i-plain-batch", 150), ("i-default", 128), ("i255", 255),
+            ("from the child", 1)]
+        got = []
+        while True:
+            ms = q.receive(1, visibility=60)
+            if not ms:
+                break
+            got.append((ms[0].text, ms[0].priority))
+            ms[0].ack()
+        assert got == [("urgent", 0), ("from the child", 1), ("i5", 5), ("b1", 10), ("b2", 10),
+                       ("plain", 128), ("i-default", 128), ("i-batch", 150),
+                       ("i-plain-batch", 150), ("low", 200), ("i255", 255)]
+        sent = q.stats().sent_total
+        with pytest.raises(spool.InvalidArgument, match=r"priority is 256: 0 \(most urgent\) to 255"):
+            q.send("x", priority=256)
+        with pytest.raises(spool.InvalidArgument):
+            q.send("x", priority=-1)
+        with pytest.raises(spool.InvalidArgument):
+            q.send_batch([spool.SendItem("ok"), spool.SendItem("x", priority=2**32 + 5)])
+        with pytest.raises(TypeError):
+            q.send("x", priority=True)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            q.send("x", priority="1")  # type: ignore[arg-type]
+        assert q.stats().sent_total == sent
 
 
 def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
