@@ -1637,17 +1637,22 @@ t_send_priority_orders_recv() {
   eq "sent_total" "$(stat_of sent_total q)" 4
 }
 
-# A second send with the same --dedup-id prints the first id and queues nothing, also after
-# the message was acked and after the index was deleted; the window is a stored setting.
+# A second send with the same --dedup-id prints the first id, says on stderr (or in --json)
+# that it was a duplicate and queues nothing, also after the message was acked and after the
+# index was deleted; the window is a stored setting.
 t_send_dedup_id() {
+  local dup_line="duplicate: dedup id order-1 was sent within the queue's dedup window as message 1; nothing was queued"
   "$SPOOL" init q --dedup-window 10m >/dev/null || fail "init"
   grep -qx 'dedup_window_ms = 600000' q/spool.conf || fail "window not stored: $(cat q/spool.conf)"
   expect 0 "$SPOOL" send q --dedup-id order-1 first
   eq "id" "$(cat "$D/out")" 1
+  [[ ! -s $D/err ]] || fail "a new message said something on stderr: $(cat "$D/err")"
   expect 0 "$SPOOL" send q --dedup-id order-1 second
   eq "duplicate id" "$(cat "$D/out")" 1
+  eq "duplicate note" "$(cat "$D/err")" "$dup_line"
   expect 0 "$SPOOL" send q --dedup-id order-2 other
   eq "new id" "$(cat "$D/out")" 2
+  [[ ! -s $D/err ]] || fail "a new message said something on stderr: $(cat "$D/err")"
   eq "dedup_ids" "$(stat_of dedup_ids q)" 2
   expect 0 "$SPOOL" stats q --prometheus
   out_has 'spool_dedup_ids{queue="q"} 2'
@@ -1656,7 +1661,17 @@ t_send_dedup_id() {
   rm q/index
   expect 0 "$SPOOL" send q --dedup-id order-1 third
   eq "after ack and rebuild" "$(cat "$D/out")" 1
+  eq "duplicate note after ack and rebuild" "$(cat "$D/err")" "$dup_line"
   eq "sent_total" "$(stat_of sent_total q)" 2
+  # --json: the id and whether it was a duplicate, nothing on stderr.
+  expect 0 "$SPOOL" send q --dedup-id order-1 --json fourth
+  eq "json duplicate" "$(cat "$D/out")" '{"duplicate":true,"id":1}'
+  [[ ! -s $D/err ]] || fail "--json said something on stderr: $(cat "$D/err")"
+  expect 0 "$SPOOL" send q --dedup-id order-3 --json fifth
+  eq "json new" "$(cat "$D/out")" '{"duplicate":false,"id":3}'
+  expect 0 "$SPOOL" send q --json six seven
+  eq "json batch" "$(cat "$D/out")" $'{"duplicate":false,"id":4}\n{"duplicate":false,"id":5}'
+  eq "sent_total after the json sends" "$(stat_of sent_total q)" 5
   expect 64 "$SPOOL" send q --dedup-id x a b
   err_has "--dedup-id names one message"
   expect 64 "$SPOOL" send q --dedup-id "$(head -c 129 /dev/zero | tr '\0' d)" a

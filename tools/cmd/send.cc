@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "cmd/command.h"
 
@@ -14,8 +15,25 @@ namespace {
 struct SendArgs {
   std::string dir, delay, wait, dedup_id, batch, priority;
   std::vector<std::string> messages, attrs;
-  bool lines = false, durable = false;
+  bool lines = false, durable = false, json = false;
 };
+
+// One sent message on stdout: its id alone (what scripts capture), or with --json an object
+// that also says whether it was a duplicate. A plain duplicate is told on stderr, so that
+// `id=$(spool send ...)` gets the id either way.
+void print_sent(uint64_t id, bool duplicate, bool json, const std::string& dedup_id) {
+  if (json) {
+    std::printf("%s\n", nlohmann::json{{"id", id}, {"duplicate", duplicate}}.dump().c_str());
+    return;
+  }
+  std::printf("%" PRIu64 "\n", id);
+  if (duplicate) {
+    std::fflush(stdout);  // the id first, when both go to one terminal or file
+    std::fprintf(stderr, "duplicate: dedup id %s was sent within the queue's dedup window as message %" PRIu64
+                         "; nothing was queued\n",
+                 dedup_id.c_str(), id);
+  }
+}
 
 // All of `f`; a read error (stdin is a directory, EIO) is an error, not a short message.
 Result<std::string> read_all(FILE* f) {
@@ -77,9 +95,10 @@ int run_send(const SendArgs& a) {
   if (!a.dedup_id.empty()) {
     if (bodies.size() != 1) throw UsageError{"--dedup-id names one message; send exactly one"};
     so.dedup_id = a.dedup_id;
-    auto id = q->send(bodies.front(), so);
+    bool duplicate = false;
+    auto id = q->send(bodies.front(), so, &duplicate);
     if (!id.ok()) return fail(bad_arg(id.status()), a.dir);
-    std::printf("%" PRIu64 "\n", *id);
+    print_sent(*id, duplicate, a.json, a.dedup_id);
     return 0;
   }
   // Batches that fit a bounded queue: a batch larger than max_ready (or max_bytes) could
@@ -98,7 +117,7 @@ int run_send(const SendArgs& a) {
     }
     auto ids = q->send_batch(chunk, so);
     if (!ids.ok()) return fail(bad_arg(ids.status()), a.dir);
-    for (uint64_t id : *ids) std::printf("%" PRIu64 "\n", id);
+    for (uint64_t id : *ids) print_sent(id, false, a.json, "");
     std::fflush(stdout);
   }
   return 0;
@@ -118,9 +137,12 @@ Command add_send(CLI::App& app) {
   send->add_option("-a,--attribute", a->attrs, "Attribute KEY=VALUE of every message sent (repeatable)")
       ->allow_extra_args(false);  // one KEY=VALUE per -a: the MESSAGE arguments are not attributes
   send->add_option("--dedup-id", a->dedup_id, "Deduplication id of the one message sent: a second send with it within the "
-                                              "queue's --dedup-window queues nothing and prints the first message's id");
+                                              "queue's --dedup-window queues nothing, prints the first message's id "
+                                              "and says 'duplicate: ...' on stderr");
   send->add_option("--priority", a->priority, "Priority of every message sent: 0 (most urgent) to 255; default 128. "
                                               "Receive takes the most urgent ready message first");
+  send->add_flag("--json", a->json, "One JSON object per message sent: id, duplicate (true: a --dedup-id seen within "
+                                    "the window, nothing queued)");
   send->add_option("--batch", a->batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
                "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list\n"
