@@ -58,6 +58,7 @@ expect_full() {
 # err_has TEXT: fail unless stderr of the last run contains TEXT (fixed string).
 err_has() { grep -qF -- "$1" "$D/err" || fail "stderr lacks '$1': $(cat "$D/err")"; }
 out_has() { grep -qF -- "$1" "$D/out" || fail "stdout lacks '$1': $(head -c 2000 "$D/out")"; }
+out_lacks() { ! grep -qF -- "$1" "$D/out" || fail "stdout has '$1': $(head -c 2000 "$D/out")"; }
 # one_line_err: errors are one line on stderr.
 one_line_err() {
   local n
@@ -1637,6 +1638,35 @@ t_send_priority_orders_recv() {
   eq "sent_total" "$(stat_of sent_total q)" 4
 }
 
+# Issue 26: a group's messages are received one at a time in send order, across spool
+# processes and a deleted index; recv --json names the group, stats counts the blocked.
+t_send_group_orders_recv() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q --group order-17 created paid
+  expect 0 "$SPOOL" send q --group order-18 created18
+  expect 0 "$SPOOL" send q --group order-17 shipped
+  eq "blocked" "$(stat_of blocked q)" 2
+  expect 0 "$SPOOL" list q --state blocked --json
+  out_has '"state":"blocked"'
+  expect 0 "$SPOOL" show q 2
+  out_has "state: blocked"
+  out_has "group: order-17"
+  rm q/index
+  expect 0 "$SPOOL" recv q --json -n 10
+  out_has '"group":"order-17"'
+  out_has '"payload":"created"'
+  out_has '"payload":"created18"'
+  out_lacks '"payload":"paid"'
+  local r1
+  r1="$(grep '"payload":"created"' "$D/out" | grep -o '"receipt":"[^"]*"' | cut -d'"' -f4)"
+  expect 2 "$SPOOL" recv q --json
+  "$SPOOL" ack q "$r1" || fail "ack"
+  expect 0 "$SPOOL" recv q --json
+  out_has '"payload":"paid"'
+  expect 64 "$SPOOL" send q --group "$(head -c 129 /dev/zero | tr '\0' g)" x
+  err_has "group key of 129 bytes"
+}
+
 # A second send with the same --dedup-id prints the first id, says on stderr (or in --json)
 # that it was a duplicate and queues nothing, also after the message was acked and after the
 # index was deleted; the window is a stored setting.
@@ -1881,6 +1911,7 @@ TESTS=(
   t_progress_bar_only_on_a_terminal
   t_send_attributes_shown_by_recv_and_peek
   t_send_priority_orders_recv
+  t_send_group_orders_recv
   t_send_dedup_id
   t_replay_after_ack
   t_work_errors

@@ -112,6 +112,11 @@ struct SendOptions {
   // equals; a nacked or delayed message keeps its priority. Every message of a send_batch
   // of payloads.
   uint8_t priority = kDefaultPriority;
+  // Ordered group (docs/semantics.md, "Ordered groups"): the messages of one group are
+  // received one at a time, in send order; the next only once the one before is acked,
+  // dead-lettered or dropped. 1-128 bytes (any); empty: none. Every message of a send_batch
+  // of payloads.
+  std::string group = {};
 };
 
 // One message of a send_batch that gives each message its own attributes and dedup id.
@@ -120,6 +125,7 @@ struct SendItem {
   Attributes attributes = {};
   std::string dedup_id = {};  // as SendOptions::dedup_id; duplicates within the batch count too
   uint8_t priority = kDefaultPriority;
+  std::string group = {};  // as SendOptions::group
 };
 
 struct Message {
@@ -130,6 +136,7 @@ struct Message {
   std::string receipt;  // names this delivery's lease; empty for peek()
   Attributes attributes = {};
   uint8_t priority = kDefaultPriority;
+  std::string group = {};  // its ordered group, or empty
 };
 
 // A received message whose payload was not copied: a view into the queue's memory-mapped
@@ -144,6 +151,7 @@ struct MessageView {
   std::shared_ptr<const void> keep;  // the mapping; not for use
   Attributes attributes = {};
   uint8_t priority = kDefaultPriority;
+  std::string group = {};
 };
 
 // Where a message in the queue stands. Dead letters are in dead_letters(), not here.
@@ -151,12 +159,13 @@ enum class MessageState : uint8_t {
   kReady,     // receivable now (an expired lease included)
   kInFlight,  // leased, the lease not yet ended
   kDelayed,   // sent or nacked with a delay that has not passed
+  kBlocked,   // in an ordered group, behind an earlier message of it
 };
 const char* state_name(MessageState s);  // "ready", "in_flight", "delayed"
 
 // Which states list() returns.
 struct StateFilter {
-  bool ready = true, in_flight = true, delayed = true;
+  bool ready = true, in_flight = true, delayed = true, blocked = true;
   static StateFilter only(MessageState s);
   bool has(MessageState s) const;
 };
@@ -180,6 +189,7 @@ struct Stats {
   uint64_t ready = 0;      // receivable now (including expired leases)
   uint64_t in_flight = 0;  // leased and not yet expired
   uint64_t delayed = 0;    // sent or nacked with a delay that has not passed
+  uint64_t blocked = 0;    // in an ordered group, behind an earlier message of it
   uint64_t dead = 0;       // messages in the dead-letter queue
   double oldest_ready_age_s = 0;
   uint64_t sent_total = 0;

@@ -24,8 +24,9 @@ namespace spool::index {
 namespace {
 
 constexpr uint64_t kCacheLine = 64;
-constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = 0) {
-  return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry) + dcap * sizeof(DedupSlot);
+constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = 0, uint64_t gcap = 0) {
+  return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry) + dcap * sizeof(DedupSlot) +
+         gcap * sizeof(GroupSlot);
 }
 // Mixes the id so that neighbouring ids do not form one long probe run.
 inline uint64_t hash_id(uint64_t id) {
@@ -150,7 +151,7 @@ bool SharedIndex::unseal() {
 
 bool SharedIndex::mapped_current() const {
   return mapped_gen_ == hdr_->region_gen && wcap_ == hdr_->capacity && hcap_ == hdr_->heap_cap &&
-         ocap_ == hdr_->ovf_cap && dcap_ == hdr_->dedup_cap;
+         ocap_ == hdr_->ovf_cap && dcap_ == hdr_->dedup_cap && gcap_ == hdr_->group_cap;
 }
 
 bool SharedIndex::reusable() const { return sound(true); }
@@ -166,23 +167,26 @@ bool SharedIndex::sound(bool counters) const {
   if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) || h.heap_cap < kMinHeap ||
       !pow2(h.heap_cap) || h.heap_cap > (1ull << 31) || h.ovf_cap < kMinOverflow || !pow2(h.ovf_cap) ||
       h.ovf_cap > (1ull << 30) ||
-      (h.dedup_cap != 0 && (h.dedup_cap < kMinDedup || !pow2(h.dedup_cap) || h.dedup_cap > kMaxDedup))) {
+      (h.dedup_cap != 0 && (h.dedup_cap < kMinDedup || !pow2(h.dedup_cap) || h.dedup_cap > kMaxDedup)) ||
+      (h.group_cap != 0 && (h.group_cap < kMinGroupSlots || !pow2(h.group_cap) || h.group_cap > kMaxGroupSlots))) {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
   if (counters && (h.resizing != 0 || h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
-      h.win_offset >= h.capacity || h.queued > h.count || h.dedup_used * 4 > h.dedup_cap * 3 || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
+      h.win_offset >= h.capacity || h.queued > h.count || h.dedup_used * 4 > h.dedup_cap * 3 ||
+      h.group_used * 4 > h.group_cap * 3 || h.blocked > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
     return false;
   }
   struct stat st {};
-  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap);
+  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap, h.group_cap);
   if (anonymous_) return true;
   return ::fstat(fd_, &st) == 0 && need <= static_cast<uint64_t>(st.st_size);
 }
 
 Status SharedIndex::map_region() {
-  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap, dc = hdr_->dedup_cap;
-  uint64_t len = region_bytes(w, hc, oc, dc);
+  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap, dc = hdr_->dedup_cap,
+                 gc = hdr_->group_cap;
+  uint64_t len = region_bytes(w, hc, oc, dc, gc);
   // A 32-bit process cannot map more than its address space: mmap's length is a size_t, and
   // a longer region would be truncated into a mapping shorter than what is indexed in it.
   if (len > std::numeric_limits<size_t>::max() - kHeaderBytes) {
@@ -212,11 +216,13 @@ Status SharedIndex::map_region() {
   heap_ = reinterpret_cast<HeapItem*>(static_cast<char*>(p) + w * sizeof(Entry));
   ovf_ = reinterpret_cast<OvfEntry*>(static_cast<char*>(p) + w * sizeof(Entry) + hc * sizeof(HeapItem));
   ded_ = reinterpret_cast<DedupSlot*>(static_cast<char*>(p) + region_bytes(w, hc, oc));
+  grp_ = reinterpret_cast<GroupSlot*>(static_cast<char*>(p) + region_bytes(w, hc, oc, dc));
   mapped_gen_ = hdr_->region_gen;
   wcap_ = w;
   hcap_ = hc;
   ocap_ = oc;
   dcap_ = dc;
+  gcap_ = gc;
   return {};
 }
 
@@ -287,9 +293,11 @@ std::string SharedIndex::check_header() const {
     return "heap sizes " + n(h.heap_size) + " and " + n(h.due_size) + " > heap capacity " + n(hcap_);
   }
   if (h.count > wcap_ + ocap_ || h.ovf_count > h.count || h.ovf_count * 4 > ocap_ * 3 || h.queued > h.count ||
-      h.leased > h.heap_size + h.due_size || h.heap_size + h.due_size + h.queued != h.count) {
+      h.leased > h.heap_size + h.due_size || h.blocked > h.count ||
+      h.heap_size + h.due_size + h.queued + h.blocked != h.count || h.blocked > hcap_ - h.heap_size - h.due_size) {
     return "counts: " + n(h.count) + " live, " + n(h.ovf_count) + " in the overflow table, " + n(h.queued) +
-           " queued, " + n(h.heap_size) + " + " + n(h.due_size) + " in the heaps, " + n(h.leased) + " leased";
+           " queued, " + n(h.heap_size) + " + " + n(h.due_size) + " in the heaps, " + n(h.leased) + " leased, " +
+           n(h.blocked) + " blocked";
   }
   if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id) || h.next_id > (1ull << 62) ||
       h.sent_through.load(std::memory_order_relaxed) + 1 != h.next_id) {
@@ -298,6 +306,7 @@ std::string SharedIndex::check_header() const {
   }
   if (h.owners_claimed > kOwnerSlots) return "owner slots claimed: " + n(h.owners_claimed);
   if (h.dedup_used * 4 > dcap_ * 3) return "dedup slots used: " + n(h.dedup_used) + " of " + n(dcap_);
+  if (h.group_used * 4 > gcap_ * 3) return "group slots used: " + n(h.group_used) + " of " + n(gcap_);
   return "";
 }
 
@@ -318,6 +327,7 @@ Status SharedIndex::prepare_rebuild() {
   h.heap_cap = kMinHeap;
   h.ovf_cap = kMinOverflow;
   h.dedup_cap = 0;
+  h.group_cap = 0;
   h.win_offset = 0;
   h.resizing = 0;
   ++h.region_gen;
@@ -333,12 +343,14 @@ Entry& SharedIndex::bad_slot(uint32_t slot) {
 
 Status SharedIndex::reset() {
   auto& h = *hdr_;
-  h.count = h.ovf_count = h.queued = h.heap_size = h.due_size = h.leased = 0;
+  h.count = h.ovf_count = h.queued = h.heap_size = h.due_size = h.leased = h.blocked = 0;
   h.low_id = h.cursor = std::max<uint64_t>(h.next_id, 1);
   h.win_offset = 0;  // an interrupted resize may have left the old window's
   h.resizing = 0;
   std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
   std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
+  if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
+  h.group_used = 0;
   return {};
 }
 
@@ -407,6 +419,14 @@ uint64_t SharedIndex::key(uint32_t slot) const {
   }
   const Entry& e = slot < wcap_ ? win_[slot] : ovf_[slot - wcap_].e;
   if (e.state == State::kQueued) return ((uint64_t{e.key_hi} << 32) | e.heap_pos) << kQueuedKeyShift;
+  if (e.state == State::kBlocked) {
+    const int64_t m = gfind(id_of(slot));
+    if (m < 0) {
+      damaged("blocked message " + std::to_string(id_of(slot)) + " is in no group");
+      return UINT64_MAX;
+    }
+    return grp_[m].c;
+  }
   const HeapAt at = heap_entry(e.heap_pos, id_of(slot));
   if (at.i < 0) return UINT64_MAX;  // damaged: never receivable until rebuilt
   const uint64_t k = item(at.heap, static_cast<uint64_t>(at.i)).key;
@@ -422,9 +442,15 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 // window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
 // 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
 // table are small and are copied aside; the overflow table's slots survive unless it grows.
-Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap) {
+Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
   auto& h = *hdr_;
   if (dcap == kSameDedup) dcap = dcap_;
+  if (gcap == kSameDedup) gcap = gcap_;
+  // The group table, after it, likewise.
+  std::vector<GroupSlot> grps;
+  grps.reserve(std::min(h.group_used, gcap_));
+  for (uint64_t s = 0; s < gcap_; ++s)
+    if (grp_[s].key != 0) grps.push_back(grp_[s]);
   // The dedup table is last in the region: whatever moves before it overwrites it, so its
   // slots are copied aside and placed again (its size is at most a few MB).
   std::vector<DedupSlot> deds;
@@ -455,18 +481,19 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
     for (uint64_t s = 0; s < ocap_; ++s)
       if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
   }
-  uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap);
+  uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap, gcap);
   if (!anonymous_) {
     if (int rc = io_->allocate(fd_, 0, bytes); rc != 0) {
       return errno_status(-rc, "grow index");
     }
   }
-  const uint64_t old[4] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap};
+  const uint64_t old[5] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap, h.group_cap};
   h.resizing = 1;
   h.capacity = wcap;
   h.heap_cap = hcap;
   h.ovf_cap = ocap;
   h.dedup_cap = dcap;
+  h.group_cap = gcap;
   h.file_bytes = std::max(h.file_bytes, bytes);
   ++h.region_gen;
   if (Status s = map_region(); !s.ok()) {
@@ -474,6 +501,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
     h.heap_cap = old[1];
     h.ovf_cap = old[2];
     h.dedup_cap = old[3];
+    h.group_cap = old[4];
     h.resizing = 0;
     return s;
   }
@@ -525,6 +553,9 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
   h.dedup_used = 0;
   for (const DedupSlot& d : deds) dedup_place(d);
+  if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
+  h.group_used = 0;
+  for (const GroupSlot& g : grps) gplace(g);
   h.resizing = 0;
   return {};
 }
@@ -580,6 +611,174 @@ uint64_t SharedIndex::dedup_oldest_seq(uint64_t now) const {
     if (ded_[s].hash != 0 && ded_[s].expires > now) lowest = std::min(lowest, ded_[s].loc >> 40);
   }
   return lowest;
+}
+
+int64_t SharedIndex::gfind(uint64_t key) const {
+  if (gcap_ == 0 || key == 0) return -1;
+  const uint64_t m = gcap_ - 1;
+  uint64_t s = hash_id(key) & m;
+  // At most one pass, as find(): a full table (damage) must not hold the lock forever.
+  for (uint64_t probes = 0; probes < gcap_; ++probes, s = (s + 1) & m) {
+    if (grp_[s].key == key) return static_cast<int64_t>(s);
+    if (grp_[s].key == 0) return -1;
+  }
+  damaged("the group table has no empty slot");
+  return -1;
+}
+
+void SharedIndex::gplace(const GroupSlot& g) {
+  if (gcap_ == 0 || (hdr_->group_used + 1) * 4 > gcap_ * 3) {
+    damaged("a group slot was placed without room");  // group_reserve() keeps a quarter free
+    return;
+  }
+  const uint64_t m = gcap_ - 1;
+  uint64_t s = hash_id(g.key) & m;
+  while (grp_[s].key != 0) s = (s + 1) & m;
+  grp_[s] = g;
+  ++hdr_->group_used;
+}
+
+void SharedIndex::gerase(uint64_t hole) {
+  const uint64_t m = gcap_ - 1;
+  uint64_t probes = 0;
+  for (uint64_t s = (hole + 1) & m; grp_[s].key != 0 && ++probes < gcap_; s = (s + 1) & m) {
+    const uint64_t home = hash_id(grp_[s].key) & m;
+    const bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
+    if (!stays) {
+      grp_[hole] = grp_[s];
+      hole = s;
+    }
+  }
+  grp_[hole] = GroupSlot{};
+  --hdr_->group_used;
+}
+
+Status SharedIndex::group_reserve(uint64_t more) {
+  auto& h = *hdr_;
+  if ((h.group_used + more) * 4 <= gcap_ * 3) return {};
+  uint64_t gc = std::max(gcap_, kMinGroupSlots);
+  while ((h.group_used + more) * 4 > gc * 3 && gc <= kMaxGroupSlots) gc *= 2;
+  if (gc > kMaxGroupSlots) {
+    return Status(Code::kQueueFull, "the queue holds " + std::to_string(h.group_used) +
+                                        " grouped messages and groups, and " + std::to_string(more) +
+                                        " more would pass the limit of " + std::to_string(kMaxGroupSlots / 4 * 3));
+  }
+  return resize(wcap_, hcap_, ocap_, kSameDedup, gc);
+}
+
+void SharedIndex::block(uint32_t slot, uint64_t id) {
+  auto& h = *hdr_;
+  Entry& e = entry(slot);
+  if (e.state == State::kBlocked) return;
+  if (const int64_t m = gfind(id); m >= 0) grp_[m].c = key(slot);
+  if (e.state == State::kQueued) {
+    --h.queued;
+    e.key_hi = kDefaultPriority;  // (it held key bits)
+  } else if (const HeapAt at = heap_entry(e.heap_pos, id); at.i >= 0) {
+    remove(at);
+  }
+  e.state = State::kBlocked;
+  e.heap_pos = kNoPos;
+  ++h.blocked;
+}
+
+void SharedIndex::promote(uint64_t id) {
+  const int64_t slot = find(id);
+  const int64_t m = gfind(id);
+  if (slot < 0 || m < 0) {
+    damaged("group member " + std::to_string(id) + " is not in the index");
+    return;
+  }
+  Entry& e = entry(static_cast<uint32_t>(slot));
+  if (e.state != State::kBlocked) return;
+  --hdr_->blocked;
+  e.state = State::kReady;
+  ++promotions_;
+  push(Heap::kTimer, static_cast<uint32_t>(slot), id, grp_[m].c);
+}
+
+void SharedIndex::group_join(uint32_t slot, uint64_t id, uint64_t hash) {
+  if ((hdr_->group_used + 2) * 4 > gcap_ * 3) {
+    damaged("a message joined a group without room");
+    return;
+  }
+  const uint64_t gk = hash | kGroupTag;
+  int64_t g = gfind(gk);
+  if (g < 0) {
+    gplace(GroupSlot{gk, id, id, id});
+    gplace(GroupSlot{id, gk, 0, key(slot)});
+    return;
+  }
+  GroupSlot& grp = grp_[g];  // placing a slot moves no other
+  uint64_t next = 0;
+  bool blocked = true;
+  if (id > grp.b) {
+    if (const int64_t t = gfind(grp.b); t >= 0) grp_[t].b = id;
+    grp.b = id;
+  } else if (id < grp.a) {
+    // A replay meets a compaction copy after the later members it was sent before.
+    next = grp.a;
+    blocked = false;
+    if (const int64_t f = find(grp.a); f >= 0 && entry(static_cast<uint32_t>(f)).state != State::kLeased) {
+      block(static_cast<uint32_t>(f), grp.a);
+    }
+    grp.a = id;
+  } else {
+    // Between two members (replay only, as above): from the member linked last when it
+    // comes before `id`, as copies do, which are made in id order.
+    uint64_t p = grp.a;
+    if (const int64_t h = gfind(grp.c); grp.c < id && h >= 0) p = grp.c;
+    int64_t pm = gfind(p);
+    for (uint64_t steps = 0; pm >= 0 && grp_[pm].b != 0 && grp_[pm].b < id && steps < gcap_; ++steps) pm = gfind(grp_[pm].b);
+    if (pm < 0 || grp_[pm].b == id) {
+      damaged("group of message " + std::to_string(id) + " is not linked in id order");
+      return;
+    }
+    next = grp_[pm].b;
+    grp_[pm].b = id;
+  }
+  grp.c = id;
+  gplace(GroupSlot{id, gk, next, 0});
+  if (blocked) block(slot, id);
+}
+
+uint64_t SharedIndex::group_first(uint64_t id) const {
+  const int64_t m = gfind(id);
+  if (m < 0) return 0;
+  const int64_t g = gfind(grp_[m].a);
+  return g < 0 || grp_[g].a == id ? 0 : grp_[g].a;
+}
+
+void SharedIndex::group_leave(uint64_t id) {
+  const int64_t m = gfind(id);
+  if (m < 0) return;
+  const uint64_t gk = grp_[m].a, next = grp_[m].b;
+  gerase(static_cast<uint64_t>(m));
+  const int64_t g = gfind(gk);
+  if (g < 0) {
+    damaged("group member " + std::to_string(id) + " has no group");
+    return;
+  }
+  GroupSlot& grp = grp_[g];
+  if (grp.c == id) grp.c = grp.a == id ? next : grp.a;
+  if (grp.a == id) {
+    grp.a = next;
+    if (next == 0) {
+      gerase(static_cast<uint64_t>(g));
+      return;
+    }
+    promote(next);
+    return;
+  }
+  // Not the first (a purge, or a retention limit that dropped a later one): unlink.
+  int64_t pm = gfind(grp.a);
+  for (uint64_t steps = 0; pm >= 0 && grp_[pm].b != id && grp_[pm].b != 0 && steps < gcap_; ++steps) pm = gfind(grp_[pm].b);
+  if (pm < 0 || grp_[pm].b != id) {
+    damaged("group member " + std::to_string(id) + " is not linked from its group's first");
+    return;
+  }
+  grp_[pm].b = next;
+  if (grp.b == id) grp.b = grp_[pm].key;
 }
 
 namespace {
@@ -652,15 +851,17 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   // (Bounded: a damaged next_id must not make the new window smaller than the old one's ids.)
   const uint64_t span = std::min(std::max(h.next_id, h.low_id) - h.low_id, wcap_);
   uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
-  uint64_t hc = std::max(kMinHeap, std::bit_ceil((h.heap_size + h.due_size) * 2));
+  uint64_t hc = std::max(kMinHeap, std::bit_ceil((h.heap_size + h.due_size + h.blocked) * 2));
   uint64_t oc = std::max(kMinOverflow, std::bit_ceil(h.ovf_count * 2));
   if (w * 4 > wcap_) w = wcap_;
   if (hc * 4 > hcap_) hc = hcap_;
   if (oc * 4 > ocap_) oc = ocap_;
+  uint64_t gc = h.group_used == 0 ? 0 : std::max(kMinGroupSlots, std::bit_ceil(h.group_used * 2));
+  if (gc * 4 > gcap_) gc = gcap_;
   // (The dedup table keeps its size: it forgets expired ids as it fills, dedup_reserve.)
-  const uint64_t keep = region_bytes(w, hc, oc, dcap_);
+  const uint64_t keep = region_bytes(w, hc, oc, dcap_, gc);
   if (keep == region_len_ || region_len_ - keep < min_gain) return {};
-  if (Status s = resize(w, hc, oc); !s.ok()) return s;
+  if (Status s = resize(w, hc, oc, kSameDedup, gc); !s.ok()) return s;
   punch_tail();
   return {};
 }
@@ -678,7 +879,7 @@ void SharedIndex::punch_tail() {
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {
-  uint64_t need = hdr_->heap_size + hdr_->due_size + more;
+  uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
   if (need <= hcap_) return {};
   uint64_t hc = hcap_;
   while (hc < need) hc *= 2;
@@ -856,6 +1057,15 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
 
 Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
   const State was = entry(slot).state;
+  if (was == State::kBlocked) {
+    // Only a log no spool wrote leases a blocked message (one receivable at a time is the
+    // group's promise); a release, as a compaction copy writes for every message, is its
+    // receive time.
+    if (state == State::kReady) {
+      if (const int64_t m = gfind(id_of(slot)); m >= 0) grp_[m].c = key;
+    }
+    return {};
+  }
   if (was == State::kQueued) {
     const uint64_t id = id_of(slot);
     if (Status s = reserve_heap(1); !s.ok()) return s;  // slot survives: ids keep theirs
@@ -895,6 +1105,8 @@ void SharedIndex::erase(uint32_t slot) {
   if (e.state == State::kLeased) --h.leased;
   if (e.state == State::kQueued) {
     --h.queued;
+  } else if (e.state == State::kBlocked) {
+    --h.blocked;
   } else if (const HeapAt at = heap_entry(e.heap_pos, id); at.i >= 0) {
     remove(at);
   }
@@ -902,10 +1114,11 @@ void SharedIndex::erase(uint32_t slot) {
   if (slot >= wcap_) {
     ovf_erase(slot - wcap_);
     --h.ovf_count;
-    return;
+  } else {
+    win_[slot] = Entry{};
+    if (id == h.low_id) advance_low(h.next_id);
   }
-  win_[slot] = Entry{};
-  if (id == h.low_id) advance_low(h.next_id);
+  if (h.group_used != 0) group_leave(id);
 }
 
 int64_t SharedIndex::queue_head() {
@@ -1023,9 +1236,10 @@ std::string SharedIndex::check_invariants() const {
   uint64_t on = 0;
   for (uint64_t s = 0; s < ocap_; ++s) on += ovf_[s].id != 0;
   if (on != h.ovf_count || on * 4 > ocap_ * 3) return "I1: overflow count";
-  uint64_t n = on, queued = 0, leased = 0;
+  uint64_t n = on, queued = 0, leased = 0, blocked = 0;
   auto check = [&](const Entry& e, uint64_t id) -> std::string {
-    if (e.state != State::kReady && e.state != State::kLeased && e.state != State::kQueued) {
+    if (e.state != State::kReady && e.state != State::kLeased && e.state != State::kQueued &&
+        e.state != State::kBlocked) {
       return "I6: entry " + std::to_string(id) + " has an invalid state";
     }
     if (e.owner > kOwnerSlots) return "I6: entry " + std::to_string(id) + " has an invalid owner";
@@ -1034,6 +1248,11 @@ std::string SharedIndex::check_invariants() const {
     if (e.state == State::kQueued) {
       ++queued;
       if (id < h.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
+    } else if (e.state == State::kBlocked) {
+      ++blocked;
+      const int64_t m = gfind(id);
+      const int64_t g = m < 0 ? -1 : gfind(grp_[m].a);
+      if (g < 0 || grp_[g].a == id) return "I7: blocked message " + std::to_string(id) + " is no later member of a group";
     } else {
       const Heap w = heap_of(e.heap_pos);
       const uint64_t i = e.heap_pos & ~kDueBit;
@@ -1061,7 +1280,13 @@ std::string SharedIndex::check_invariants() const {
   uint64_t deds = 0;
   for (uint64_t s = 0; s < dcap_; ++s) deds += ded_[s].hash != 0;
   if (deds != h.dedup_used) return "dedup slots used: " + std::to_string(h.dedup_used) + ", occupied " + std::to_string(deds);
-  if (queued != h.queued || h.heap_size + h.due_size != n - queued) return "I2: heap size";
+  if (queued != h.queued || blocked != h.blocked || h.heap_size + h.due_size != n - queued - blocked ||
+      h.heap_size + h.due_size + blocked > hcap_) {
+    return "I2: heap size";
+  }
+  uint64_t grps = 0;
+  for (uint64_t s = 0; s < gcap_; ++s) grps += grp_[s].key != 0;
+  if (grps != h.group_used || grps * 4 > gcap_ * 3) return "I7: group slots used: " + std::to_string(h.group_used) + ", occupied " + std::to_string(grps);
   if (leased != h.leased) return "I4: leased count";
   for (Heap w : {Heap::kTimer, Heap::kDue}) {
     for (uint64_t i = 1, size = w == Heap::kTimer ? h.heap_size : h.due_size; i < size; ++i) {

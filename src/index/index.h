@@ -3,7 +3,8 @@
 //
 // File layout: a 4 KiB header page (IndexHeader), then the region: the window, `capacity`
 // Entry slots; the heap, `heap_cap` HeapItems; the overflow table, `ovf_cap` OvfEntries; the
-// dedup table, `dedup_cap` DedupSlots (none until a send first gives a dedup id). The
+// dedup table, `dedup_cap` DedupSlots (none until a send first gives a dedup id); the group
+// table, `group_cap` GroupSlots (none until a send first gives a group). The
 // header page is mapped once; the region is remapped when another process grew it
 // (region_gen). docs/format.md, "The shared index", says why it is shaped so.
 //
@@ -32,14 +33,18 @@
 //
 // Invariants, true whenever the mutex is free (checked by check_invariants()):
 //  I1 count == live window slots + ovf_count; ovf_count <= ovf_cap * 3/4.
-//  I2 heap_size + due_size == count - queued <= heap_cap; every non-queued entry's heap_pos
-//     names its item (kDueBit set: in the due heap).
+//  I2 heap_size + due_size == count - queued - blocked, and heap_size + due_size + blocked
+//     <= heap_cap (a blocked entry gets an item when it becomes its group's first); every
+//     entry neither queued nor blocked has a heap_pos naming its item (kDueBit set: in the
+//     due heap).
 //  I3 the heap property holds on (key, id) in both heaps.
 //  I4 leased == number of entries in state kLeased.
 //  I5 every id < next_id; window ids are in [low_id, low_id + capacity), overflow ids are
 //     below low_id and findable; 1 <= low_id <= cursor <= next_id; queued entries >= cursor.
 //  I6 every entry's state is valid, its owner at most kOwnerSlots; overflow holds no
 //     queued entry.
+//  I7 blocked == entries in state kBlocked; each has a member slot and is not its group's
+//     first; group_used == occupied group slots <= group_cap * 3/4.
 // A process that dies inside the critical section may break any of them; the next locker
 // gets EOWNERDEAD and rebuilds the whole index from the log (the log is written before the
 // index in every operation, so the log always holds the truth).
@@ -79,8 +84,9 @@ inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
 // 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
 // 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes);
-// 16: priorities (the due heap); 17: kept-acked buckets (replay after ack)
-inline constexpr uint32_t kIndexVersion = 17;
+// 16: priorities (the due heap); 17: kept-acked buckets (replay after ack); 18: ordered
+// groups (the group table)
+inline constexpr uint32_t kIndexVersion = 18;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -101,8 +107,9 @@ inline constexpr uint64_t kShrinkMinBytes = 1 << 20;
 
 // kQueued: of the default priority, ready since it was sent, never received: no heap item
 // (see above). kReady: ready or delayed, in a heap. kLeased: in the timer heap by its lease
-// deadline, or in the due heap once that has passed.
-enum class State : uint8_t { kEmpty = 0, kReady = 1, kLeased = 2, kQueued = 3 };
+// deadline, or in the due heap once that has passed. kBlocked: a member of an ordered group
+// behind its group's first (see GroupSlot): in no heap.
+enum class State : uint8_t { kEmpty = 0, kReady = 1, kLeased = 2, kQueued = 3, kBlocked = 4 };
 
 // Processes that bind their leases (Queue::bind_leases) each claim one owner slot; at most
 // this many at once.
@@ -141,6 +148,30 @@ struct DedupSlot {
   uint64_t expires;  // CLOCK_BOOTTIME ns: the record's enqueue time + the queue's window
 };
 static_assert(sizeof(DedupSlot) == 24);
+
+// Ordered groups (docs/semantics.md, "Ordered groups"). One open-addressing table of these
+// slots (linear probing, backward-shift deletion, load <= 3/4) holds two kinds, told apart
+// by the key's top bit:
+//  - a group: key = the 64-bit hash of its key | kGroupTag; a = its first live member, b =
+//    its last, c = the member linked last (where a link out of id order starts looking);
+//  - a member: key = its message id (< 2^62); a = its group's key; b = the next member in
+//    id order (0: none); c = while it is blocked, the time it can be received.
+// A group's members form a list in id order, which is send order. Only the first is a
+// message like any other; the rest are kBlocked: in no heap, not queued, so that a backlog
+// of many groups costs a receive nothing. Erasing the first (ack, dead letter, expiry,
+// purge) puts the next one into the timer heap at its own receive time, from where next()
+// takes it as it takes any other. Two groups whose hashes collide share one order: stricter
+// than asked, never looser.
+inline constexpr uint64_t kGroupTag = 1ull << 63;
+inline constexpr uint64_t kMinGroupSlots = 1024;
+inline constexpr uint64_t kMaxGroupSlots = 1ull << 28;
+struct GroupSlot {
+  uint64_t key;  // 0: empty
+  uint64_t a;
+  uint64_t b;
+  uint64_t c;
+};
+static_assert(sizeof(GroupSlot) == 32);
 
 // Where the log clock was set to the wall clock (a CLOCK record, queue/log_clock.h): records
 // from `at` on store CLOCK_BOOTTIME + `off` until the next anchor.
@@ -206,6 +237,9 @@ struct alignas(64) IndexHeader {
   uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
   uint64_t kept_width;    // KeptBucket width in ns (0: none noted yet)
   KeptBucket kept[kKeptBuckets];
+  uint64_t group_cap;   // group table slots (0: none yet)
+  uint64_t group_used;  // occupied group table slots (groups and members)
+  uint64_t blocked;     // entries in state kBlocked
   // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
   // clock_n), and where the first of them is.
   uint32_t clock_n;
@@ -245,7 +279,8 @@ static_assert(offsetof(IndexHeader, durable_end) % 64 == 0 && offsetof(IndexHead
               offsetof(IndexHeader, room_seq) % 64 == 0 && offsetof(IndexHeader, durable_seq) % 4 == 0);
 // The region's arrays sit at multiples of their element sizes from a page boundary, so
 // their 64-bit fields are 8-aligned too.
-static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry) == 8 && alignof(DedupSlot) == 8);
+static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry) == 8 && alignof(DedupSlot) == 8 &&
+              alignof(GroupSlot) == 8);
 
 // The header page; the region follows.
 inline constexpr uint64_t kHeaderBytes = 4096;
@@ -404,6 +439,31 @@ class CAPABILITY("index lock") SharedIndex {
   void kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const;
   void kept_clear();
 
+  // Ordered groups (see GroupSlot; lock held). group_reserve(): room for `more` slots (a
+  // grouped message takes one, and one more when its group is new); may remap. group_join():
+  // makes message `id`, just inserted in `slot`, a member of the group with hash `hash`,
+  // blocked unless it is the group's first; a replay may join a group's members out of id
+  // order (compaction copies), and a member that comes before the first makes the first
+  // blocked. Cannot fail after group_reserve(2) and reserve_heap(1). erase() of a member
+  // unlinks it and, for the first, makes the next one receivable (promotions() counts that,
+  // in this process, so that a caller knows to wake a long poll).
+  Status group_reserve(uint64_t more);
+  void group_join(uint32_t slot, uint64_t id, uint64_t hash);
+  uint64_t promotions() const { return promotions_; }
+  // The first member of the group of blocked message `id` (0: none, or `id` is not blocked).
+  uint64_t group_first(uint64_t id) const;
+  // Every blocked message (O(group table)); f(slot, id).
+  template <class F>
+  void for_each_blocked(F&& f) {
+    if (hdr_->blocked == 0) return;
+    for (uint64_t s = 0; s < gcap_; ++s) {
+      const uint64_t id = grp_[s].key;
+      if (id == 0 || (id & kGroupTag) != 0) continue;
+      const int64_t slot = find(id);
+      if (slot >= 0 && entry(static_cast<uint32_t>(slot)).state == State::kBlocked) f(static_cast<uint32_t>(slot), id);
+    }
+  }
+
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
   std::string check_invariants() const;
 
@@ -449,7 +509,19 @@ class CAPABILITY("index lock") SharedIndex {
   // Re-lays the region out with the given capacities, keeping every entry (the dedup
   // table's size is kept unless `dcap` says otherwise).
   static constexpr uint64_t kSameDedup = UINT64_MAX;
-  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSameDedup);
+  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSameDedup, uint64_t gcap = kSameDedup);
+  // The group table (see GroupSlot): the slot holding `key` or -1; placing (the table has
+  // room); removing slot `hole`.
+  int64_t gfind(uint64_t key) const;
+  void gplace(const GroupSlot& g);
+  void gerase(uint64_t hole);
+  // Takes the entry in `slot` (message `id`) out of its heap or the queue: kBlocked, its
+  // receive time kept in its member slot.
+  void block(uint32_t slot, uint64_t id);
+  // The blocked message `id` becomes its group's first: into the timer heap at its receive time.
+  void promote(uint64_t id);
+  // Unlinks message `id` (erased) from its group, if it is in one.
+  void group_leave(uint64_t id);
   // Places a dedup slot by probing (the table has room).
   void dedup_place(const DedupSlot& d);
   // Makes the ids first..last (first >= low_id, none present yet) fit in the window: grows
@@ -507,11 +579,13 @@ class CAPABILITY("index lock") SharedIndex {
   std::atomic<uint64_t> checked_at_{0};  // CLOCK_MONOTONIC_COARSE of the last passed check_file()
   uint64_t mapped_gen_ = UINT64_MAX;
   // The capacities the mapping was laid out with (the header's may be newer).
-  uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0, dcap_ = 0;
+  uint64_t wcap_ = 0, hcap_ = 0, ocap_ = 0, dcap_ = 0, gcap_ = 0;
   Entry* win_ = nullptr;
   HeapItem* heap_ = nullptr;
   OvfEntry* ovf_ = nullptr;
   DedupSlot* ded_ = nullptr;
+  GroupSlot* grp_ = nullptr;
+  uint64_t promotions_ = 0;
   mutable std::string damage_;
   Entry scratch_{};  // what an out-of-range slot gives (entry())
 };

@@ -1,5 +1,7 @@
 #include "queue/apply.h"
 
+#include <xxhash.h>
+
 #include <vector>
 
 #include "spool/queue.h"
@@ -45,8 +47,14 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   switch (r.type) {
     case RecordType::kMsg: {
       Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
+      const auto group = storage::ext_entry(r.ext, format::ExtType::kGroup);
+      if (group) {  // (a live send reserved this; a replay reserves here)
+        if (Status s = x.group_reserve(2); !s.ok()) return s;
+        if (Status s = x.reserve_heap(1); !s.ok()) return s;
+      }
       auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, storage::ext_priority(r.ext));
       if (!ins.ok()) return ins.status();
+      if (group) x.group_join(*ins, r.id, XXH3_64bits(group->data(), group->size()));
       if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
       h.bytes_live += r.payload.size();
       return {};

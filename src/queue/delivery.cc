@@ -30,6 +30,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
     }
     m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
     m.priority = ext->priority;
+    m.group = std::move(ext->group);
   }
   if (mapped != nullptr) {
     mapped->view = r->payload;
@@ -120,6 +121,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   SendOptions keep;
   keep.attributes = std::move(msg.attributes);
   keep.priority = msg.priority;
+  keep.group = msg.group;  // so that a redrive puts it back in its group
   std::vector<std::pair<std::string, std::string>> history(extra.begin(), extra.end());
   history.emplace_back("spool.dead.reason", reason);
   history.emplace_back("spool.dead.original_id", std::to_string(id));

@@ -282,6 +282,14 @@ Status check_dedup_id(const std::string& id, const std::string& what) {
   return {};
 }
 
+Status check_group(const std::string& g, const std::string& what) {
+  if (g.size() > format::kMaxGroupKey) {
+    return Status(Code::kInvalidArgument, what + "group key of " + std::to_string(g.size()) + " bytes; at most " +
+                                              std::to_string(format::kMaxGroupKey));
+  }
+  return {};
+}
+
 uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
 
 }  // namespace
@@ -335,16 +343,17 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
   if (opts.attributes.empty() && opts.dedup_id.empty()) {
-    auto ids = send_batch(std::span(&payload, 1), opts);  // the priority goes along
+    auto ids = send_batch(std::span(&payload, 1), opts);  // the priority and group go along
     if (!ids.ok()) return ids.status();
     if (duplicate != nullptr) *duplicate = false;  // no dedup id: always a new message
     return ids->front();
   }
-  SendItem item{payload, opts.attributes, opts.dedup_id, opts.priority};
+  SendItem item{payload, opts.attributes, opts.dedup_id, opts.priority, opts.group};
   SendOptions rest = opts;
   rest.attributes.clear();
   rest.dedup_id.clear();
   rest.priority = kDefaultPriority;
+  rest.group.clear();
   std::vector<bool> dup;
   auto ids = send_batch(std::span(&item, 1), rest, duplicate != nullptr ? &dup : nullptr);
   if (!ids.ok()) return ids.status();
@@ -369,13 +378,15 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
                                           "be duplicates); give each message its own with SendItem");
   }
-  if (opts.attributes.empty() && opts.priority == kDefaultPriority) {
+  if (opts.attributes.empty() && opts.priority == kDefaultPriority && opts.group.empty()) {
     return send_core(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
   }
   if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
+  if (Status s = check_group(opts.group, ""); !s.ok()) return s;
   storage::MessageExt e;
   e.attributes.assign(opts.attributes.begin(), opts.attributes.end());
   e.priority = opts.priority;
+  e.group = opts.group;
   std::vector<std::string> exts(payloads.size(), storage::encode_ext(e));
   return send_core(*impl_, payloads, exts, {}, opts);
 }
@@ -387,9 +398,9 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
                                                 std::vector<bool>* duplicates) {
   if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
-  if (!opts.attributes.empty() || !opts.dedup_id.empty() || opts.priority != kDefaultPriority) {
-    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids and priorities from "
-                                          "each item, not from SendOptions");
+  if (!opts.attributes.empty() || !opts.dedup_id.empty() || opts.priority != kDefaultPriority || !opts.group.empty()) {
+    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids, priorities and groups "
+                                          "from each item, not from SendOptions");
   }
   std::vector<std::string_view> payloads;
   std::vector<std::string> exts;
@@ -402,10 +413,12 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     const std::string what = items.size() == 1 ? "" : "message " + std::to_string(i) + " of the batch: ";
     if (Status s = check_attributes(it.attributes, what); !s.ok()) return s;
     if (Status s = check_dedup_id(it.dedup_id, what); !s.ok()) return s;
+    if (Status s = check_group(it.group, what); !s.ok()) return s;
     storage::MessageExt e;
     e.attributes.assign(it.attributes.begin(), it.attributes.end());
     e.dedup_id = it.dedup_id;
     e.priority = it.priority;
+    e.group = it.group;
     payloads.push_back(it.payload);
     exts.push_back(storage::encode_ext(e));
     dedup.push_back(it.dedup_id);
@@ -508,6 +521,15 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     if (Status s = q.idx.reserve(n_new, d != 0); !s.ok()) return s;
     if (fresh_dedup != 0) {
       if (Status s = q.idx.dedup_reserve(fresh_dedup, now.boot); !s.ok()) return s;
+    }
+    uint64_t grouped = 0;
+    for (size_t k = 0; k < n_new && !exts.empty(); ++k) {
+      grouped += storage::ext_entry(exts[kept(k)], format::ExtType::kGroup).has_value();
+    }
+    if (grouped != 0) {
+      // A member and maybe its group; a heap item for when it becomes its group's first.
+      if (Status s = q.idx.group_reserve(2 * grouped); !s.ok()) return s;
+      if (Status s = q.idx.reserve_heap(grouped); !s.ok()) return s;
     }
     std::vector<Record> recs;
     recs.reserve(n_new);
@@ -640,7 +662,7 @@ Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibil
   for (size_t i = 0; i < msgs->size(); ++i) {
     Message& m = (*msgs)[i];
     out.push_back(MessageView{m.id, mapped[i].view, m.receive_count, m.enqueued, std::move(m.receipt),
-                              std::move(mapped[i].keep), std::move(m.attributes), m.priority});
+                              std::move(mapped[i].keep), std::move(m.attributes), m.priority, std::move(m.group)});
   }
   return out;
 }
@@ -662,6 +684,10 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
     Clocks now = q.clocks();
     const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+    if (e.state == State::kBlocked) {
+      return Status(Code::kEmpty, "message " + std::to_string(id) + " waits for message " +
+                                      std::to_string(q.idx.group_first(id)) + " of its group");
+    }
     if (q.idx.key(static_cast<uint32_t>(slot)) > now.boot) {
       return Status(Code::kEmpty, "message " + std::to_string(id) +
                                       (e.state == State::kLeased ? " is leased" : " is delayed"));
@@ -684,15 +710,23 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
 }
 
 StateFilter StateFilter::only(MessageState s) {
-  return StateFilter{s == MessageState::kReady, s == MessageState::kInFlight, s == MessageState::kDelayed};
+  return StateFilter{s == MessageState::kReady, s == MessageState::kInFlight, s == MessageState::kDelayed,
+                     s == MessageState::kBlocked};
 }
 
 bool StateFilter::has(MessageState s) const {
-  return s == MessageState::kReady ? ready : s == MessageState::kInFlight ? in_flight : delayed;
+  switch (s) {
+    case MessageState::kReady: return ready;
+    case MessageState::kInFlight: return in_flight;
+    case MessageState::kDelayed: return delayed;
+    case MessageState::kBlocked: return blocked;
+  }
+  return false;
 }
 
 // Where a message with entry `e` and key `key` stands at boot time `now`.
 static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
+  if (e.state == State::kBlocked) return MessageState::kBlocked;
   if (key <= now) return MessageState::kReady;
   return e.state == State::kLeased ? MessageState::kInFlight : MessageState::kDelayed;
 }
@@ -714,7 +748,7 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
     best.emplace_back(id, slot);
     std::push_heap(best.begin(), best.end());
   };
-  const bool every = states.ready && states.in_flight && states.delayed;
+  const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
   const index::HeapItem* items = q.idx.heap_begin();
   for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
     // The key alone tells ready from not: the entry is looked up only for what may be taken.
@@ -724,6 +758,7 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
     if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
     offer(items[i].id, slot);
   }
+  if (states.blocked) q.idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
   if (states.ready) {
     const index::HeapItem* due = q.idx.due_begin();
     for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
@@ -745,6 +780,7 @@ const char* state_name(MessageState s) {
     case MessageState::kReady: return "ready";
     case MessageState::kInFlight: return "in_flight";
     case MessageState::kDelayed: return "delayed";
+    case MessageState::kBlocked: return "blocked";
   }
   return "unknown";
 }
@@ -759,9 +795,10 @@ static int bound_owner(const index::IndexHeader& h, const Entry& e) {
 static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQUIRES(q.idx) {
   const Entry& e = q.idx.entry(slot);
   const uint64_t key = q.idx.key(slot);
-  MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot};
+  MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
   if (m.ready) return m;
   m.state = state_at(e, key, now.boot);
+  if (m.state == MessageState::kBlocked) return m;  // due: when the one before it goes
   m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
       std::chrono::nanoseconds(now.real + (key - now.boot))));
   const auto& h = q.idx.hdr();
@@ -824,9 +861,11 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     if (!at.ok()) return at.status();
     // A fenced message has been received (its count is the receipt's, at least 1), so it
     // is in the heap already and a nack or extend cannot remap.
+    const uint64_t promoted = q.idx.promotions();
     (void)q.apply(rec, at->pack(), now);
     if (what == Change::kAck) q.room();
-    wake = what == Change::kNack && ns == 0;
+    // A nack makes the message receivable; an ack may make the next of its group so.
+    wake = (what == Change::kNack && ns == 0) || q.idx.promotions() != promoted;
     end = h.log_end;
   }
   if (wake) q.wake(1);  // after the unlock: see send_batch
@@ -841,6 +880,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   if (!r.ok()) return r.status();
   auto [id, gen] = *r;
   uint64_t end;
+  bool wake = false;
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
@@ -855,9 +895,12 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
     // next receive would have for that reason.
     const uint32_t max = q.cfg.opts.max_receives;
     const bool spent = max != 0 && q.idx.entry(*slot).count >= max;
+    const uint64_t promoted = q.idx.promotions();
     if (Status s = q.bury(*slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().log_end;
+    wake = q.idx.promotions() != promoted;  // the next of its group
   }
+  if (wake) q.wake(1);
   return q.written(end);
 }
 
@@ -869,6 +912,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
+  bool wake = false;
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
@@ -886,10 +930,13 @@ Status Queue::remove(uint64_t id, Durability durability) {
     if (!at.ok()) return at.status();
     Clocks now{};
     now.boot = sys::boot_ns();  // the ack's time, for replay after ack
+    const uint64_t promoted = q.idx.promotions();
     (void)q.apply(rec, at->pack(), now);
     q.room();
     end = q.idx.hdr().log_end;
+    wake = q.idx.promotions() != promoted;
   }
+  if (wake) q.wake(1);
   return q.written(end, durability);
 }
 
@@ -980,6 +1027,7 @@ Result<Stats> Queue::stats() {
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
     st.ready = h.queued + q.idx.due_size();
+    st.blocked = h.blocked;
     auto head = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
     std::array<uint64_t, index::kOwnerSlots> bound{};
@@ -1046,7 +1094,7 @@ Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 // duplicates, never loses.
 static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m) {
   std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
-  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority});
+  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority, .group = m.group});
   if (!id.ok()) return id.status();
   crashpoint("redrive.after_send");
   if (Status s = dlq.ack(m.receipt); !s.ok()) return s;

@@ -7,10 +7,13 @@
 namespace spool::format {
 
 // 1: the first. 2: MSG records may carry an extension area (kFlagExt); CLOCK records.
-inline constexpr uint32_t kVersion = 2;
+// 3: the extension's GROUP entry, which a reader must not skip.
+inline constexpr uint32_t kVersion = 3;
 // The first version whose MSG records may carry an extension; older segments are read as
 // before (the bit meant nothing to them) and are never written an extended record.
 inline constexpr uint32_t kFirstExtVersion = 2;
+// The first version whose MSG records may carry a GROUP entry.
+inline constexpr uint32_t kFirstGroupVersion = 3;
 
 inline constexpr char kSegmentMagic[8] = {'S', 'P', 'O', 'O', 'L', 'S', 'E', 'G'};
 inline constexpr uint32_t kSegmentHeaderSize = 64;
@@ -47,7 +50,7 @@ inline constexpr uint32_t kExtEntryHeaderSize = 4;  // type u8 | 0 u8 | len u16
 enum class ExtType : uint8_t {
   kAttribute = 1,  // key_len u8 | key | value
   kDedupId = 2,    // the deduplication id
-  kGroup = 3,      // reserved: the ordered-group key (not written yet)
+  kGroup = 3,      // the ordered group's key
   kPriority = 4,   // u8, 0 most urgent; absent: kDefaultPriority
 };
 inline constexpr uint8_t kDefaultPriority = 128;
@@ -57,11 +60,13 @@ inline constexpr uint32_t kMaxAttrKey = 64;
 inline constexpr uint32_t kMaxAttrValue = 1024;
 inline constexpr uint32_t kMaxAttrTotal = 4096;  // sum of keys and values
 inline constexpr uint32_t kMaxDedupId = 128;
+inline constexpr uint32_t kMaxGroupKey = 128;
 // The largest extension area: what the bounds above allow, rounded up. Records may be this
 // much longer than the queue's max_payload.
 inline constexpr uint32_t kMaxExtSize = 8192;
 static_assert(kExtHeaderSize + kMaxAttributes * (kExtEntryHeaderSize + 1) + kMaxAttrTotal +
-                  kExtEntryHeaderSize + kMaxDedupId + kExtEntryHeaderSize + 1 <= kMaxExtSize);
+                  kExtEntryHeaderSize + kMaxDedupId + kExtEntryHeaderSize + 1 + kExtEntryHeaderSize +
+                  kMaxGroupKey <= kMaxExtSize);
 
 inline constexpr uint64_t align_up(uint64_t n) { return (n + kRecordAlign - 1) & ~uint64_t{kRecordAlign - 1}; }
 inline constexpr uint64_t record_size(uint64_t payload_len) {

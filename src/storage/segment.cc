@@ -312,7 +312,7 @@ void Segment::encode(const Record& r, std::string& out) const {
 }
 
 std::string encode_ext(const MessageExt& e) {
-  if (e.attributes.empty() && e.dedup_id.empty() && e.priority == format::kDefaultPriority) return {};
+  if (e.attributes.empty() && e.dedup_id.empty() && e.priority == format::kDefaultPriority && e.group.empty()) return {};
   std::string out(format::kExtHeaderSize, '\0');
   out[4] = static_cast<char>(format::kExtVersion);
   auto entry = [&](format::ExtType type, std::string_view a, std::string_view b) {
@@ -329,6 +329,7 @@ std::string encode_ext(const MessageExt& e) {
   }
   if (!e.dedup_id.empty()) entry(format::ExtType::kDedupId, e.dedup_id, {});
   if (e.priority != format::kDefaultPriority) entry(format::ExtType::kPriority, std::string(1, static_cast<char>(e.priority)), {});
+  if (!e.group.empty()) entry(format::ExtType::kGroup, e.group, {});
   store<uint32_t>(reinterpret_cast<uint8_t*>(out.data()), static_cast<uint32_t>(out.size()));
   return out;
 }
@@ -367,6 +368,10 @@ Result<MessageExt> decode_ext(std::string_view ext) {
         if (v.size() != 1) return bad("a priority entry of " + std::to_string(v.size()) + " bytes (it is 1)");
         e.priority = static_cast<uint8_t>(v[0]);
         break;
+      case format::ExtType::kGroup:
+        if (v.empty() || v.size() > format::kMaxGroupKey) return bad("a group key of " + std::to_string(v.size()) + " bytes");
+        e.group.assign(v);
+        break;
       default:
         break;  // a later version's optional entry
     }
@@ -374,18 +379,23 @@ Result<MessageExt> decode_ext(std::string_view ext) {
   return e;
 }
 
-uint8_t ext_priority(std::string_view ext) {
+std::optional<std::string_view> ext_entry(std::string_view ext, format::ExtType type) {
   const auto* p = reinterpret_cast<const uint8_t*>(ext.data());
-  if (ext.size() < format::kExtHeaderSize || load<uint32_t>(p) != ext.size()) return format::kDefaultPriority;
+  if (ext.size() < format::kExtHeaderSize || load<uint32_t>(p) != ext.size()) return std::nullopt;
   for (uint64_t o = format::kExtHeaderSize; ext.size() - o >= format::kExtEntryHeaderSize;) {
-    const auto type = static_cast<format::ExtType>(p[o]);
+    const auto t = static_cast<format::ExtType>(p[o]);
     const uint64_t n = load<uint16_t>(p + o + 2);
     o += format::kExtEntryHeaderSize;
     if (n > ext.size() - o) break;
-    if (type == format::ExtType::kPriority && n == 1) return p[o];
+    if (t == type) return ext.substr(o, n);
     o += n;
   }
-  return format::kDefaultPriority;
+  return std::nullopt;
+}
+
+uint8_t ext_priority(std::string_view ext) {
+  auto v = ext_entry(ext, format::ExtType::kPriority);
+  return v && v->size() == 1 ? static_cast<uint8_t>((*v)[0]) : format::kDefaultPriority;
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {

@@ -197,14 +197,17 @@ struct MessageExt {
   std::vector<std::pair<std::string, std::string>> attributes;  // in key order, keys unique
   std::string dedup_id;                                         // empty: none
   uint8_t priority = format::kDefaultPriority;
+  std::string group;  // empty: none
 };
 // The encoding of `e` ("" for an empty one: no extension). The caller checked the bounds.
 std::string encode_ext(const MessageExt& e);
 // Decodes an extension area; kCorrupt naming what is wrong. Entry types it does not know
 // are skipped (docs/format.md says which may be added so).
 Result<MessageExt> decode_ext(std::string_view ext);
-// The priority an extension area gives (kDefaultPriority when it gives none or is not
-// sound: decode_ext() is what reports that), without decoding the rest.
+// The value of the first entry of `type` in an extension area, without decoding the rest;
+// nullopt when there is none or the area is not sound (decode_ext() is what reports that).
+std::optional<std::string_view> ext_entry(std::string_view ext, format::ExtType type);
+// The priority an extension area gives (kDefaultPriority when it gives none).
 uint8_t ext_priority(std::string_view ext);
 
 // Parses and validates a segment header from raw bytes; used by open() and the fuzzer.

@@ -61,6 +61,13 @@ nlohmann::json message_json(const Message& m) {
   if (!m.receipt.empty()) j["receipt"] = m.receipt;
   j["receive_count"] = m.receive_count;
   j["priority"] = m.priority;
+  if (!m.group.empty()) {
+    if (valid_utf8(m.group)) {
+      j["group"] = m.group;
+    } else {
+      j["group_base64"] = base64(m.group);
+    }
+  }
   j["enqueued_at"] = iso_time(m.enqueued);
   if (valid_utf8(m.payload)) {
     j["payload"] = m.payload;
@@ -88,7 +95,7 @@ nlohmann::json info_json(const MessageInfo& m, bool dead) {
   j["state"] = dead ? "dead" : state_name(m.state);
   j["receive_count"] = m.receive_count;
   j["size"] = m.size;
-  if (!dead && m.state != MessageState::kReady) j["due_at"] = iso_time(m.due);
+  if (!dead && m.state != MessageState::kReady && m.state != MessageState::kBlocked) j["due_at"] = iso_time(m.due);
   if (!dead && m.holder_pid != 0) j["holder_pid"] = m.holder_pid;
   return j;
 }
@@ -100,7 +107,7 @@ std::string list_header() {
 }
 
 std::string info_line(const MessageInfo& m, bool dead) {
-  const std::string due = dead || m.state == MessageState::kReady ? "-" : iso_time(m.due);
+  const std::string due = dead || m.state == MessageState::kReady || m.state == MessageState::kBlocked ? "-" : iso_time(m.due);
   const std::string holder = !dead && m.holder_pid != 0 ? std::to_string(m.holder_pid) : "-";
   char buf[160];
   std::snprintf(buf, sizeof buf, "%-10" PRIu64 " %-9s %8u %10u %-24s %s", m.id, dead ? "dead" : state_name(m.state),
@@ -114,6 +121,7 @@ nlohmann::json stats_json(const Stats& s) {
   return {{"ready", s.ready},
           {"in_flight", s.in_flight},
           {"delayed", s.delayed},
+          {"blocked", s.blocked},
           {"dead", s.dead},
           {"oldest_ready_age_s", s.oldest_ready_age_s},
           {"sent_total", s.sent_total},
@@ -149,7 +157,7 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   };
   o << "# HELP spool_messages Messages in the queue by state.\n# TYPE spool_messages gauge\n";
   for (auto [state, v] : {std::pair{"ready", s.ready}, {"in_flight", s.in_flight},
-                          {"delayed", s.delayed}, {"dead", s.dead}}) {
+                          {"delayed", s.delayed}, {"blocked", s.blocked}, {"dead", s.dead}}) {
     o << "spool_messages{queue=\"" << esc << "\",state=\"" << state << "\"} " << v << "\n";
   }
   metric("spool_oldest_ready_age_seconds", "gauge", "Age of the oldest ready message.", s.oldest_ready_age_s);
@@ -184,6 +192,7 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 "ready          %" PRIu64 "\n"
                 "in flight      %" PRIu64 "\n"
                 "delayed        %" PRIu64 "\n"
+                "blocked        %" PRIu64 "\n"
                 "dead           %" PRIu64 "\n"
                 "oldest ready   %.1fs\n"
                 "sent total     %" PRIu64 "\n"
@@ -194,7 +203,7 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 "payload        %.1f MiB\n"
                 "segments       %" PRIu64 " (%.1f MiB on disk)\n"
                 "dedup ids      %" PRIu64 "\n",
-                queue.c_str(), s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s,
+                queue.c_str(), s.ready, s.in_flight, s.delayed, s.blocked, s.dead, s.oldest_ready_age_s,
                 s.sent_total, s.acked_total, s.nacked_total, s.expired_total, s.dead_lettered_total,
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
                 static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);

@@ -93,12 +93,13 @@ int run_peek(const MessageArgs& a) {
 }
 
 int run_list(const MessageArgs& a, size_t max) {
-  StateFilter states{false, false, false};
+  StateFilter states{false, false, false, false};
   bool dead = a.states.empty();
   for (const auto& st : a.states) {
     if (st == "ready") states.ready = true;
     if (st == "in_flight") states.in_flight = true;
     if (st == "delayed") states.delayed = true;
+    if (st == "blocked") states.blocked = true;
     if (st == "dead") dead = true;
   }
   if (a.states.empty()) states = StateFilter{};
@@ -106,7 +107,7 @@ int run_list(const MessageArgs& a, size_t max) {
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
   std::vector<MessageInfo> infos;
-  if (states.ready || states.in_flight || states.delayed) {
+  if (states.ready || states.in_flight || states.delayed || states.blocked) {
     auto got = q->list(max, states);
     if (!got.ok()) return fail(got.status(), a.dir);
     infos = std::move(*got);
@@ -151,7 +152,10 @@ int run_show(const MessageArgs& a) {
   }
   std::printf("id: %" PRIu64 "\nstate: %s\nreceive_count: %u\npriority: %u\nsize: %u\nenqueued: %s\n", m.id, state,
               info.receive_count, m.priority, info.size, cli::iso_time(m.enqueued).c_str());
-  if (!a.dlq && info.state != MessageState::kReady) std::printf("due: %s\n", cli::iso_time(info.due).c_str());
+  if (!m.group.empty()) std::printf("group: %s\n", m.group.c_str());
+  if (!a.dlq && info.state != MessageState::kReady && info.state != MessageState::kBlocked) {
+    std::printf("due: %s\n", cli::iso_time(info.due).c_str());
+  }
   if (!a.dlq && info.holder_pid != 0) std::printf("holder_pid: %d\n", info.holder_pid);
   for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
   std::printf("---\n");
@@ -213,7 +217,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
     recv->add_option("-n", a->n, "Up to this many messages (default 1)")->check(CLI::Range(size_t{1}, size_t{100000}));
     recv->add_option("--visibility", a->visibility, "Lease length (default: the queue's)");
     recv->add_option("--wait", a->wait, "Long poll: wait up to this long for a message (default 0)");
-    recv->add_flag("--json", a->json, "One JSON object per line: id, receipt, receive_count, priority, enqueued_at, payload, attributes");
+    recv->add_flag("--json", a->json, "One JSON object per line: id, receipt, receive_count, priority, group (if any), enqueued_at, payload, attributes");
     recv->footer("Plain output: the payload byte for byte on stdout, 'receipt: R' on stderr.\n"
                  "Exit code 2 when no message arrived within --wait.\n"
                  "Example: spool recv q --wait 20s > job && ... && spool ack q RECEIPT");
@@ -251,9 +255,9 @@ std::vector<Command> add_message_commands(CLI::App& app) {
     auto* list = app.add_subcommand("list", "List messages with their state, without payloads");
     add_dir(list, a->dir);
     list->add_option("-n", a->n, "Up to this many, lowest ids first (default 100)");
-    list->add_option("--state", a->states, "Only these: ready, in_flight, delayed, dead (the dead letters)")
+    list->add_option("--state", a->states, "Only these: ready, in_flight, delayed, blocked (behind an earlier message of their group), dead (the dead letters)")
         ->delimiter(',')
-        ->check(CLI::IsMember({"ready", "in_flight", "delayed", "dead"}));
+        ->check(CLI::IsMember({"ready", "in_flight", "delayed", "blocked", "dead"}));
     list->add_flag("--json", a->json, "One JSON object per line");
     list->footer("Columns: ID STATE RECEIVES BYTES DUE (lease end or delay end) HOLDER (pid of a process whose\n"
                  "lease is bound to its life). Nothing is received, and nothing is written to the queue.\n"

@@ -13,7 +13,7 @@ namespace spool::cmd {
 namespace {
 
 struct SendArgs {
-  std::string dir, delay, wait, dedup_id, batch, priority;
+  std::string dir, delay, wait, dedup_id, batch, priority, group;
   std::vector<std::string> messages, attrs;
   bool lines = false, durable = false, json = false;
 };
@@ -62,6 +62,7 @@ int run_send(const SendArgs& a) {
     if (p > 255) throw UsageError{"--priority must be 0 (most urgent) to 255, not " + a.priority};
     so.priority = static_cast<uint8_t>(p);
   }
+  if (!a.group.empty()) so.group = a.group;
   uint64_t max_batch = 1000;
   if (!a.batch.empty()) max_batch = count_arg("--batch", a.batch);
   if (max_batch == 0 || max_batch > 100000) throw UsageError{"--batch must be 1 to 100000"};
@@ -143,10 +144,12 @@ Command add_send(CLI::App& app) {
                                               "Receive takes the most urgent ready message first");
   send->add_flag("--json", a->json, "One JSON object per message sent: id, duplicate (true: a --dedup-id seen within "
                                     "the window, nothing queued)");
+  send->add_option("--group", a->group, "Ordered group of every message sent (1-128 bytes): a group's messages are "
+                                        "received one at a time, in send order");
   send->add_option("--batch", a->batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
                "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list\n"
-               "          spool send q --priority 0 'page the operator'");
+               "          spool send q --priority 0 'page the operator'   |   spool send q --group order-17 'paid'");
   Command c{send, [a] { return run_send(*a); }};
   c.reads_stdin = [a] { return a->messages.empty(); };
   return c;
