@@ -155,6 +155,26 @@ TEST_F(ReplayTest, ReplayKeepsThePriority) {
   EXPECT_EQ(order, (std::vector<std::pair<std::string, int>>{{"urgent", 0}, {"plain", 128}, {"low", 200}}));
 }
 
+// A replayed message is in its ordered group again: the replays of one group come one at a
+// time, in the order they were sent again.
+TEST_F(ReplayTest, ReplayKeepsTheGroup) {
+  auto q = open(keep(kHour));
+  ASSERT_TRUE(q);
+  SendOptions g;
+  g.group = "order-1";
+  ASSERT_TRUE(q->send("first", g).ok());
+  ASSERT_TRUE(q->send("second", g).ok());
+  EXPECT_EQ(drain(*q).size(), 2u);
+  auto r = q->replay(since(kHour));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->replayed, 2u);
+  auto one = q->receive(10, Millis(60000));
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  ASSERT_EQ(one->size(), 1u) << "both replays of the group were receivable at once";
+  EXPECT_EQ((*one)[0].payload, "first");
+  EXPECT_EQ((*one)[0].group, "order-1");
+}
+
 TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
   QueueOptions o = keep(kHour);
   o.max_receives = 5;

@@ -151,7 +151,8 @@ Result<ReplayResult> Queue::replay(const ReplayOptions& o) {
       continue;
     }
     SendItem item{r->payload, Attributes(ext->attributes.begin(), ext->attributes.end())};
-    item.priority = ext->priority;  // a replay is the message again, urgency included
+    item.priority = ext->priority;  // a replay is the message again, urgency and group included
+    item.group = ext->group;
     std::erase_if(item.attributes, [](const auto& kv) { return kv.first.starts_with("spool.replay."); });
     const auto acked_at = std::chrono::system_clock::time_point(
         std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(a.wall)));
