@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <tuple>
 #include <thread>
 #include <vector>
@@ -438,6 +439,89 @@ TEST(SharedIndex, ARebuildOfASoundIndexNeverClearsItsIdentity) {
   EXPECT_EQ(cleared, 0u) << "of " << looks << " looks at the boot id during rebuilds";
   SharedIndex other;
   EXPECT_TRUE(other.attach(d / "index", false).ok());
+}
+
+}  // namespace
+}  // namespace spool
+
+namespace spool {
+namespace {
+
+// Ordered groups in the index: members joined in any order (a replay meets compaction copies
+// after later members of their group) are linked in id order, and whatever leaves (a group's
+// first, a middle one, its last, as receives, purges and removes take them), exactly the
+// lowest live id of each group is not blocked, next() never gives a blocked one, and the
+// invariants hold throughout.
+TEST(SharedIndex, GroupsLinkInIdOrderWhateverTheJoinOrderAndEraseKeepsThem) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE(seed);
+    SharedIndex x;
+    ASSERT_TRUE(x.attach("", true, true).ok());
+    ASSERT_TRUE(x.refresh().ok());
+    std::mt19937_64 rng(seed);
+    const uint64_t n = static_cast<uint64_t>(std::max(600, test::scaled(3000)));
+    const uint64_t kGroups = 7;
+    auto group_of = [](uint64_t id) -> int { return id % 3 == 0 ? -1 : static_cast<int>(id % 7); };
+    std::vector<uint64_t> order(n);
+    for (uint64_t i = 0; i < n; ++i) order[i] = i + 1;
+    std::shuffle(order.begin(), order.end(), rng);
+    x.hdr().next_id = n + 1;
+    std::map<int, std::set<uint64_t>> groups;
+    std::set<uint64_t> live;
+    auto check = [&](const char* when) {
+      ASSERT_EQ(x.check_invariants(), "") << when;
+      uint64_t blocked = 0;
+      for (uint64_t id : live) {
+        const int g = group_of(id);
+        const bool first = g < 0 || *groups[g].begin() == id;
+        const int64_t slot = x.find(id);
+        ASSERT_GE(slot, 0) << when << ": message " << id << " is gone";
+        ASSERT_EQ(x.entry(static_cast<uint32_t>(slot)).state == State::kBlocked, !first)
+            << when << ": message " << id << " of group " << g;
+        blocked += !first;
+      }
+      ASSERT_EQ(x.hdr().blocked, blocked) << when;
+    };
+    for (uint64_t id : order) {
+      ASSERT_TRUE(x.group_reserve(2).ok());
+      ASSERT_TRUE(x.reserve_heap(1).ok());
+      const uint64_t key = rng() % 4 == 0 ? 50 : 5;  // some delayed past now = 10
+      auto slot = x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, key, 10);
+      ASSERT_TRUE(slot.ok()) << slot.status().to_string();
+      live.insert(id);
+      if (const int g = group_of(id); g >= 0) {
+        x.group_join(*slot, id, 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(g + 1));
+        groups[g].insert(id);
+      }
+      if (live.size() % 50 == 0) {
+        ASSERT_NO_FATAL_FAILURE(check("joining"));
+      }
+    }
+    ASSERT_NO_FATAL_FAILURE(check("joined"));
+    ASSERT_EQ(x.hdr().group_used, n - n / 3 + kGroups);
+    while (!live.empty()) {
+      uint64_t id;
+      if (rng() % 2 == 0) {
+        // A receive: the next message at a time when all are due, never a blocked one.
+        const int64_t s = x.next(100);
+        ASSERT_GE(s, 0) << "nothing receivable with " << live.size() << " live";
+        id = x.id_of(static_cast<uint32_t>(s));
+      } else {
+        id = *std::next(live.begin(), static_cast<long>(rng() % live.size()));  // a purge or remove
+      }
+      if (const int g = group_of(id); g >= 0) {
+        groups[g].erase(id);
+        if (groups[g].empty()) groups.erase(g);
+      }
+      x.erase(static_cast<uint32_t>(x.find(id)));
+      live.erase(id);
+      if (live.size() % 25 == 0) {
+        ASSERT_NO_FATAL_FAILURE(check("erasing"));
+      }
+    }
+    EXPECT_EQ(x.hdr().group_used, 0u);
+    EXPECT_EQ(x.hdr().blocked, 0u);
+  }
 }
 
 }  // namespace
