@@ -17,7 +17,7 @@
 //     vs the 1M (10M) queue of 3, plus the time of stats() and peek(10) at that backlog (each
 //     walks the whole index under the lock) and of an open that rebuilds the index from the log.
 //
-// Usage: bench_queue [--big] [--only=e2e,latency,index] [--sync=always|interval|never]
+// Usage: bench_queue [--big] [--only=e2e,bound,latency,index,groups] [--sync=always|interval|never]
 //                    [--consumers=1|2] [--scale=F]
 // Files go to a fresh directory under /var/tmp (SPOOL_BENCH_DIR overrides), which must be a
 // disk: on tmpfs fdatasync is free and the sync rows mean nothing. It is removed at the end
@@ -679,6 +679,96 @@ bool drain_all(const std::string& dir, Emptied& e) {
   return true;
 }
 
+// Ordered groups: the same backlog sent ungrouped, in 1,000 groups and in 100,000 groups
+// (members interleaved, as many producers would send them), then drained by one consumer
+// with receive(64) + ack per message. A group's later members are blocked in no heap, and
+// each ack that releases the next costs a few probes of the group table: the rates should
+// stay near the ungrouped ones however many groups wait.
+struct GroupRun {
+  bool ok = false;
+  uint64_t groups = 0;
+  double fill_rate = 0, drain_rate = 0, drain_cpu_rate = 0;
+};
+
+bool group_run(const std::string& dir, uint64_t n, uint64_t drain_n, GroupRun& g) {
+  reset_shared();
+  sync_fs(g_root);
+  pid_t p = spawn([&] {
+    auto q = open_queue(dir, SyncPolicy::kNever);
+    const std::string payload = make_payload(kPayload, 7);
+    std::vector<std::string> keys;
+    for (uint64_t k = 0; k < g.groups; ++k) keys.push_back("group-" + std::to_string(k));
+    std::vector<std::string_view> plain(1000, payload);
+    std::vector<spool::SendItem> items(1000);
+    uint64_t t0 = mono_ns();
+    for (uint64_t sent = 0; sent < n; sent += 1000) {
+      if (g.groups == 0) {
+        auto r = q->send_batch(plain);
+        if (!r.ok()) child_fail("send_batch", r.status());
+        continue;
+      }
+      for (uint64_t i = 0; i < items.size(); ++i) {
+        items[i].payload = payload;
+        items[i].group = keys[(sent + i) % g.groups];
+      }
+      auto r = q->send_batch(std::span<const spool::SendItem>(items));
+      if (!r.ok()) child_fail("send_batch(items)", r.status());
+    }
+    g_sh->v[0] = mono_ns() - t0;
+    uint64_t done = 0, t1 = mono_ns(), c1 = cpu_ns();
+    while (done < drain_n) {
+      auto r = q->receive(kBatch, kVisibility);
+      if (!r.ok()) child_fail("receive", r.status());
+      for (const auto& m : *r) {
+        if (Status st = q->ack(m.receipt); !st.ok()) child_fail("ack", st);
+      }
+      done += r->size();
+    }
+    g_sh->v[1] = mono_ns() - t1;
+    g_sh->v[2] = cpu_ns() - c1;
+    g_sh->v[3] = done;
+    return 0;
+  });
+  if (!wait_all({p}, "groups")) return false;
+  g.fill_rate = static_cast<double>(n) / secs(g_sh->v[0]);
+  g.drain_rate = static_cast<double>(g_sh->v[3]) / secs(g_sh->v[1]);
+  g.drain_cpu_rate = static_cast<double>(g_sh->v[3]) / secs(g_sh->v[2]);
+  g.ok = true;
+  return true;
+}
+
+void section_groups(double scale) {
+  const uint64_t n = std::max<uint64_t>(10'000, static_cast<uint64_t>(1'000'000 * scale)) / 1000 * 1000;
+  const uint64_t drain_n = n / 5;
+  std::vector<GroupRun> runs;
+  for (uint64_t groups : {uint64_t{0}, uint64_t{1'000}, uint64_t{100'000}}) {
+    GroupRun g;
+    g.groups = groups;
+    std::string dir = fresh_dir(g_root, "groups-" + std::to_string(groups));
+    std::printf("(ordered groups: %s messages in %s groups ...)\n", human(static_cast<double>(n)).c_str(),
+                groups == 0 ? "no" : human(static_cast<double>(groups)).c_str());
+    std::fflush(stdout);
+    (void)group_run(dir, n, drain_n, g);
+    runs.push_back(g);
+    remove_dir(dir);
+  }
+  std::printf("\n== 5. ordered groups (100 B, send_batch(1000) of %s, then receive(64) + ack of %s, sync=never) ==\n",
+              human(static_cast<double>(n)).c_str(), human(static_cast<double>(drain_n)).c_str());
+  std::printf("groups: the backlog's messages spread round-robin over this many groups (0: ungrouped);\n");
+  std::printf("x ungrouped = the rate over the ungrouped run's rate, in this same run.\n\n");
+  std::printf("%9s %10s %7s %11s %7s %10s %7s\n", "groups", "fill/s", "x", "recv+ack/s", "x", "per CPU-s", "x");
+  const GroupRun& base = runs.front();
+  for (const GroupRun& g : runs) {
+    if (!g.ok || !base.ok) {
+      std::printf("%9s FAILED\n", human(static_cast<double>(g.groups)).c_str());
+      continue;
+    }
+    std::printf("%9s %10s %6.2fx %11s %6.2fx %10s %6.2fx\n", human(static_cast<double>(g.groups)).c_str(),
+                human(g.fill_rate).c_str(), g.fill_rate / base.fill_rate, human(g.drain_rate).c_str(),
+                g.drain_rate / base.drain_rate, human(g.drain_cpu_rate).c_str(), g.drain_cpu_rate / base.drain_cpu_rate);
+  }
+}
+
 void section_index(bool big) {
   std::vector<uint64_t> sizes = {1'000'000};
   if (big) sizes.push_back(10'000'000);
@@ -791,7 +881,7 @@ void section_index(bool big) {
 int main(int argc, char** argv) {
   bool big = false;
   double scale = 1.0;
-  std::string only = "e2e,bound,latency,index";
+  std::string only = "e2e,bound,latency,index,groups";
   std::vector<int> consumers = {1, 2};
   std::vector<SyncPolicy> policies = {SyncPolicy::kAlways, SyncPolicy::kInterval, SyncPolicy::kNever};
   for (int i = 1; i < argc; ++i) {
@@ -812,9 +902,9 @@ int main(int argc, char** argv) {
       consumers = {std::atoi(a.c_str() + 12)};
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--big] [--only=e2e,bound,latency,index] [--sync=P] [--consumers=N] [--scale=F]\n"
+                   "usage: %s [--big] [--only=e2e,bound,latency,index,groups] [--sync=P] [--consumers=N] [--scale=F]\n"
                    "  --big        also measure 10M queued messages in the index section (slow)\n"
-                   "  --only       sections to run (default all four)\n"
+                   "  --only       sections to run (default all five)\n"
                    "  --sync       only this policy (always, interval, never) in the e2e and latency sections\n"
                    "  --consumers  consumer processes in the e2e section (default: 1 and 2)\n"
                    "  --scale      multiply the e2e message counts\n",
@@ -840,6 +930,7 @@ int main(int argc, char** argv) {
   if (selected(only, "bound")) section_bound(scale);
   if (selected(only, "latency")) section_latency(policies);
   if (selected(only, "index")) section_index(big);
+  if (selected(only, "groups")) section_groups(scale);
   std::printf("\ntotal %.1f s; load average at the end: %s\n", secs(mono_ns() - t0), loadavg().c_str());
 
   remove_dir(g_root);

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "spool/queue.h"
@@ -51,12 +52,18 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   switch (r.type) {
     case RecordType::kMsg: {
       Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
-      const auto group = storage::ext_entry(r.ext, format::ExtType::kGroup);
+      // (A payload-only record, the common case, walks no extension.)
+      std::optional<std::string_view> group;
+      uint8_t priority = index::kDefaultPriority;
+      if (!r.ext.empty()) {
+        group = storage::ext_entry(r.ext, format::ExtType::kGroup);
+        priority = storage::ext_priority(r.ext);
+      }
       if (group) {  // (a live send reserved this; a replay reserves here)
         if (Status s = x.group_reserve(2); !s.ok()) return s;
         if (Status s = x.reserve_heap(1); !s.ok()) return s;
       }
-      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, storage::ext_priority(r.ext));
+      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority);
       if (!ins.ok()) return ins.status();
       if (group) x.group_join(*ins, r.id, XXH3_64bits(group->data(), group->size()));
       if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
