@@ -27,6 +27,11 @@ namespace {
 // A message's attribute KEY is the xattr user.spool.attr.KEY (attribute keys are valid
 // xattr name parts by their bounds: docs/semantics.md).
 constexpr std::string_view kAttrXattr = "user.spool.attr.";
+// Any bytes, as the key was sent: a group key may hold what no attribute value can name.
+constexpr std::string_view kGroupXattr = "user.spool.group";
+// The xattrs listxattr names when the message has them (the attributes' come after).
+constexpr std::string_view kFixedXattrs[] = {"user.spool.id", "user.spool.receive_count", "user.spool.enqueued_at",
+                                             "user.spool.receipt", kGroupXattr};
 
 // How long after its lease ran out a view still remembers a message it received (for a
 // late rm or touch).
@@ -440,8 +445,7 @@ void QueueView::listxattr(fuse_req_t req, uint64_t local, size_t size) {
   std::string list;
   if (ino::is_msg(local)) {
     std::string v;
-    for (const char* n : {"user.spool.id", "user.spool.receive_count", "user.spool.enqueued_at",
-                          "user.spool.receipt"}) {
+    for (std::string_view n : kFixedXattrs) {
       if (xattr_value(local, n, &v) == 0) list.append(n).push_back('\0');
     }
     std::lock_guard lock(mu_);
@@ -474,7 +478,8 @@ void QueueView::reply_slice(fuse_req_t req, const std::string& data, size_t size
 // `m` is now held by this view for `vis`: rm acks it, touch extends it, .stats counts it.
 void QueueView::hold(const spool::Message& m, spool::Millis vis) {
   std::lock_guard lock(mu_);
-  held_[m.id] = Held{m.receipt, Meta{m.payload.size(), m.receive_count, m.enqueued, true, m.attributes},
+  held_[m.id] = Held{m.receipt,
+                     Meta{m.payload.size(), m.receive_count, m.enqueued, true, m.attributes, m.group},
                      Clock::now() + vis};
 }
 
@@ -781,6 +786,8 @@ int QueueView::xattr_value(uint64_t local, std::string_view name, std::string* o
     *out = spool::cli::iso_time(meta.enqueued);
   } else if (name == "user.spool.receipt" && !receipt.empty()) {
     *out = receipt;
+  } else if (name == kGroupXattr && !meta.group.empty()) {
+    *out = meta.group;
   } else if (name.starts_with(kAttrXattr) && meta.attributes.contains(std::string(name.substr(kAttrXattr.size())))) {
     *out = meta.attributes.at(std::string(name.substr(kAttrXattr.size())));
   } else {

@@ -110,6 +110,7 @@ class QueueView {
     std::chrono::system_clock::time_point enqueued;  // the listing's time unless enqueued_known
     bool enqueued_known = false;
     spool::Attributes attributes = {};  // known, like enqueued, only for messages held
+    std::string group = {};             // likewise; empty: none
   };
   // A message this view received and has not acked: what rm, touch and the xattrs need.
   struct Held {

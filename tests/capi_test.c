@@ -3,8 +3,8 @@
  * the queue itself, every message acked exactly once; a consumer killed with SIGKILL while it
  * holds a bound lease; stale receipts; the error texts and their thread-locality; the size
  * field of the option structs, and callers built against 0.1.0's shorter structs; dead
- * letters and redrive; attributes, dedup ids and priorities (issue 26) with their bounds,
- * and the flag that tells a duplicate send.
+ * letters and redrive; attributes, dedup ids, priorities and ordered groups (issue 26) with
+ * their bounds, and the flag that tells a duplicate send.
  *
  *   capi_test            (exit 0: all passed; 1: a check failed, named on stderr)
  */
@@ -893,6 +893,184 @@ static void test_duplicate_flags(void) {
   printf("ok: duplicate flags (send, items; refused for a batch of payloads)\n");
 }
 
+/* ------------------------------------------------------------ ordered groups (issue 26) */
+
+static spool_code send_group(spool_queue* q, const char* payload, const void* group, size_t len) {
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.group = group;
+  so.group_len = len;
+  return spool_send(q, payload, strlen(payload), &so, NULL);
+}
+
+static uint64_t blocked_now(spool_queue* q) {
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  return st.blocked;
+}
+
+/* Checks that message i of `m` is `payload` in the group of `len` bytes at `group` (NULL:
+ * none). */
+static void check_group_of(const spool_message* m, size_t i, const char* payload, const void* group, size_t len) {
+  CHECK(m[i].payload_len == strlen(payload) && memcmp(m[i].payload, payload, m[i].payload_len) == 0,
+        "message %zu is %.*s, want %s", i, (int)m[i].payload_len, (const char*)m[i].payload, payload);
+  const void* g = (const void*)1;
+  size_t n = 99;
+  CHECK_CODE(spool_message_group(m, i, &g, &n), SPOOL_OK);
+  if (group == NULL) {
+    CHECK(g == NULL && n == 0, "%s has no group, got %zu bytes", payload, n);
+  } else {
+    CHECK(g != NULL && n == len && memcmp(g, group, len) == 0, "%s's group: %zu bytes", payload, n);
+    CHECK(((const char*)g)[n] == '\0', "%s's group is followed by a NUL", payload);
+  }
+}
+
+/* In another process, opened there: nothing is receivable while this one holds the first
+ * messages of the groups and the rest are blocked behind them. */
+static void check_other_process_gets_nothing(const char* dir) {
+  pid_t pid = fork();
+  CHECK(pid >= 0, "fork");
+  if (pid == 0) {
+    spool_queue* q = NULL;
+    spool_message* m = NULL;
+    size_t n = 0;
+    if (spool_open(dir, NULL, &q) != SPOOL_OK) _exit(2);
+    spool_code c = spool_receive(q, 10, 60000, 0, &m, &n);
+    if (c == SPOOL_OK) fprintf(stderr, "child received %zu messages, the first %llu\n", n, (unsigned long long)m[0].id);
+    spool_messages_free(m);
+    spool_close(q);
+    _exit(c == SPOOL_EMPTY ? 0 : 1);
+  }
+  int st = 0;
+  CHECK(waitpid(pid, &st, 0) == pid, "waitpid");
+  CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the other process received a blocked message (status %d)", st);
+}
+
+static void test_groups(void) {
+  char dir[300];
+  path_in_root(dir, sizeof dir, "groups");
+  spool_queue* q = open_in_root("groups", NULL);
+  static const char kB[3] = {'B', '\0', 'x'}; /* any bytes, a NUL too */
+  CHECK_CODE(send_group(q, "a1", "A", 1), SPOOL_OK);
+  CHECK_CODE(send_group(q, "a2", "A", 1), SPOOL_OK);
+  spool_send_options so;
+  spool_send_options_init(&so);
+  CHECK(so.group == NULL && so.group_len == 0, "init: no group");
+  so.group = "A";
+  so.group_len = 1;
+  const void* ptrs[2] = {"a3", "a4"};
+  size_t lens[2] = {2, 2};
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 2, &so, NULL), SPOOL_OK);
+  spool_send_item items[3] = {{.payload = "b1", .len = 2, .group = kB, .group_len = 3},
+                              {.payload = "b2", .len = 2, .group = kB, .group_len = 3},
+                              {.payload = "u", .len = 1}};
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_OK);
+  CHECK(blocked_now(q) == 4, "a2, a3, a4 and b2 are blocked: %llu", (unsigned long long)blocked_now(q));
+
+  /* Peek shows every message in id order with its group, blocked ones too. */
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_peek(q, 10, &m, &n), SPOOL_OK);
+  CHECK(n == 7, "peek %zu", n);
+  check_group_of(m, 1, "a2", "A", 1);
+  check_group_of(m, 5, "b2", kB, 3);
+  check_group_of(m, 6, "u", NULL, 0);
+  const void* g = NULL;
+  size_t glen = 0;
+  CHECK_CODE(spool_message_group(m, 7, &g, &glen), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "message 7 of a batch of 7") != NULL, "index past the batch");
+  CHECK_CODE(spool_message_group(&m[1], 0, &g, &glen), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_message_group(m, 0, NULL, &glen), SPOOL_INVALID_ARGUMENT);
+  spool_messages_free(m);
+
+  /* One receive of up to 10 gets each group's first and the ungrouped one, nothing more. */
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 3, "received %zu, want a1, b1, u", n);
+  check_group_of(m, 0, "a1", "A", 1);
+  check_group_of(m, 1, "b1", kB, 3);
+  check_group_of(m, 2, "u", NULL, 0);
+  spool_message* held = m;
+  spool_message* again = NULL;
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &again, &n), SPOOL_EMPTY);
+  check_other_process_gets_nothing(dir);
+
+  /* A nack gives the group its first message again, not the next one. */
+  CHECK_CODE(spool_nack(q, held[0].receipt, 0), SPOOL_OK);
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &again, &n), SPOOL_OK);
+  CHECK(n == 1 && again[0].receive_count == 2, "a1 again: %zu messages", n);
+  check_group_of(again, 0, "a1", "A", 1);
+  CHECK_CODE(spool_ack(q, again[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(again);
+  CHECK_CODE(spool_ack(q, held[2].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+
+  /* Each ack lets exactly the next of its group through, in send order. */
+  const char* order_a[3] = {"a2", "a3", "a4"};
+  for (int i = 0; i < 3; ++i) {
+    CHECK_CODE(spool_receive(q, 10, 60000, 0, &m, &n), SPOOL_OK);
+    CHECK(n == 1, "one at a time: %zu after %s", n, i == 0 ? "a1" : order_a[i - 1]);
+    check_group_of(m, 0, order_a[i], "A", 1);
+    CHECK_CODE(spool_ack(q, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+    spool_messages_free(m);
+  }
+  CHECK_CODE(spool_ack(q, held[1].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(held);
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 1, "b2 alone: %zu", n);
+  check_group_of(m, 0, "b2", kB, 3);
+  CHECK_CODE(spool_ack(q, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(m);
+  CHECK(blocked_now(q) == 0, "none blocked at the end");
+
+  /* Bounds: 1 to 128 bytes, refused naming the field, nothing queued. */
+  static char big[130];
+  memset(big, 'g', sizeof big);
+  CHECK_CODE(send_group(q, "max", big, 128), SPOOL_OK);
+  const uint64_t before = sent_total(q);
+  CHECK_CODE(send_group(q, "x", big, 129), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "spool_send: opts->group_len is 129: a group key is 1 to 128 bytes") != NULL,
+        "129");
+  CHECK_CODE(send_group(q, "x", NULL, 5), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "opts->group is NULL with group_len 5") != NULL, "NULL group");
+  so.group = big;
+  so.group_len = 129;
+  CHECK_CODE(spool_send_batch(q, ptrs, lens, 2, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "spool_send_batch: opts->group_len is 129") != NULL, "batch");
+  items[1].group = big;
+  items[1].group_len = 129;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], NULL, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "items[1].group_len is 129") != NULL, "names the item");
+  items[1].group_len = 3;
+  so.group_len = 1;
+  CHECK_CODE(spool_send_items(q, items, 3, sizeof items[0], &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "each item gives its own") != NULL, "a group in opts with items");
+  CHECK(sent_total(q) == before, "nothing of the refused sends was queued");
+
+  /* A caller built before groups: its shorter structs end before group; what lies past
+   * them (garbage here) is not read, and its shorter spool_stats gets no blocked. */
+  spool_send_options old;
+  memset(&old, 0xff, sizeof old);
+  spool_send_options_init_size(&old, offsetof(spool_send_options, group));
+  CHECK(old.group_len == (size_t)-1, "init stopped before group");
+  uint64_t id1 = 0, id2 = 0;
+  CHECK_CODE(spool_send(q, "o1", 2, &old, &id1), SPOOL_OK);
+  spool_send_item olds[1];
+  memset(olds, 0xff, sizeof olds);
+  memset(olds, 0, offsetof(spool_send_item, group));
+  olds[0].payload = "o2";
+  olds[0].len = 2;
+  CHECK_CODE(spool_send_items(q, olds, 1, offsetof(spool_send_item, group), NULL, &id2), SPOOL_OK);
+  spool_stats st = stats_sized(q, offsetof(spool_stats, blocked));
+  CHECK(st.blocked == 0xababababababababull && st.kept_acked_bytes == 0, "blocked left alone");
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 3, "max, o1 and o2 are ungrouped or alone in theirs: %zu", n);
+  check_group_of(m, 0, "max", big, 128);
+  check_group_of(m, 1, "o1", NULL, 0);
+  check_group_of(m, 2, "o2", NULL, 0);
+  spool_messages_free(m);
+  spool_close(q);
+  printf("ok: ordered groups (one at a time across receives and processes, the group read back, bounds)\n");
+}
+
 /* ------------------------------------------------------------ callers of 0.1.0 (issue 26) */
 
 /* A program built against 0.1.0's spool.h has the shorter structs: spool_send_options ends
@@ -984,6 +1162,7 @@ int main(void) {
   test_dedup();
   test_priorities();
   test_duplicate_flags();
+  test_groups();
   test_old_struct_sizes();
   test_killed_consumer();
   test_competing_processes();

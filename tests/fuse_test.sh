@@ -447,6 +447,37 @@ t_attributes_are_xattrs() {
   rm "$M/1" "$M/2" || fail "rm failed"
 }
 
+# Issue 26: a message's ordered group is the read-only xattr user.spool.group of its file
+# once this mount has received it, read with getfattr as any xattr; a message without a
+# group has none. The group's next message shows up only after rm of the one before.
+t_group_is_an_xattr() {
+  command -v getfattr >/dev/null && command -v setfattr >/dev/null ||
+    fail "getfattr and setfattr (package attr) are needed"
+  new_queue "$D/q"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M"
+  "$SPOOL" send "$D/q" --group order-17 "g1" >/dev/null || fail "spool send failed"
+  "$SPOOL" send "$D/q" --group order-17 "g2" >/dev/null || fail "spool send failed"
+  "$SPOOL" send "$D/q" "plain" >/dev/null || fail "spool send failed"
+  wait_for 10 listed "$M" 3
+  not_listed "$M" 2 || fail "2 is listed while blocked behind 1"
+  eq "cat 1" "$(cat "$M/1")" "g1"
+  eq "group of 1" "$(getfattr --absolute-names --only-values -n user.spool.group "$M/1")" "order-17"
+  getfattr --absolute-names -d -m '^user\.spool\.' "$M/1" >"$D/dump" || fail "getfattr -d failed"
+  grep -qx 'user.spool.group="order-17"' "$D/dump" || fail "getfattr -d: $(cat "$D/dump")"
+  fails_with "not supported" setfattr -n user.spool.group -v other "$M/1"
+  eq "group after setfattr" "$(getfattr --absolute-names --only-values -n user.spool.group "$M/1")" "order-17"
+  eq "cat 3" "$(cat "$M/3")" "plain"
+  fails_with "No such attribute" getfattr --absolute-names --only-values -n user.spool.group "$M/3"
+  getfattr --absolute-names -d -m '^user\.spool\.' "$M/3" >"$D/dump" || fail "getfattr -d failed"
+  ! grep -q "^user.spool.group" "$D/dump" || fail "a message without a group dumps one: $(cat "$D/dump")"
+  rm "$M/1" "$M/3" || fail "rm failed"
+  wait_for 10 listed "$M" 2
+  eq "cat 2" "$(cat "$M/2")" "g2"
+  eq "group of 2" "$(getfattr --absolute-names --only-values -n user.spool.group "$M/2")" "order-17"
+  rm "$M/2" || fail "rm failed"
+}
+
 t_touch_extends_the_lease() {
   new_queue "$D/q"
   local M=$D/mnt
@@ -936,6 +967,7 @@ TESTS=(
   t_cli_and_mount_interoperate
   t_touch_extends_the_lease
   t_attributes_are_xattrs
+  t_group_is_an_xattr
   t_expired_lease_reappears_with_receive_count_2
   t_kill_9_leaves_the_queue_intact_and_remounts
   t_a_dead_mount_is_removed_by_the_next_spoolfs

@@ -137,6 +137,10 @@ typedef enum spool_durability {
  * message sent without one has this. Receive takes the most urgent ready message first. */
 #define SPOOL_DEFAULT_PRIORITY 128
 
+/* Ordered groups (docs/semantics.md, "Ordered groups"): a group key is 1 to this many bytes
+ * (any bytes); SPOOL_INVALID_ARGUMENT naming the field beyond. */
+#define SPOOL_MAX_GROUP 128
+
 /* One attribute of a message: given to a send, or handed out with a received message. Fixed
  * layout: it never grows. */
 typedef struct spool_attribute {
@@ -172,11 +176,17 @@ typedef struct spool_send_options {
    * set on success to 1 when the send was a duplicate (its dedup id was remembered: nothing
    * was queued and *id is the first message's), else to 0. */
   int* duplicate;
+  /* Ordered group (spool_send; every message of spool_send_batch; not with spool_send_items,
+   * whose items have their own): group_len bytes (any bytes, 1 to SPOOL_MAX_GROUP), read
+   * during the call only. The messages of one group are received one at a time, in send
+   * order. NULL, 0: none. */
+  const void* group;
+  size_t group_len;
 } spool_send_options;
 
 /* Fills the first `size` bytes of *opts (at most sizeof(spool_send_options)) with the
  * defaults (no delay, the queue's durability, no attributes, no dedup id, the default
- * priority, no duplicate flag), and opts->size
+ * priority, no duplicate flag, no group), and opts->size
  * with that many; called through the macro below. */
 void spool_send_options_init_size(spool_send_options* opts, size_t size);
 /* 0.1.0's function: fills only 0.1.0's fields (size 32), see spool_options_init. */
@@ -193,7 +203,8 @@ spool_code spool_send(spool_queue* q, const void* payload, size_t len,
                       const spool_send_options* opts, uint64_t* id);
 
 /* All or nothing: either all n payloads are queued with consecutive ids (written to ids[0..n)
- * if ids is not NULL) or none is. opts->attributes and opts->priority go on every message; a
+ * if ids is not NULL) or none is. opts->attributes, opts->priority and opts->group go on
+ * every message (a group's batch is received one at a time, in this order); a
  * dedup id cannot be shared by a batch, so there is no duplicate to report either
  * (SPOOL_INVALID_ARGUMENT for opts->dedup_id or opts->duplicate): give each message its own
  * with spool_send_items. */
@@ -211,16 +222,18 @@ typedef struct spool_send_item {
   int has_priority;                   /* as spool_send_options: 0, the default priority */
   int priority;
   int* duplicate;                     /* if not NULL, set on success: 1 for a duplicate */
+  const void* group;                  /* as spool_send_options; NULL, 0: none */
+  size_t group_len;
 } spool_send_item;
 
-/* A batch in which each message has its own attributes, dedup id and priority. item_size is
+/* A batch in which each message has its own attributes, dedup id, priority and group. item_size is
  * sizeof(spool_send_item) as the caller compiled it (the array's stride; fields past it read
  * as none). ids[i] (n entries, if ids is not NULL) gets item i's id: a duplicate's is the
  * first message's (sent earlier, or earlier in this batch). All or nothing; the new messages
  * get consecutive ids; *items[i].duplicate tells which were duplicates. opts (may be NULL)
- * gives delay, durability and wait_for_room; its attributes, dedup id, priority and
- * duplicate must be unset. Bad attributes, dedup ids or priorities: SPOOL_INVALID_ARGUMENT
- * naming the item. */
+ * gives delay, durability and wait_for_room; its attributes, dedup id, priority,
+ * duplicate and group must be unset. Bad attributes, dedup ids, priorities or groups:
+ * SPOOL_INVALID_ARGUMENT naming the item. */
 spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t n,
                             size_t item_size, const spool_send_options* opts, uint64_t* ids);
 
@@ -280,12 +293,18 @@ spool_code spool_message_attribute(const spool_message* msgs, size_t i, const ch
  * spool_message_attributes. */
 spool_code spool_message_priority(const spool_message* msgs, size_t i, int* priority);
 
+/* The ordered group of msgs[i] (msgs as above): *group points to *group_len bytes (followed
+ * by a NUL, but a key may hold NULs too), valid until spool_messages_free; NULL and 0 when
+ * the message has no group. SPOOL_INVALID_ARGUMENT as for spool_message_attributes. */
+spool_code spool_message_group(const spool_message* msgs, size_t i, const void** group,
+                               size_t* group_len);
+
 /* What spool_list tells about a message without reading its payload. */
 typedef struct spool_message_info {
   uint64_t id;
   uint32_t size; /* payload bytes */
   uint32_t receive_count;
-  int ready; /* receivable now */
+  int ready; /* receivable now (0: leased, delayed, or blocked behind its group's first) */
 } spool_message_info;
 
 /* Up to `max` messages in id order (only receivable ones with ready_only); *infos is freed
@@ -359,6 +378,7 @@ typedef struct spool_stats {
   uint64_t dedup_ids; /* dedup ids remembered now (sent within the dedup window) */
   uint64_t kept_acked;       /* acked messages kept for replay (within keep_acked) */
   uint64_t kept_acked_bytes; /* and their payload bytes */
+  uint64_t blocked;   /* in an ordered group, behind an earlier message of it */
 } spool_stats;
 
 /* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */

@@ -17,8 +17,10 @@ Messages may carry attributes (``q.send(body, attributes={"trace": "7f3a"})``; r
 ``msg.attributes``, a dict of str to bytes, or ``msg.text_attributes`` decoded) and a
 deduplication id (``q.send(body, dedup_id="order-17")``: a second send of that id within the
 queue's dedup window queues nothing and returns the first message's id, a :class:`SentId`
-whose ``duplicate`` is True), and a priority (``q.send(body, priority=0)``: 0 is the most
-urgent, 255 the least, 128 the default; ``msg.priority`` on receipt).
+whose ``duplicate`` is True), a priority (``q.send(body, priority=0)``: 0 is the most
+urgent, 255 the least, 128 the default; ``msg.priority`` on receipt), and an ordered group
+(``q.send(body, group="account-17")``: the messages of one group are received one at a time,
+in send order; ``msg.group`` on receipt, as bytes).
 
 Errors are exceptions, one class per code, all subclasses of :class:`spool.Error`.
 
@@ -40,7 +42,7 @@ from ._capi import lib as _lib
 __all__ = [
     "Queue", "Message", "SendItem", "SentId", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
     "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
-    "IoError", "Corrupt", "ReadOnly", "DEFAULT_PRIORITY", "library_path",
+    "IoError", "Corrupt", "ReadOnly", "DEFAULT_PRIORITY", "MAX_GROUP", "library_path",
 ]
 
 Payload = Union[bytes, bytearray, memoryview, str]
@@ -216,6 +218,22 @@ def _c_dedup_id(dedup_id: Union[str, bytes, None], keep: list[Any]) -> tuple[Opt
     return _address(d), len(d)
 
 
+MAX_GROUP = 128
+"""The longest group key, in bytes."""
+
+
+def _c_group(group: Union[str, bytes, None], keep: list[Any]) -> tuple[Optional[int], int]:
+    """A group key's address and length ((None, 0) for none); its bytes go to ``keep``."""
+    if group is None:
+        return None, 0
+    g = _bytes(group, "a group")
+    if not g:  # the C API reads length 0 as no group, which the caller did not ask for
+        raise InvalidArgument("invalid argument: group is empty: a group key is 1 to "
+                              f"{MAX_GROUP} bytes (None: no group)", 4)
+    keep.append(g)
+    return _address(g), len(g)
+
+
 _SYNC = {"always": 0, "interval": 1, "never": 2}
 
 
@@ -241,6 +259,7 @@ class Stats:
     dedup_ids: int  # dedup ids remembered now (sent within the queue's dedup window)
     kept_acked: int = 0  # acked messages kept for replay (acked within keep_acked)
     kept_acked_bytes: int = 0  # and their payload bytes
+    blocked: int = 0  # in an ordered group, behind an earlier message of it
 
     def workers_needed(self, rate_per_worker: float, latency_target: float) -> int:
         """Workers that drain the ready backlog within ``latency_target`` seconds when each
@@ -251,12 +270,13 @@ class Stats:
 
 @dataclass(frozen=True)
 class SendItem:
-    """One message of :meth:`Queue.send_batch` with attributes, a dedup id and a priority
-    of its own (None: the batch's ``priority``)."""
+    """One message of :meth:`Queue.send_batch` with attributes, a dedup id, a priority and
+    an ordered group of its own (None: the batch's ``priority`` and ``group``)."""
     payload: Payload
     attributes: Optional[Attributes] = None
     dedup_id: Union[str, bytes, None] = None
     priority: Optional[int] = None
+    group: Union[str, bytes, None] = None
 
 
 class SentId(int):
@@ -279,18 +299,21 @@ class Message:
     as UTF-8; ``attributes`` the attributes it was sent with (a dict of str to bytes, the
     values as sent: str values come back UTF-8 encoded), ``text_attributes`` the same with
     the values decoded; ``priority`` the one it was sent with (0 most urgent to 255;
-    :data:`DEFAULT_PRIORITY` if none). Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
+    :data:`DEFAULT_PRIORITY` if none); ``group`` its ordered group as bytes, as the
+    attribute values are (a str group comes back UTF-8 encoded; a key may be any bytes),
+    or None. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
     the lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
 
-    __slots__ = ("id", "payload", "attributes", "priority", "receive_count", "enqueued", "receipt",
-                 "_queue", "_keeper", "settled", "lease_lost")
+    __slots__ = ("id", "payload", "attributes", "priority", "group", "receive_count", "enqueued",
+                 "receipt", "_queue", "_keeper", "settled", "lease_lost")
 
     def __init__(self, queue: "Queue", m: _capi.spool_message,
-                 attributes: dict[str, bytes], priority: int) -> None:
+                 attributes: dict[str, bytes], priority: int, group: Optional[bytes]) -> None:
         self.id: int = m.id
         self.payload: bytes = ctypes.string_at(m.payload, m.payload_len) if m.payload_len else b""
         self.attributes: dict[str, bytes] = attributes
         self.priority: int = priority
+        self.group: Optional[bytes] = group
         self.receive_count: int = m.receive_count
         self.enqueued: float = m.enqueued_ns / 1e9  # seconds since the epoch, like time.time()
         self.receipt: str = (m.receipt or b"").decode()
@@ -335,6 +358,7 @@ class Message:
     def __repr__(self) -> str:
         return (f"<spool.Message id={self.id} receive_count={self.receive_count} "
                 f"priority={self.priority} "
+                f"{'' if self.group is None else f'group={self.group!r} '}"
                 f"payload={self.payload[:40]!r}{'...' if len(self.payload) > 40 else ''}>")
 
 
@@ -471,7 +495,8 @@ class Queue:
     @staticmethod
     def _send_options(delay: float, sync: bool, wait_for_room: float,
                       attributes: Optional[Attributes], dedup_id: Union[str, bytes, None],
-                      priority: Optional[int], keep: list[Any]) -> _capi.spool_send_options:
+                      priority: Optional[int], group: Union[str, bytes, None],
+                      keep: list[Any]) -> _capi.spool_send_options:
         """The C send options; what their pointers point into is appended to ``keep``."""
         so = _capi.spool_send_options()
         _lib.spool_send_options_init_size(ctypes.byref(so), ctypes.sizeof(so))
@@ -481,11 +506,13 @@ class Queue:
         so.attributes, so.attribute_count = _c_attributes(attributes, keep)
         so.dedup_id, so.dedup_id_len = _c_dedup_id(dedup_id, keep)
         so.has_priority, so.priority = _c_priority(priority)
+        so.group, so.group_len = _c_group(group, keep)
         return so
 
     def send(self, payload: Payload, *, delay: float = 0.0, sync: bool = False,
              wait_for_room: float = 0.0, attributes: Optional[Attributes] = None,
-             dedup_id: Union[str, bytes, None] = None, priority: Optional[int] = None) -> SentId:
+             dedup_id: Union[str, bytes, None] = None, priority: Optional[int] = None,
+             group: Union[str, bytes, None] = None) -> SentId:
         """Appends a message (bytes, or str sent as UTF-8); returns its id (ids increase), a
         :class:`SentId`.
         ``delay``: receivable only after this many seconds. ``sync``: return only once on
@@ -495,12 +522,15 @@ class Queue:
         bytes, 1 to 128 bytes): if a message with this id was sent within the queue's dedup
         window, nothing is queued and that message's id is returned, with ``.duplicate``
         True. ``priority``: 0 (most urgent) to 255; receive takes the most urgent ready
-        message first (None: :data:`DEFAULT_PRIORITY`). Raises TooLarge, QueueFull, NoSpace,
-        ReadOnly, IoError, InvalidArgument (bad attributes, dedup id or priority, naming the
-        key and the bound)."""
+        message first (None: :data:`DEFAULT_PRIORITY`). ``group`` (str or bytes, 1 to 128
+        bytes): the messages of one ordered group are received one at a time, in send order,
+        the next only once the one before is acked, dead-lettered or dropped (None: no
+        group). Raises TooLarge, QueueFull, NoSpace, ReadOnly, IoError, InvalidArgument (bad
+        attributes, dedup id, priority or group, naming the key and the bound)."""
         data = _bytes(payload)
         keep: list[Any] = []
-        so = self._send_options(delay, sync, wait_for_room, attributes, dedup_id, priority, keep)
+        so = self._send_options(delay, sync, wait_for_room, attributes, dedup_id, priority, group,
+                                keep)
         dup = ctypes.c_int()
         so.duplicate = ctypes.pointer(dup)
         out = ctypes.c_uint64()
@@ -511,12 +541,14 @@ class Queue:
     def send_batch(self, payloads: Iterable[Union[Payload, SendItem]], *, delay: float = 0.0,
                    sync: bool = False, wait_for_room: float = 0.0,
                    attributes: Optional[Attributes] = None,
-                   priority: Optional[int] = None) -> list[SentId]:
+                   priority: Optional[int] = None,
+                   group: Union[str, bytes, None] = None) -> list[SentId]:
         """All or nothing: queues every message with consecutive ids, or none. Much cheaper
-        per message than send() in a loop. ``attributes`` and ``priority`` go on every
-        message. An element may be a :class:`SendItem` with attributes (added to the shared
-        ones, its own winning for a key in both), a dedup id and a priority (winning over the
-        shared one) of its own; the id returned for a duplicate (of an earlier send, or of an
+        per message than send() in a loop. ``attributes``, ``priority`` and ``group`` go on
+        every message (a group's are received one at a time in the batch's order). An
+        element may be a :class:`SendItem` with attributes (added to the shared ones, its
+        own winning for a key in both), a dedup id, and a priority and a group (each winning
+        over the shared one) of its own; the id returned for a duplicate (of an earlier send, or of an
         earlier item of this batch) is the first message's, with ``.duplicate`` True."""
         items = list(payloads)
         n = len(items)
@@ -528,7 +560,8 @@ class Queue:
             datas = [_bytes(p) for p in items]  # type: ignore[arg-type]
             ptrs = (ctypes.c_char_p * n)(*datas)
             lens = (ctypes.c_size_t * n)(*(len(d) for d in datas))
-            so = self._send_options(delay, sync, wait_for_room, attributes, None, priority, keep)
+            so = self._send_options(delay, sync, wait_for_room, attributes, None, priority, group,
+                                    keep)
             _check(_lib.spool_send_batch(self._handle(), ptrs, lens, n, ctypes.byref(so), ids))
             return [SentId(i) for i in ids]  # no dedup ids: none is a duplicate
         arr = (_capi.spool_send_item * n)()
@@ -544,9 +577,11 @@ class Queue:
             arr[i].dedup_id, arr[i].dedup_id_len = _c_dedup_id(item.dedup_id, keep)
             arr[i].has_priority, arr[i].priority = _c_priority(
                 priority if item.priority is None else item.priority)
+            arr[i].group, arr[i].group_len = _c_group(group if item.group is None else item.group,
+                                                      keep)
             arr[i].duplicate = ctypes.cast(ctypes.addressof(dups) + i * ctypes.sizeof(ctypes.c_int),
                                            _capi.c_int_p)
-        so = self._send_options(delay, sync, wait_for_room, None, None, None, keep)
+        so = self._send_options(delay, sync, wait_for_room, None, None, None, None, keep)
         _check(_lib.spool_send_items(self._handle(), arr, n, ctypes.sizeof(_capi.spool_send_item),
                                      ctypes.byref(so), ids))
         return [SentId(ids[i], dups[i] != 0) for i in range(n)]
@@ -560,7 +595,8 @@ class Queue:
 
     def _batch(self, ptr: "ctypes._Pointer[_capi.spool_message]", n: int) -> list[Message]:
         try:
-            return [Message(self, ptr[i], self._attributes(ptr, i), self._priority(ptr, i))
+            return [Message(self, ptr[i], self._attributes(ptr, i), self._priority(ptr, i),
+                            self._group(ptr, i))
                     for i in range(n)]
         finally:
             _lib.spool_messages_free(ptr)
@@ -578,6 +614,13 @@ class Queue:
         p = ctypes.c_int()
         _check(_lib.spool_message_priority(ptr, i, ctypes.byref(p)))
         return p.value
+
+    @staticmethod
+    def _group(ptr: "ctypes._Pointer[_capi.spool_message]", i: int) -> Optional[bytes]:
+        g = ctypes.c_void_p()
+        n = ctypes.c_size_t()
+        _check(_lib.spool_message_group(ptr, i, ctypes.byref(g), ctypes.byref(n)))
+        return ctypes.string_at(g.value, n.value) if g.value else None
 
     def receive(self, max: int = 1, *, visibility: Optional[float] = None,
                 wait: float = 0.0) -> list[Message]:
@@ -601,7 +644,7 @@ class Queue:
 
     def receive_id(self, id: int, *, visibility: Optional[float] = None) -> Message:
         """Leases message ``id`` if it is receivable now. Raises NotFound (gone) or Empty
-        (leased or delayed)."""
+        (leased, delayed, or blocked behind an earlier message of its group)."""
         ptr = ctypes.POINTER(_capi.spool_message)()
         vis = 0 if visibility is None else _ms(visibility, "visibility")
         _check(_lib.spool_receive_id(self._handle(), id, vis, ctypes.byref(ptr)))
@@ -711,7 +754,7 @@ class Queue:
         return Stats(s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
                      s.acked_total, s.dead_lettered_total, s.expired_total, s.nacked_total,
                      s.bytes, s.bytes_on_disk, s.segments, s.next_id, s.dedup_ids,
-                     s.kept_acked, s.kept_acked_bytes)
+                     s.kept_acked, s.kept_acked_bytes, s.blocked)
 
     def sync(self) -> None:
         """Makes every write so far durable, whatever the sync policy."""

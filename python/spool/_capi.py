@@ -56,6 +56,8 @@ _MESSAGE_EXTRAS = [
     ("has_priority", c_int),
     ("priority", c_int),
     ("duplicate", c_int_p),
+    ("group", c_void_p),
+    ("group_len", c_size_t),
 ]
 
 
@@ -103,6 +105,7 @@ class spool_stats(ctypes.Structure):
         ("dedup_ids", c_uint64),  # since 0.2.0
         ("kept_acked", c_uint64),  # since 0.2.0
         ("kept_acked_bytes", c_uint64),  # since 0.2.0
+        ("blocked", c_uint64),  # since 0.2.0
     ]
 
 
@@ -157,6 +160,8 @@ def _load() -> ctypes.CDLL:
                                              POINTER(POINTER(spool_attribute)),
                                              POINTER(c_size_t)]),
         "spool_message_priority": (c_int, [POINTER(spool_message), c_size_t, c_int_p]),
+        "spool_message_group": (c_int, [POINTER(spool_message), c_size_t, POINTER(c_void_p),
+                                        POINTER(c_size_t)]),
         "spool_free": (None, [c_void_p]),
         "spool_ack": (c_int, [q, c_char_p, c_int]),
         "spool_remove": (c_int, [q, c_uint64, c_int]),

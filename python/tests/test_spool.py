@@ -278,6 +278,78 @@ def test_priorities_order_receives_and_are_reported(qdir):
         assert q.stats().sent_total == sent
 
 
+def test_groups_are_received_one_at_a_time_in_send_order(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("a1", group="A")
+        q.send_batch(["a2", "a3"], group="A")
+        q.send_batch([spool.SendItem("b1", group=b"B\x00\xff"), spool.SendItem("a4"),
+                      spool.SendItem("b2", group=b"B\x00\xff"), "u"], group="A")
+        q.send("plain")
+        # Another process adds to group A: behind a1..a4, whoever sent them.
+        child = run_python("""
+            import sys, spool
+            with spool.Queue(sys.argv[1]) as q:
+                q.send("a5 from the child", group="A")
+        """, qdir)
+        assert child.wait(timeout=60) == 0
+        assert [(m.text, m.group) for m in q.peek(20)] == [
+            ("a1", b"A"), ("a2", b"A"), ("a3", b"A"), ("b1", b"B\x00\xff"), ("a4", b"A"),
+            ("b2", b"B\x00\xff"), ("u", b"A"), ("plain", None), ("a5 from the child", b"A")]
+        st = q.stats()
+        assert (st.ready, st.blocked) == (3, 6)  # a1, b1, plain ready
+        first = q.receive(max=10, visibility=60)
+        assert [(m.text, m.group) for m in first] == [("a1", b"A"), ("b1", b"B\x00\xff"),
+                                                      ("plain", None)]
+        assert "group=b'A'" in repr(first[0]) and "group" not in repr(first[2])
+        assert q.receive(max=10) == []
+        with pytest.raises(spool.Empty, match=f"waits for message {first[0].id} of its group"):
+            q.receive_id(first[0].id + 1)
+        # Another process finds nothing either while the firsts are held.
+        child = run_python("""
+            import sys, spool
+            with spool.Queue(sys.argv[1]) as q:
+                print(len(q.receive(max=10, visibility=60)))
+        """, qdir, stdout=subprocess.PIPE)
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0 and out.strip() == b"0"
+        first[0].nack()  # the group gets its first message again, not the next one
+        again = q.receive(max=10, visibility=60)
+        assert [(m.text, m.receive_count) for m in again] == [("a1", 2)]
+        again[0].ack()
+        first[2].ack()
+        got = []  # while b1 is held, only group A moves, one message per ack
+        while True:
+            ms = q.receive(max=10, visibility=60)
+            if not ms:
+                break
+            assert len(ms) == 1, [m.text for m in ms]
+            got.append(ms[0].text)
+            ms[0].ack()
+        assert got == ["a2", "a3", "a4", "u", "a5 from the child"]
+        assert q.stats().blocked == 1
+        first[1].ack()
+        assert [(m.text, m.group) for m in q.receive(max=10)] == [("b2", b"B\x00\xff")]
+        assert q.stats().blocked == 0
+
+
+def test_group_bounds_raise_invalid_argument_and_queue_nothing(qdir):
+    with spool.Queue(qdir) as q:
+        q.send("128 is fine", group="g" * spool.MAX_GROUP)
+        sent = q.stats().sent_total
+        with pytest.raises(spool.InvalidArgument, match=r"group_len is 129: a group key is 1 to 128"):
+            q.send("x", group="g" * 129)
+        with pytest.raises(spool.InvalidArgument, match=r"group_len is 129"):
+            q.send_batch(["x", "y"], group=b"g" * 129)
+        with pytest.raises(spool.InvalidArgument, match=r"items\[1\]\.group_len is 129"):
+            q.send_batch([spool.SendItem("a", group="ok"), spool.SendItem("b", group="g" * 129)])
+        with pytest.raises(spool.InvalidArgument, match="group is empty"):
+            q.send("x", group="")
+        with pytest.raises(TypeError):
+            q.send("x", group=17)  # type: ignore[arg-type]
+        assert q.stats().sent_total == sent
+        assert [m.group for m in q.receive(max=10)] == [b"g" * 128]
+
+
 def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
     with spool.Queue(qdir, keep_acked=3600) as q:
         assert q.keep_acked == 3600

@@ -177,6 +177,24 @@ bool to_priority(int has, int priority, const std::string& fn, const std::string
 
 static_assert(SPOOL_DEFAULT_PRIORITY == spool::kDefaultPriority);
 
+// A group a C caller gives. The length is checked here, before the bytes are read: a length
+// that is garbage (an unset field) must not be copied from.
+bool to_group(const void* group, size_t len, const std::string& fn, const std::string& owner, std::string* out,
+              std::string* why) {
+  if (len == 0) return true;
+  if (group == nullptr) {
+    *why = fn + ": " + owner + "group is NULL with group_len " + std::to_string(len);
+    return false;
+  }
+  if (len > SPOOL_MAX_GROUP) {
+    *why = fn + ": " + owner + "group_len is " + std::to_string(len) + ": a group key is 1 to " +
+           std::to_string(SPOOL_MAX_GROUP) + " bytes";
+    return false;
+  }
+  out->assign(static_cast<const char*>(group), len);
+  return true;
+}
+
 // QueueOptions as the C struct, whole (size: this header's).
 spool_options c_options(const spool::QueueOptions& o) {
   spool_options c{};
@@ -248,6 +266,7 @@ bool to_send_options(const std::string& fn, const spool_send_options* o, spool::
     return false;
   if (SPOOL_HAS(o, priority) && !to_priority(o->has_priority, o->priority, fn, "opts->", &out->priority, why))
     return false;
+  if (SPOOL_HAS(o, group_len) && !to_group(o->group, o->group_len, fn, "opts->", &out->group, why)) return false;
   return true;
 }
 
@@ -268,6 +287,7 @@ struct Batch {
   // Attributes in views / copies (map nodes: their addresses do not move).
   std::vector<std::vector<spool_attribute>> attrs;
   std::vector<uint8_t> priorities;
+  std::vector<std::string_view> groups;  // into the group strings of views / copies
   size_t count = 0;
 };
 // The array starts this far into the allocation (a multiple of both alignments).
@@ -324,11 +344,13 @@ spool_message* batch_of(std::vector<M> msgs, std::vector<M> Batch::*slot) {
   kept = std::move(msgs);
   b->attrs.resize(kept.size());
   b->priorities.resize(kept.size());
+  b->groups.resize(kept.size());
   for (size_t i = 0; i < kept.size(); ++i) {
     const M& m = kept[i];
     out[i] = spool_message{m.id, m.payload.data(), m.payload.size(), m.receive_count,
                            to_ns(m.enqueued), m.receipt.c_str()};
     b->priorities[i] = m.priority;
+    b->groups[i] = m.group;
     b->attrs[i].reserve(m.attributes.size());
     for (const auto& [k, v] : m.attributes) b->attrs[i].push_back(spool_attribute{k.c_str(), v.c_str(), v.size()});
   }
@@ -479,9 +501,10 @@ spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t
     std::string why;
     if (!to_send_options("spool_send_items", opts, &so, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
     const bool opts_priority = opts != nullptr && SPOOL_HAS(opts, priority) && opts->has_priority != 0;
-    if (!so.attributes.empty() || !so.dedup_id.empty() || opts_priority || duplicate_flag(opts) != nullptr)
-      return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: opts->attributes, dedup_id, priority and duplicate must "
-                                          "be unset: each item gives its own");
+    if (!so.attributes.empty() || !so.dedup_id.empty() || opts_priority || duplicate_flag(opts) != nullptr ||
+        !so.group.empty())
+      return fail(SPOOL_INVALID_ARGUMENT, "spool_send_items: opts->attributes, dedup_id, priority, duplicate and "
+                                          "group must be unset: each item gives its own");
     std::vector<spool::SendItem> conv(n);
     std::vector<int*> flags(n, nullptr);
     bool any_flag = false;
@@ -496,7 +519,8 @@ spool_code spool_send_items(spool_queue* q, const spool_send_item* items, size_t
       conv[i].payload = std::string_view(static_cast<const char*>(it.payload), it.len);
       if (!to_attributes(it.attributes, it.attribute_count, "spool_send_items", owner, &conv[i].attributes, &why) ||
           !to_dedup_id(it.dedup_id, it.dedup_id_len, "spool_send_items", owner, &conv[i].dedup_id, &why) ||
-          !to_priority(it.has_priority, it.priority, "spool_send_items", owner, &conv[i].priority, &why))
+          !to_priority(it.has_priority, it.priority, "spool_send_items", owner, &conv[i].priority, &why) ||
+          !to_group(it.group, it.group_len, "spool_send_items", owner, &conv[i].group, &why))
         return fail(SPOOL_INVALID_ARGUMENT, why);
       flags[i] = it.duplicate;
       any_flag = any_flag || it.duplicate != nullptr;
@@ -612,6 +636,23 @@ spool_code spool_message_priority(const spool_message* msgs, size_t i, int* prio
     const Batch* b = batch_at("spool_message_priority", msgs, i);
     if (b == nullptr) return SPOOL_INVALID_ARGUMENT;
     *priority = b->priorities[i];
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_message_group(const spool_message* msgs, size_t i, const void** group,
+                               size_t* group_len) {
+  return guard("spool_message_group", [&] {
+    if (group == nullptr || group_len == nullptr) return null_arg("spool_message_group", "group or group_len");
+    *group = nullptr;
+    *group_len = 0;
+    if (msgs == nullptr) return null_arg("spool_message_group", "msgs");
+    const Batch* b = batch_at("spool_message_group", msgs, i);
+    if (b == nullptr) return SPOOL_INVALID_ARGUMENT;
+    if (!b->groups[i].empty()) {
+      *group = b->groups[i].data();
+      *group_len = b->groups[i].size();
+    }
     return SPOOL_OK;
   });
 }
@@ -734,7 +775,7 @@ spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
     spool_stats full{sizeof(spool_stats), s.ready, s.in_flight, s.delayed, s.dead,
                      s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
                      s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
-                     s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes};
+                     s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes, s.blocked};
     const size_t size = out->size;
     std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;
