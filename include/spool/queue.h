@@ -161,7 +161,7 @@ enum class MessageState : uint8_t {
   kDelayed,   // sent or nacked with a delay that has not passed
   kBlocked,   // in an ordered group, behind an earlier message of it
 };
-const char* state_name(MessageState s);  // "ready", "in_flight", "delayed"
+const char* state_name(MessageState s);  // "ready", "in_flight", "delayed", "blocked"
 
 // Which states list() returns.
 struct StateFilter {
@@ -386,7 +386,7 @@ class Queue {
   Result<uint64_t> redrive_id(uint64_t dead_id);
 
   // Replay after ack: sends the messages acked in the window `opts` names again, as new
-  // messages (in the order of their acks), each with its payload, attributes and priority plus
+  // messages (in the order of their acks), each with its payload, attributes, priority and group plus
   // spool.replay.original_id and spool.replay.acked_at. Reads the log, not the index; only
   // consumer acks and remove() count (not dead-lettering, retention drops or purges). A
   // queue whose keep_acked covers the window keeps every such message; otherwise those
