@@ -861,11 +861,9 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     if (!at.ok()) return at.status();
     // A fenced message has been received (its count is the receipt's, at least 1), so it
     // is in the heap already and a nack or extend cannot remap.
-    const uint64_t promoted = q.idx.promotions();
     (void)q.apply(rec, at->pack(), now);
     if (what == Change::kAck) q.room();
-    // A nack makes the message receivable; an ack may make the next of its group so.
-    wake = (what == Change::kNack && ns == 0) || q.idx.promotions() != promoted;
+    wake = what == Change::kNack && ns == 0;
     end = h.log_end;
   }
   if (wake) q.wake(1);  // after the unlock: see send_batch
@@ -880,7 +878,6 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   if (!r.ok()) return r.status();
   auto [id, gen] = *r;
   uint64_t end;
-  bool wake = false;
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
@@ -895,12 +892,9 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
     // next receive would have for that reason.
     const uint32_t max = q.cfg.opts.max_receives;
     const bool spent = max != 0 && q.idx.entry(*slot).count >= max;
-    const uint64_t promoted = q.idx.promotions();
     if (Status s = q.bury(*slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().log_end;
-    wake = q.idx.promotions() != promoted;  // the next of its group
   }
-  if (wake) q.wake(1);
   return q.written(end);
 }
 
@@ -912,7 +906,6 @@ Status Queue::remove(uint64_t id, Durability durability) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
-  bool wake = false;
   {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
@@ -930,13 +923,10 @@ Status Queue::remove(uint64_t id, Durability durability) {
     if (!at.ok()) return at.status();
     Clocks now{};
     now.boot = sys::boot_ns();  // the ack's time, for replay after ack
-    const uint64_t promoted = q.idx.promotions();
     (void)q.apply(rec, at->pack(), now);
     q.room();
     end = q.idx.hdr().log_end;
-    wake = q.idx.promotions() != promoted;
   }
-  if (wake) q.wake(1);
   return q.written(end, durability);
 }
 

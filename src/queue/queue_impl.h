@@ -137,9 +137,13 @@ struct Queue::Impl {
   class SCOPED_CAPABILITY Locked {
    public:
     // Adopts the lock the caller (lock()) holds.
-    explicit Locked(Impl* impl) REQUIRES(impl->idx) : impl_(impl) {}
-    Locked(Locked&& o) noexcept : impl_(std::exchange(o.impl_, nullptr)), repaired_(std::move(o.repaired_)) {}
+    explicit Locked(Impl* impl) REQUIRES(impl->idx) : impl_(impl), promotions_(impl->idx.promotions()) {}
+    Locked(Locked&& o) noexcept
+        : impl_(std::exchange(o.impl_, nullptr)), repaired_(std::move(o.repaired_)), promotions_(o.promotions_) {}
     Locked& operator=(Locked&&) = delete;
+    // Unlocks; then, if anything this hold removed let the next message of an ordered group
+    // through (an ack, a dead letter, a retention drop, a remove, a purge), wakes as many
+    // long polls: no caller has to know which of its steps may have done so.
     ~Locked() RELEASE();
     // What lock() found damaged in the index and rebuilt from the log before it returned,
     // or "" (verify reports it).
@@ -151,6 +155,7 @@ struct Queue::Impl {
     friend struct Impl;
     Impl* impl_;
     std::string repaired_;
+    uint64_t promotions_;  // idx.promotions() when the lock was taken
   };
 
   // The analysis cannot see the lock inside lock()'s Result: each caller states it holds

@@ -112,7 +112,9 @@ Queue::Impl::Locked::~Locked() {
   // A use found a damaged value in the index (and did not follow it): rebuild it from
   // the log before anyone else sees it (SharedIndex, "Damage").
   if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
+  const uint64_t promoted = impl_->idx.promotions() - promotions_;
   impl_->idx.hdr().mu.unlock();
+  if (promoted != 0) impl_->wake(promoted);  // after the unlock: see send_batch
 }
 
 auto Queue::Impl::lock_to_change() -> Result<Locked> {
