@@ -504,6 +504,15 @@ TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
   sf::clear();
   ASSERT_TRUE(met) << "the flusher never synced after the second send";
   EXPECT_LT((*q)->durable_id(), *second) << "a send whose background sync failed counts as durable";
+  // The fault counter moves inside fdatasync, before the flusher records the failure: a
+  // send in between may still succeed. Once one write reports it, every later one must.
+  Status first_report;
+  ASSERT_TRUE(until([&] {
+    auto probe = (*q)->send("probe");
+    if (!probe.ok()) first_report = probe.status();
+    return !probe.ok();
+  })) << "no send reported the failed background sync";
+  EXPECT_EQ(first_report.code(), Code::kIo) << first_report.to_string();
   // Every later write of this process says so, not only the first.
   for (const char* what : {"third", "fourth"}) {
     auto later = (*q)->send(what);
