@@ -344,16 +344,26 @@ t_recv_wait_long_poll() {
   # A sleeping receiver is woken by a send from another process.
   bg "$SPOOL" recv q --wait 20s --json >"$D/polled" 2>"$D/polled.err"
   local pid=$BGPID
-  # Send once it sleeps in its long poll (looked for every 10 ms); a send before would not
-  # test the wake. A waiter nobody wakes looks again after its 1 s wait slice, so the bound
-  # is well under that (5 s passed a send that woke nobody).
+  # The sender starts now and waits for its payload on a pipe with the queue open, so that
+  # neither its start (hundreds of ms under ASan on a loaded machine) nor the receiver's
+  # exit is timed. It gets the payload once the receiver sleeps in its long poll (looked for
+  # every 10 ms); a send before would not test the wake. A waiter nobody wakes looks again
+  # after its 1 s wait slice, so the bound is under that; the time runs until the receiver
+  # has printed the message.
+  mkfifo "$D/wake.fifo"
+  exec 7<>"$D/wake.fifo"
+  bg "$SPOOL" send q <"$D/wake.fifo" 7>&-  # not a writer itself: it must see the end
+  local sender=$BGPID
   POLL=0.01 wait_for 10 parked "$pid"
   t0=$(date +%s%N)
-  "$SPOOL" send q wake >/dev/null || fail "send"
+  printf wake >&7
+  exec 7>&-
+  POLL=0.005 wait_for 10 grep -q wake "$D/polled"
+  t1=$(date +%s%N)
+  wait "$sender" || fail "send"
   wait "$pid"
   eq "exit code of the long poll" "$?" 0
-  t1=$(date +%s%N)
-  (((t1 - t0) / 1000000 < 600)) || fail "long poll took $(((t1 - t0) / 1000000)) ms to wake (a woken waiter takes milliseconds)"
+  (((t1 - t0) / 1000000 < 700)) || fail "long poll took $(((t1 - t0) / 1000000)) ms to wake (a woken waiter takes milliseconds)"
   eq "polled payload" "$(jget payload "$D/polled")" wake
 }
 
