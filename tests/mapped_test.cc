@@ -174,6 +174,80 @@ TEST(MappedLog, ChosenWhereTheFilesystemAllocatesAtFallocate) {
   EXPECT_FALSE((*ro)->mapped()) << "a read-only log stores nothing";
 }
 
+// The mappings in this process of files under `dir`: where each starts, its length, its
+// VmFlags and how much of it is mapped with PMD (huge page) entries.
+struct MapInfo {
+  uintptr_t start = 0;
+  uint64_t len = 0;
+  std::string flags;
+  long pmd_kib = 0;
+};
+std::vector<MapInfo> mappings_under(const std::string& dir) {
+  std::ifstream in("/proc/self/smaps");
+  std::vector<MapInfo> out;
+  bool ours = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 17) {
+      ours = line.find(dir + "/") != std::string::npos;
+      if (ours) {
+        uintptr_t a = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+        uintptr_t b = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+        out.push_back({a, b - a, "", 0});
+      }
+    } else if (ours && line.starts_with("VmFlags:")) {
+      out.back().flags = line.substr(8);
+    } else if (ours && line.starts_with("FilePmdMapped:")) {
+      out.back().pmd_kib = std::stol(line.substr(line.find(':') + 1));
+    }
+  }
+  return out;
+}
+
+// A queue that never syncs maps its segments 2 MiB-aligned with MADV_HUGEPAGE (a store into
+// a fresh 4 KiB page costs microseconds on a VM with shadow paging); one that syncs does not
+// (a sync would write each dirty 2 MiB folio whole).
+TEST(MappedLog, OnlyAQueueThatNeverSyncsMapsForHugePages) {
+  const bool thp = std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (!thp) {
+    std::fprintf(stderr, "\n*** this kernel has no transparent huge pages: only the alignment is checked, "
+                         "NOT the MADV_HUGEPAGE advice ***\n");
+  }
+  for (SyncPolicy sync : {SyncPolicy::kNever, SyncPolicy::kInterval}) {
+    TempDir d;
+    QueueOptions o;
+    o.sync = sync;
+    o.segment_size = 8 << 20;
+    const std::string dir = d / "q";
+    auto q = Queue::open(dir, o);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    // Segments start at 256 KiB and double: about 4 MiB of records reach one of 2 MiB or more.
+    std::string payload(1000, 'h');
+    std::vector<std::string_view> batch(100, payload);
+    for (int i = 0; i < 45; ++i) ASSERT_TRUE((*q)->send_batch(batch).ok());
+    auto peeked = (*q)->peek(1);  // a read maps the segments too
+    ASSERT_TRUE(peeked.ok());
+    int large = 0;
+    long pmd_kib = 0;
+    for (const MapInfo& m : mappings_under(dir + "/segments")) {
+      if (m.len < (2u << 20)) continue;
+      ++large;
+      pmd_kib += m.pmd_kib;
+      const bool hg = m.flags.find(" hg") != std::string::npos;
+      if (sync == SyncPolicy::kNever) {
+        EXPECT_EQ(m.start % (2u << 20), 0u) << "a segment of a never-syncing queue mapped at " << std::hex << m.start;
+        if (thp) {
+          EXPECT_TRUE(hg) << "no MADV_HUGEPAGE on a segment mapping: VmFlags" << m.flags;
+        }
+      } else {
+        EXPECT_FALSE(hg) << "a segment of a syncing queue advised MADV_HUGEPAGE: VmFlags" << m.flags;
+      }
+    }
+    EXPECT_GE(large, 1) << "no segment of 2 MiB or more is mapped";
+    std::printf("[figures] sync %s: %d segment mappings of 2 MiB or more, %ld KiB of them PMD-mapped\n",
+                sync == SyncPolicy::kNever ? "never" : "interval", large, pmd_kib);
+  }
+}
+
 TEST(MappedLog, SyncWritesBackThePagesDirtiedThroughTheMapping) {
   TempDir d;
   if (on_tmpfs(d.path())) {

@@ -163,6 +163,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   lo.dir_mode = impl->modes.dir;
   lo.file_mode = impl->modes.data;
   lo.io = impl->io;
+  // Only where nothing syncs on its own: a sync writes a dirty 2 MiB folio whole.
+  lo.huge_pages = impl->cfg.opts.sync == SyncPolicy::kNever;
   auto log = storage::Log::open(dir + "/segments", lo);
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();

@@ -21,6 +21,7 @@
 
 #include "logging.h"
 #include "sys/clock.h"
+#include "sys/mapping.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14 (uapi asm-generic/mman-common.h)
@@ -144,7 +145,7 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   return std::unique_ptr<Log>(new Log(dir, std::move(opts), mapped));
 }
 
-void Log::prefault(int fd, uint64_t len, bool zero_fill) {
+void Log::prefault(int fd, uint64_t len, bool zero_fill) const {
   // fallocate leaves the blocks "unwritten": the first store into each page then faults
   // and the filesystem converts the extent under that fault (ext4: a journal handle per
   // page), and an fdatasync after it commits the conversion. Both happened under the
@@ -156,7 +157,9 @@ void Log::prefault(int fd, uint64_t len, bool zero_fill) {
   // waits for them: only for a spare made in the background (Log::make_spare). Without
   // `zero_fill`, or on a kernel without the advice (before 5.14), the read populate at
   // least leaves the pages in the page cache, zeroed off the lock.
-  void* m = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Through a huge-page mapping, the faults make 2 MiB folios, which later mappings of the
+  // segment can map whole.
+  void* m = sys::map_shared(fd, len, PROT_READ | PROT_WRITE, 0, opts_.huge_pages);
   if (m == MAP_FAILED) return;
   if (!zero_fill || ::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
   ::munmap(m, len);
@@ -240,7 +243,7 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
     std::lock_guard lock(mu_);
     if (auto it = cache_.find(seq); it != cache_.end()) return it->second;
   }
-  auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only, mapped_);
+  auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only, mapped_, opts_.huge_pages);
   if (!seg.ok()) return seg.status();
   if ((*seg)->info().seq != seq) {
     return Status(Code::kCorrupt, segment_path(seq) + ": header names segment " +
@@ -291,7 +294,8 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
     const uint64_t size = sized ? std::min<uint64_t>(static_cast<uint64_t>(st.st_size), opts_.segment_size) : 0;
     if (sized && S_ISREG(st.st_mode) && size < need) continue;
     if (sized && S_ISREG(st.st_mode)) {
-      seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, &spare, mapped_, opts_.file_mode);
+      seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, &spare, mapped_, opts_.file_mode,
+                            opts_.huge_pages);
       if (seg.ok()) {
         ++res->spares_used;
         res->spare_bytes_used += static_cast<uint64_t>(st.st_size);
@@ -311,7 +315,8 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
   if (!seg.ok()) {
     // A page multiple, unless the largest size is not one.
     const uint64_t size = std::min(opts_.segment_size, std::max(next_size(prev), (need + 4095) & ~uint64_t{4095}));
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, nullptr, mapped_, opts_.file_mode);
+    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, nullptr, mapped_, opts_.file_mode,
+                          opts_.huge_pages);
   }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());

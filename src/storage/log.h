@@ -67,6 +67,9 @@ struct LogOptions {
   // segments' writable mappings; elsewhere (btrfs, NFS, FUSE, ...) with the Io's write_all.
   // The choice is logged (info) and shown by mapped().
   std::shared_ptr<io::Io> io;
+  // Map segments for huge pages (sys::map_shared) and make spares of 2 MiB page cache
+  // folios. For queues that never sync: a sync writes each dirty folio whole.
+  bool huge_pages = false;
 };
 
 struct AppendResult {
@@ -176,7 +179,7 @@ class Log {
   // Brings the first `len` bytes of `fd` into the page cache (a spare, before any lock
   // holder stores into it); with `zero_fill`, dirty, so that the sync that follows turns
   // its preallocated blocks into written ones.
-  static void prefault(int fd, uint64_t len, bool zero_fill);
+  void prefault(int fd, uint64_t len, bool zero_fill) const;
   // Starts segment `seq` after one of `prev` bytes (0: none), at least `need` bytes long.
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
                                         AppendResult* res);

@@ -15,6 +15,7 @@
 #include <limits>
 #include <ctime>
 
+#include "sys/mapping.h"
 #include "sys/sigbus_guard.h"
 
 namespace spool::storage {
@@ -126,7 +127,7 @@ Segment::~Segment() {
 
 Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size, const std::string* spare,
-                                                 bool map_writes, mode_t mode) {
+                                                 bool map_writes, mode_t mode, bool huge) {
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
   int fd;
   if (spare != nullptr) {
@@ -178,11 +179,11 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   // before that can leave the name without the header, which recover() drops.
   if (int r = io.rename(tmp, path); r < 0) return fail(r, "rename segment into place");
   ::close(fd);
-  return open(io, path, true, map_writes);
+  return open(io, path, true, map_writes, huge);
 }
 
 Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& path, bool writable,
-                                               bool map_writes) {
+                                               bool map_writes, bool huge) {
   int fd = io.open(path, (writable ? O_RDWR : O_RDONLY | O_NONBLOCK) | O_NOFOLLOW, 0);
   if (fd < 0) return open_error(-fd, "open segment", path);
   std::shared_ptr<Segment> seg(new Segment());
@@ -210,8 +211,7 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   // one that was copied sparse. Where that fails, the mapping stays read-only and the log
   // writes this segment with pwrite, which reports ENOSPC.
   seg->map_writable_ = writable && map_writes && io.allocate(fd, 0, seg->info_.size) == 0;
-  void* p = ::mmap(nullptr, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
-                   fd, 0);
+  void* p = sys::map_shared(fd, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, 0, huge);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
   sys::guard_mapping(p, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, &seg->cut_);

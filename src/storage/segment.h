@@ -84,16 +84,17 @@ class Segment {
   // ENOSPC from fallocate comes back as kNoSpace with nothing left behind.
   // With `spare`, that preallocated file (Log::make_spare) becomes the segment instead of a
   // new one; on failure it stays a spare.
-  // `map_writes` as for open(). `mode` (0: what the umask leaves) is set on a new file.
+  // `map_writes` and `huge` as for open(). `mode` (0: what the umask leaves) is set on a new file.
   static Result<std::shared_ptr<Segment>> create(io::Io& io, const std::string& path, uint64_t seq,
                                                  uint64_t base_id, uint64_t size,
                                                  const std::string* spare = nullptr, bool map_writes = false,
-                                                 mode_t mode = 0);
+                                                 mode_t mode = 0, bool huge = false);
   // Opens and validates an existing segment. Errors name the file: kNotAQueue (bad magic or
   // header checksum, short header), kIncompatible (newer version), kIo/kReadOnly (open).
-  // With `map_writes` (and `writable`) the mapping is writable too: wdata().
+  // With `map_writes` (and `writable`) the mapping is writable too: wdata(). With `huge`
+  // it is laid out for huge pages (sys::map_shared).
   static Result<std::shared_ptr<Segment>> open(io::Io& io, const std::string& path, bool writable,
-                                               bool map_writes = false);
+                                               bool map_writes = false, bool huge = false);
 
   const SegmentInfo& info() const { return info_; }
   const std::string& path() const { return path_; }

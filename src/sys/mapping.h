@@ -1,0 +1,24 @@
+// Shared file mappings, optionally laid out for transparent huge pages.
+#pragma once
+#include <sys/types.h>
+
+#include <cstddef>
+
+namespace spool::sys {
+
+// The size of a PMD mapping on x86-64 and arm64 (4 KiB pages).
+inline constexpr size_t kHugeMapAlign = size_t{2} << 20;
+
+// mmap(nullptr, len, prot, MAP_SHARED, fd, off), but with `huge` (and len >= kHugeMapAlign)
+// the mapping starts on a kHugeMapAlign boundary and is advised MADV_HUGEPAGE, so that the
+// kernel can map the file's 2 MiB page cache folios with one entry each. Returns MAP_FAILED
+// with errno set, like mmap; the result is unmapped with munmap(p, len).
+//
+// Why: on a VM with shadow paging (PVM, seen on the development machines), the first touch
+// of every 4 KiB page through a new mapping costs microseconds in the hypervisor, which made
+// the store of a 112-byte record into a fresh segment cost 160-300 ns; through a PMD mapping
+// it costs 4-11 ns (docs/performance.md). The price: a page cache folio is written back
+// whole, so a sync after a small store writes 2 MiB (callers use it where nothing syncs).
+void* map_shared(int fd, size_t len, int prot, off_t off, bool huge);
+
+}  // namespace spool::sys
