@@ -256,17 +256,33 @@ auto Queue::Impl::maybe_compact(uint64_t end) -> void {
   sys::MutexLock lock(compact_mu);
   if (compact_stopping) return;
   compact_wanted = true;
+  wake_background();
+}
+
+auto Queue::Impl::spares_low() -> void {
+  if (top_up_asked.exchange(true)) return;
+  sys::MutexLock lock(compact_mu);
+  if (!compact_stopping) wake_background();
+}
+
+auto Queue::Impl::wake_background() -> void {
   if (!compactor.joinable()) {
     compactor = std::thread([this] {
       sys::MutexLock lk(compact_mu);
       for (;;) {
-        compact_cv.wait(lk, [this]() REQUIRES(compact_mu) { return compact_wanted || compact_stopping; });
+        compact_cv.wait(lk, [this]() REQUIRES(compact_mu) {
+          return compact_wanted || top_up_asked.load() || compact_stopping;
+        });
         if (compact_stopping) return;
+        const bool compacting = compact_wanted;
         compact_wanted = false;
+        top_up_asked.store(false);
         lk.unlock();
         top_up_spares();
-        auto r = compact(false, false);
-        if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+        if (compacting) {
+          auto r = compact(false, false);
+          if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+        }
         lk.lock();
       }
     });

@@ -448,6 +448,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
   uint64_t woken = 0;
+  bool spares_low = false;
   std::vector<uint64_t> ids;
   for (;;) {
     auto held = q.lock_to_change();
@@ -515,11 +516,13 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
     }
     // Room for the drain and the index slots first: a send fails before its records are
     // written, never after. Spares are made outside the lock, then it looks again.
-    if (auto short_by = q.spares_short(n_new, record_bytes, largest); short_by.n != 0) {
+    const auto short_by = q.spares_short(n_new, record_bytes, largest);
+    if (short_by.n != 0) {
       Queue::Impl::Locked::release(std::move(held).value());
       if (Status s = q.make_spares(short_by); !s.ok()) return s;
       continue;
     }
+    spares_low = short_by.low;
     if (Status s = q.idx.reserve(n_new, d != 0); !s.ok()) return s;
     if (fresh_dedup != 0) {
       if (Status s = q.idx.dedup_reserve(fresh_dedup, now.boot); !s.ok()) return s;
@@ -592,6 +595,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   // context switches per message on the long-poll path). Waiters cannot miss the wake:
   // they read wake_seq under the lock before they sleep, and it is bumped only now.
   if (woken != 0) q.wake(woken);
+  if (spares_low) q.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return ids;
 }

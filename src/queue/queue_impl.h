@@ -282,6 +282,11 @@ struct Queue::Impl {
     uint64_t n = 0;
     uint64_t size = 0;
     uint64_t at_least = 0;
+    // (n == 0 only) The segments have reached their largest size and there is room, but not
+    // one more segment's: time for a top-up off the caller's path. A backlog's drain reserve
+    // grows between rolls, so a top-up only at the rolls left senders to make spares
+    // themselves (a fifth of a send loop's time).
+    bool low = false;
   };
   // `largest`: the record size of the largest record about to be written (0: none).
   // `ahead`: the room of one more segment, of the size the next roll makes, on top.
@@ -354,6 +359,8 @@ struct Queue::Impl {
   // Called after a write that may have rolled the log. A roll asks the process's background
   // thread to top up the spares and compact by policy, so no send or ack waits for either.
   void maybe_compact(uint64_t end);
+  // Asks the background thread for top_up_spares() alone (a send that found the spares low).
+  void spares_low();
   void stop_compactor();
   std::atomic<uint64_t> seen_seq{0};
   std::atomic<bool> seen_seq_initialised{false};
@@ -361,6 +368,11 @@ struct Queue::Impl {
   std::thread compactor GUARDED_BY(compact_mu);
   std::condition_variable_any compact_cv;
   bool compact_wanted GUARDED_BY(compact_mu) = false;
+  // A top-up is asked for and not yet started (checked without compact_mu by every send
+  // that finds the spares low, so that only the first of them takes the mutex).
+  std::atomic<bool> top_up_asked{false};
+  // Starts the background thread if it is not running, and wakes it.
+  void wake_background() REQUIRES(compact_mu);
   bool compact_stopping GUARDED_BY(compact_mu) = false;
   // What the last automatic compaction that found nothing to remove saw: the messages
   // removed from the queue so far and the segment its dedup ids and kept acks pinned. Until either

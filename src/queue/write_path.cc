@@ -82,7 +82,11 @@ auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t large
   // Twice the records: a roll wastes the tail of a segment the next record does not fit.
   uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
   if (ahead) need += cap(log->next_size(active));
-  if (room >= need) return {};
+  if (room >= need) {
+    // While segments still grow, rolls come often and each tops up; the largest can take
+    // hundreds of thousands of sends between rolls, while the reserve grows with each.
+    return SpareShort{.low = !ahead && active >= log->max_size() && room - need < cap(active)};
+  }
   SpareShort s;
   // The size of the roll after the spares there are (each roll doubles).
   uint64_t size = log->next_size(active);
@@ -148,7 +152,12 @@ auto Queue::Impl::top_up_spares() -> void {
   // A failure here is not the caller's: the send that is really short makes the spare
   // itself and reports the error.
   if (s.n != 0 && s.n != kNoSegmentNumbers) {
-    if (Status st = make_spares(s, true); !st.ok()) spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
+    // Zero-filled where syncs come (they would otherwise commit the extent conversions a
+    // store causes); a queue that never syncs saves the disk the segment's size in zeros.
+    const bool zero_fill = cfg.opts.sync != SyncPolicy::kNever;
+    if (Status st = make_spares(s, zero_fill); !st.ok()) {
+      spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
+    }
   }
 }
 
