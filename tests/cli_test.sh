@@ -367,6 +367,15 @@ t_recv_wait_long_poll() {
   eq "polled payload" "$(jget payload "$D/polled")" wake
 }
 
+# SPOOL_IO set but empty (as scripts pass a variable through) is the default backend, not pwrite.
+t_empty_spool_io_is_the_default_backend() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  SPOOL_LOG=info SPOOL_IO= "$SPOOL" send q x >/dev/null 2>"$D/err" || fail "send: $(cat "$D/err")"
+  grep -q "I/O backend mmap" "$D/err" || fail "SPOOL_IO= did not pick the default: $(cat "$D/err")"
+  SPOOL_LOG=info SPOOL_IO=pwrite "$SPOOL" send q y >/dev/null 2>"$D/err" || fail "send: $(cat "$D/err")"
+  grep -q "I/O backend pwrite" "$D/err" || fail "SPOOL_IO=pwrite did not pick pwrite: $(cat "$D/err")"
+}
+
 t_binary_roundtrip_plain() {
   "$SPOOL" init q >/dev/null || fail "init"
   { printf '\377\000\n\r'; head -c 100000 /dev/urandom; printf '\000\n\n'; } >blob
@@ -1873,6 +1882,7 @@ TESTS=(
   t_not_a_queue_exit_1
   t_send_recv_ack_text
   t_recv_wait_long_poll
+  t_empty_spool_io_is_the_default_backend
   t_binary_roundtrip_plain
   t_binary_roundtrip_json_base64
   t_send_lines

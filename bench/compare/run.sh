@@ -190,7 +190,7 @@ run() {
   serial=$((serial + 1))
   local tag="cmp$serial-$$" port=0 line rc=0
   case "$sys" in beanstalkd|redis-streams) start_server "$sys" "$sync" || return 0 ;; esac
-  local io=""; [ "$sys" = spool-uring ] && io=io_uring
+  local io=mmap; [ "$sys" = spool-uring ] && io=io_uring
   line=$(SPOOL_IO=$io timeout 900 "$exe" --case="$kase" --sync="$sync" --size="$size" --n="$count" \
            --samples="$lat_samples" --dir="$work" --port="${port:-0}" --tag="$tag" "$@") || rc=$?
   stop_server

@@ -102,7 +102,7 @@ std::shared_ptr<Io> default_io() {
         spool::log().info("spool: I/O backend io_uring");
         return;
       }
-    } else if (forced == nullptr || std::strcmp(forced, "mmap") == 0) {
+    } else if (forced == nullptr || *forced == '\0' || std::strcmp(forced, "mmap") == 0) {  // SPOOL_IO= too
       *io = make_mmap_io();
       spool::log().info("spool: I/O backend mmap");
       return;
