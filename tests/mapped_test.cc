@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -138,20 +139,52 @@ bool on_tmpfs(const std::string& dir) {
   return ::statfs(dir.c_str(), &sf) == 0 && static_cast<uint64_t>(sf.f_type) == TMPFS_MAGIC;
 }
 
-// Dirty pages of the mappings of `path` in this process (/proc/self/smaps: Shared_Dirty
-// and Private_Dirty, since a page mapped by one process only counts as private), in KiB.
-long dirty_kib(const std::string& path) {
+// This process's mappings (/proc/self/smaps) whose header line `ours` picks: where each
+// starts, its length, its VmFlags, how much of it is mapped with PMD (huge page) entries,
+// and its dirty pages (Shared_Dirty and Private_Dirty, since a page mapped by one process
+// only counts as private), in KiB.
+struct MapInfo {
+  uintptr_t start = 0;
+  uint64_t len = 0;
+  std::string flags;
+  long pmd_kib = 0;
+  long dirty_kib = 0;
+};
+std::vector<MapInfo> mappings(const std::function<bool(const std::string& header)>& ours) {
   std::ifstream in("/proc/self/smaps");
-  bool ours = false;
-  long kib = 0;
+  std::vector<MapInfo> out;
+  bool in_ours = false;
   for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 16) {
-      ours = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
-    } else if (ours && (line.starts_with("Shared_Dirty:") || line.starts_with("Private_Dirty:"))) {
-      kib += std::stol(line.substr(line.find(':') + 1));
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 17) {
+      in_ours = ours(line);
+      if (in_ours) {
+        uintptr_t from = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+        uintptr_t to = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
+        out.push_back({from, to - from, "", 0, 0});
+      }
+    } else if (in_ours && line.starts_with("VmFlags:")) {
+      out.back().flags = line.substr(8);
+    } else if (in_ours && line.starts_with("FilePmdMapped:")) {
+      out.back().pmd_kib = std::stol(line.substr(line.find(':') + 1));
+    } else if (in_ours && (line.starts_with("Shared_Dirty:") || line.starts_with("Private_Dirty:"))) {
+      out.back().dirty_kib += std::stol(line.substr(line.find(':') + 1));
     }
   }
+  return out;
+}
+
+// Dirty pages of the mappings of `path` in this process, in KiB.
+long dirty_kib(const std::string& path) {
+  long kib = 0;
+  for (const MapInfo& m : mappings([&](const std::string& header) { return header.ends_with(path); })) {
+    kib += m.dirty_kib;
+  }
   return kib;
+}
+
+// The mappings of files under `dir`.
+std::vector<MapInfo> mappings_under(const std::string& dir) {
+  return mappings([&](const std::string& header) { return header.find(dir + "/") != std::string::npos; });
 }
 
 TEST(MappedLog, ChosenWhereTheFilesystemAllocatesAtFallocate) {
@@ -172,35 +205,6 @@ TEST(MappedLog, ChosenWhereTheFilesystemAllocatesAtFallocate) {
   auto ro = storage::Log::open(d / "m", o);
   ASSERT_TRUE(ro.ok());
   EXPECT_FALSE((*ro)->mapped()) << "a read-only log stores nothing";
-}
-
-// The mappings in this process of files under `dir`: where each starts, its length, its
-// VmFlags and how much of it is mapped with PMD (huge page) entries.
-struct MapInfo {
-  uintptr_t start = 0;
-  uint64_t len = 0;
-  std::string flags;
-  long pmd_kib = 0;
-};
-std::vector<MapInfo> mappings_under(const std::string& dir) {
-  std::ifstream in("/proc/self/smaps");
-  std::vector<MapInfo> out;
-  bool ours = false;
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 17) {
-      ours = line.find(dir + "/") != std::string::npos;
-      if (ours) {
-        uintptr_t a = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-        uintptr_t b = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
-        out.push_back({a, b - a, "", 0});
-      }
-    } else if (ours && line.starts_with("VmFlags:")) {
-      out.back().flags = line.substr(8);
-    } else if (ours && line.starts_with("FilePmdMapped:")) {
-      out.back().pmd_kib = std::stol(line.substr(line.find(':') + 1));
-    }
-  }
-  return out;
 }
 
 // A queue that never syncs maps its segments 2 MiB-aligned with MADV_HUGEPAGE (a store into

@@ -66,9 +66,8 @@ int publish(jsCtx* js, const char* stream, int argc, char** argv) {
     jsPubOptions_Init(&po);
     po.MsgId = id.c_str();
     po.MaxWait = 30000;
-    // One at a time, each waiting for its ack: the library's asynchronous publish (3.4) now
-    // and then still held one message at exit after js_PublishAsyncComplete, which LeakSanitizer
-    // reported (the ASan suite's pull test failed on it).
+    // One at a time, each waiting for its ack: libnats 3.4's asynchronous publish may still
+    // hold a message at exit after js_PublishAsyncComplete, which LeakSanitizer reports.
     if (s == NATS_OK) s = js_PublishMsg(nullptr, js, m, &po, nullptr);
     natsMsg_Destroy(m);
     if (s != NATS_OK) return die("publish", s);

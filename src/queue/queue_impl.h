@@ -284,8 +284,8 @@ struct Queue::Impl {
     uint64_t at_least = 0;
     // (n == 0 only) The segments have reached their largest size and there is room, but not
     // one more segment's: time for a top-up off the caller's path. A backlog's drain reserve
-    // grows between rolls, so a top-up only at the rolls left senders to make spares
-    // themselves (a fifth of a send loop's time).
+    // grows with every send between rolls, so a top-up only at the rolls would leave senders
+    // to make spares themselves.
     bool low = false;
   };
   // `largest`: the record size of the largest record about to be written (0: none).
