@@ -544,6 +544,16 @@ class Puller {
   // untried).
   int deliver(const std::vector<natsMsg*>& msgs, size_t* fresh) {
     *fresh = 0;
+    // Redeliveries are rare (a crash, an outage, an ack lost): each batch that holds any says
+    // so when it happens, since a puller killed later prints no summary.
+    const unsigned long known = duplicates_;
+    struct SayKnown {
+      const unsigned long& now;
+      unsigned long before;
+      ~SayKnown() {
+        if (now > before) std::fprintf(stderr, "spool pull: acked %lu redelivered message(s) already in the queue\n", now - before);
+      }
+    } say{duplicates_, known};
     std::vector<Item> items;
     items.reserve(msgs.size());
     for (natsMsg* m : msgs) {
