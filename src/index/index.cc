@@ -131,10 +131,48 @@ uint64_t SharedIndex::checksum() const {
   const char* first = reinterpret_cast<const char*>(&hdr_->capacity);
   const char* last = reinterpret_cast<const char*>(&hdr_->owner_claimed[kOwnerSlots]);
   XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
-  XXH3_64bits_update(st, region_, region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap, hdr_->dedup_cap));
-  uint64_t sum = XXH3_64bits_digest(st) | 1;  // never 0, which means "not sealed"
+  const uint64_t len = region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap, hdr_->dedup_cap, hdr_->group_cap);
+  bool read_ok = true;
+  if (anonymous_) {
+    XXH3_64bits_update(st, region_, len);
+  } else {
+    // Read, not through the mapping: the first open after a clean close and the last close
+    // each read the whole region, and through the mapping every page of it would stay
+    // mapped in this process (its RSS) though it then touches a small part. The mapping
+    // and the file share the page cache: both read the same bytes.
+    std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 1u << 20)));
+    for (uint64_t done = 0; done < len && read_ok;) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - done));
+      const ssize_t got = ::pread(fd_, buf.data(), want, static_cast<off_t>(kHeaderBytes + done));
+      if (got < 0 && errno == EINTR) continue;
+      read_ok = got > 0;
+      if (read_ok) {
+        XXH3_64bits_update(st, buf.data(), static_cast<size_t>(got));
+        done += static_cast<uint64_t>(got);
+      }
+    }
+  }
+  // Never 0, which means "not sealed"; a region that cannot be read gives 2, which no
+  // checksum equals, so its seal is never trusted.
+  uint64_t sum = read_ok ? XXH3_64bits_digest(st) | 1 : 2;
   XXH3_freeState(st);
   return sum;
+}
+
+bool SharedIndex::read_slots(uint64_t first, uint64_t n, Entry* out) const {
+  if (anonymous_) {
+    std::memcpy(static_cast<void*>(out), win_ + first, n * sizeof(Entry));
+    return true;
+  }
+  auto* p = reinterpret_cast<char*>(out);
+  for (uint64_t done = 0, len = n * sizeof(Entry); done < len;) {
+    const ssize_t got = ::pread(fd_, p + done, static_cast<size_t>(len - done),
+                                static_cast<off_t>(kHeaderBytes + first * sizeof(Entry) + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<uint64_t>(got);
+  }
+  return true;
 }
 
 void SharedIndex::seal() {

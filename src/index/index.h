@@ -71,6 +71,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "io/io.h"
 #include "spool/status.h"
@@ -408,6 +409,46 @@ class CAPABILITY("index lock") SharedIndex {
       if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
     }
   }
+  // What a read of the window from the file needs (window_view(), lock held). The read,
+  // scan_window(), goes through pread, not the mapping: a scan of every message (compaction)
+  // then leaves none of the window mapped in this process, and it may run without the lock:
+  // entries changed meanwhile may be read torn, fit for estimates only, and a resize
+  // meanwhile (same_geometry() false) makes the whole read meaningless.
+  struct WindowView {
+    uint64_t low_id, end, win_offset, wcap, gen;
+  };
+  WindowView window_view() const {
+    return {hdr_->low_id, std::min(hdr_->next_id, hdr_->low_id + wcap_), hdr_->win_offset, wcap_, mapped_gen_};
+  }
+  bool same_geometry(const WindowView& v) const { return mapped_current() && v.gen == mapped_gen_; }
+  // f(id, entry) for each live entry of the window in id order; false if the file could not
+  // be read (the anonymous index, private to its process, is read from memory).
+  template <class F>
+  bool scan_window(const WindowView& v, F&& f) const {
+    constexpr uint64_t kChunk = 16384;
+    std::vector<Entry> buf(static_cast<size_t>(std::min<uint64_t>(kChunk, v.end - std::min(v.end, v.low_id))));
+    for (uint64_t id = v.low_id; id < v.end;) {
+      const uint64_t slot = (id + v.win_offset) % v.wcap;
+      const uint64_t n = std::min({kChunk, v.end - id, v.wcap - slot});  // up to the wrap
+      if (!read_slots(slot, n, buf.data())) return false;
+      for (uint64_t i = 0; i < n; ++i)
+        if (buf[i].state != State::kEmpty) f(id + i, buf[i]);
+      id += n;
+    }
+    return true;
+  }
+  // f(id, entry) for each entry of the overflow table (lock held).
+  template <class F>
+  void for_each_overflow(F&& f) const {
+    for (uint64_t s = 0; s < ocap_; ++s)
+      if (ovf_[s].id != 0) f(ovf_[s].id, ovf_[s].e);
+  }
+  // for_each_entry() through scan_window() (lock held).
+  template <class F>
+  bool scan_entries(F&& f) const {
+    for_each_overflow(f);
+    return scan_window(window_view(), f);
+  }
   // Deduplication ids (see DedupSlot; lock held). dedup_probe() calls f(loc, expires) for
   // each slot with `hash` until f returns true. dedup_reserve() makes room for `more`
   // dedup_insert()s, first forgetting the slots expired at `now`, then growing the
@@ -556,6 +597,7 @@ class CAPABILITY("index lock") SharedIndex {
   }
 
   uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
+  bool read_slots(uint64_t first, uint64_t n, Entry* out) const;  // window slots [first, first + n)
   Entry& bad_slot(uint32_t slot);
   // Where the heap item of the entry with heap_pos `pos` is, checked against its id; i = -1
   // (and damage recorded) if it is not there.

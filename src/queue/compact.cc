@@ -64,9 +64,24 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   auto& h = idx.hdr();
 
   // 1. Choose the prefix: the longest run of oldest sealed segments whose live bytes are at
-  //    most a quarter of their size (half, on demand).
+  //    most a quarter of their size (half, on demand). The live bytes come from a read of
+  //    every live message's entry, which runs at every roll: it reads the index file without
+  //    the lock (index::SharedIndex::scan_window), so senders and receivers go on meanwhile
+  //    and the window does not stay mapped in this process. The choice is an estimate: the
+  //    copy below checks each message again under the lock, and nothing is removed while
+  //    the prefix holds one not copied.
   uint64_t last = 0;
   std::vector<uint64_t> prefix;
+  std::vector<uint64_t> seqs, live;
+  uint64_t active = 0, pinned = 0, removed = 0;
+  // Live bytes per segment, in the order of `seqs` (a flat array and a binary search: this
+  // visits every live message; the numbers may have gaps).
+  auto add_live = [&](uint64_t, const Entry& e) {
+    const uint64_t seq = Pos::unpack(e.loc).seq;
+    auto it = std::lower_bound(seqs.begin(), seqs.end(), seq);
+    if (it != seqs.end() && *it == seq) live[static_cast<size_t>(it - seqs.begin())] += format::record_size(e.len);
+  };
+  index::SharedIndex::WindowView view{};
   {
     auto held = lock();
     if (!held.ok()) return held.status();
@@ -76,28 +91,32 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
     const uint64_t now_boot = sys::boot_ns();
-    const uint64_t pinned =
-        std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
-    const uint64_t removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
+    pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
+    removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {
       return res;
     }
     fruitless_skips.store(0);
-    auto seqs = log->segments();
-    if (!seqs.ok()) return seqs.status();
-    uint64_t active = Pos::unpack(h.log_end).seq;
-    // Live bytes per segment, in the order of `seqs` (a flat array and a binary search: this
-    // loop visits every live message under the lock; the numbers may have gaps).
-    std::vector<uint64_t> live(seqs->size(), 0);
-    idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) {
-      const uint64_t seq = Pos::unpack(e.loc).seq;
-      auto it = std::lower_bound(seqs->begin(), seqs->end(), seq);
-      if (it != seqs->end() && *it == seq) live[static_cast<size_t>(it - seqs->begin())] += format::record_size(e.len);
-    });
+    auto listed = log->segments();
+    if (!listed.ok()) return listed.status();
+    seqs = std::move(*listed);
+    live.assign(seqs.size(), 0);
+    active = Pos::unpack(h.log_end).seq;
+    idx.for_each_overflow(add_live);
+    view = idx.window_view();
+  }
+  const bool read = idx.scan_window(view, add_live);
+  {
+    auto held = lock();
+    if (!held.ok()) return held.status();
+    holds(*held);
+    // The window was laid out again meanwhile: what was read means nothing; the next roll
+    // chooses again.
+    if (!read || !idx.same_geometry(view)) return res;
     uint64_t cum_live = 0, cum_size = 0;
-    for (size_t i = 0; i < seqs->size(); ++i) {
-      const uint64_t seq = (*seqs)[i];
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const uint64_t seq = seqs[i];
       if (seq >= active || seq >= pinned) break;
       cum_live += live[i];
       // Each segment's own size: the log grows them (storage/log.h).
@@ -106,7 +125,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       uint64_t n = everything ? kOnDemandLiveDenominator : kAutoLiveDenominator;
       if (cum_live * n <= cum_size) last = seq;
     }
-    for (uint64_t seq : *seqs)
+    for (uint64_t seq : seqs)
       if (seq <= last) prefix.push_back(seq);
     if (last == 0) {
       fruitless_removed.store(removed);
@@ -123,9 +142,10 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     auto held = lock();
     if (!held.ok()) return held.status();
     holds(*held);
-    idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+    const bool read_all = idx.scan_entries([&](uint64_t id, const Entry& e) {
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
+    if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
   }
   // Progress counts messages to copy, then segments to remove.
   const uint64_t work = ids.size() + prefix.size();
@@ -187,7 +207,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // Everything the prefix still holds must have been copied (a message cannot move back).
   auto prefix_left = [&]() REQUIRES(idx) -> Status {
     bool left = false;
-    idx.for_each_entry([&](uint32_t, uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
+    const bool read_all = idx.scan_entries([&](uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
+    if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
     if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
     return {};
   };
