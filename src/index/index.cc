@@ -389,6 +389,7 @@ Status SharedIndex::reset() {
   std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
   if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
   h.group_used = 0;
+  ++h.rebuilds;
   return {};
 }
 

@@ -81,13 +81,9 @@
 namespace spool::index {
 
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
-// 2: lease owners; 3: spare segments, seal; 4: durable_seq; 5: 4-ary heap; 6: id window;
-// 7: write-behind slots; 8: deferred acks; 9: resizing; 10: deferred leases too;
-// 11: neither write-behind slots nor deferred records (one write path); 12: dedup table;
-// 13: clock anchors; 14: owner pids; 15: spare_bytes (segments of different sizes);
-// 16: priorities (the due heap); 17: kept-acked buckets (replay after ack); 18: ordered
-// groups (the group table)
-inline constexpr uint32_t kIndexVersion = 18;
+// Bumped at every change of the layout or of what a field means: an index of another
+// version is rebuilt from the log by the first opener.
+inline constexpr uint32_t kIndexVersion = 19;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -241,6 +237,7 @@ struct alignas(64) IndexHeader {
   uint64_t group_cap;   // group table slots (0: none yet)
   uint64_t group_used;  // occupied group table slots (groups and members)
   uint64_t blocked;     // entries in state kBlocked
+  uint64_t rebuilds;    // reset()s so far: a compaction tells whether one came between its holds
   // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
   // clock_n), and where the first of them is.
   uint32_t clock_n;

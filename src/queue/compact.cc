@@ -76,10 +76,15 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   uint64_t active = 0, pinned = 0, removed = 0;
   // Live bytes per segment, in the order of `seqs` (a flat array and a binary search: this
   // visits every live message; the numbers may have gaps).
+  size_t last_i = 0;  // the last entry's segment, in `seqs`: most entries follow one in its segment
   auto add_live = [&](uint64_t, const Entry& e) {
     const uint64_t seq = Pos::unpack(e.loc).seq;
-    auto it = std::lower_bound(seqs.begin(), seqs.end(), seq);
-    if (it != seqs.end() && *it == seq) live[static_cast<size_t>(it - seqs.begin())] += format::record_size(e.len);
+    if (last_i >= seqs.size() || seqs[last_i] != seq) {
+      auto it = std::lower_bound(seqs.begin(), seqs.end(), seq);
+      if (it == seqs.end() || *it != seq) return;
+      last_i = static_cast<size_t>(it - seqs.begin());
+    }
+    live[last_i] += format::record_size(e.len);
   };
   index::SharedIndex::WindowView view{};
   {
@@ -138,6 +143,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   //    and consumers keep running. One scan finds them all (not one per batch, which was
   //    quadratic); a message acked or moved meanwhile is simply skipped.
   std::vector<uint64_t> ids;
+  uint64_t rebuilds = 0;
   {
     auto held = lock();
     if (!held.ok()) return held.status();
@@ -146,6 +152,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
     if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
+    rebuilds = h.rebuilds;
   }
   // Progress counts messages to copy, then segments to remove.
   const uint64_t work = ids.size() + prefix.size();
@@ -204,8 +211,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
     res.messages_copied += slots.size();
   }
-  // Everything the prefix still holds must have been copied (a message cannot move back).
+  // Everything the prefix still holds must have been copied. Live operations append every
+  // record at the head, so an entry can point into the prefix again only after a rebuild
+  // from the log (SharedIndex::reset()): without one since the gathering above, each entry
+  // it found was copied or is gone, and no other is there; after one, every entry is read.
   auto prefix_left = [&]() REQUIRES(idx) -> Status {
+    if (h.rebuilds == rebuilds) return {};
     bool left = false;
     const bool read_all = idx.scan_entries([&](uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
     if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
