@@ -113,9 +113,12 @@ class Runner {
       size_t cap;
       {
         std::unique_lock lock(mu_);
-        cv_.wait_for(lock, Millis(200), [&] { return running_ < limit() || g_stop; });
+        // With --autoscale, the first command waits for the first evaluation, which then
+        // sees nothing measured yet (target 1) whenever its thread gets to run.
+        auto may_start = [&] { return running_ < limit() && (!scaler_ || scaled_once_); };
+        cv_.wait_for(lock, Millis(200), [&] { return may_start() || g_stop; });
         cap = limit();
-        if (running_ >= cap || g_stop) continue;
+        if (!may_start() || g_stop) continue;
       }
       if (opts_.max_messages && taken >= *opts_.max_messages) {
         wlog().info("took --max-messages {} messages; finishing", *opts_.max_messages);
@@ -196,6 +199,7 @@ class Runner {
         warned = true;
       }
       lock.lock();
+      scaled_once_ = true;
       cv_.notify_all();  // a higher target frees slots for the receive loop
       cv_.wait_for(lock, Autoscaler::kPeriod, [&] { return scaler_stop_; });
     }
@@ -409,6 +413,7 @@ class Runner {
   bool failed_ = false;
   std::optional<Autoscaler> scaler_;  // with --autoscale
   bool scaler_stop_ = false;          // guarded by mu_
+  bool scaled_once_ = false;          // guarded by mu_: the autoscaler has evaluated once
   std::optional<std::chrono::steady_clock::time_point> empty_since_;  // receive loop only
 };
 
