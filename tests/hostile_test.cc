@@ -280,6 +280,47 @@ TEST_F(Hostile, AnIndexTruncatedInsideAnotherProcessLockedCallIsAnErrorNotASigbu
   EXPECT_GE(st->ready + st->in_flight, 5u) << "every message survives in the log";
 }
 
+// A process asleep on the lock word when another process cuts the file: the holder's
+// unlock then goes to its own private zero page and wakes nobody, so the waiter must find
+// the cut file by itself. It waits in slices and checks the file between them; without
+// that it sleeps on the futex for ever (finish_child kills it and fails the test).
+TEST_F(Hostile, AProcessWaitingForTheLockWhenTheIndexIsCutGetsAnErrorNotAHang) {
+  fill(5);
+  const std::string parked = dir_ / "parked";
+  Steps steps;
+  auto waiter = start_child("lock waiter", [&](Report& r) {
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    steps.child_done();
+    if (!r.check(steps.child_wait(), "no go from the test")) return;
+    auto sent = (*q)->send("late");  // waits for the parked holder; the index is cut meanwhile
+    r.check(!sent.ok() && sent.status().code() == Code::kCorrupt &&
+                sent.status().message().find("index") != std::string::npos,
+            "the waiting send names the cut index: " + sent.status().to_string());
+    q->reset();
+  });
+  ASSERT_TRUE(steps.parent_wait());
+  auto holder = start_child("lock holder", [&](Report& r) {
+    ::setenv("SPOOL_TEST_PARK_IN_LOCK", parked.c_str(), 1);
+    auto q = Queue::open(qdir());
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    (void)(*q)->receive(3);  // parks in its lock until the test removes `parked`
+    q->reset();
+  });
+  ASSERT_TRUE(test::wait_for_file(parked, 10s)) << "the holder never parked in its lock";
+  steps.parent_done();
+  std::this_thread::sleep_for(300ms);  // the waiter into its futex wait
+  ASSERT_EQ(::truncate(index_path().c_str(), 0), 0);
+  finish_child(waiter, 20s);  // while the holder still holds the lock
+  fs::remove(parked);
+  finish_child(holder, 30s);
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_GE(st->ready + st->in_flight, 5u) << "every message survives in the log";
+}
+
 // A segment cut under a mapping: reads of the cut part see zeros (no record), the log
 // refuses to call the segment durable, and nothing crashes.
 TEST(HostileSegment, ASegmentTruncatedUnderItsMappingReadsAsNoRecordsAndFailsItsSync) {

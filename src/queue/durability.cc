@@ -25,6 +25,7 @@ auto Queue::Impl::sync_to(uint64_t end) -> Status {
         continue;
       case sys::RobustMutex::LockResult::kUnrecoverable:
       case sys::RobustMutex::LockResult::kError:
+      case sys::RobustMutex::LockResult::kTimedOut:  // (try_lock never waits)
         return Status(Code::kIo, dir + ": cannot lock the sync mutex");
     }
     Status s;

@@ -6,6 +6,11 @@
 #include "queue/apply.h"
 
 namespace spool {
+namespace {
+
+constexpr long kLockSliceNs = 100'000'000;  // how often a waiter for the index lock checks the file
+
+}  // namespace
 
 Queue::Impl::~Impl() {
   release_own_slot();
@@ -50,7 +55,19 @@ auto Queue::Impl::lock() -> Result<Locked> {
     return s;
   }
   auto& mu = idx.hdr().mu;
-  switch (mu.lock()) {
+  // In slices, checking the file between them: once another process cuts the file, the
+  // holder's unlock goes to private zero pages (check_file()) and wakes nobody, so a waiter
+  // asleep on the lock word's futex must notice the cut by itself.
+  sys::RobustMutex::LockResult got;
+  for (;;) {
+    got = mu.lock_for(kLockSliceNs);
+    if (got != sys::RobustMutex::LockResult::kTimedOut) break;
+    if (Status s = idx.check_file(); !s.ok()) {
+      if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
+      return s;
+    }
+  }
+  switch (got) {
     case sys::RobustMutex::LockResult::kOk:
       break;
     case sys::RobustMutex::LockResult::kOwnerDied: {
@@ -73,10 +90,11 @@ auto Queue::Impl::lock() -> Result<Locked> {
                                           "close every process using the queue, then reopen");
     case sys::RobustMutex::LockResult::kError:
     case sys::RobustMutex::LockResult::kBusy:
+    case sys::RobustMutex::LockResult::kTimedOut:
       return Status(Code::kIo, dir + ": cannot lock the index");
   }
   idx.assert_held();  // kOk or kOwnerDied: every other case returned
-  if (idx.faulted()) {
+  if (idx.faulted() || !idx.check_file_recent().ok()) {
     // The file was cut since the last check: the "lock" just taken is a private zero page.
     mu.unlock();
     Status s = idx.check_file();

@@ -1,6 +1,7 @@
 #include "sys/robust_mutex.h"
 
 #include <cerrno>
+#include <ctime>
 
 namespace spool::sys {
 
@@ -21,6 +22,7 @@ static RobustMutex::LockResult result(int r) {
     case EOWNERDEAD: return RobustMutex::LockResult::kOwnerDied;
     case ENOTRECOVERABLE: return RobustMutex::LockResult::kUnrecoverable;
     case EBUSY: return RobustMutex::LockResult::kBusy;
+    case ETIMEDOUT: return RobustMutex::LockResult::kTimedOut;
     default: return RobustMutex::LockResult::kError;
   }
 }
@@ -45,7 +47,9 @@ static inline void cpu_relax() {
 // 53-72k / 73-82k / 56-81k / 66-76k. A holder that is descheduled costs a waiter at most
 // this spin (tens of microseconds).
 constexpr int kSpins = 1000;
-RobustMutex::LockResult RobustMutex::lock() {
+RobustMutex::LockResult RobustMutex::lock() { return lock_for(0); }
+
+RobustMutex::LockResult RobustMutex::lock_for(long slice_ns) {
   for (int i = 0; i < kSpins; ++i) {
     if (__atomic_load_n(&mu_.__data.__lock, __ATOMIC_RELAXED) == 0) {
       int r = pthread_mutex_trylock(&mu_);
@@ -53,7 +57,14 @@ RobustMutex::LockResult RobustMutex::lock() {
     }
     cpu_relax();
   }
-  return result(pthread_mutex_lock(&mu_));
+  if (slice_ns <= 0) return result(pthread_mutex_lock(&mu_));
+  // The clock is read only here, once the spin failed: the uncontended path reads none.
+  timespec deadline{};
+  ::clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_nsec += slice_ns;
+  deadline.tv_sec += deadline.tv_nsec / 1'000'000'000;
+  deadline.tv_nsec %= 1'000'000'000;
+  return result(pthread_mutex_clocklock(&mu_, CLOCK_MONOTONIC, &deadline));
 }
 
 RobustMutex::LockResult RobustMutex::try_lock() { return result(pthread_mutex_trylock(&mu_)); }

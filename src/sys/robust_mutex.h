@@ -13,12 +13,15 @@ namespace spool::sys {
 
 class RobustMutex {
  public:
-  enum class LockResult { kOk, kOwnerDied, kUnrecoverable, kError, kBusy };
+  enum class LockResult { kOk, kOwnerDied, kUnrecoverable, kError, kBusy, kTimedOut };
 
   // Initialises the mutex in place (shared memory); only when no process can be using it.
   // Returns 0 or an errno.
   int init();
   LockResult lock();
+  // Like lock(), but kTimedOut when it has slept `slice_ns` (> 0; CLOCK_MONOTONIC) without
+  // getting the lock, so that the caller can check what a sleeper cannot see.
+  LockResult lock_for(long slice_ns);
   // Like lock(), but kBusy instead of waiting when another thread holds it.
   LockResult try_lock();
   void mark_consistent();
