@@ -71,6 +71,14 @@ class Hostile : public test::QueueDirTest {
     for (int i = 1; i <= n; ++i) ASSERT_TRUE(q->send(prefix + std::to_string(i)).ok());
   }
   std::string index_path() const { return qdir() + "/index"; }
+  // Opens the queue again (rebuilding a lost index) and expects `n` messages or more in it.
+  void expect_at_least(uint64_t n) {
+    auto q = open();
+    ASSERT_TRUE(q);
+    auto st = q->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_GE(st->ready + st->in_flight, n) << "every message survives in the log";
+  }
   // After fill(3): pokes the index's log end (`poke` maps the old end to the new) while a
   // producer is attached, which then sends "m4" (`send_m4`: the sends and their checks);
   // afterwards every message is there, once and in order.
@@ -273,11 +281,7 @@ TEST_F(Hostile, AnIndexTruncatedInsideAnotherProcessLockedCallIsAnErrorNotASigbu
   ASSERT_EQ(::truncate(index_path().c_str(), 0), 0);
   fs::remove(parked);
   finish_child(child, 30s);
-  auto q = open();
-  ASSERT_TRUE(q);
-  auto st = q->stats();
-  ASSERT_TRUE(st.ok());
-  EXPECT_GE(st->ready + st->in_flight, 5u) << "every message survives in the log";
+  expect_at_least(5);
 }
 
 // A process asleep on the lock word when another process cuts the file: the holder's
@@ -314,11 +318,7 @@ TEST_F(Hostile, AProcessWaitingForTheLockWhenTheIndexIsCutGetsAnErrorNotAHang) {
   finish_child(waiter, 20s);  // while the holder still holds the lock
   fs::remove(parked);
   finish_child(holder, 30s);
-  auto q = open();
-  ASSERT_TRUE(q);
-  auto st = q->stats();
-  ASSERT_TRUE(st.ok());
-  EXPECT_GE(st->ready + st->in_flight, 5u) << "every message survives in the log";
+  expect_at_least(5);
 }
 
 // A segment cut under a mapping: reads of the cut part see zeros (no record), the log
