@@ -19,8 +19,9 @@ class RobustMutex {
   // Returns 0 or an errno.
   int init();
   LockResult lock();
-  // Like lock(), but kTimedOut when it has slept `slice_ns` (> 0; CLOCK_MONOTONIC) without
-  // getting the lock, so that the caller can check what a sleeper cannot see.
+  // Like lock(), but kTimedOut when it has slept about `slice_ns` (> 0; measured by the
+  // wall clock, see the .cc) without getting the lock, so that the caller can check what a
+  // sleeper cannot see.
   LockResult lock_for(long slice_ns);
   // Like lock(), but kBusy instead of waiting when another thread holds it.
   LockResult try_lock();
