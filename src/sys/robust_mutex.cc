@@ -47,8 +47,6 @@ static inline void cpu_relax() {
 // 53-72k / 73-82k / 56-81k / 66-76k. A holder that is descheduled costs a waiter at most
 // this spin (tens of microseconds).
 constexpr int kSpins = 1000;
-RobustMutex::LockResult RobustMutex::lock() { return lock_for(0); }
-
 RobustMutex::LockResult RobustMutex::lock_for(long slice_ns) {
   for (int i = 0; i < kSpins; ++i) {
     if (__atomic_load_n(&mu_.__data.__lock, __ATOMIC_RELAXED) == 0) {
@@ -57,7 +55,6 @@ RobustMutex::LockResult RobustMutex::lock_for(long slice_ns) {
     }
     cpu_relax();
   }
-  if (slice_ns <= 0) return result(pthread_mutex_lock(&mu_));
   // The clock is read only here, once the spin failed: the uncontended path reads none.
   // pthread_mutex_timedlock (CLOCK_REALTIME), not pthread_mutex_clocklock: ThreadSanitizer
   // (clang 14) does not intercept the latter and takes every lock through it for a race.

@@ -18,12 +18,11 @@ class RobustMutex {
   // Initialises the mutex in place (shared memory); only when no process can be using it.
   // Returns 0 or an errno.
   int init();
-  LockResult lock();
-  // Like lock(), but kTimedOut when it has slept about `slice_ns` (> 0; measured by the
-  // wall clock, see the .cc) without getting the lock, so that the caller can check what a
-  // sleeper cannot see.
+  // Takes the lock, or kTimedOut when it has slept about `slice_ns` (> 0; measured by the
+  // wall clock, see the .cc) without getting it, so that the caller can check what a
+  // sleeper cannot see and call again.
   LockResult lock_for(long slice_ns);
-  // Like lock(), but kBusy instead of waiting when another thread holds it.
+  // Like lock_for(), but kBusy instead of waiting when another thread holds it.
   LockResult try_lock();
   void mark_consistent();
   void unlock();
