@@ -50,10 +50,12 @@ auto Queue::Impl::lock() -> Result<Locked> {
   // Before the lock word is touched: it is in the file, which another process may have
   // truncated (a page past the end of a file is a SIGBUS, which the guard turns into zeros
   // and a flag: SharedIndex::check_file_recent()).
-  if (Status s = idx.check_file_recent(); !s.ok()) {
-    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());  // once: every call fails so
+  // A lost index is logged once: every later call fails the same way.
+  auto lost = [this](Status s) {
+    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
     return s;
-  }
+  };
+  if (Status s = idx.check_file_recent(); !s.ok()) return lost(s);
   auto& mu = idx.hdr().mu;
   // In slices, checking the file between them: once another process cuts the file, the
   // holder's unlock goes to private zero pages (check_file()) and wakes nobody, so a waiter
@@ -62,10 +64,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
   for (;;) {
     got = mu.lock_for(kLockSliceNs);
     if (got != sys::RobustMutex::LockResult::kTimedOut) break;
-    if (Status s = idx.check_file(); !s.ok()) {
-      if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
-      return s;
-    }
+    if (Status s = idx.check_file(); !s.ok()) return lost(s);
   }
   switch (got) {
     case sys::RobustMutex::LockResult::kOk:
@@ -97,9 +96,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
   if (idx.faulted() || !idx.check_file_recent().ok()) {
     // The file was cut since the last check: the "lock" just taken is a private zero page.
     mu.unlock();
-    Status s = idx.check_file();
-    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
-    return s;
+    return lost(idx.check_file());
   }
   Locked held(this);
   // Every value the index gives is checked before it is used (SharedIndex, "Damage"):
