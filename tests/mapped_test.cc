@@ -15,12 +15,15 @@
 // worst a cut can do to it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <linux/magic.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -260,6 +263,72 @@ TEST(MappedLog, OnlyAQueueThatNeverSyncsMapsForHugePages) {
     EXPECT_GE(large, 1) << "no segment of 2 MiB or more is mapped";
     std::printf("[figures] sync %s: %d segment mappings of 2 MiB or more, %ld KiB of them PMD-mapped\n",
                 sync == SyncPolicy::kNever ? "never" : "interval", large, pmd_kib);
+  }
+}
+
+// The share of `path`'s pages in the page cache (mincore through a mapping of our own).
+double resident_share(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {};
+  ::fstat(fd, &st);
+  const size_t len = static_cast<size_t>(st.st_size);
+  void* m = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((len + page - 1) / page);
+  double share = -1;
+  if (::mincore(m, len, in.data()) == 0) {
+    size_t n = 0;
+    for (unsigned char c : in) n += c & 1;
+    share = static_cast<double>(n) / static_cast<double>(in.size());
+  }
+  ::munmap(m, len);
+  return share;
+}
+
+// A spare is made without touching its pages (most spares are room kept for a drain, and
+// reading them in would fill the page cache with zeros); the ones the next rolls take are
+// read in off the lock, so that the stores under it find their pages there.
+TEST(MappedLog, OnlyTheSparesTheNextRollsTakeAreReadIn) {
+  TempDir d;
+  storage::LogOptions o;
+  o.segment_size = 4 << 20;
+  o.io = io::make_mmap_io();
+  const std::string dir = d / "s";
+  auto log = storage::Log::open(dir, o);
+  ASSERT_TRUE(log.ok()) << log.status().to_string();
+  ASSERT_TRUE((*log)->mapped());
+  struct statfs sf {};
+  ASSERT_EQ(::statfs(dir.c_str(), &sf), 0);
+  // tmpfs allocates, and so holds, every page of a file at fallocate.
+  const bool allocates_pages = sf.f_type == TMPFS_MAGIC;
+  if (allocates_pages) {
+    std::fprintf(stderr, "\n*** %s is tmpfs, which holds a spare's pages from its fallocate on: only the "
+                         "warmed spares are checked, NOT that the others stay out of the page cache ***\n",
+                 dir.c_str());
+  }
+  const size_t n = storage::Log::kWarmSpares + 2;
+  for (size_t i = 0; i < n; ++i) ASSERT_TRUE((*log)->make_spare(0, false).ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename().string().starts_with("spare-")) names.push_back(e.path().string());
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), n);
+  if (!allocates_pages) {
+    for (const std::string& s : names) EXPECT_LT(resident_share(s), 0.05) << s << " was read in when it was made";
+  }
+  (*log)->warm_next_spares();
+  for (size_t i = 0; i < n; ++i) {
+    const double share = resident_share(names[i]);
+    if (i < storage::Log::kWarmSpares) {
+      EXPECT_GT(share, 0.95) << names[i] << ", spare " << i << " in the order rolls take them, is not in the page cache";
+    } else if (!allocates_pages) {
+      EXPECT_LT(share, 0.05) << names[i] << ", spare " << i << ", was read in: only the next "
+                             << storage::Log::kWarmSpares << " are";
+    }
   }
 }
 

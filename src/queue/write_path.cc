@@ -159,6 +159,7 @@ auto Queue::Impl::top_up_spares() -> void {
       spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
     }
   }
+  log->warm_next_spares();
 }
 
 auto Queue::Impl::wake(uint64_t n) -> void {

@@ -145,24 +145,43 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
   return std::unique_ptr<Log>(new Log(dir, std::move(opts), mapped));
 }
 
-void Log::prefault(int fd, uint64_t len, bool zero_fill) const {
+void Log::prefault(int fd, uint64_t len, bool write) const {
   // fallocate leaves the blocks "unwritten": the first store into each page then faults
   // and the filesystem converts the extent under that fault (ext4: a journal handle per
-  // page), and an fdatasync after it commits the conversion. Both happened under the
+  // page), and an fdatasync after it commits the conversion. Both would happen under the
   // index lock, for every page of every segment. Faulting the whole spare in for writing
-  // here dirties it with zeros, which the spare's own fdatasync (after this, still outside
+  // dirties it with zeros, which the spare's own fdatasync (after this, still outside
   // any lock) writes, so the blocks are written ones: a later store is a plain page cache
   // write, and a sync of it flushes data only (PostgreSQL zero-fills new WAL files for the
   // same reason). The cost is the spare's size once more in disk writes, and the sync
-  // waits for them: only for a spare made in the background (Log::make_spare). Without
-  // `zero_fill`, or on a kernel without the advice (before 5.14), the read populate at
+  // waits for them: only for a spare made in the background (Log::make_spare). A read
+  // populate (warm_next_spare(), or a kernel without the write advice, before 5.14) at
   // least leaves the pages in the page cache, zeroed off the lock.
   // Through a huge-page mapping, the faults make 2 MiB folios, which later mappings of the
   // segment can map whole.
   void* m = sys::map_shared(fd, len, PROT_READ | PROT_WRITE, 0, opts_.huge_pages);
   if (m == MAP_FAILED) return;
-  if (!zero_fill || ::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
+  if (!write || ::madvise(m, len, MADV_POPULATE_WRITE) != 0) (void)::madvise(m, len, MADV_POPULATE_READ);
   ::munmap(m, len);
+}
+
+void Log::warm_next_spares() {
+  if (!mapped_ || opts_.read_only) return;
+  std::vector<std::string> all = spares();
+  all.resize(std::min<size_t>(all.size(), kWarmSpares));
+  for (const std::string& spare : all) {
+    {
+      std::lock_guard lock(mu_);
+      if (std::find(warmed_.begin(), warmed_.end(), spare) != warmed_.end()) continue;
+      warmed_.push_back(spare);
+      if (warmed_.size() > 2 * kWarmSpares) warmed_.erase(warmed_.begin());
+    }
+    int fd = opts_.io->open(spare, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0) continue;  // taken by a roll, or removed
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) prefault(fd, static_cast<uint64_t>(st.st_size), false);
+    ::close(fd);
+  }
 }
 
 int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
@@ -368,7 +387,7 @@ Status Log::make_spare(uint64_t size, bool zero_fill) {
   // from a power cut as an empty file, which the next roll drops, and with it the room kept
   // for draining a full disk.
   int r = opts_.io->allocate(fd, 0, size);
-  if (r == 0 && mapped_) prefault(fd, size, zero_fill);
+  if (r == 0 && mapped_ && zero_fill) prefault(fd, size, true);
   if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
   char name[64];

@@ -132,11 +132,20 @@ class Log {
   // A roll takes the first spare (oldest) that the record it rolls for fits, whatever its
   // size, and the new segment has the spare's size; a spare too small stays for a later roll.
   // With the mapped backend, `zero_fill` writes the spare's zeros before its sync, so
-  // that its blocks are written ones (prefault()): worth its disk writes for a spare a
-  // background thread makes ahead of a roll, not for one a caller waits for (that one only
-  // has its pages read into the page cache).
+  // that its blocks are written ones (zero_fill()): worth its disk writes for a spare a
+  // background thread makes ahead of a roll, not for one a caller waits for. Without it
+  // nothing of the spare is touched: most spares are the room kept for a drain, and the
+  // rolls that take them are far off.
   Status make_spare(uint64_t size = 0, bool zero_fill = false);
   Result<uint64_t> count_spares(uint64_t* bytes = nullptr) const;
+  // Reads the spares the next kWarmSpares rolls take (the oldest) into the page cache, once
+  // per spare, so that the stores into their pages under the index lock find them there
+  // (a store into a page that is not, faults and zeroes it under the lock). Called without
+  // the lock, by a background thread; a spare a roll takes meanwhile is still warmed (the
+  // open file is the same). Two: the roll into the first wakes the thread, which then
+  // has the whole of that segment's filling to warm the third.
+  void warm_next_spares();
+  static constexpr size_t kWarmSpares = 2;
 
   // Segment sizes: the first segment is first_size(); a roll from a segment of `prev`
   // bytes makes one of next_size(prev) (double, at most segment_size), or larger if the
@@ -176,10 +185,10 @@ class Log {
   // Stores `len` bytes at `off` of `seg`: through its mapping when it is writable, else with
   // write_all. 0 or -errno.
   int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
-  // Brings the first `len` bytes of `fd` into the page cache (a spare, before any lock
-  // holder stores into it); with `zero_fill`, dirty, so that the sync that follows turns
-  // its preallocated blocks into written ones.
-  void prefault(int fd, uint64_t len, bool zero_fill) const;
+  // Faults the first `len` bytes of `fd` into the page cache through a mapping: for writing
+  // with `write` (dirty zeros, so that the sync that follows turns the spare's preallocated
+  // blocks into written ones), else for reading.
+  void prefault(int fd, uint64_t len, bool write) const;
   // Starts segment `seq` after one of `prev` bytes (0: none), at least `need` bytes long.
   Result<std::shared_ptr<Segment>> roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
                                         AppendResult* res);
@@ -192,6 +201,7 @@ class Log {
   std::map<uint64_t, std::shared_ptr<Segment>> cache_;
   std::map<uint64_t, Status> failed_syncs_;
   mutable std::set<std::string> warned_names_;  // guarded by mu_
+  std::vector<std::string> warmed_;  // the spares warm_next_spares() read last; guarded by mu_
 };
 
 }  // namespace spool::storage
