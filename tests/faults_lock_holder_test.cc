@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -653,6 +654,66 @@ TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
   EXPECT_GT(syncs.load(), 400) << "the hook did not see the queue's syncs";
   EXPECT_EQ(under_lock.load(), 0) << "of " << syncs.load() << " syncs, made holding the index lock ("
                                   << segments << " segments now)";
+}
+
+// Nor for a large allocation: a segment is made under the lock only when a roll finds no
+// spare (fallocate of up to a whole segment, which on tmpfs zeroes it). The room a send
+// needs is made into spares before it takes the lock (and a receive's or an ack's is the
+// drain reserve, spares too), so every roll of a queue that sends, receives, acks, drains
+// to empty and compacts takes a spare. A roll renames its new segment into place: from a
+// spare, or from the temporary file of one made there and then. The log's first segment is
+// the exception: the first append of a new queue (its first CLOCK record, before any send
+// has asked for room) makes it, of the smallest size (first_segment_size, 256 KiB at most).
+TEST(LockHolder, EveryRollTakesASpare) {
+  TempDir d;
+  QueueOptions o = faulty();
+  o.sync = SyncPolicy::kInterval;
+  o.segment_size = 64 << 10;
+  const std::string qdir = d / "q";
+  std::mutex mu;
+  std::vector<std::string> made_in_place;
+  int from_spares = 0;
+  sf::on_rename([&](const std::string& from, const std::string& to) {
+    if (!to.ends_with(".seg") || to.ends_with("/00000000000000000001.seg")) return;
+    std::lock_guard lock(mu);
+    if (from.find("/spare-") != std::string::npos) {
+      ++from_spares;
+    } else {
+      made_in_place.push_back(from + " -> " + to);
+    }
+  });
+  {
+    auto q = Queue::open(qdir, o);
+    ASSERT_TRUE(q.ok()) << q.status().to_string();
+    const std::string body(700, 'x');
+    std::vector<std::string_view> batch(40, body);
+    for (int i = 0; i < 600; ++i) {
+      ASSERT_TRUE((*q)->send(body).ok());
+      if (i % 10 == 0) {
+        ASSERT_TRUE((*q)->send_batch(batch).ok());
+      }
+      if (i % 3 != 0) continue;
+      auto got = (*q)->receive(4, 60s);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      for (const auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
+    }
+    for (;;) {  // the drain, with no send to make room
+      auto got = (*q)->receive(64, 60s);
+      if (!got.ok() && got.status().code() == Code::kEmpty) break;
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      for (const auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
+    }
+    ASSERT_TRUE((*q)->compact().ok());
+    auto st = (*q)->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
+    EXPECT_EQ(st->acked_total, st->sent_total);
+  }
+  sf::on_rename(nullptr);
+  std::lock_guard lock(mu);
+  EXPECT_GT(from_spares, 20) << "the hook did not see the queue's rolls";
+  EXPECT_TRUE(made_in_place.empty()) << made_in_place.size() << " of " << made_in_place.size() + from_spares
+                                     << " segments were made under the lock, the first: " << made_in_place.front();
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ Counters g_counters;
 bool g_recording = false;
 std::string g_park_sync;
 std::function<void()> g_on_sync;
+std::function<void(const std::string&, const std::string&)> g_on_rename;
 
 // The undo log: a header, then entries back to back.
 struct Region {
@@ -143,6 +144,11 @@ void clear() {
 void on_sync(std::function<void()> f) {
   std::lock_guard lock(g_mu);
   g_on_sync = std::move(f);
+}
+
+void on_rename(std::function<void(const std::string& from, const std::string& to)> f) {
+  std::lock_guard lock(g_mu);
+  g_on_rename = std::move(f);
 }
 
 void park_next_sync(const std::string& path) {
@@ -280,6 +286,16 @@ class SysFaultIo final : public io::Io {
     std::lock_guard lock(g_mu);
     if (g_recording) mark_synced(fd);
     return 0;
+  }
+
+  int rename(const std::string& from, const std::string& to) override {
+    std::function<void(const std::string&, const std::string&)> f;
+    {
+      std::lock_guard lock(g_mu);
+      f = g_on_rename;
+    }
+    if (f) f(from, to);
+    return io::Io::rename(from, to);
   }
 
   int allocate(int fd, uint64_t off, uint64_t len) override {

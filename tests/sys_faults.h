@@ -47,6 +47,8 @@ void clear();
 void park_next_sync(const std::string& path);
 // Called in the syncing thread before every datasync and directory sync (nullptr: none).
 void on_sync(std::function<void()> f);
+// Called in the renaming thread before every rename (nullptr: none).
+void on_rename(std::function<void(const std::string& from, const std::string& to)> f);
 
 struct Counters {
   uint64_t writes = 0, syncs = 0, allocates = 0;  // calls seen
