@@ -14,15 +14,17 @@ auto Queue::Impl::writable() const -> Status {
 
 auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
   auto& h = idx.hdr();
-  if (Status s = log->check_end(Pos::unpack(h.log_end)); !s.ok()) {
-    idx.damaged(s.message());  // rebuilt before the unlock
-    return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
+  auto tail = log->check_end(Pos::unpack(h.log_end));
+  if (!tail.ok()) {
+    idx.damaged(tail.status().message());  // rebuilt before the unlock
+    return Status(Code::kCorrupt, dir + "/index is damaged: " + tail.status().message() +
+                                      "; it is rebuilt from the log, try again");
   }
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
   if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
-  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr);
+  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, std::move(*tail));
   if (!res.ok()) return res.status();
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
   h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);

@@ -104,6 +104,7 @@ bool allocates_at_fallocate(const std::string& dir, std::string* fs) {
 thread_local bool scratch_gone = false;
 struct Scratch {
   std::string buf;
+  std::vector<Written> written;  // likewise: a vector per call was an allocation per send
   ~Scratch() { scratch_gone = true; }
 };
 thread_local Scratch scratch;
@@ -456,7 +457,8 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
   return rec;
 }
 
-Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id, const Record* opener) {
+Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id, const Record* opener,
+                                 std::shared_ptr<Segment> at_end) {
   const uint64_t opener_size = opener == nullptr ? 0 : format::record_size(opener->ext.size() + opener->payload.size());
   const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize - opener_size;
   for (const auto& r : recs) {
@@ -476,6 +478,8 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     if (!s.ok()) return s.status();
     seg = *s;
     end = {1, format::kSegmentHeaderSize};
+  } else if (at_end != nullptr && at_end->info().seq == end.seq) {
+    seg = std::move(at_end);
   } else {
     auto s = segment(end.seq);
     if (!s.ok()) return s.status();
@@ -487,7 +491,14 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
   buf.clear();
   if (end.off == format::kSegmentHeaderSize && opener != nullptr && !recs.empty()) seg->encode(*opener, buf);
-  std::vector<Written> written;
+  std::vector<Written> written_exiting;
+  std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;
+  written.clear();
+  // Let go of the segments when done: a segment compaction removes stays mapped while held.
+  struct Clear {
+    std::vector<Written>& w;
+    ~Clear() { w.clear(); }
+  } clear_written{written};
   auto fail = [&](Status s) {
     unwrite(*opts_.io, written);
     return s;
@@ -526,9 +537,9 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   return res;
 }
 
-Status Log::check_end(Pos end) {
+Result<std::shared_ptr<Segment>> Log::check_end(Pos end) {
   if (end.seq == 0) {
-    if (end.off == 0) return {};
+    if (end.off == 0) return std::shared_ptr<Segment>();
     return Status(Code::kCorrupt, dir_ + ": the log end names no segment but offset " + std::to_string(end.off));
   }
   auto seg = segment(end.seq);
@@ -548,7 +559,7 @@ Status Log::check_end(Pos end) {
     return Status(Code::kCorrupt, (*seg)->path() + ": a record lies at the log end (offset " + std::to_string(end.off) +
                                       "): the end is behind the log");
   }
-  return {};
+  return seg;
 }
 
 Status Log::clear_tail(Pos end) {

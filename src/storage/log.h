@@ -111,13 +111,15 @@ class Log {
   // way may remain, empty. `base_id` is recorded in a new segment's header. `opener`, if
   // given, is written first into every segment this append starts (a queue states its
   // clock there, so that each segment can be read without the ones before it).
+  // `at_end`: segment(end.seq), when the caller has it (check_end()'s), saving the lookup.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0,
-                              const Record* opener = nullptr);
+                              const Record* opener = nullptr, std::shared_ptr<Segment> at_end = nullptr);
 
   // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
   // offset lies inside it and no record starts there (else an append would overwrite one).
-  // kCorrupt saying what is wrong. Cheap: for every append.
-  Status check_end(Pos end);
+  // kCorrupt saying what is wrong. Cheap: for every append. Gives the segment `end` is in
+  // (null for the empty log's end).
+  Result<std::shared_ptr<Segment>> check_end(Pos end);
 
   // Zeroes what follows the logical end `end` (from recover()) in its segment, if anything
   // does: the first part of a write that a crash of the system tore. Left there, it would be
