@@ -331,6 +331,23 @@ uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
 
 // ---- send ------------------------------------------------------------------------------
 
+// The one send path. `exts` is empty (no message has an extension) or holds one encoded
+// extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
+// `duplicates`, if not null, gets one flag per payload. Each message's id goes into `ids`,
+// one per payload.
+static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
+                        std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
+                        std::vector<bool>* duplicates = nullptr);
+// send_core() into a vector of ids.
+static Result<std::vector<uint64_t>> send_ids(Queue::Impl& q, std::span<const std::string_view> payloads,
+                                              std::span<const std::string> exts,
+                                              std::span<const std::string_view> dedup, const SendOptions& opts,
+                                              std::vector<bool>* duplicates = nullptr) {
+  std::vector<uint64_t> ids(payloads.size());
+  if (Status s = send_core(q, payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
+  return ids;
+}
+
 Result<uint64_t> Queue::send(std::string_view payload, Millis delay) {
   return send(payload, SendOptions{.delay = delay});
 }
@@ -344,6 +361,12 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
 }
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
+  if (opts.attributes.empty() && opts.dedup_id.empty() && opts.priority == kDefaultPriority && opts.group.empty()) {
+    uint64_t id = 0;  // payload-only, as send_batch's; without a vector of one id
+    if (Status s = send_core(*impl_, std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
+    if (duplicate != nullptr) *duplicate = false;
+    return id;
+  }
   if (opts.attributes.empty() && opts.dedup_id.empty()) {
     auto ids = send_batch(std::span(&payload, 1), opts);  // the priority and group go along
     if (!ids.ok()) return ids.status();
@@ -366,13 +389,6 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, 
 static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
     REQUIRES(q.idx);
 
-// The one send path. `exts` is empty (no message has an extension) or holds one encoded
-// extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
-// `duplicates`, if not null, gets one flag per payload.
-static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
-                                               std::span<const std::string> exts,
-                                               std::span<const std::string_view> dedup, const SendOptions& opts,
-                                               std::vector<bool>* duplicates = nullptr);
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
                                                 const SendOptions& opts) {
@@ -381,7 +397,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
                                           "be duplicates); give each message its own with SendItem");
   }
   if (opts.attributes.empty() && opts.priority == kDefaultPriority && opts.group.empty()) {
-    return send_core(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+    return send_ids(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
   }
   if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
   if (Status s = check_group(opts.group, ""); !s.ok()) return s;
@@ -390,7 +406,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
   e.priority = opts.priority;
   e.group = opts.group;
   std::vector<std::string> exts(payloads.size(), storage::encode_ext(e));
-  return send_core(*impl_, payloads, exts, {}, opts);
+  return send_ids(*impl_, payloads, exts, {}, opts);
 }
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
@@ -425,15 +441,14 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     exts.push_back(storage::encode_ext(e));
     dedup.push_back(it.dedup_id);
   }
-  return send_core(*impl_, payloads, exts, dedup, opts, duplicates);
+  return send_ids(*impl_, payloads, exts, dedup, opts, duplicates);
 }
 
-static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const std::string_view> payloads,
-                                               std::span<const std::string> exts,
-                                               std::span<const std::string_view> dedup, const SendOptions& opts,
-                                               std::vector<bool>* duplicates) {
+static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
+                        std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
+                        std::vector<bool>* duplicates) {
   if (Status s = q.writable(); !s.ok()) return s;
-  if (payloads.empty()) return std::vector<uint64_t>{};
+  if (payloads.empty()) return {};
   for (auto p : payloads) {
     if (p.size() > q.cfg.opts.max_payload) {
       return Status(Code::kTooLarge, "message of " + std::to_string(p.size()) +
@@ -449,7 +464,6 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   uint64_t end;
   uint64_t woken = 0;
   bool spares_low = false;
-  std::vector<uint64_t> ids;
   for (;;) {
     auto held = q.lock_to_change();
     if (!held.ok()) return held.status();
@@ -536,14 +550,21 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
       if (Status s = q.idx.group_reserve(2 * grouped); !s.ok()) return s;
       if (Status s = q.idx.reserve_heap(grouped); !s.ok()) return s;
     }
-    std::vector<Record> recs;
-    recs.reserve(n_new);
+    // A single message's record stays on the stack: a vector was one allocation per send().
+    Record single;
+    std::vector<Record> several;
+    several.reserve(n_new > 1 ? n_new : 0);
     for (size_t k = 0; k < n_new; ++k) {
       const size_t i = kept(k);
       Record r{RecordType::kMsg, 0, h.next_id + k, now.rt, now.rt + d, payloads[i]};
       if (!exts.empty()) r.ext = exts[i];
-      recs.push_back(r);
+      if (n_new == 1) {
+        single = r;
+      } else {
+        several.push_back(r);
+      }
     }
+    const std::span<const Record> recs = n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
     if (!recs.empty()) {
       auto res = q.append_all(recs);
       if (!res.ok()) return res.status();
@@ -563,7 +584,6 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
       h.next_id += recs.size();
       h.sent_through.store(h.next_id - 1, std::memory_order_release);
     }
-    ids.resize(payloads.size());
     for (size_t k = 0; k < n_new; ++k) ids[kept(k)] = recs[k].id;
     for (size_t i = 0; i < first.size(); ++i) {
       if (first[i] != 0) ids[i] = first[i];
@@ -573,7 +593,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
       duplicates->assign(payloads.size(), false);
       for (size_t i = 0; i < first.size(); ++i) (*duplicates)[i] = first[i] != 0 || from[i] != SIZE_MAX;
     }
-    if (recs.empty()) return ids;  // every message was a duplicate: nothing written
+    if (recs.empty()) return {};  // every message was a duplicate: nothing written
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written). next() is the oldest unless priorities or
     // redeliveries are ready (it would take the most urgent); then the lowest ready id.
@@ -597,7 +617,7 @@ static Result<std::vector<uint64_t>> send_core(Queue::Impl& q, std::span<const s
   if (woken != 0) q.wake(woken);
   if (spares_low) q.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
-  return ids;
+  return {};
 }
 
 // receive() and receive_views(): with `mapped`, payloads are left in the segments and their
