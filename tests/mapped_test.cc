@@ -324,7 +324,8 @@ TEST(MappedLog, OnlyTheSparesTheNextRollsTakeAreReadIn) {
   for (size_t i = 0; i < n; ++i) {
     const double share = resident_share(names[i]);
     if (i < storage::Log::kWarmSpares) {
-      EXPECT_GT(share, 0.95) << names[i] << ", spare " << i << " in the order rolls take them, is not in the page cache";
+      EXPECT_GT(share, 0.95) << names[i] << ", spare " << i
+                             << " in the order rolls take them, is not in the page cache";
     } else if (!allocates_pages) {
       EXPECT_LT(share, 0.05) << names[i] << ", spare " << i << ", was read in: only the next "
                              << storage::Log::kWarmSpares << " are";

@@ -389,7 +389,6 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, 
 static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
     REQUIRES(q.idx);
 
-
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
                                                 const SendOptions& opts) {
   if (!opts.dedup_id.empty()) {
@@ -564,7 +563,8 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
         several.push_back(r);
       }
     }
-    const std::span<const Record> recs = n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
+    const std::span<const Record> recs =
+        n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
     if (!recs.empty()) {
       auto res = q.append_all(recs);
       if (!res.ok()) return res.status();

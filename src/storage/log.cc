@@ -156,7 +156,7 @@ void Log::prefault(int fd, uint64_t len, bool write) const {
   // write, and a sync of it flushes data only (PostgreSQL zero-fills new WAL files for the
   // same reason). The cost is the spare's size once more in disk writes, and the sync
   // waits for them: only for a spare made in the background (Log::make_spare). A read
-  // populate (warm_next_spare(), or a kernel without the write advice, before 5.14) at
+  // populate (warm_next_spares(), or a kernel without the write advice, before 5.14) at
   // least leaves the pages in the page cache, zeroed off the lock.
   // Through a huge-page mapping, the faults make 2 MiB folios, which later mappings of the
   // segment can map whole.
