@@ -333,6 +333,33 @@ TEST(MappedLog, OnlyTheSparesTheNextRollsTakeAreReadIn) {
   }
 }
 
+// A file put among the spares, larger than any segment (a roll takes a segment's size of
+// it), is read in only as far as a roll would use it, not whole.
+TEST(MappedLog, ALargeFileAmongTheSparesIsReadInOnlyAsFarAsARollUsesIt) {
+  TempDir d;
+  storage::LogOptions o;
+  o.segment_size = 1 << 20;
+  o.io = io::make_mmap_io();
+  const std::string dir = d / "s";
+  auto log = storage::Log::open(dir, o);
+  ASSERT_TRUE(log.ok()) << log.status().to_string();
+  ASSERT_TRUE((*log)->mapped());
+  const std::string big = dir + "/spare-00000000000000000000-1";  // first in the order rolls take
+  {
+    int fd = ::open(big.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 64 << 20), 0);  // sparse: nothing in the page cache yet
+    ::close(fd);
+  }
+  ASSERT_LT(resident_share(big), 0.01);
+  (*log)->warm_next_spares();
+  const double share = resident_share(big);
+  EXPECT_GT(share, 0.0) << "nothing of the spare the next roll takes was read in";
+  // The kernel's readahead may take some MiB beyond the 1 MiB asked for; not the whole file.
+  EXPECT_LT(share, 0.5) << "a 64 MiB file among the spares of a log of 1 MiB segments was read in far beyond "
+                           "the 1 MiB a roll uses";
+}
+
 TEST(MappedLog, SyncWritesBackThePagesDirtiedThroughTheMapping) {
   TempDir d;
   if (on_tmpfs(d.path())) {

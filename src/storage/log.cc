@@ -179,8 +179,11 @@ void Log::warm_next_spares() {
     }
     int fd = opts_.io->open(spare, O_RDWR | O_NOFOLLOW, 0);
     if (fd < 0) continue;  // taken by a roll, or removed
+    // No more than a roll uses of it: a larger file put there is not read in whole.
     struct stat st {};
-    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) prefault(fd, static_cast<uint64_t>(st.st_size), false);
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+      prefault(fd, std::min<uint64_t>(static_cast<uint64_t>(st.st_size), opts_.segment_size), false);
+    }
     ::close(fd);
   }
 }
