@@ -288,18 +288,25 @@ double resident_share(const std::string& path) {
   return share;
 }
 
+// A log of `segment_size` segments under `dir`, with the mapped backend (kNotAQueue if the
+// filesystem does not get it).
+Result<std::unique_ptr<storage::Log>> mapped_log(const std::string& dir, uint64_t segment_size) {
+  storage::LogOptions o;
+  o.segment_size = segment_size;
+  o.io = io::make_mmap_io();
+  auto log = storage::Log::open(dir, o);
+  if (log.ok() && !(*log)->mapped()) return Status(Code::kNotAQueue, dir + " is on a filesystem the log does not map");
+  return log;
+}
+
 // A spare is made without touching its pages (most spares are room kept for a drain, and
 // reading them in would fill the page cache with zeros); the ones the next rolls take are
 // read in off the lock, so that the stores under it find their pages there.
 TEST(MappedLog, OnlyTheSparesTheNextRollsTakeAreReadIn) {
   TempDir d;
-  storage::LogOptions o;
-  o.segment_size = 4 << 20;
-  o.io = io::make_mmap_io();
   const std::string dir = d / "s";
-  auto log = storage::Log::open(dir, o);
+  auto log = mapped_log(dir, 4 << 20);
   ASSERT_TRUE(log.ok()) << log.status().to_string();
-  ASSERT_TRUE((*log)->mapped());
   struct statfs sf {};
   ASSERT_EQ(::statfs(dir.c_str(), &sf), 0);
   // tmpfs allocates, and so holds, every page of a file at fallocate.
@@ -337,13 +344,9 @@ TEST(MappedLog, OnlyTheSparesTheNextRollsTakeAreReadIn) {
 // it), is read in only as far as a roll would use it, not whole.
 TEST(MappedLog, ALargeFileAmongTheSparesIsReadInOnlyAsFarAsARollUsesIt) {
   TempDir d;
-  storage::LogOptions o;
-  o.segment_size = 1 << 20;
-  o.io = io::make_mmap_io();
   const std::string dir = d / "s";
-  auto log = storage::Log::open(dir, o);
+  auto log = mapped_log(dir, 1 << 20);
   ASSERT_TRUE(log.ok()) << log.status().to_string();
-  ASSERT_TRUE((*log)->mapped());
   const std::string big = dir + "/spare-00000000000000000000-1";  // first in the order rolls take
   {
     int fd = ::open(big.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
