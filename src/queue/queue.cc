@@ -338,6 +338,10 @@ uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
 static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
                         std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
                         std::vector<bool>* duplicates = nullptr);
+// No attribute, priority or group: nothing for the record's extension area.
+static bool payload_only(const SendOptions& o) {
+  return o.attributes.empty() && o.priority == kDefaultPriority && o.group.empty();
+}
 // send_core() into a vector of ids.
 static Result<std::vector<uint64_t>> send_ids(Queue::Impl& q, std::span<const std::string_view> payloads,
                                               std::span<const std::string> exts,
@@ -361,7 +365,7 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
 }
 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
-  if (opts.attributes.empty() && opts.dedup_id.empty() && opts.priority == kDefaultPriority && opts.group.empty()) {
+  if (payload_only(opts) && opts.dedup_id.empty()) {
     uint64_t id = 0;  // payload-only, as send_batch's; without a vector of one id
     if (Status s = send_core(*impl_, std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
     if (duplicate != nullptr) *duplicate = false;
@@ -395,7 +399,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
     return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
                                           "be duplicates); give each message its own with SendItem");
   }
-  if (opts.attributes.empty() && opts.priority == kDefaultPriority && opts.group.empty()) {
+  if (payload_only(opts)) {
     return send_ids(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
   }
   if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
@@ -415,7 +419,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
                                                 std::vector<bool>* duplicates) {
   if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
-  if (!opts.attributes.empty() || !opts.dedup_id.empty() || opts.priority != kDefaultPriority || !opts.group.empty()) {
+  if (!payload_only(opts) || !opts.dedup_id.empty()) {
     return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids, priorities and groups "
                                           "from each item, not from SendOptions");
   }

@@ -134,7 +134,7 @@ class Log {
   // A roll takes the first spare (oldest) that the record it rolls for fits, whatever its
   // size, and the new segment has the spare's size; a spare too small stays for a later roll.
   // With the mapped backend, `zero_fill` writes the spare's zeros before its sync, so
-  // that its blocks are written ones (zero_fill()): worth its disk writes for a spare a
+  // that its blocks are written ones (prefault()): worth its disk writes for a spare a
   // background thread makes ahead of a roll, not for one a caller waits for. Without it
   // nothing of the spare is touched: most spares are the room kept for a drain, and the
   // rolls that take them are far off.
