@@ -26,7 +26,7 @@ const char* code_name(Code c) {
 
 std::string Status::to_string() const {
   if (ok()) return "ok";
-  return std::string(code_name(code_)) + ": " + message_;
+  return std::string(code_name(code_)) + ": " + message();
 }
 
 Status errno_status(int err, const std::string& what) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cassert>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,18 +32,27 @@ const char* code_name(Code c);
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message)
+      : code_(code), message_(std::make_shared<const std::string>(std::move(message))) {}
   static Status Ok() { return {}; }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const { return message_ ? *message_ : no_message(); }
   // "<code name>: <message>", for people.
   std::string to_string() const;
 
  private:
+  static const std::string& no_message() {
+    static const std::string none;
+    return none;
+  }
+
   Code code_ = Code::kOk;
-  std::string message_;
+  // Behind a pointer: every call returns a Status, almost always ok, and an ok one is then
+  // two null words to move and nothing to free (a std::string's move was 44 instructions,
+  // out of line, and a send() made four of them).
+  std::shared_ptr<const std::string> message_;
 };
 
 // Builds a Status for a failed system call: "<what>: <strerror(err)>", with ENOSPC mapped to

@@ -199,13 +199,15 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       largest = std::max(largest, rb);
     }
     // Spares are made outside the lock, as a send makes them; then the batch is chosen again.
-    if (SpareShort short_by = spares_short(0, copy_bytes, largest); short_by.n != 0) {
+    auto tail = log_tail();
+    if (!tail.ok()) return tail.status();
+    if (SpareShort short_by = spares_short(tail->get(), 0, copy_bytes, largest); short_by.n != 0) {
       Locked::release(std::move(held).value());
       if (Status s = make_spares(short_by); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
       next = batch_start;
       continue;
     }
-    auto at = append_all(recs);
+    auto at = append_all(recs, std::move(*tail));
     if (!at.ok()) return at.status();
     // Copying took no lock-free step, so the slots are still those of the same entries.
     for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();

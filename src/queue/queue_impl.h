@@ -147,14 +147,14 @@ struct Queue::Impl {
     ~Locked() RELEASE();
     // What lock() found damaged in the index and rebuilt from the log before it returned,
     // or "" (verify reports it).
-    const std::string& repaired() const { return repaired_; }
+    const std::string& repaired() const { return repaired_.message(); }
     // Unlocks before the end of the holder's scope: `Locked::release(std::move(held).value())`.
     static void release(Locked gone) { (void)gone; }
 
    private:
     friend struct Impl;
     Impl* impl_;
-    std::string repaired_;
+    Status repaired_;  // kCorrupt with what was damaged; a Status, not a string: cheap to move while ok
     uint64_t promotions_;  // idx.promotions() when the lock was taken
   };
 
@@ -254,7 +254,13 @@ struct Queue::Impl {
   // Finds the entry a receipt names and checks its fence.
   Result<uint32_t> fenced(uint64_t id, uint32_t gen) REQUIRES(idx);
 
-  // Appends at the log end and publishes the new end.
+  // The segment at the index's log end (null before the first), checked against that end;
+  // a bad end marks the index damaged. A writer looks it up once for the room it needs
+  // (spares_short) and for its append.
+  Result<std::shared_ptr<storage::Segment>> log_tail() REQUIRES(idx);
+  // Appends at the log end and publishes the new end; `tail` is log_tail()'s.
+  Result<storage::AppendResult> append_all(std::span<const Record> recs, std::shared_ptr<storage::Segment> tail)
+      REQUIRES(idx);
   Result<storage::AppendResult> append_all(std::span<const Record> recs) REQUIRES(idx);
   Result<Pos> append(std::span<const Record> recs) REQUIRES(idx);
   // The one mutator (queue/apply.h) for `rec`, a record of this call, written at `at` (0
@@ -288,9 +294,11 @@ struct Queue::Impl {
     // to make spares themselves.
     bool low = false;
   };
-  // `largest`: the record size of the largest record about to be written (0: none).
-  // `ahead`: the room of one more segment, of the size the next roll makes, on top.
-  SpareShort spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t largest = 0, bool ahead = false) REQUIRES(idx);
+  // `tail`: log_tail()'s segment. `largest`: the record size of the largest record about to
+  // be written (0: none). `ahead`: the room of one more segment, of the size the next roll
+  // makes, on top.
+  SpareShort spares_short(const storage::Segment* tail, uint64_t new_msgs, uint64_t bytes, uint64_t largest = 0,
+                          bool ahead = false) REQUIRES(idx);
   // spares_short(): no number of spares would do, the log has used every segment number.
   static constexpr uint64_t kNoSegmentNumbers = UINT64_MAX;
   // Makes the spares without the lock (a send's or a compaction's: each spare is a large

@@ -107,7 +107,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     idx.damaged(bad);
   }
   if (!idx.damage().empty()) {
-    held.repaired_ = idx.damage();
+    held.repaired_ = Status(Code::kCorrupt, idx.damage());
     if (Status s = repair_damage(); !s.ok()) return s;
   }
   if (idx.hdr().compacted_through > forgotten_through) {

@@ -12,19 +12,30 @@ auto Queue::Impl::writable() const -> Status {
   return {};
 }
 
-auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
-  auto& h = idx.hdr();
-  auto tail = log->check_end(Pos::unpack(h.log_end));
+auto Queue::Impl::log_tail() -> Result<std::shared_ptr<storage::Segment>> {
+  auto tail = log->check_end(Pos::unpack(idx.hdr().log_end));
   if (!tail.ok()) {
     idx.damaged(tail.status().message());  // rebuilt before the unlock
     return Status(Code::kCorrupt, dir + "/index is damaged: " + tail.status().message() +
                                       "; it is rebuilt from the log, try again");
   }
+  return tail;
+}
+
+auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
+  auto tail = log_tail();
+  if (!tail.ok()) return tail.status();
+  return append_all(recs, std::move(*tail));
+}
+
+auto Queue::Impl::append_all(std::span<const Record> recs, std::shared_ptr<storage::Segment> tail)
+    -> Result<storage::AppendResult> {
+  auto& h = idx.hdr();
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
   if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
-  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, std::move(*tail));
+  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, std::move(tail));
   if (!res.ok()) return res.status();
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
   h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
@@ -60,7 +71,8 @@ auto Queue::Impl::clocks() -> Clocks {
   return next;
 }
 
-auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t largest, bool ahead) -> SpareShort {
+auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, uint64_t bytes, uint64_t largest,
+                               bool ahead) -> SpareShort {
   constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
   constexpr uint64_t kSlack = 4096;
   // What a segment cannot hold of drain records: its header, the CLOCK record that opens
@@ -69,11 +81,7 @@ auto Queue::Impl::spares_short(uint64_t new_msgs, uint64_t bytes, uint64_t large
   auto cap = [](uint64_t size) { return size - std::min(size, kPerSegment); };
   auto& h = idx.hdr();
   Pos end = Pos::unpack(h.log_end);
-  uint64_t active = 0;  // the active segment's size
-  if (end.seq != 0) {
-    auto seg = log->segment(end.seq);
-    active = seg.ok() ? (*seg)->info().size : 0;
-  }
+  const uint64_t active = tail == nullptr ? 0 : tail->info().size;
   // A spare beyond the last segment number a position can hold is never rolled into; when
   // there are more spares than numbers, each one left counts as the smallest a spare can be.
   const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
@@ -149,7 +157,9 @@ auto Queue::Impl::top_up_spares() -> void {
     auto held = lock();  // reads the counts only: no reaping or shrinking from this thread
     if (!held.ok()) return;
     holds(*held);
-    s = spares_short(0, 0, 0, true);
+    auto tail = log_tail();
+    if (!tail.ok()) return;
+    s = spares_short(tail->get(), 0, 0, 0, true);
   }
   // A failure here is not the caller's: the send that is really short makes the spare
   // itself and reports the error.
