@@ -65,7 +65,7 @@ class Scratch {
     auto res = log_->append(end_, recs, next_id_);
     if (!res.ok()) die(res.status().to_string());
     end_ = res->end;
-    return res->at;
+    return {res->at.begin(), res->at.end()};
   }
   std::string segment(uint64_t seq) const { return read_file(log_->segment_path(seq)); }
   Pos end() const { return end_; }

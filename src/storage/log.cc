@@ -105,6 +105,7 @@ thread_local bool scratch_gone = false;
 struct Scratch {
   std::string buf;
   std::vector<Written> written;  // likewise: a vector per call was an allocation per send
+  std::vector<Pos> at;           // AppendResult::at
   ~Scratch() { scratch_gone = true; }
 };
 thread_local Scratch scratch;
@@ -488,7 +489,10 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     if (!s.ok()) return s.status();
     seg = *s;
   }
-  res.at.reserve(recs.size());
+  std::vector<Pos>& at = scratch_gone ? res.own : scratch.at;
+  if (at.capacity() > (1u << 20)) std::vector<Pos>().swap(at);  // as buf
+  at.clear();
+  at.reserve(recs.size());
   std::string exiting;
   std::string& buf = scratch_gone ? exiting : scratch.buf;
   if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
@@ -532,11 +536,12 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       end = {end.seq + 1, format::kSegmentHeaderSize};
       if (opener != nullptr) seg->encode(*opener, buf);
     }
-    res.at.push_back({end.seq, end.off + buf.size()});
+    at.push_back({end.seq, end.off + buf.size()});
     seg->encode(r, buf);
   }
   if (Status s = flush(); !s.ok()) return fail(s);
   res.end = end;
+  res.at = at;
   return res;
 }
 

@@ -73,10 +73,17 @@ struct LogOptions {
 };
 
 struct AppendResult {
-  std::vector<Pos> at;  // where each record went
-  Pos end;              // the new end
-  uint32_t spares_used = 0;  // spare segments the rolls of this append took
+  AppendResult() = default;
+  AppendResult(AppendResult&&) = default;
+  AppendResult(const AppendResult&) = delete;  // `at` may point into `own`
+
+  // Where each record went. In storage of the appending thread, which its next append()
+  // reuses (a vector per call was an allocation per send): read it before appending again.
+  std::span<const Pos> at;
+  Pos end;                        // the new end
+  uint32_t spares_used = 0;       // spare segments the rolls of this append took
   uint64_t spare_bytes_used = 0;  // and their sizes, summed
+  std::vector<Pos> own;           // `at`'s storage once the thread's is gone (at exit)
 };
 
 struct Recovery {
