@@ -1,6 +1,6 @@
 // Clock steps (issue 23, "Time"; docs/semantics.md "Clocks"). The wall clock of this
 // process is moved by the test: this executable defines clock_gettime(), which every call
-// in libspool.a (linked statically) binds to, and adds `g_wall_step_ns` to CLOCK_REALTIME.
+// in libspool.a (linked statically) binds to, and adds `g_wall_step_ns` to CLOCK_REALTIME (and its coarse variant).
 // CLOCK_BOOTTIME is left alone, as a real step leaves it. A step must neither drop a
 // message nor hold it longer than its lease, delay or age asked for; a lease from an
 // earlier boot ends at once.
@@ -14,10 +14,12 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "storage/log.h"
 #include "test_util.h"
 
 namespace {
@@ -26,7 +28,8 @@ std::atomic<int64_t> g_wall_step_ns{0};
 
 extern "C" int clock_gettime(clockid_t clock, struct timespec* ts) noexcept {
   long r = ::syscall(SYS_clock_gettime, clock, ts);
-  if (r != 0 || clock != CLOCK_REALTIME) return static_cast<int>(r);
+  // A step moves the coarse wall clock too (the library's drift check reads that one).
+  if (r != 0 || (clock != CLOCK_REALTIME && clock != CLOCK_REALTIME_COARSE)) return static_cast<int>(r);
   int64_t ns = static_cast<int64_t>(ts->tv_sec) * 1'000'000'000 + ts->tv_nsec + g_wall_step_ns.load();
   ts->tv_sec = ns / 1'000'000'000;
   ts->tv_nsec = ns % 1'000'000'000;
@@ -67,6 +70,36 @@ TEST_F(ClockStep, TheInterposedWallClockMoves) {
   g_wall_step_ns = 2 * kHour;
   ::clock_gettime(CLOCK_REALTIME, &b);
   EXPECT_GE(b.tv_sec - a.tv_sec, 2 * 3600 - 1);
+}
+
+// A step of the wall clock is noticed by the next send (anchor_due() reads the coarse wall
+// clock) and anchored in the log: a CLOCK record of the new offset, and the records after
+// it store times that follow the wall clock again.
+TEST_F(ClockStep, AStepOfTheWallClockIsAnchoredInTheLog) {
+  {
+    auto q = open();
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->send("before").ok());
+    g_wall_step_ns = 2 * kHour;
+    ASSERT_TRUE(q->send("after").ok());
+  }
+  auto log = storage::Log::open(qdir() + "/segments", storage::LogOptions{});
+  ASSERT_TRUE(log.ok()) << log.status().to_string();
+  std::vector<int64_t> offsets;  // of each anchor: the log clock less CLOCK_BOOTTIME
+  std::map<std::string, uint64_t> stored;  // each message's time
+  auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& v) {
+    if (v.type == format::RecordType::kClock) {
+      const auto off = static_cast<int64_t>(v.t1 - v.t2);
+      if (offsets.empty() || offsets.back() != off) offsets.push_back(off);
+    }
+    if (v.type == format::RecordType::kMsg) stored[std::string(v.payload)] = v.t1;
+  });
+  ASSERT_TRUE(rec.ok()) << rec.status().to_string();
+  ASSERT_EQ(offsets.size(), 2u) << "the step was not anchored";
+  EXPECT_NEAR(static_cast<double>(offsets[1] - offsets[0]), static_cast<double>(2 * kHour), 10e9);
+  ASSERT_EQ(stored.size(), 2u);
+  EXPECT_GE(stored["after"] - stored["before"], static_cast<uint64_t>(2 * kHour - 10'000'000'000))
+      << "a message sent after the step is not dated by the stepped wall clock";
 }
 
 TEST_F(ClockStep, AForwardStepDoesNotAgeAMessagePastRetention) {

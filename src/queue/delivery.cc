@@ -45,7 +45,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   const uint64_t age = c.boot - enqueue_key(idx, Pos::unpack(e.loc), r->t1, c);
   if (age_ns != nullptr) *age_ns = age;
   m.enqueued = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real - age)));
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real() - age)));
   return m;
 }
 

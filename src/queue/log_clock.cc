@@ -38,9 +38,8 @@ uint64_t boot_hash() {
 Clocks read_clocks(const index::IndexHeader& h) {
   Clocks c;
   c.boot = sys::boot_ns();
-  c.real = sys::real_ns();
   const uint32_t n = anchors(h);
-  c.rt = n == 0 ? c.real : c.boot + h.clock[n - 1].off;
+  c.rt = n == 0 ? c.real() : c.boot + h.clock[n - 1].off;
   return c;
 }
 
@@ -49,7 +48,8 @@ bool anchor_due(const index::IndexHeader& h, const Clocks& c) {
   // A full table keeps the last offset for the rest of the boot: conversions stay exact,
   // only the log clock no longer follows the wall clock's steps.
   if (anchors(h) == index::kClockAnchors) return false;
-  const auto drift = static_cast<int64_t>(c.real - c.rt);
+  // Coarse (a tick, a few ms, behind): against a second of slack, and free of the precise read.
+  const auto drift = static_cast<int64_t>(sys::now_ns(CLOCK_REALTIME_COARSE) - c.rt);
   return drift > static_cast<int64_t>(kClockSlackNs) || drift < -static_cast<int64_t>(kClockSlackNs);
 }
 
@@ -74,7 +74,7 @@ void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off) {
 }
 
 uint64_t rebase(const index::IndexHeader& h, uint64_t at, uint64_t t, const Clocks& now) {
-  if (anchors(h) == 0 || at < h.clock_first) return t + (now.rt - now.real);  // a wall-clock time
+  if (anchors(h) == 0 || at < h.clock_first) return t + (now.rt - now.real());  // a wall-clock time
   return t - offset_at(h, at) + (now.rt - now.boot);
 }
 
@@ -100,12 +100,12 @@ bool ReplayClock::this_boot(uint64_t at) const { return anchors(h_) != 0 && at >
 uint64_t ReplayClock::lease_key(uint64_t at, uint64_t t2) const {
   if (this_boot(at)) return key_at(t2, offset_at(h_, at));
   if (foreign_) return 0;  // an earlier boot's lease: nobody holds it any more
-  return key_at(t2, now_.real - now_.boot);
+  return key_at(t2, now_.real() - now_.boot);
 }
 
 uint64_t ReplayClock::ready_key(uint64_t at, uint64_t t1, uint64_t t2) const {
   if (this_boot(at)) return key_at(t2, offset_at(h_, at));
-  uint64_t k = key_at(t2, now_.real - now_.boot);
+  uint64_t k = key_at(t2, now_.real() - now_.boot);
   // However far the wall clock went back, no longer than the record asked for.
   if (t1 != 0 && t2 >= t1) k = std::min(k, now_.boot + (t2 - t1));
   return k;
@@ -124,12 +124,12 @@ uint64_t ReplayClock::written(const storage::RecordView& r) {
 uint64_t ReplayClock::time_key(uint64_t at, uint64_t t) const {
   if (t == 0) return 0;
   if (this_boot(at)) return std::min(now_.boot, key_at(t, offset_at(h_, at)));
-  return std::min(now_.boot, key_at(t, now_.real - now_.boot));
+  return std::min(now_.boot, key_at(t, now_.real() - now_.boot));
 }
 
 uint64_t ReplayClock::time_wall(uint64_t at, uint64_t t) const {
-  if (this_boot(at)) return now_.real - std::min(now_.real, now_.boot - time_key(at, t));
-  return std::min(now_.real, t);
+  if (this_boot(at)) return now_.real() - std::min(now_.real(), now_.boot - time_key(at, t));
+  return std::min(now_.real(), t);
 }
 
 }  // namespace spool::queue

@@ -832,7 +832,7 @@ static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQ
   m.state = state_at(e, key, now.boot);
   if (m.state == MessageState::kBlocked) return m;  // due: when the one before it goes
   m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::nanoseconds(now.real + (key - now.boot))));
+      std::chrono::nanoseconds(now.real() + (key - now.boot))));
   const auto& h = q.idx.hdr();
   if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.owner_pid[k];
   return m;

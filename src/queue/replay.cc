@@ -61,8 +61,8 @@ Result<ReplayResult> Queue::replay(const ReplayOptions& o) {
     now = queue::read_clocks(q.idx.hdr());
   }
   const uint64_t since_ns = ms_to_ns(o.since), until_ns = ms_to_ns(o.until);
-  const uint64_t lo = now.real - std::min(now.real, since_ns);
-  const uint64_t hi = now.real - std::min(now.real, until_ns);
+  const uint64_t lo = now.real() - std::min(now.real(), since_ns);
+  const uint64_t hi = now.real() - std::min(now.real(), until_ns);
 
   auto seqs = q.log->segments();
   if (!seqs.ok()) return seqs.status();

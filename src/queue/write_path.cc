@@ -59,7 +59,7 @@ auto Queue::Impl::clocks() -> Clocks {
   boot_seen = c.boot;
   if (read_only || !queue::anchor_due(h, c)) return c;
   Clocks next = c;
-  next.rt = next.real;
+  next.rt = next.real();
   const uint64_t boot = queue::boot_hash();
   Record r = queue::anchor_record(next, boot);
   auto at = append(std::span(&r, 1));
