@@ -257,6 +257,34 @@ TEST_F(LogTest, RoundTripAcrossRollsAndReopen) {
   }
 }
 
+// check_end() gives back a segment its caller already had only while the Log's cache
+// generation stands (Queue::Impl::log_tail() keeps the log's tail across sends on that): a
+// roll (which may replace a stale segment of the same number) and a compaction's
+// forget_below() change it; a lookup does not.
+TEST_F(LogTest, TheCacheGenerationChangesWhereASegmentMayBeReplaced) {
+  auto log = open_log();
+  Pos end;
+  uint64_t id = 1;
+  std::vector<std::string> payloads;
+  ASSERT_NO_FATAL_FAILURE(append_until(*log, 2, end, id, payloads));
+  const uint64_t before = log->cache_generation();
+  auto tail = log->check_end(end);
+  ASSERT_TRUE(tail.ok()) << tail.status().to_string();
+  auto again = log->check_end(end, *tail);
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_EQ(*again, *tail);
+  ASSERT_TRUE(log->segment(1).ok());
+  EXPECT_EQ(log->cache_generation(), before) << "a lookup changed it";
+  ASSERT_NO_FATAL_FAILURE(append_until(*log, 3, end, id, payloads));
+  const uint64_t rolled = log->cache_generation();
+  EXPECT_NE(rolled, before) << "a roll did not change it";
+  auto next = log->check_end(end, *tail);  // the known segment is 2, the end is in 3
+  ASSERT_TRUE(next.ok()) << next.status().to_string();
+  EXPECT_EQ((*next)->info().seq, 3u);
+  log->forget_below(2);
+  EXPECT_NE(log->cache_generation(), rolled) << "forget_below() did not change it";
+}
+
 // Spare segments are taken by the next rolls, in place of new files, and the log reads
 // back the same across them; the append reports how many it took.
 TEST_F(LogTest, RollsTakeSpareSegmentsFirst) {

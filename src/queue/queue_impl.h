@@ -258,6 +258,8 @@ struct Queue::Impl {
   // a bad end marks the index damaged. A writer looks it up once for the room it needs
   // (spares_short) and for its append.
   Result<std::shared_ptr<storage::Segment>> log_tail() REQUIRES(idx);
+  std::shared_ptr<storage::Segment> tail_seen GUARDED_BY(idx);  // log_tail()'s last, at
+  uint64_t tail_gen GUARDED_BY(idx) = 0;                         // log->cache_generation() then
   // Appends at the log end and publishes the new end; `tail` is log_tail()'s.
   Result<storage::AppendResult> append_all(std::span<const Record> recs, std::shared_ptr<storage::Segment> tail)
       REQUIRES(idx);

@@ -13,7 +13,15 @@ auto Queue::Impl::writable() const -> Status {
 }
 
 auto Queue::Impl::log_tail() -> Result<std::shared_ptr<storage::Segment>> {
-  auto tail = log->check_end(Pos::unpack(idx.hdr().log_end));
+  // The segment is looked up again only after a roll or a compaction (in any process: the
+  // end names another segment, or this Log's cache changed): the lookup was a mutex, a map
+  // search and two reference counts a send.
+  const uint64_t gen = log->cache_generation();
+  auto tail = log->check_end(Pos::unpack(idx.hdr().log_end), gen == tail_gen ? tail_seen : nullptr);
+  if (tail.ok()) {
+    if (*tail != tail_seen) tail_seen = *tail;
+    tail_gen = gen;
+  }
   if (!tail.ok()) {
     idx.damaged(tail.status().message());  // rebuilt before the unlock
     return Status(Code::kCorrupt, dir + "/index is damaged: " + tail.status().message() +

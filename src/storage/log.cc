@@ -281,6 +281,7 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
 void Log::forget_below(uint64_t seq) {
   std::lock_guard lock(mu_);
   cache_.erase(cache_.begin(), cache_.lower_bound(seq));
+  cache_gen_.fetch_add(1, std::memory_order_release);
 }
 
 uint64_t Log::first_size() const { return std::min(opts_.first_segment_size, opts_.segment_size); }
@@ -346,6 +347,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
   (*seg)->set_max_payload(max_payload());
   std::lock_guard lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
+  cache_gen_.fetch_add(1, std::memory_order_release);
   return *seg;
 }
 
@@ -425,6 +427,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
     {
       std::lock_guard lock(mu_);
       cache_.erase(seqs->back());
+      cache_gen_.fetch_add(1, std::memory_order_release);
     }
     seqs->pop_back();
   }
@@ -545,12 +548,12 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   return res;
 }
 
-Result<std::shared_ptr<Segment>> Log::check_end(Pos end) {
+Result<std::shared_ptr<Segment>> Log::check_end(Pos end, const std::shared_ptr<Segment>& known) {
   if (end.seq == 0) {
     if (end.off == 0) return std::shared_ptr<Segment>();
     return Status(Code::kCorrupt, dir_ + ": the log end names no segment but offset " + std::to_string(end.off));
   }
-  auto seg = segment(end.seq);
+  auto seg = known != nullptr && known->info().seq == end.seq ? Result<std::shared_ptr<Segment>>(known) : segment(end.seq);
   if (!seg.ok()) return Status(Code::kCorrupt, "the log end names segment " + std::to_string(end.seq) + ": " + seg.status().message());
   if (end.off < format::kSegmentHeaderSize || end.off > (*seg)->info().size) {
     return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +

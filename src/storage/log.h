@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <compare>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -125,8 +126,12 @@ class Log {
   // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
   // offset lies inside it and no record starts there (else an append would overwrite one).
   // kCorrupt saying what is wrong. Cheap: for every append. Gives the segment `end` is in
-  // (null for the empty log's end).
-  Result<std::shared_ptr<Segment>> check_end(Pos end);
+  // (null for the empty log's end). `known`: that segment as an earlier call gave it, while
+  // cache_generation() has not changed since (it is then not looked up again).
+  Result<std::shared_ptr<Segment>> check_end(Pos end, const std::shared_ptr<Segment>& known = nullptr);
+  // Changes whenever a segment this Log gave out may have been dropped or replaced by
+  // another of the same number (a roll over a stale one, a compaction, a recovery).
+  uint64_t cache_generation() const { return cache_gen_.load(std::memory_order_acquire); }
 
   // Zeroes what follows the logical end `end` (from recover()) in its segment, if anything
   // does: the first part of a write that a crash of the system tore. Left there, it would be
@@ -208,6 +213,7 @@ class Log {
   bool mapped_;
   mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<Segment>> cache_;
+  std::atomic<uint64_t> cache_gen_{0};  // cache_generation(); bumped under mu_
   std::map<uint64_t, Status> failed_syncs_;
   mutable std::set<std::string> warned_names_;  // guarded by mu_
   std::vector<std::string> warmed_;  // the spares warm_next_spares() read last; guarded by mu_
