@@ -201,13 +201,13 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // Spares are made outside the lock, as a send makes them; then the batch is chosen again.
     auto tail = log_tail();
     if (!tail.ok()) return tail.status();
-    if (SpareShort short_by = spares_short(tail->get(), 0, copy_bytes, largest); short_by.n != 0) {
+    if (SpareShort short_by = spares_short(*tail, 0, copy_bytes, largest); short_by.n != 0) {
       Locked::release(std::move(held).value());
       if (Status s = make_spares(short_by); !s.ok()) return Status(s.code(), "compaction stopped: " + s.message());
       next = batch_start;
       continue;
     }
-    auto at = append_all(recs, std::move(*tail));
+    auto at = append_all(recs, *tail);
     if (!at.ok()) return at.status();
     // Copying took no lock-free step, so the slots are still those of the same entries.
     for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
@@ -285,7 +285,9 @@ Result<CompactResult> Queue::compact(const Progress& progress) { return impl_->c
 
 auto Queue::Impl::maybe_compact(uint64_t end) -> void {
   uint64_t seq = Pos::unpack(end).seq;
-  if (seq <= seen_seq.exchange(seq)) return;
+  // A load first: the exchange is a locked instruction, and a send's segment is mostly the
+  // one seen before.
+  if (seq <= seen_seq.load(std::memory_order_relaxed) || seq <= seen_seq.exchange(seq)) return;
   if (!seen_seq_initialised.exchange(true)) return;  // the first write only sets the mark
   sys::MutexLock lock(compact_mu);
   if (compact_stopping) return;

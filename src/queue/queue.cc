@@ -535,7 +535,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     // written, never after. Spares are made outside the lock, then it looks again.
     auto tail = q.log_tail();
     if (!tail.ok()) return tail.status();
-    const auto short_by = q.spares_short(tail->get(), n_new, record_bytes, largest);
+    const auto short_by = q.spares_short(*tail, n_new, record_bytes, largest);
     if (short_by.n != 0) {
       Queue::Impl::Locked::release(std::move(held).value());
       if (Status s = q.make_spares(short_by); !s.ok()) return s;
@@ -572,7 +572,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     const std::span<const Record> recs =
         n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
     if (!recs.empty()) {
-      auto res = q.append_all(recs, std::move(*tail));
+      auto res = q.append_all(recs, *tail);
       if (!res.ok()) return res.status();
       if (!q.park_append_path.empty()) park(q.park_append_path);
       for (size_t k = 0; k < recs.size(); ++k) {

@@ -255,14 +255,13 @@ struct Queue::Impl {
   Result<uint32_t> fenced(uint64_t id, uint32_t gen) REQUIRES(idx);
 
   // The segment at the index's log end (null before the first), checked against that end;
-  // a bad end marks the index damaged. A writer looks it up once for the room it needs
-  // (spares_short) and for its append.
-  Result<std::shared_ptr<storage::Segment>> log_tail() REQUIRES(idx);
+  // a bad end marks the index damaged. A writer takes it once for the room it needs
+  // (spares_short) and for its append; it stays held (tail_seen) while the lock is.
+  Result<storage::Segment*> log_tail() REQUIRES(idx);
   std::shared_ptr<storage::Segment> tail_seen GUARDED_BY(idx);  // log_tail()'s last, at
   uint64_t tail_gen GUARDED_BY(idx) = 0;                         // log->cache_generation() then
   // Appends at the log end and publishes the new end; `tail` is log_tail()'s.
-  Result<storage::AppendResult> append_all(std::span<const Record> recs, std::shared_ptr<storage::Segment> tail)
-      REQUIRES(idx);
+  Result<storage::AppendResult> append_all(std::span<const Record> recs, storage::Segment* tail) REQUIRES(idx);
   Result<storage::AppendResult> append_all(std::span<const Record> recs) REQUIRES(idx);
   Result<Pos> append(std::span<const Record> recs) REQUIRES(idx);
   // The one mutator (queue/apply.h) for `rec`, a record of this call, written at `at` (0

@@ -114,6 +114,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     // Another process removed old segments: let go of their mappings.
     forgotten_through = idx.hdr().compacted_through;
     log->forget_below(forgotten_through + 1);
+    tail_seen.reset();  // it may be one of them, after a roll
   }
   if (!park_path.empty() && (park_every || !parked)) {
     parked = true;

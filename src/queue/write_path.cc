@@ -12,38 +12,34 @@ auto Queue::Impl::writable() const -> Status {
   return {};
 }
 
-auto Queue::Impl::log_tail() -> Result<std::shared_ptr<storage::Segment>> {
+auto Queue::Impl::log_tail() -> Result<storage::Segment*> {
   // The segment is looked up again only after a roll or a compaction (in any process: the
   // end names another segment, or this Log's cache changed): the lookup was a mutex, a map
-  // search and two reference counts a send.
-  const uint64_t gen = log->cache_generation();
-  auto tail = log->check_end(Pos::unpack(idx.hdr().log_end), gen == tail_gen ? tail_seen : nullptr);
-  if (tail.ok()) {
-    if (*tail != tail_seen) tail_seen = *tail;
+  // search and reference counts a send.
+  if (const uint64_t gen = log->cache_generation(); gen != tail_gen) {
+    tail_seen.reset();
     tail_gen = gen;
   }
-  if (!tail.ok()) {
-    idx.damaged(tail.status().message());  // rebuilt before the unlock
-    return Status(Code::kCorrupt, dir + "/index is damaged: " + tail.status().message() +
-                                      "; it is rebuilt from the log, try again");
+  if (Status s = log->check_end(Pos::unpack(idx.hdr().log_end), tail_seen); !s.ok()) {
+    idx.damaged(s.message());  // rebuilt before the unlock
+    return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
   }
-  return tail;
+  return tail_seen.get();
 }
 
 auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
   auto tail = log_tail();
   if (!tail.ok()) return tail.status();
-  return append_all(recs, std::move(*tail));
+  return append_all(recs, *tail);
 }
 
-auto Queue::Impl::append_all(std::span<const Record> recs, std::shared_ptr<storage::Segment> tail)
-    -> Result<storage::AppendResult> {
+auto Queue::Impl::append_all(std::span<const Record> recs, storage::Segment* tail) -> Result<storage::AppendResult> {
   auto& h = idx.hdr();
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
   if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
-  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, std::move(tail));
+  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, tail);
   if (!res.ok()) return res.status();
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
   h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
@@ -167,7 +163,7 @@ auto Queue::Impl::top_up_spares() -> void {
     holds(*held);
     auto tail = log_tail();
     if (!tail.ok()) return;
-    s = spares_short(tail->get(), 0, 0, 0, true);
+    s = spares_short(*tail, 0, 0, 0, true);
   }
   // A failure here is not the caller's: the send that is really short makes the spare
   // itself and reports the error.

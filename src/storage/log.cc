@@ -43,9 +43,11 @@ bool zero_header(const std::string& path) {
   return n == static_cast<ssize_t>(sizeof h) && std::all_of(h, h + n, [](uint8_t b) { return b == 0; });
 }
 
-// Bytes [from, to) of a segment that an append wrote, or tried to write.
+// Bytes [from, to) of a segment that an append wrote, or tried to write. A plain pointer:
+// the append holds every segment it writes into until it returns (reference counts were
+// two atomic operations a send).
 struct Written {
-  std::shared_ptr<Segment> seg;
+  Segment* seg;
   uint64_t from;
   uint64_t to;
 };
@@ -465,7 +467,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
 }
 
 Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id, const Record* opener,
-                                 std::shared_ptr<Segment> at_end) {
+                                 Segment* at_end) {
   const uint64_t opener_size = opener == nullptr ? 0 : format::record_size(opener->ext.size() + opener->payload.size());
   const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize - opener_size;
   for (const auto& r : recs) {
@@ -477,20 +479,22 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     }
   }
   AppendResult res;
-  std::shared_ptr<Segment> seg;
+  Segment* seg = nullptr;  // the segment appended into
+  // Hold what this call looked up or rolled into (the caller holds `at_end`).
+  std::vector<std::shared_ptr<Segment>> held;
   if (end.seq == 0) {
     const uint64_t first = recs.empty() ? 0 : format::record_size(recs.front().ext.size() + recs.front().payload.size());
     auto s = roll(1, 0, format::kSegmentHeaderSize + opener_size + first, recs.empty() ? base_id : recs.front().id,
                   &res);
     if (!s.ok()) return s.status();
-    seg = *s;
+    seg = held.emplace_back(std::move(*s)).get();
     end = {1, format::kSegmentHeaderSize};
   } else if (at_end != nullptr && at_end->info().seq == end.seq) {
-    seg = std::move(at_end);
+    seg = at_end;
   } else {
     auto s = segment(end.seq);
     if (!s.ok()) return s.status();
-    seg = *s;
+    seg = held.emplace_back(std::move(*s)).get();
   }
   std::vector<Pos>& at = scratch_gone ? res.own : scratch.at;
   if (at.capacity() > (1u << 20)) std::vector<Pos>().swap(at);  // as buf
@@ -504,11 +508,6 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   std::vector<Written> written_exiting;
   std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;
   written.clear();
-  // Let go of the segments when done: a segment compaction removes stays mapped while held.
-  struct Clear {
-    std::vector<Written>& w;
-    ~Clear() { w.clear(); }
-  } clear_written{written};
   auto fail = [&](Status s) {
     unwrite(*opts_.io, written);
     return s;
@@ -535,7 +534,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       if (Status s = flush(); !s.ok()) return fail(s);
       auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + sz, r.id, &res);
       if (!next.ok()) return fail(next.status());
-      seg = *next;
+      seg = held.emplace_back(std::move(*next)).get();
       end = {end.seq + 1, format::kSegmentHeaderSize};
       if (opener != nullptr) seg->encode(*opener, buf);
     }
@@ -548,29 +547,36 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   return res;
 }
 
-Result<std::shared_ptr<Segment>> Log::check_end(Pos end, const std::shared_ptr<Segment>& known) {
+Status Log::check_end(Pos end, std::shared_ptr<Segment>& seg) {
   if (end.seq == 0) {
-    if (end.off == 0) return std::shared_ptr<Segment>();
+    seg.reset();
+    if (end.off == 0) return {};
     return Status(Code::kCorrupt, dir_ + ": the log end names no segment but offset " + std::to_string(end.off));
   }
-  auto seg = known != nullptr && known->info().seq == end.seq ? Result<std::shared_ptr<Segment>>(known) : segment(end.seq);
-  if (!seg.ok()) return Status(Code::kCorrupt, "the log end names segment " + std::to_string(end.seq) + ": " + seg.status().message());
-  if (end.off < format::kSegmentHeaderSize || end.off > (*seg)->info().size) {
-    return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +
+  if (seg == nullptr || seg->info().seq != end.seq) {
+    auto found = segment(end.seq);
+    if (!found.ok()) {
+      seg.reset();
+      return Status(Code::kCorrupt, "the log end names segment " + std::to_string(end.seq) + ": " + found.status().message());
+    }
+    seg = std::move(*found);
+  }
+  if (end.off < format::kSegmentHeaderSize || end.off > seg->info().size) {
+    return Status(Code::kCorrupt, seg->path() + ": the log end, offset " + std::to_string(end.off) +
                                       ", is outside the segment's records");
   }
   // Records start 8-aligned: appends at a misaligned end would be lost at the next scan,
   // and on armhf the first word's 64-bit store faults (SIGBUS, BUS_ADRALN).
   if (end.off % format::kRecordAlign != 0) {
-    return Status(Code::kCorrupt, (*seg)->path() + ": the log end, offset " + std::to_string(end.off) +
+    return Status(Code::kCorrupt, seg->path() + ": the log end, offset " + std::to_string(end.off) +
                                       ", is not a record boundary (records are " +
                                       std::to_string(format::kRecordAlign) + "-aligned)");
   }
-  if ((*seg)->record_at(end.off)) {
-    return Status(Code::kCorrupt, (*seg)->path() + ": a record lies at the log end (offset " + std::to_string(end.off) +
+  if (seg->record_at(end.off)) {
+    return Status(Code::kCorrupt, seg->path() + ": a record lies at the log end (offset " + std::to_string(end.off) +
                                       "): the end is behind the log");
   }
-  return seg;
+  return {};
 }
 
 Status Log::clear_tail(Pos end) {
@@ -585,7 +591,7 @@ Status Log::clear_tail(Pos end) {
   if (auto c = stored_after(**seg, end.off, upto)) {
     spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
                       c->length);
-    unwrite(*opts_.io, {Written{*seg, c->offset, c->offset + c->length}});
+    unwrite(*opts_.io, {Written{seg->get(), c->offset, c->offset + c->length}});
   }
   return {};
 }

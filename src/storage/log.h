@@ -119,16 +119,16 @@ class Log {
   // way may remain, empty. `base_id` is recorded in a new segment's header. `opener`, if
   // given, is written first into every segment this append starts (a queue states its
   // clock there, so that each segment can be read without the ones before it).
-  // `at_end`: segment(end.seq), when the caller has it (check_end()'s), saving the lookup.
+  // `at_end`: segment(end.seq), when the caller holds it (check_end()'s), saving the lookup.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0,
-                              const Record* opener = nullptr, std::shared_ptr<Segment> at_end = nullptr);
+                              const Record* opener = nullptr, Segment* at_end = nullptr);
 
   // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
   // offset lies inside it and no record starts there (else an append would overwrite one).
   // kCorrupt saying what is wrong. Cheap: for every append. Gives the segment `end` is in
-  // (null for the empty log's end). `known`: that segment as an earlier call gave it, while
-  // cache_generation() has not changed since (it is then not looked up again).
-  Result<std::shared_ptr<Segment>> check_end(Pos end, const std::shared_ptr<Segment>& known = nullptr);
+  // in `seg` (null for the empty log's end), which is looked up unless `seg` holds it
+  // already: as an earlier call gave it, while cache_generation() has not changed since.
+  Status check_end(Pos end, std::shared_ptr<Segment>& seg);
   // Changes whenever a segment this Log gave out may have been dropped or replaced by
   // another of the same number (a roll over a stale one, a compaction, a recovery).
   uint64_t cache_generation() const { return cache_gen_.load(std::memory_order_acquire); }
