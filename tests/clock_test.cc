@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "queue/log_clock.h"
 #include "storage/log.h"
 #include "test_util.h"
 
@@ -70,6 +71,18 @@ TEST_F(ClockStep, TheInterposedWallClockMoves) {
   g_wall_step_ns = 2 * kHour;
   ::clock_gettime(CLOCK_REALTIME, &b);
   EXPECT_GE(b.tv_sec - a.tv_sec, 2 * 3600 - 1);
+}
+
+// The wall clock a Clocks gives is that of the moment it was read, however late it is asked
+// for: conversions take real() - boot as the offset between the clocks.
+TEST_F(ClockStep, TheWallClockOfClocksIsThatOfTheMomentTheyWereRead) {
+  auto h = std::make_unique<index::IndexHeader>();
+  h->clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
+  const queue::Clocks c = queue::read_clocks(*h);
+  const uint64_t wall_then = sys::real_ns();
+  std::this_thread::sleep_for(300ms);
+  EXPECT_NEAR(static_cast<double>(c.real()), static_cast<double>(wall_then), 50e6)
+      << "real() gave the wall clock of its first call, not of the read";
 }
 
 // A step of the wall clock is noticed by the next send (anchor_due() reads the coarse wall

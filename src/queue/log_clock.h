@@ -40,10 +40,15 @@ inline uint64_t key_at(uint64_t t, uint64_t off) {
 struct Clocks {
   uint64_t boot = 0;  // CLOCK_BOOTTIME: the index's keys
   uint64_t rt = 0;    // the log clock: what records written now store
-  // CLOCK_REALTIME, read at the first call: a precise clock read is 25 ns on a VM, and a
-  // send needs none (its drift check, anchor_due(), reads the coarse clock).
+  // CLOCK_REALTIME when `boot` was read, computed at the first call: a precise clock read
+  // is 25 ns on a VM, and a send needs none (its drift check, anchor_due(), reads the
+  // coarse clock). Taken back by the boot clock's advance since, so that real() - boot is
+  // the offset between the clocks however long this was kept (a replay keeps it seconds).
   uint64_t real() const {
-    if (real_ == 0) real_ = sys::real_ns();
+    if (real_ == 0) {
+      const uint64_t since = boot == 0 ? 0 : sys::boot_ns() - boot;
+      real_ = sys::real_ns() - since;
+    }
     return real_;
   }
   mutable uint64_t real_ = 0;
