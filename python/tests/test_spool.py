@@ -456,10 +456,11 @@ def test_nack_delay_dead_letters_redrive_peek(qdir):
 N_COMPETING = 2000
 
 
-def _competing_worker(qdir: str, out) -> None:
+def _competing_worker(qdir: str, out, ready) -> None:
     # The child opens the queue itself (a Queue must not cross fork).
     seen = []
     with spool.Queue(qdir) as q:
+        ready.wait(60)  # every worker is there before the first message is sent
         while True:
             msgs = q.receive(max=8, visibility=30, wait=0.3)
             if not msgs:
@@ -476,11 +477,15 @@ def _competing_worker(qdir: str, out) -> None:
 def test_competing_workers_ack_every_message_once(qdir):
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    workers = [ctx.Process(target=_competing_worker, args=(qdir, out)) for _ in range(4)]
+    # The sends wait for every worker: one that had the queue to itself while the others
+    # were still starting could drain all 2,000 before they came (seen under load).
+    ready = ctx.Barrier(4 + 1)
+    workers = [ctx.Process(target=_competing_worker, args=(qdir, out, ready)) for _ in range(4)]
     with spool.Queue(qdir):
         pass  # created before the workers start
     for w in workers:
         w.start()
+    ready.wait(60)
     with spool.Queue(qdir) as q:
         for start in range(0, N_COMPETING, 100):
             q.send_batch(str(i) for i in range(start, start + 100))
