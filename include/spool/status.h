@@ -50,8 +50,7 @@ class [[nodiscard]] Status {
 
   Code code_ = Code::kOk;
   // Behind a pointer: every call returns a Status, almost always ok, and an ok one is then
-  // two null words to move and nothing to free (a std::string's move was 44 instructions,
-  // out of line, and a send() made four of them).
+  // two null words to move and nothing to free (a std::string's move is out of line).
   std::shared_ptr<const std::string> message_;
 };
 

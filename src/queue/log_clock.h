@@ -41,8 +41,8 @@ struct Clocks {
   uint64_t boot = 0;  // CLOCK_BOOTTIME: the index's keys
   uint64_t rt = 0;    // the log clock: what records written now store
   // CLOCK_REALTIME when `boot` was read, computed at the first call: a precise clock read
-  // is 25 ns on a VM, and a send needs none (its drift check, anchor_due(), reads the
-  // coarse clock). Taken back by the boot clock's advance since, so that real() - boot is
+  // is dear under some hypervisors, and a send needs none (its drift check, anchor_due(),
+  // reads the coarse clock). Taken back by the boot clock's advance since, so that real() - boot is
   // the offset between the clocks however long this was kept (a replay keeps it seconds).
   uint64_t real() const {
     if (real_ == 0) {

@@ -14,8 +14,8 @@ auto Queue::Impl::writable() const -> Status {
 
 auto Queue::Impl::log_tail() -> Result<storage::Segment*> {
   // The segment is looked up again only after a roll or a compaction (in any process: the
-  // end names another segment, or this Log's cache changed): the lookup was a mutex, a map
-  // search and reference counts a send.
+  // end names another segment, or this Log's cache changed), not at every send: a lookup
+  // takes the Log's mutex, searches its map and counts references.
   if (const uint64_t gen = log->cache_generation(); gen != tail_gen) {
     tail_seen.reset();
     tail_gen = gen;

@@ -44,8 +44,8 @@ bool zero_header(const std::string& path) {
 }
 
 // Bytes [from, to) of a segment that an append wrote, or tried to write. A plain pointer:
-// the append holds every segment it writes into until it returns (reference counts were
-// two atomic operations a send).
+// the append holds every segment it writes into until it returns, and a reference count
+// is an atomic operation per send.
 struct Written {
   Segment* seg;
   uint64_t from;
