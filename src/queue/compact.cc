@@ -10,8 +10,9 @@
 // Crash safety needs no manifest: the segment files present are the log. The copies are
 // synced before any original is unlinked; until then both exist and replay keeps the first
 // MSG of an id and applies the copy's state records (it points the index at a copy only once
-// a LEASE or RELEASE of the message follows it: a killed append may leave a copy without). Unlinks happen under the index lock so
-// no replay (repair) runs while files disappear, oldest first, then the directory is synced.
+// a LEASE or RELEASE of the message follows it: a killed append may leave a copy without).
+// Unlinks happen under the index lock so no replay (repair) runs while files disappear,
+// oldest first, then the directory is synced.
 #include <sys/file.h>
 #include <sys/stat.h>
 

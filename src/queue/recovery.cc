@@ -228,17 +228,11 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
         if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
         if (r.id <= h.purged_through) return;
         if (x.find(r.id) >= 0) {
-          // A compaction copy of a live message: point at it, not at the original (the
-          // original's segment is about to go, and a repair in the middle of a compaction
-          // must not leave the index pointing into it) -- but only once a LEASE or RELEASE
-          // record of the message follows the copy (the one compaction writes right after
-          // it, or a later one). A compaction killed in the middle of its append can leave
-          // a copy without that record (the batch torn between the two, or at a roll);
-          // pointing at such a copy let the next compaction remove the original together
-          // with every record of the message's receives, and the rebuild after that gave
-          // the message receive count 0 again (RECEIVE_COUNT_REPEAT). Unconfirmed, the
-          // index keeps the original, which nothing removes before the message is copied
-          // again in full.
+          // A compaction copy of a live message. The index points at it (the original's
+          // segment is about to go) only once a LEASE or RELEASE of the message follows, as
+          // compaction writes one right after each copy: a compaction killed in its append
+          // can leave a copy without, and the next compaction would remove the original with
+          // the records of the message's receives (its receive count back to 0).
           if ((r.flags & format::kFlagCopy) != 0) unconfirmed_copies[r.id] = pos.pack();
           return;
         }

@@ -1,6 +1,7 @@
 // verify: the queue's fsck. The log is the truth, so checking means replaying it into a
 // private index and holding the shared one against it.
-#include <set>
+#include <algorithm>
+#include <iterator>
 
 #include "queue/queue_impl.h"
 
@@ -27,9 +28,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
     }
     auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {});
     if (i + 1 < seqs->size()) {
-      for (const auto& c : storage::sealed_tail_damage(**seg, scan.end)) {
-        scan.corrupt.push_back(c);
-      }
+      std::ranges::copy(storage::sealed_tail_damage(**seg, scan.end), std::back_inserter(scan.corrupt));
     }
     rep.records += scan.records;
     for (const auto& c : scan.corrupt) {
@@ -37,10 +36,6 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
                              " corrupt bytes at offset " + std::to_string(c.offset));
     }
   }
-  if (!rep.problems.empty() && !repair) {
-    // Replaying still tells what the index disagrees with; go on.
-  }
-
   index::SharedIndex truth;
   if (Status s = truth.attach("", true, true); !s.ok()) return s;
   truth.assert_held();  // private (anonymous)
