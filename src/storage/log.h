@@ -17,7 +17,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -78,8 +77,8 @@ struct AppendResult {
   AppendResult(AppendResult&&) = default;
   AppendResult(const AppendResult&) = delete;  // `at` may point into `own`
 
-  // Where each record went. In storage of the appending thread, which its next append()
-  // reuses (a vector per call was an allocation per send): read it before appending again.
+  // Where each record went, in storage of the appending thread that its next append()
+  // reuses (log.cc, Scratch): read it before appending again.
   std::span<const Pos> at;
   Pos end;                        // the new end
   uint32_t spares_used = 0;       // spare segments the rolls of this append took
