@@ -13,8 +13,6 @@
 #include <atomic>
 #include <charconv>
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -194,11 +192,7 @@ int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
   return opts_.io->write_all(seg.fd(), &iov, 1, off);
 }
 
-std::string Log::segment_path(uint64_t seq) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64 ".seg", seq);
-  return dir_ + "/" + name;
-}
+std::string Log::segment_path(uint64_t seq) const { return fmt::format("{}/{:020}.seg", dir_, seq); }
 
 uint64_t Log::max_payload() const {
   uint64_t capacity = (opts_.segment_size - format::kSegmentHeaderSize) & ~uint64_t{format::kRecordAlign - 1};
@@ -393,9 +387,8 @@ Status Log::make_spare(uint64_t size, bool zero_fill) {
   if (r == 0 && mapped_ && zero_fill) prefault(fd, size, true);
   if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
-  char name[64];
-  std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));
-  if (r == 0) r = opts_.io->rename(tmp, dir_ + name);
+  const std::string name = fmt::format("{}/spare-{:020}-{}", dir_, sys::real_ns(), ::getpid());
+  if (r == 0) r = opts_.io->rename(tmp, name);
   if (r == 0) r = opts_.io->sync_dir(dir_);
   if (r < 0) {
     (void)opts_.io->unlink(tmp);
