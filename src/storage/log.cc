@@ -13,8 +13,6 @@
 #include <atomic>
 #include <charconv>
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -88,21 +86,17 @@ bool allocates_at_fallocate(const std::string& dir, std::string* fs) {
     case EXT4_SUPER_MAGIC: *fs = "ext4"; return true;  // also ext2 and ext3
     case XFS_SUPER_MAGIC: *fs = "xfs"; return true;
     case TMPFS_MAGIC: *fs = "tmpfs"; return true;
-    default: *fs = "type 0x" + [&] {
-        char b[24];
-        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(sf.f_type));
-        return std::string(b);
-      }();
+    default:
+      *fs = fmt::format("type {:#x}", static_cast<unsigned long long>(sf.f_type));
       return false;
   }
 }
 
 // The append buffer, one per thread and reused: a fresh buffer per call made the allocator
-// grow and shrink the heap for every batch (page faults and TLB shootdowns, 3x slower for
-// 32 x 4 KiB batches). exit() destroys the main thread's thread_locals before it runs exit
-// handlers and static destructors, where a Queue may still be closed (and append the
-// releases of its bound leases): the flag, which has no destructor, tells append() to use a
-// buffer of its own then.
+// grow and shrink the heap for every batch (page faults and TLB shootdowns). exit()
+// destroys the main thread's thread_locals before it runs exit handlers and static
+// destructors, where a Queue may still be closed (and append the releases of its bound
+// leases): the flag, which has no destructor, tells append() to use a buffer of its own then.
 thread_local bool scratch_gone = false;
 struct Scratch {
   std::string buf;
@@ -157,10 +151,8 @@ void Log::prefault(int fd, uint64_t len, bool write) const {
   // dirties it with zeros, which the spare's own fdatasync (after this, still outside
   // any lock) writes, so the blocks are written ones: a later store is a plain page cache
   // write, and a sync of it flushes data only (PostgreSQL zero-fills new WAL files for the
-  // same reason). The cost is the spare's size once more in disk writes, and the sync
-  // waits for them: only for a spare made in the background (Log::make_spare). A read
-  // populate (warm_next_spares(), or a kernel without the write advice, before 5.14) at
-  // least leaves the pages in the page cache, zeroed off the lock.
+  // same reason). A read populate (warm_next_spares(), or a kernel without the write
+  // advice, before 5.14) at least leaves the pages in the page cache, zeroed off the lock.
   // Through a huge-page mapping, the faults make 2 MiB folios, which later mappings of the
   // segment can map whole.
   void* m = sys::map_shared(fd, len, PROT_READ | PROT_WRITE, 0, opts_.huge_pages);
@@ -191,20 +183,7 @@ void Log::warm_next_spares() {
   }
 }
 
-int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
-  if (uint8_t* m = seg.wdata()) {
-    store_records(m + off, static_cast<const uint8_t*>(p), len);
-    return 0;
-  }
-  iovec iov{const_cast<void*>(p), static_cast<size_t>(len)};  // within a segment: fits (Log::open)
-  return opts_.io->write_all(seg.fd(), &iov, 1, off);
-}
-
-std::string Log::segment_path(uint64_t seq) const {
-  char name[32];
-  std::snprintf(name, sizeof name, "%020" PRIu64 ".seg", seq);
-  return dir_ + "/" + name;
-}
+std::string Log::segment_path(uint64_t seq) const { return fmt::format("{}/{:020}.seg", dir_, seq); }
 
 uint64_t Log::max_payload() const {
   uint64_t capacity = (opts_.segment_size - format::kSegmentHeaderSize) & ~uint64_t{format::kRecordAlign - 1};
@@ -222,9 +201,8 @@ Result<std::vector<uint64_t>> Log::segments() const {
         !std::all_of(name.begin(), name.begin() + 20, [](char c) { return c >= '0' && c <= '9'; })) {
       continue;
     }
-    // Twenty digits can exceed 2^64; parsed without exceptions (std::stoull threw out of
-    // every opener, read-only ones included). A number the log cannot have written is
-    // not a segment of it.
+    // Twenty digits can exceed 2^64: parsed without exceptions, which would be thrown out of
+    // every opener. A number the log cannot have written is not a segment of it.
     uint64_t seq = 0;
     auto [end, ec] = std::from_chars(name.data(), name.data() + 20, seq);
     if (ec != std::errc() || end != name.data() + 20 || seq == 0 || seq > kMaxSegmentSeq) {
@@ -289,8 +267,7 @@ void Log::forget_below(uint64_t seq) {
 uint64_t Log::first_size() const { return std::min(opts_.first_segment_size, opts_.segment_size); }
 
 uint64_t Log::next_size(uint64_t prev) const {
-  if (prev == 0) return first_size();
-  return std::max(first_size(), std::min(opts_.segment_size, prev > opts_.segment_size / 2 ? opts_.segment_size : 2 * prev));
+  return std::max(first_size(), prev > opts_.segment_size / 2 ? opts_.segment_size : 2 * prev);
 }
 
 Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t need, uint64_t base_id,
@@ -311,18 +288,21 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
                                                                        (*live)->record_at(format::kSegmentHeaderSize)) {
     return Status(Code::kCorrupt, segment_path(seq) + " holds records already: the log end given is behind the log");
   }
+  auto create = [&](uint64_t size, const std::string* spare) {
+    return Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, spare, mapped_, opts_.file_mode,
+                           opts_.huge_pages);
+  };
   Result<std::shared_ptr<Segment>> seg = Status(Code::kNoSpace, "no spare");
   for (const std::string& spare : spares()) {
-    // The spare's reservation is counted by its size (the caller's spare_bytes): the new
-    // segment takes that size, not next_size(), so the room counted is the room there is.
-    // One too small for the record stays a spare, for a later roll.
     struct stat st {};
     const bool sized = ::lstat(spare.c_str(), &st) == 0;
-    const uint64_t size = sized ? std::min<uint64_t>(static_cast<uint64_t>(st.st_size), opts_.segment_size) : 0;
-    if (sized && S_ISREG(st.st_mode) && size < need) continue;
     if (sized && S_ISREG(st.st_mode)) {
-      seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, &spare, mapped_, opts_.file_mode,
-                            opts_.huge_pages);
+      // The spare's reservation is counted by its size (the caller's spare_bytes): the new
+      // segment takes that size, not next_size(), so the room counted is the room there is.
+      // One too small for the record stays a spare, for a later roll.
+      const uint64_t size = std::min<uint64_t>(static_cast<uint64_t>(st.st_size), opts_.segment_size);
+      if (size < need) continue;
+      seg = create(size, &spare);
       if (seg.ok()) {
         ++res->spares_used;
         res->spare_bytes_used += static_cast<uint64_t>(st.st_size);
@@ -341,9 +321,8 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
   }
   if (!seg.ok()) {
     // A page multiple, unless the largest size is not one.
-    const uint64_t size = std::min(opts_.segment_size, std::max(next_size(prev), (need + 4095) & ~uint64_t{4095}));
-    seg = Segment::create(*opts_.io, segment_path(seq), seq, base_id, size, nullptr, mapped_, opts_.file_mode,
-                          opts_.huge_pages);
+    seg = create(std::min(opts_.segment_size, std::max(next_size(prev), (need + 4095) & ~uint64_t{4095})),
+                 nullptr);
   }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());
@@ -399,9 +378,8 @@ Status Log::make_spare(uint64_t size, bool zero_fill) {
   if (r == 0 && mapped_ && zero_fill) prefault(fd, size, true);
   if (r == 0) r = opts_.io->datasync(fd);
   ::close(fd);
-  char name[64];
-  std::snprintf(name, sizeof name, "/spare-%020" PRIu64 "-%d", sys::real_ns(), static_cast<int>(::getpid()));
-  if (r == 0) r = opts_.io->rename(tmp, dir_ + name);
+  const std::string name = fmt::format("{}/spare-{:020}-{}", dir_, sys::real_ns(), ::getpid());
+  if (r == 0) r = opts_.io->rename(tmp, name);
   if (r == 0) r = opts_.io->sync_dir(dir_);
   if (r < 0) {
     (void)opts_.io->unlink(tmp);
@@ -515,8 +493,13 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
     written.push_back({seg, end.off, end.off + buf.size()});
-    if (int r = put(*seg, end.off, buf.data(), buf.size()); r < 0) {
-      return errno_status(-r, "append to " + seg->path());
+    if (uint8_t* m = seg->wdata()) {
+      store_records(m + end.off, reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
+    } else {
+      iovec iov{buf.data(), buf.size()};
+      if (int r = opts_.io->write_all(seg->fd(), &iov, 1, end.off); r < 0) {
+        return errno_status(-r, "append to " + seg->path());
+      }
     }
     end.off += buf.size();
     buf.clear();

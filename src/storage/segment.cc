@@ -15,6 +15,7 @@
 #include <limits>
 #include <ctime>
 
+#include "sys/clock.h"
 #include "sys/mapping.h"
 #include "sys/sigbus_guard.h"
 
@@ -44,12 +45,6 @@ uint64_t random_salt() {
     if (::getrandom(&s, sizeof s, 0) != sizeof s) s = static_cast<uint64_t>(::time(nullptr)) ^ 0x9e3779b97f4a7c15ull;
   }
   return s;
-}
-
-uint64_t now_realtime_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 uint64_t record_checksum(const uint8_t* header, std::string_view payload, uint64_t salt) {
@@ -129,22 +124,21 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
                                                  uint64_t base_id, uint64_t size, const std::string* spare,
                                                  bool map_writes, mode_t mode, bool huge) {
   std::string tmp = spare != nullptr ? *spare : path + ".tmp." + std::to_string(::getpid());
-  int fd;
-  if (spare != nullptr) {
-    fd = io.open(tmp, O_RDWR | O_NOFOLLOW, 0);
-    if (fd < 0) return open_error(-fd, "open spare segment", tmp);
-  } else {
-    (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
-    fd = io.open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
-    if (fd < 0) return open_error(-fd, "create segment", tmp);
-    if (mode != 0) (void)::fchmod(fd, mode);
-  }
+  int fd = -1;
   auto fail = [&](int err, const char* what) {
     ::close(fd);
     if (spare == nullptr) (void)io.unlink(tmp);
     return errno_status(-err, std::string(what) + " " + path);
   };
-  if (spare != nullptr) {
+  if (spare == nullptr) {
+    (void)io.unlink(tmp);  // a leftover of a crashed creator with our pid
+    fd = io.open(tmp, O_CREAT | O_EXCL | O_NOFOLLOW | O_RDWR, 0666);
+    if (fd < 0) return open_error(-fd, "create segment", tmp);
+    if (mode != 0) (void)::fchmod(fd, mode);
+    if (int r = io.allocate(fd, 0, size); r < 0) return fail(r, "preallocate segment");
+  } else {
+    fd = io.open(tmp, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0) return open_error(-fd, "open spare segment", tmp);
     struct stat st {};
     if (::fstat(fd, &st) != 0) return fail(-errno, "stat spare for");
     if (!S_ISREG(st.st_mode)) return fail(-EINVAL, "spare segment is not a regular file, for");
@@ -158,8 +152,6 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
         std::memcmp(magic, format::kSegmentMagic, sizeof magic) == 0) {
       return fail(-EINVAL, "spare segment holds a segment header (a roll a power cut undid), not used for");
     }
-  } else if (int r = io.allocate(fd, 0, size); r < 0) {
-    return fail(r, "preallocate segment");
   }
   uint8_t h[kSegmentHeaderSize] = {};
   std::memcpy(h, format::kSegmentMagic, 8);
@@ -168,7 +160,7 @@ Result<std::shared_ptr<Segment>> Segment::create(io::Io& io, const std::string& 
   store<uint64_t>(h + 16, random_salt());
   store<uint64_t>(h + 24, seq);
   store<uint64_t>(h + 32, base_id);
-  store<uint64_t>(h + 40, now_realtime_ns());
+  store<uint64_t>(h + 40, sys::real_ns());
   store<uint64_t>(h + 48, size);
   store<uint64_t>(h + 56, XXH3_64bits(h, 56));
   iovec iov{h, sizeof h};
@@ -211,10 +203,11 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   // one that was copied sparse. Where that fails, the mapping stays read-only and the log
   // writes this segment with pwrite, which reports ENOSPC.
   seg->map_writable_ = writable && map_writes && io.allocate(fd, 0, seg->info_.size) == 0;
-  void* p = sys::map_shared(fd, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, 0, huge);
+  const int prot = seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* p = sys::map_shared(fd, seg->map_len_, prot, 0, huge);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
-  sys::guard_mapping(p, seg->map_len_, seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ, &seg->cut_);
+  sys::guard_mapping(p, seg->map_len_, prot, &seg->cut_);
   return seg;
 }
 
@@ -467,11 +460,10 @@ ScanResult scan(const Segment& seg, uint64_t from,
   uint64_t off = std::max<uint64_t>(from, kSegmentHeaderSize);
   const uint64_t size = seg.info().size;
   // Searching past damage checks the checksum of every candidate that has the record magic
-  // and a plausible length. Hostile bytes (the magic every 16 bytes, each with a length
-  // reaching far on) made that quadratic: 36 s for 4 MiB, under the index lock. The
-  // checksums of candidates cost at most this many bytes per scan, a few times the
-  // segment; past it the rest of the segment is reported as damaged and the end is put at
-  // the segment's end, so the next append rolls and nothing there is overwritten.
+  // and a plausible length, which hostile bytes (the magic every 16 bytes, each with a length
+  // reaching far on) make quadratic, under the index lock. The checksums cost at most this
+  // many bytes per scan, a few times the segment; past it the rest of the segment is damage
+  // and the end is the segment's end, so the next append rolls and overwrites nothing there.
   uint64_t budget = kResyncBudgetPerByte * size + kResyncBudgetFloor;
   while (off < size) {
     if (auto rec = seg.record_at(off)) {

@@ -118,7 +118,6 @@ class Segment {
   // True once another process truncated the file under this mapping and an access past its
   // new end was caught: the mapping reads zeros since, and stores through it are lost.
   bool cut() const { return cut_.load(std::memory_order_acquire); }
-  uint64_t max_payload() const { return max_payload_; }
 
   // Appends the encoding of `r` for this segment (header, payload, pad) to `out`.
   void encode(const Record& r, std::string& out) const;
@@ -153,9 +152,8 @@ struct ScanResult {
 // segment), so that a process killed at any instruction leaves a prefix of them: complete
 // records, then at most one whose first word (magic and length) is still zero, then the
 // zeros that were there. Each record's first word is stored last, after the rest of it.
-// memcpy gives no order: glibc's stores a large copy's first bytes after the rest, and a
-// kill in between left the batch's first record headless before its complete followers,
-// which replay then skipped to (a hole in the log). Both `dst` and `src` are 8-aligned.
+// memcpy gives no order (glibc's stores a large copy's first bytes last): a headless first
+// record before complete ones is a hole replay skips. Both `dst` and `src` are 8-aligned.
 void store_records(uint8_t* dst, const uint8_t* src, uint64_t len);
 
 // Zeroes `len` bytes of records at `dst` (a writable mapping of a segment) from the last
