@@ -856,22 +856,19 @@ enum class Change { kAck, kNack, kExtend };
 static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto [id, gen] = *r;
   uint64_t end;
   bool wake = false;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
-    auto slot = q.fenced(id, gen);
-    if (!slot.ok()) return slot.status();
+    auto f = q.lock_fenced(receipt);
+    if (!f.ok()) return f.status();
+    q.holds(f->held);
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
-    Record rec{RecordType::kAck, gen, id, 0, 0, {}};
-    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, now.rt, now.rt + ns, {}, format::kFlagNack};
-    if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, now.rt, now.rt + ns, {}};
+    Record rec{RecordType::kAck, f->gen, f->id, 0, 0, {}};
+    if (what == Change::kNack) {
+      rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
+    }
+    if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
     // A fenced message has been received (its count is the receipt's, at least 1), so it
@@ -889,25 +886,20 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto [id, gen] = *r;
   uint64_t end;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
-    auto slot = q.fenced(id, gen);
-    if (!slot.ok()) return slot.status();
+    auto f = q.lock_fenced(receipt);
+    if (!f.ok()) return f.status();
+    q.holds(f->held);
     const Clocks now = q.clocks();
-    auto m = q.load(*slot, nullptr, &now);
+    auto m = q.load(f->slot, nullptr, &now);
     if (!m.ok()) return m.status();
     const std::string body = std::move(m->payload);
     // A consumer giving up on the last delivery max_receives allows dead-letters what the
     // next receive would have for that reason.
     const uint32_t max = q.cfg.opts.max_receives;
-    const bool spent = max != 0 && q.idx.entry(*slot).count >= max;
-    if (Status s = q.bury(*slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
+    const bool spent = max != 0 && q.idx.entry(f->slot).count >= max;
+    if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().log_end;
   }
   return q.written(end);
@@ -959,17 +951,13 @@ Status Queue::bind_leases() {
 Status Queue::bind(std::string_view receipt) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto held = q.lock_to_change();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
-  auto slot = q.fenced(r->first, r->second);
-  if (!slot.ok()) return slot.status();
+  auto f = q.lock_fenced(receipt);
+  if (!f.ok()) return f.status();
+  q.holds(f->held);
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
-  Entry& e = q.idx.entry(*slot);
+  Entry& e = q.idx.entry(f->slot);
   if (e.state != State::kLeased) {
-    return Status(Code::kLeaseLost, "message " + std::to_string(r->first) + " is not leased (it was nacked)");
+    return Status(Code::kLeaseLost, "message " + std::to_string(f->id) + " is not leased (it was nacked)");
   }
   e.owner = static_cast<uint8_t>(q.owner_slot + 1);
   return {};

@@ -249,10 +249,16 @@ struct Queue::Impl {
   // e2e profile.
   std::string receipt(uint64_t id, uint32_t gen) const;
 
-  Result<std::pair<uint64_t, uint32_t>> parse_receipt(std::string_view r) const;
-
-  // Finds the entry a receipt names and checks its fence.
-  Result<uint32_t> fenced(uint64_t id, uint32_t gen) REQUIRES(idx);
+  // A change by receipt (ack, nack, extend, dead_letter, bind): the receipt parsed, then,
+  // under the lock taken for a change (held while the result is), its message found and its
+  // fence checked: a receipt of an earlier delivery is kLeaseLost.
+  struct Fenced {
+    Locked held;
+    uint64_t id;
+    uint32_t gen;
+    uint32_t slot;
+  };
+  Result<Fenced> lock_fenced(std::string_view receipt);
 
   // The segment at the index's log end (null before the first), checked against that end;
   // a bad end marks the index damaged. A writer takes it once for the room it needs
