@@ -20,7 +20,7 @@ auto Queue::Impl::sync_to(uint64_t end) -> Status {
       case sys::RobustMutex::LockResult::kBusy:
         // Sliced: a leader killed mid-sync never wakes anyone; try_lock then reports it.
         h.durable_waiters.fetch_add(1);
-        sys::futex_wait(&h.durable_seq, seen, detail::kSyncWaitSliceNs);
+        sys::futex_wait(&h.durable_seq, seen, kSyncWaitSliceNs);
         h.durable_waiters.fetch_sub(1);
         continue;
       case sys::RobustMutex::LockResult::kUnrecoverable:
