@@ -12,11 +12,9 @@
 // nothing is staged or deferred outside the log.
 #pragma once
 
-#include <dirent.h>
 #include <spdlog/spdlog.h>
 #include <sched.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
