@@ -93,9 +93,6 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   return std::optional<Message>(std::move(*msg));
 }
 
-// Adds `add` to `a` key by key while the attribute bounds (docs/semantics.md) allow: the
-// message's own attributes always go to the dead-letter queue whole, its history as far as
-// it fits beside them.
 void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add) {
   size_t total = 0;
   for (const auto& [k, v] : a) total += k.size() + v.size();

@@ -20,7 +20,7 @@ auto Queue::Impl::sync_to(uint64_t end) -> Status {
       case sys::RobustMutex::LockResult::kBusy:
         // Sliced: a leader killed mid-sync never wakes anyone; try_lock then reports it.
         h.durable_waiters.fetch_add(1);
-        sys::futex_wait(&h.durable_seq, seen, detail::kSyncWaitSliceNs);
+        sys::futex_wait(&h.durable_seq, seen, kSyncWaitSliceNs);
         h.durable_waiters.fetch_sub(1);
         continue;
       case sys::RobustMutex::LockResult::kUnrecoverable:
@@ -77,23 +77,16 @@ auto Queue::Impl::raise(std::atomic<uint64_t>& a, uint64_t v) -> void {
 
 auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
   maybe_compact(end);
-  if (d == Durability::kSync) return sync_to(end);
-  switch (cfg.opts.sync) {
-    case SyncPolicy::kAlways:
-      return sync_to(end);
-    case SyncPolicy::kInterval:
-      // Never inline: a caller that ran into the interval used to pay a whole fdatasync
-      // (milliseconds; the p99 of every call). The flusher thread syncs within one interval;
-      // its failure is reported by every later write of this process (sticky, like
-      // the segment's own fsync error).
-      start_flusher();
-      if (flush_failed.load(std::memory_order_relaxed)) {
-        sys::MutexLock lock(flush_mu);
-        return flush_status;
-      }
-      return {};
-    case SyncPolicy::kNever:
-      return {};
+  if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return sync_to(end);
+  if (cfg.opts.sync != SyncPolicy::kInterval) return {};
+  // Never inline: a caller that ran into the interval used to pay a whole fdatasync
+  // (milliseconds; the p99 of every call). The flusher thread syncs within one interval;
+  // its failure is reported by every later write of this process (sticky, like the
+  // segment's own fsync error).
+  start_flusher();
+  if (flush_failed.load(std::memory_order_relaxed)) {
+    sys::MutexLock lock(flush_mu);
+    return flush_status;
   }
   return {};
 }

@@ -238,7 +238,6 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
-  impl->opened = true;
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 
@@ -272,22 +271,6 @@ Status check_attributes(const Attributes& a, const std::string& what) {
   if (total > format::kMaxAttrTotal) {
     return bad("attributes of " + std::to_string(total) + " bytes (keys and values); at most " +
                std::to_string(format::kMaxAttrTotal));
-  }
-  return {};
-}
-
-Status check_dedup_id(const std::string& id, const std::string& what) {
-  if (id.size() > format::kMaxDedupId) {
-    return Status(Code::kInvalidArgument, what + "dedup id of " + std::to_string(id.size()) + " bytes; at most " +
-                                              std::to_string(format::kMaxDedupId));
-  }
-  return {};
-}
-
-Status check_group(const std::string& g, const std::string& what) {
-  if (g.size() > format::kMaxGroupKey) {
-    return Status(Code::kInvalidArgument, what + "group key of " + std::to_string(g.size()) + " bytes; at most " +
-                                              std::to_string(format::kMaxGroupKey));
   }
   return {};
 }
@@ -329,6 +312,57 @@ uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
   return found;
 }
 
+// Where a message with entry `e` and key `key` stands at boot time `now`.
+static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
+  if (e.state == State::kBlocked) return MessageState::kBlocked;
+  if (key <= now) return MessageState::kReady;
+  return e.state == State::kLeased ? MessageState::kInFlight : MessageState::kDelayed;
+}
+
+// The slots of the `max` lowest ids among the messages whose state at boot time `now` is in
+// `states`, lowest first. Queued messages (never received, not delayed: all
+// ready) are in id order from the cursor on, so only the first `max` of them are read; the
+// heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
+static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
+    REQUIRES(q.idx) {
+  if (max == 0) return {};
+  std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
+  auto offer = [&](uint64_t id, uint32_t slot) {
+    if (best.size() == max && id >= best.front().first) return;
+    if (best.size() == max) {
+      std::pop_heap(best.begin(), best.end());
+      best.pop_back();
+    }
+    best.emplace_back(id, slot);
+    std::push_heap(best.begin(), best.end());
+  };
+  const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
+  const index::HeapItem* items = q.idx.heap_begin();
+  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+    // The key alone tells ready from not: the entry is looked up only for what may be taken.
+    const bool ready = items[i].key <= now;
+    if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
+    const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
+    if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
+    offer(items[i].id, slot);
+  }
+  if (states.blocked) q.idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
+  if (states.ready) {
+    const index::HeapItem* due = q.idx.due_begin();
+    for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
+    size_t seen = 0;
+    q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+      offer(id, slot);
+      return ++seen < max;
+    });
+  }
+  std::sort_heap(best.begin(), best.end());
+  std::vector<uint32_t> slots;
+  slots.reserve(best.size());
+  for (auto& b : best) slots.push_back(b.second);
+  return slots;
+}
+
 // ---- send ------------------------------------------------------------------------------
 
 // The one send path. `exts` is empty (no message has an extension) or holds one encoded
@@ -337,119 +371,7 @@ uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
 // one per payload.
 static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
                         std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
-                        std::vector<bool>* duplicates = nullptr);
-// No attribute, priority or group: nothing for the record's extension area.
-static bool payload_only(const SendOptions& o) {
-  return o.attributes.empty() && o.priority == kDefaultPriority && o.group.empty();
-}
-// send_core() into a vector of ids.
-static Result<std::vector<uint64_t>> send_ids(Queue::Impl& q, std::span<const std::string_view> payloads,
-                                              std::span<const std::string> exts,
-                                              std::span<const std::string_view> dedup, const SendOptions& opts,
-                                              std::vector<bool>* duplicates = nullptr) {
-  std::vector<uint64_t> ids(payloads.size());
-  if (Status s = send_core(q, payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
-  return ids;
-}
-
-Result<uint64_t> Queue::send(std::string_view payload, Millis delay) {
-  return send(payload, SendOptions{.delay = delay});
-}
-
-Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads, Millis delay) {
-  return send_batch(payloads, SendOptions{.delay = delay});
-}
-
-Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
-  return send(payload, opts, nullptr);
-}
-
-Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
-  if (payload_only(opts) && opts.dedup_id.empty()) {
-    uint64_t id = 0;  // payload-only, as send_batch's; without a vector of one id
-    if (Status s = send_core(*impl_, std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
-    if (duplicate != nullptr) *duplicate = false;
-    return id;
-  }
-  if (opts.attributes.empty() && opts.dedup_id.empty()) {
-    auto ids = send_batch(std::span(&payload, 1), opts);  // the priority and group go along
-    if (!ids.ok()) return ids.status();
-    if (duplicate != nullptr) *duplicate = false;  // no dedup id: always a new message
-    return ids->front();
-  }
-  SendItem item{payload, opts.attributes, opts.dedup_id, opts.priority, opts.group};
-  SendOptions rest = opts;
-  rest.attributes.clear();
-  rest.dedup_id.clear();
-  rest.priority = kDefaultPriority;
-  rest.group.clear();
-  std::vector<bool> dup;
-  auto ids = send_batch(std::span(&item, 1), rest, duplicate != nullptr ? &dup : nullptr);
-  if (!ids.ok()) return ids.status();
-  if (duplicate != nullptr) *duplicate = dup.front();
-  return ids->front();
-}
-
-static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
-    REQUIRES(q.idx);
-
-Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
-                                                const SendOptions& opts) {
-  if (!opts.dedup_id.empty()) {
-    return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
-                                          "be duplicates); give each message its own with SendItem");
-  }
-  if (payload_only(opts)) {
-    return send_ids(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
-  }
-  if (Status s = check_attributes(opts.attributes, ""); !s.ok()) return s;
-  if (Status s = check_group(opts.group, ""); !s.ok()) return s;
-  storage::MessageExt e;
-  e.attributes.assign(opts.attributes.begin(), opts.attributes.end());
-  e.priority = opts.priority;
-  e.group = opts.group;
-  std::vector<std::string> exts(payloads.size(), storage::encode_ext(e));
-  return send_ids(*impl_, payloads, exts, {}, opts);
-}
-
-Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
-  return send_batch(items, opts, nullptr);
-}
-
-Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
-                                                std::vector<bool>* duplicates) {
-  if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
-  if (!payload_only(opts) || !opts.dedup_id.empty()) {
-    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids, priorities and groups "
-                                          "from each item, not from SendOptions");
-  }
-  std::vector<std::string_view> payloads;
-  std::vector<std::string> exts;
-  std::vector<std::string_view> dedup;
-  payloads.reserve(items.size());
-  exts.reserve(items.size());
-  dedup.reserve(items.size());
-  for (size_t i = 0; i < items.size(); ++i) {
-    const SendItem& it = items[i];
-    const std::string what = items.size() == 1 ? "" : "message " + std::to_string(i) + " of the batch: ";
-    if (Status s = check_attributes(it.attributes, what); !s.ok()) return s;
-    if (Status s = check_dedup_id(it.dedup_id, what); !s.ok()) return s;
-    if (Status s = check_group(it.group, what); !s.ok()) return s;
-    storage::MessageExt e;
-    e.attributes.assign(it.attributes.begin(), it.attributes.end());
-    e.dedup_id = it.dedup_id;
-    e.priority = it.priority;
-    e.group = it.group;
-    payloads.push_back(it.payload);
-    exts.push_back(storage::encode_ext(e));
-    dedup.push_back(it.dedup_id);
-  }
-  return send_ids(*impl_, payloads, exts, dedup, opts, duplicates);
-}
-
-static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
-                        std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
-                        std::vector<bool>* duplicates) {
+                        std::vector<bool>* duplicates = nullptr) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return {};
   for (auto p : payloads) {
@@ -591,13 +513,11 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
       h.sent_through.store(h.next_id - 1, std::memory_order_release);
     }
     for (size_t k = 0; k < n_new; ++k) ids[kept(k)] = recs[k].id;
+    if (duplicates != nullptr) duplicates->assign(payloads.size(), false);
     for (size_t i = 0; i < first.size(); ++i) {
       if (first[i] != 0) ids[i] = first[i];
       if (from[i] != SIZE_MAX) ids[i] = ids[from[i]];
-    }
-    if (duplicates != nullptr) {
-      duplicates->assign(payloads.size(), false);
-      for (size_t i = 0; i < first.size(); ++i) (*duplicates)[i] = first[i] != 0 || from[i] != SIZE_MAX;
+      if (duplicates != nullptr) (*duplicates)[i] = first[i] != 0 || from[i] != SIZE_MAX;
     }
     if (recs.empty()) return {};  // every message was a duplicate: nothing written
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
@@ -624,6 +544,119 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   if (spares_low) q.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return {};
+}
+
+// No attribute, priority or group: nothing for the record's extension area.
+static bool payload_only(const SendOptions& o) {
+  return o.attributes.empty() && o.priority == kDefaultPriority && o.group.empty();
+}
+
+// The extension of a message with the attributes, dedup id, priority and group of `f` (a
+// SendOptions or a SendItem), encoded once they are checked; `what` names the message, as
+// for check_attributes().
+template <class Fields>
+static Result<std::string> checked_ext(const Fields& f, const std::string& what) {
+  if (Status s = check_attributes(f.attributes, what); !s.ok()) return s;
+  auto too_long = [&](const char* field, size_t size, size_t max) {
+    return Status(Code::kInvalidArgument, what + field + " of " + std::to_string(size) +
+                                              " bytes; at most " + std::to_string(max));
+  };
+  if (f.dedup_id.size() > format::kMaxDedupId) {
+    return too_long("dedup id", f.dedup_id.size(), format::kMaxDedupId);
+  }
+  if (f.group.size() > format::kMaxGroupKey) {
+    return too_long("group key", f.group.size(), format::kMaxGroupKey);
+  }
+  storage::MessageExt e;
+  e.attributes.assign(f.attributes.begin(), f.attributes.end());
+  e.dedup_id = f.dedup_id;
+  e.priority = f.priority;
+  e.group = f.group;
+  return storage::encode_ext(e);
+}
+
+// send_core() into a vector of ids.
+static Result<std::vector<uint64_t>> send_ids(Queue::Impl& q, std::span<const std::string_view> payloads,
+                                              std::span<const std::string> exts,
+                                              std::span<const std::string_view> dedup, const SendOptions& opts,
+                                              std::vector<bool>* duplicates = nullptr) {
+  std::vector<uint64_t> ids(payloads.size());
+  if (Status s = send_core(q, payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
+  return ids;
+}
+
+Result<uint64_t> Queue::send(std::string_view payload, Millis delay) {
+  return send(payload, SendOptions{.delay = delay});
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads, Millis delay) {
+  return send_batch(payloads, SendOptions{.delay = delay});
+}
+
+Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) {
+  return send(payload, opts, nullptr);
+}
+
+Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
+  uint64_t id = 0;  // one message: no vector of ids
+  if (payload_only(opts) && opts.dedup_id.empty()) {  // no extension, no dedup id: no allocation
+    if (Status s = send_core(*impl_, std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
+    if (duplicate != nullptr) *duplicate = false;
+    return id;
+  }
+  auto ext = checked_ext(opts, "");
+  if (!ext.ok()) return ext.status();
+  const std::string_view dedup = opts.dedup_id;
+  std::vector<bool> dup;
+  if (Status s = send_core(*impl_, std::span(&payload, 1), std::span(&*ext, 1),
+                           std::span(&dedup, dedup.empty() ? 0 : 1), opts, std::span(&id, 1),
+                           duplicate != nullptr ? &dup : nullptr);
+      !s.ok()) {
+    return s;
+  }
+  if (duplicate != nullptr) *duplicate = dup.front();
+  return id;
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view> payloads,
+                                                const SendOptions& opts) {
+  if (!opts.dedup_id.empty()) {
+    return Status(Code::kInvalidArgument, "a batch of payloads cannot share one dedup id (all but the first would "
+                                          "be duplicates); give each message its own with SendItem");
+  }
+  if (payload_only(opts)) {
+    return send_ids(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+  }
+  auto ext = checked_ext(opts, "");
+  if (!ext.ok()) return ext.status();
+  return send_ids(*impl_, payloads, std::vector<std::string>(payloads.size(), *ext), {}, opts);
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
+  return send_batch(items, opts, nullptr);
+}
+
+Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
+                                                std::vector<bool>* duplicates) {
+  if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
+  if (!payload_only(opts) || !opts.dedup_id.empty()) {
+    return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids, priorities and groups "
+                                          "from each item, not from SendOptions");
+  }
+  std::vector<std::string_view> payloads;
+  std::vector<std::string> exts;
+  std::vector<std::string_view> dedup;
+  payloads.reserve(items.size());
+  exts.reserve(items.size());
+  dedup.reserve(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    auto ext = checked_ext(items[i], items.size() == 1 ? "" : "message " + std::to_string(i) + " of the batch: ");
+    if (!ext.ok()) return ext.status();
+    payloads.push_back(items[i].payload);
+    exts.push_back(std::move(*ext));
+    dedup.push_back(items[i].dedup_id);
+  }
+  return send_ids(*impl_, payloads, exts, dedup, opts, duplicates);
 }
 
 // receive() and receive_views(): with `mapped`, payloads are left in the segments and their
@@ -756,57 +789,6 @@ bool StateFilter::has(MessageState s) const {
   return false;
 }
 
-// Where a message with entry `e` and key `key` stands at boot time `now`.
-static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
-  if (e.state == State::kBlocked) return MessageState::kBlocked;
-  if (key <= now) return MessageState::kReady;
-  return e.state == State::kLeased ? MessageState::kInFlight : MessageState::kDelayed;
-}
-
-// The slots of the `max` lowest ids among the messages whose state at boot time `now` is in
-// `states`, lowest first. Queued messages (never received, not delayed: all
-// ready) are in id order from the cursor on, so only the first `max` of them are read; the
-// heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
-static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
-    REQUIRES(q.idx) {
-  if (max == 0) return {};
-  std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
-  auto offer = [&](uint64_t id, uint32_t slot) {
-    if (best.size() == max && id >= best.front().first) return;
-    if (best.size() == max) {
-      std::pop_heap(best.begin(), best.end());
-      best.pop_back();
-    }
-    best.emplace_back(id, slot);
-    std::push_heap(best.begin(), best.end());
-  };
-  const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
-  const index::HeapItem* items = q.idx.heap_begin();
-  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
-    // The key alone tells ready from not: the entry is looked up only for what may be taken.
-    const bool ready = items[i].key <= now;
-    if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
-    const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
-    if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
-    offer(items[i].id, slot);
-  }
-  if (states.blocked) q.idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
-  if (states.ready) {
-    const index::HeapItem* due = q.idx.due_begin();
-    for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
-    size_t seen = 0;
-    q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
-      offer(id, slot);
-      return ++seen < max;
-    });
-  }
-  std::sort_heap(best.begin(), best.end());
-  std::vector<uint32_t> slots;
-  slots.reserve(best.size());
-  for (auto& b : best) slots.push_back(b.second);
-  return slots;
-}
-
 const char* state_name(MessageState s) {
   switch (s) {
     case MessageState::kReady: return "ready";
@@ -873,22 +855,19 @@ enum class Change { kAck, kNack, kExtend };
 static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto [id, gen] = *r;
   uint64_t end;
   bool wake = false;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
-    auto slot = q.fenced(id, gen);
-    if (!slot.ok()) return slot.status();
+    auto f = q.lock_fenced(receipt);
+    if (!f.ok()) return f.status();
+    q.holds(f->held);
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
-    Record rec{RecordType::kAck, gen, id, 0, 0, {}};
-    if (what == Change::kNack) rec = {RecordType::kRelease, gen, id, now.rt, now.rt + ns, {}, format::kFlagNack};
-    if (what == Change::kExtend) rec = {RecordType::kLease, gen, id, now.rt, now.rt + ns, {}};
+    Record rec{RecordType::kAck, f->gen, f->id, 0, 0, {}};
+    if (what == Change::kNack) {
+      rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
+    }
+    if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
     auto at = q.append(std::span(&rec, 1));
     if (!at.ok()) return at.status();
     // A fenced message has been received (its count is the receipt's, at least 1), so it
@@ -898,7 +877,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
     wake = what == Change::kNack && ns == 0;
     end = h.log_end;
   }
-  if (wake) q.wake(1);  // after the unlock: see send_batch
+  if (wake) q.wake(1);  // after the unlock: see send_core
   return q.written(end, durability);
 }
 
@@ -906,25 +885,20 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto [id, gen] = *r;
   uint64_t end;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
-    auto slot = q.fenced(id, gen);
-    if (!slot.ok()) return slot.status();
+    auto f = q.lock_fenced(receipt);
+    if (!f.ok()) return f.status();
+    q.holds(f->held);
     const Clocks now = q.clocks();
-    auto m = q.load(*slot, nullptr, &now);
+    auto m = q.load(f->slot, nullptr, &now);
     if (!m.ok()) return m.status();
     const std::string body = std::move(m->payload);
     // A consumer giving up on the last delivery max_receives allows dead-letters what the
     // next receive would have for that reason.
     const uint32_t max = q.cfg.opts.max_receives;
-    const bool spent = max != 0 && q.idx.entry(*slot).count >= max;
-    if (Status s = q.bury(*slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
+    const bool spent = max != 0 && q.idx.entry(f->slot).count >= max;
+    if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().log_end;
   }
   return q.written(end);
@@ -976,17 +950,13 @@ Status Queue::bind_leases() {
 Status Queue::bind(std::string_view receipt) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
-  auto r = q.parse_receipt(receipt);
-  if (!r.ok()) return r.status();
-  auto held = q.lock_to_change();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
-  auto slot = q.fenced(r->first, r->second);
-  if (!slot.ok()) return slot.status();
+  auto f = q.lock_fenced(receipt);
+  if (!f.ok()) return f.status();
+  q.holds(f->held);
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
-  Entry& e = q.idx.entry(*slot);
+  Entry& e = q.idx.entry(f->slot);
   if (e.state != State::kLeased) {
-    return Status(Code::kLeaseLost, "message " + std::to_string(r->first) + " is not leased (it was nacked)");
+    return Status(Code::kLeaseLost, "message " + std::to_string(f->id) + " is not leased (it was nacked)");
   }
   e.owner = static_cast<uint8_t>(q.owner_slot + 1);
   return {};

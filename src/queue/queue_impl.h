@@ -12,22 +12,16 @@
 // nothing is staged or deferred outside the log.
 #pragma once
 
-#include <dirent.h>
 #include <spdlog/spdlog.h>
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/file.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <charconv>
 #include <cerrno>
-#include <cinttypes>
 #include <condition_variable>
 #include <cstdio>
-#include <cstring>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -53,8 +47,6 @@ using index::State;
 using storage::Pos;
 using storage::Record;
 
-namespace detail {
-
 inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits (PITFALLS §1)
 // How often lock holders look for dead lease owners, and how long a long poll sleeps at
 // most while any process binds its leases: together they bound how late a dead worker's
@@ -65,22 +57,18 @@ inline constexpr uint64_t kBoundWaitSliceNs = 250'000'000;
 // that leader died (a kill -9 mid-fdatasync costs the others this much).
 inline constexpr uint64_t kSyncWaitSliceNs = 20'000'000;
 
-inline uint64_t ms_to_ns(Millis m) { return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull; }
+inline uint64_t ms_to_ns(Millis m) {
+  return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull;
+}
 
-}  // namespace detail
 using queue::Clocks;
 // Adds `add` to `a` in order, each pair only while the attribute bounds leave room for it
 // (docs/semantics.md, "Attributes"): a message's own attributes are never crowded out by
 // the history spool adds (dead letters, replays).
 void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add);
-using detail::ms_to_ns;
-using detail::kMaxWaitSliceNs;
-using detail::kReapIntervalNs;
-using detail::kBoundWaitSliceNs;
 
 struct Queue::Impl {
   std::string dir;
-  bool opened = false;  // open() succeeded: the index and the log agree
   queue::Config cfg;
   bool read_only = false;
   std::shared_ptr<io::Io> io;  // every file operation of this queue (QueueOptions::io)
@@ -213,10 +201,9 @@ struct Queue::Impl {
 
   // Group commit. One caller at a time (the leader, holding sync_mu) syncs everything
   // published so far; the others sleep on durable_seq, are all woken at once when it is
-  // done, and return if that sync covered them, or else one of them leads the next. They
-  // used to queue on sync_mu itself, which hands it over one wake-up at a time: on this VM
-  // that chain of wake-ups cost as much as the fdatasync, and 8 producers at kAlways got
-  // 1.2x the messages of one (docs/performance.md).
+  // done, and return if that sync covered them, or else one of them leads the next (not
+  // queued on sync_mu, which hands it over one wake-up at a time: that chain of wake-ups
+  // costs as much as the fdatasync; docs/performance.md).
   Status sync_to(uint64_t end);
 
   // A leader's wait before it syncs (group commit's "commit delay"). Callers the last sync
@@ -249,10 +236,16 @@ struct Queue::Impl {
   // e2e profile.
   std::string receipt(uint64_t id, uint32_t gen) const;
 
-  Result<std::pair<uint64_t, uint32_t>> parse_receipt(std::string_view r) const;
-
-  // Finds the entry a receipt names and checks its fence.
-  Result<uint32_t> fenced(uint64_t id, uint32_t gen) REQUIRES(idx);
+  // A change by receipt (ack, nack, extend, dead_letter, bind): the receipt parsed, then,
+  // under the lock taken for a change (held while the result is), its message found and its
+  // fence checked: a receipt of an earlier delivery is kLeaseLost.
+  struct Fenced {
+    Locked held;
+    uint64_t id;
+    uint32_t gen;
+    uint32_t slot;
+  };
+  Result<Fenced> lock_fenced(std::string_view receipt);
 
   // The segment at the index's log end (null before the first), checked against that end;
   // a bad end marks the index damaged. A writer takes it once for the room it needs

@@ -16,7 +16,7 @@ auto Queue::Impl::receipt(uint64_t id, uint32_t gen) const -> std::string {
   return std::string(buf, p);
 }
 
-auto Queue::Impl::parse_receipt(std::string_view r) const -> Result<std::pair<uint64_t, uint32_t>> {
+auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
   auto malformed = [&] {
     return Status(Code::kInvalidArgument,
                   "malformed receipt '" + std::string(r) + "' (expected ID.GEN.TAG as printed by receive)");
@@ -41,10 +41,9 @@ auto Queue::Impl::parse_receipt(std::string_view r) const -> Result<std::pair<ui
   if (tag != static_cast<uint32_t>(cfg.uid)) {
     return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir);
   }
-  return std::make_pair(id, gen);
-}
-
-auto Queue::Impl::fenced(uint64_t id, uint32_t gen) -> Result<uint32_t> {
+  auto held = lock_to_change();
+  if (!held.ok()) return held.status();
+  holds(*held);
   int64_t slot = idx.find(id);
   if (slot < 0) {
     return Status(Code::kNotFound, "message " + std::to_string(id) +
@@ -57,7 +56,7 @@ auto Queue::Impl::fenced(uint64_t id, uint32_t gen) -> Result<uint32_t> {
                       std::to_string(e.count) + "; this receipt is for delivery " +
                       std::to_string(gen) + ")");
   }
-  return static_cast<uint32_t>(slot);
+  return Fenced{std::move(held).value(), id, gen, static_cast<uint32_t>(slot)};
 }
 
 }  // namespace spool
