@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "sys/clock.h"
@@ -28,12 +29,63 @@ constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap, uin
   return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry) + dcap * sizeof(DedupSlot) +
          gcap * sizeof(GroupSlot);
 }
-// Mixes the id so that neighbouring ids do not form one long probe run.
-inline uint64_t hash_id(uint64_t id) {
-  id ^= id >> 33;
-  id *= 0xff51afd7ed558ccdull;
-  id ^= id >> 33;
-  return id;
+// The open-addressing tables (overflow, dedup, group): a power-of-two number of slots, linear
+// probing, backward-shift deletion, key 0 marks an empty slot. No walk goes round more than
+// once: a table with no empty slot (damage; the load is kept <= 3/4) must not make a walk
+// go round forever under the lock.
+uint64_t key_of(const OvfEntry& o) { return o.id; }
+uint64_t key_of(const DedupSlot& d) { return d.hash; }
+uint64_t key_of(const GroupSlot& g) { return g.key; }
+// Where a key's probe starts. Ids and group keys are mixed, so that neighbouring ids do not
+// form one long probe run; a dedup key is a hash already.
+template <class T>
+uint64_t home(uint64_t key, uint64_t cap) {
+  if constexpr (!std::is_same_v<T, DedupSlot>) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+  }
+  return key & (cap - 1);
+}
+constexpr int64_t kNoRoom = -2;
+// The slot holding `key` (-1: none), or with `vacant` the first empty slot of its probe;
+// kNoRoom: a whole lap found no empty slot.
+template <class T>
+int64_t probe(const T* t, uint64_t cap, uint64_t key, bool vacant = false) {
+  uint64_t s = home<T>(key, cap);
+  for (uint64_t i = 0; i < cap; ++i, s = (s + 1) & (cap - 1)) {
+    if (key_of(t[s]) == 0) return vacant ? static_cast<int64_t>(s) : -1;
+    if (!vacant && key_of(t[s]) == key) return static_cast<int64_t>(s);
+  }
+  return kNoRoom;
+}
+// Puts `x` in the first empty slot of its probe: that slot, or kNoRoom.
+template <class T>
+int64_t place(T* t, uint64_t cap, const T& x) {
+  const int64_t s = probe(t, cap, key_of(x), true);
+  if (s >= 0) t[s] = x;
+  return s;
+}
+// Empties slot `hole` (backward shift: no tombstones).
+template <class T>
+void vacate(T* t, uint64_t cap, uint64_t hole) {
+  const uint64_t m = cap - 1;
+  uint64_t probes = 0;
+  for (uint64_t s = (hole + 1) & m; key_of(t[s]) != 0 && ++probes < cap; s = (s + 1) & m) {
+    const uint64_t h = home<T>(key_of(t[s]), cap);
+    // Move s into the hole unless its home lies cyclically in (hole, s].
+    const bool stays = hole <= s ? (h > hole && h <= s) : (h > hole || h <= s);
+    if (!stays) {
+      t[hole] = t[s];
+      hole = s;
+    }
+  }
+  t[hole] = T{};
+}
+// The smallest table (a power of two, at least `min`) of which `n` slots are at most 3/4;
+// 0 when that is more than `max`.
+uint64_t slots_for(uint64_t n, uint64_t min, uint64_t max) {
+  return n > max / 4 * 3 ? 0 : std::max(min, std::bit_ceil((n * 4 + 2) / 3));
 }
 // A queued entry keeps its key in heap_pos and key_hi, in units of 1024 ns: 48 bits last
 // 9 years of uptime.
@@ -416,16 +468,9 @@ int64_t SharedIndex::find(uint64_t id) const {
     uint64_t s = wslot(id);
     return win_[s].state == State::kEmpty ? -1 : static_cast<int64_t>(s);
   }
-  const uint64_t m = ocap_ - 1;
-  // At most one pass: a table with no empty slot (damage; the load is kept <= 3/4) must not
-  // make the probe go round forever under the lock.
-  uint64_t s = hash_id(id) & m;
-  for (uint64_t probes = 0; probes < ocap_; ++probes, s = (s + 1) & m) {
-    if (ovf_[s].id == id) return static_cast<int64_t>(wcap_ + s);
-    if (ovf_[s].id == 0) return -1;
-  }
-  damaged("the overflow table has no empty slot");
-  return -1;
+  const int64_t s = probe(ovf_, ocap_, id);
+  if (s == kNoRoom) damaged("the overflow table has no empty slot");
+  return s < 0 ? -1 : static_cast<int64_t>(wcap_) + s;
 }
 
 Entry& SharedIndex::entry_of(uint64_t id) {
@@ -619,14 +664,10 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
 }
 
 void SharedIndex::dedup_place(const DedupSlot& d) {
-  const uint64_t m = dcap_ - 1;
-  uint64_t s = d.hash & m;
-  for (uint64_t i = 0; i < dcap_ && ded_[s].hash != 0; ++i) s = (s + 1) & m;
-  if (ded_[s].hash != 0) {
+  if (place(ded_, dcap_, d) < 0) {
     damaged("the dedup table has no free slot");  // dedup_reserve() keeps a quarter free
     return;
   }
-  ded_[s] = d;
   ++hdr_->dedup_used;
 }
 
@@ -644,9 +685,8 @@ Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
     for (const DedupSlot& d : live) dedup_place(d);
   }
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
-  uint64_t dc = std::max(dcap_, kMinDedup);
-  while ((h.dedup_used + more) * 4 > dc * 3 && dc <= kMaxDedup) dc *= 2;
-  if (dc > kMaxDedup) {
+  const uint64_t dc = slots_for(h.dedup_used + more, kMinDedup, kMaxDedup);
+  if (dc == 0) {
     return Status(Code::kQueueFull, "the queue remembers " + std::to_string(h.dedup_used) +
                                         " deduplication ids within its window, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxDedup / 4 * 3) +
@@ -673,50 +713,30 @@ uint64_t SharedIndex::dedup_oldest_seq(uint64_t now) const {
 
 int64_t SharedIndex::gfind(uint64_t key) const {
   if (gcap_ == 0 || key == 0) return -1;
-  const uint64_t m = gcap_ - 1;
-  uint64_t s = hash_id(key) & m;
-  // At most one pass, as find(): a full table (damage) must not hold the lock forever.
-  for (uint64_t probes = 0; probes < gcap_; ++probes, s = (s + 1) & m) {
-    if (grp_[s].key == key) return static_cast<int64_t>(s);
-    if (grp_[s].key == 0) return -1;
-  }
-  damaged("the group table has no empty slot");
-  return -1;
+  const int64_t s = probe(grp_, gcap_, key);
+  if (s == kNoRoom) damaged("the group table has no empty slot");
+  return s < 0 ? -1 : s;
 }
 
 void SharedIndex::gplace(const GroupSlot& g) {
-  if (gcap_ == 0 || (hdr_->group_used + 1) * 4 > gcap_ * 3) {
-    damaged("a group slot was placed without room");  // group_reserve() keeps a quarter free
+  // group_reserve() keeps a quarter free.
+  if ((hdr_->group_used + 1) * 4 > gcap_ * 3 || place(grp_, gcap_, g) < 0) {
+    damaged("a group slot was placed without room");
     return;
   }
-  const uint64_t m = gcap_ - 1;
-  uint64_t s = hash_id(g.key) & m;
-  while (grp_[s].key != 0) s = (s + 1) & m;
-  grp_[s] = g;
   ++hdr_->group_used;
 }
 
 void SharedIndex::gerase(uint64_t hole) {
-  const uint64_t m = gcap_ - 1;
-  uint64_t probes = 0;
-  for (uint64_t s = (hole + 1) & m; grp_[s].key != 0 && ++probes < gcap_; s = (s + 1) & m) {
-    const uint64_t home = hash_id(grp_[s].key) & m;
-    const bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
-    if (!stays) {
-      grp_[hole] = grp_[s];
-      hole = s;
-    }
-  }
-  grp_[hole] = GroupSlot{};
+  vacate(grp_, gcap_, hole);
   --hdr_->group_used;
 }
 
 Status SharedIndex::group_reserve(uint64_t more) {
   auto& h = *hdr_;
   if ((h.group_used + more) * 4 <= gcap_ * 3) return {};
-  uint64_t gc = std::max(gcap_, kMinGroupSlots);
-  while ((h.group_used + more) * 4 > gc * 3 && gc <= kMaxGroupSlots) gc *= 2;
-  if (gc > kMaxGroupSlots) {
+  const uint64_t gc = slots_for(h.group_used + more, kMinGroupSlots, kMaxGroupSlots);
+  if (gc == 0) {
     return Status(Code::kQueueFull, "the queue holds " + std::to_string(h.group_used) +
                                         " grouped messages and groups, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxGroupSlots / 4 * 3));
@@ -937,49 +957,27 @@ void SharedIndex::punch_tail() {
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {
-  uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
+  const uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
   if (need <= hcap_) return {};
-  uint64_t hc = hcap_;
-  while (hc < need) hc *= 2;
-  if (hc > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
-  return resize(wcap_, hc, ocap_);
+  if (need > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
+  return resize(wcap_, std::bit_ceil(need), ocap_);
 }
 
 Status SharedIndex::ovf_reserve(uint64_t more) {
-  uint64_t oc = ocap_;
-  while ((hdr_->ovf_count + more) * 4 > oc * 3) oc *= 2;
-  if (oc == ocap_) return {};
-  if (oc > (1ull << 30)) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
+  const uint64_t n = hdr_->ovf_count + more;
+  if (n * 4 <= ocap_ * 3) return {};
+  const uint64_t oc = slots_for(n, ocap_, 1ull << 30);
+  if (oc == 0) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
   return resize(wcap_, hcap_, oc);
 }
 
 uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
-  const uint64_t m = ocap_ - 1;
-  uint64_t s = hash_id(id) & m;
-  for (uint64_t probes = 0; ovf_[s].id != 0; s = (s + 1) & m) {
-    if (++probes == ocap_) {
-      damaged("the overflow table has no empty slot");
-      return static_cast<uint32_t>(wcap_ + ocap_);  // entry() gives the scratch entry for it
-    }
+  const int64_t s = place(ovf_, ocap_, OvfEntry{id, e});
+  if (s < 0) {
+    damaged("the overflow table has no empty slot");
+    return static_cast<uint32_t>(wcap_ + ocap_);  // entry() gives the scratch entry for it
   }
-  ovf_[s] = OvfEntry{id, e};
-  return static_cast<uint32_t>(wcap_ + s);
-}
-
-void SharedIndex::ovf_erase(uint64_t hole) {
-  // Backward-shift deletion keeps linear probing free of tombstones.
-  const uint64_t m = ocap_ - 1;
-  uint64_t probes = 0;
-  for (uint64_t s = (hole + 1) & m; ovf_[s].id != 0 && ++probes < ocap_; s = (s + 1) & m) {
-    uint64_t home = hash_id(ovf_[s].id) & m;
-    // Move s into the hole unless its home lies cyclically in (hole, s].
-    bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
-    if (!stays) {
-      ovf_[hole] = ovf_[s];
-      hole = s;
-    }
-  }
-  ovf_[hole] = OvfEntry{};
+  return static_cast<uint32_t>(wcap_ + static_cast<uint64_t>(s));
 }
 
 void SharedIndex::advance_low(uint64_t limit) {
@@ -1170,7 +1168,7 @@ void SharedIndex::erase(uint32_t slot) {
   }
   --h.count;
   if (slot >= wcap_) {
-    ovf_erase(slot - wcap_);
+    vacate(ovf_, ocap_, slot - wcap_);
     --h.ovf_count;
   } else {
     win_[slot] = Entry{};
