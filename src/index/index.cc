@@ -82,6 +82,35 @@ void vacate(T* t, uint64_t cap, uint64_t hole) {
   }
   t[hole] = T{};
 }
+// A table's slots, copied aside while resize() lays the region out again: all of them when
+// it keeps its size (`whole`: they go back slot for slot, a slot's place depending on the
+// table's size only), else the occupied ones, to be placed again (put_back()).
+template <class T>
+std::vector<T> set_aside(const T* t, uint64_t cap, bool whole) {
+  if (whole) return std::vector<T>(t, t + cap);
+  std::vector<T> v;
+  for (uint64_t s = 0; s < cap; ++s)
+    if (key_of(t[s]) != 0) v.push_back(t[s]);
+  return v;
+}
+// Refills a table from set_aside(t, cap, whole): put(x) places each slot of one not whole.
+template <class T, class Put>
+void put_back(T* t, uint64_t cap, const std::vector<T>& v, bool whole, Put put) {
+  if (cap == 0) return;
+  if (whole) {
+    std::memcpy(static_cast<void*>(t), v.data(), cap * sizeof(T));
+    return;
+  }
+  std::memset(static_cast<void*>(t), 0, cap * sizeof(T));
+  for (const T& x : v) put(x);
+}
+void set_geometry(IndexHeader& h, uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
+  h.capacity = wcap;
+  h.heap_cap = hcap;
+  h.ovf_cap = ocap;
+  h.dedup_cap = dcap;
+  h.group_cap = gcap;
+}
 // The smallest table (a power of two, at least `min`) of which `n` slots are at most 3/4;
 // 0 when that is more than `max`.
 uint64_t slots_for(uint64_t n, uint64_t min, uint64_t max) {
@@ -154,9 +183,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     new (hdr_) IndexHeader();
     if (int r = hdr_->mu.init(); r != 0) return errno_status(r, "init index mutex");
     if (int r = hdr_->sync_mu.init(); r != 0) return errno_status(r, "init sync mutex");
-    hdr_->capacity = kMinWindow;
-    hdr_->heap_cap = kMinHeap;
-    hdr_->ovf_cap = kMinOverflow;
+    set_geometry(*hdr_, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
     hdr_->region_gen = 1;
     hdr_->next_id = 1;
     hdr_->low_id = 1;
@@ -413,11 +440,7 @@ Status SharedIndex::prepare_rebuild() {
   if (h.magic != kIndexMagic) h.magic = kIndexMagic;
   if (sound(false)) return mapped_current() ? Status() : map_region();
   damaged("the region's geometry is out of bounds");
-  h.capacity = kMinWindow;
-  h.heap_cap = kMinHeap;
-  h.ovf_cap = kMinOverflow;
-  h.dedup_cap = 0;
-  h.group_cap = 0;
+  set_geometry(h, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
   h.win_offset = 0;
   h.resizing = 0;
   ++h.region_gen;
@@ -522,38 +545,21 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 // the window keeps its entries where they are in the file: the ring's two runs (the ids
 // from low_id up to the end of the array, and the ones that wrapped to its start) stay in
 // order if one of them moves, by one memmove, to the other side of the new slots;
-// win_offset then names the new position. Copying the
-// window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
-// 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
-// table are small and are copied aside; the overflow table's slots survive unless it grows.
+// win_offset then names the new position (copying the window aside and placing every entry
+// again, as a hash table must, held the lock for seconds at 10M queued). The heap and the
+// tables are small and are copied aside (set_aside()): whatever moves before them
+// overwrites them. A table that keeps its size goes back slot for slot, as placing every
+// slot again at each growth of the window cost a grouped send_batch most of its time.
 Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
   auto& h = *hdr_;
   if (dcap == kSameDedup) dcap = dcap_;
   if (gcap == kSameDedup) gcap = gcap_;
-  // The dedup and group tables are last in the region: whatever moves before them overwrites
-  // them, so they are copied aside. One that keeps its size goes back slot for slot (a
-  // slot's place depends on the table's size only); placing every slot again at each growth
-  // of the window was 3/4 of a grouped send_batch's cost. One that changes size is placed
-  // again.
-  const bool same_ded = dcap == dcap_, same_grp = gcap == gcap_;
-  std::vector<DedupSlot> deds;
-  std::vector<GroupSlot> grps;
-  if (same_ded) {
-    deds.assign(ded_, ded_ + dcap_);
-  } else {
-    deds.reserve(std::min(h.dedup_used, dcap_));  // (the count may be damage)
-    for (uint64_t s = 0; s < dcap_; ++s)
-      if (ded_[s].hash != 0) deds.push_back(ded_[s]);
-  }
-  if (same_grp) {
-    grps.assign(grp_, grp_ + gcap_);
-  } else {
-    grps.reserve(std::min(h.group_used, gcap_));
-    for (uint64_t s = 0; s < gcap_; ++s)
-      if (grp_[s].key != 0) grps.push_back(grp_[s]);
-  }
+  const bool same_ovf = ocap == ocap_, same_ded = dcap == dcap_, same_grp = gcap == gcap_;
+  const std::vector<OvfEntry> ovs = set_aside(ovf_, ocap_, same_ovf);
+  const std::vector<DedupSlot> deds = set_aside(ded_, dcap_, same_ded);
+  const std::vector<GroupSlot> grps = set_aside(grp_, gcap_, same_grp);
   const uint64_t old_w = wcap_;
-  const bool same_win = wcap == old_w, same_ovf = ocap == ocap_, smaller_win = wcap < old_w;
+  const bool same_win = wcap == old_w, smaller_win = wcap < old_w;
   const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
   std::vector<HeapItem> items;
   std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
@@ -568,35 +574,18 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   } else if (anonymous_) {
     raw.assign(win_, win_ + old_w);
   }
-  std::vector<OvfEntry> ovs;
-  if (same_ovf) {
-    ovs.assign(ovf_, ovf_ + ocap_);
-  } else {
-    ovs.reserve(h.ovf_count);
-    for (uint64_t s = 0; s < ocap_; ++s)
-      if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
-  }
   uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap, gcap);
   if (!anonymous_) {
     if (int rc = io_->allocate(fd_, 0, bytes); rc != 0) {
       return errno_status(-rc, "grow index");
     }
   }
-  const uint64_t old[5] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap, h.group_cap};
   h.resizing = 1;
-  h.capacity = wcap;
-  h.heap_cap = hcap;
-  h.ovf_cap = ocap;
-  h.dedup_cap = dcap;
-  h.group_cap = gcap;
+  set_geometry(h, wcap, hcap, ocap, dcap, gcap);
   h.file_bytes = std::max(h.file_bytes, bytes);
   ++h.region_gen;
   if (Status s = map_region(); !s.ok()) {
-    h.capacity = old[0];
-    h.heap_cap = old[1];
-    h.ovf_cap = old[2];
-    h.dedup_cap = old[3];
-    h.group_cap = old[4];
+    set_geometry(h, wcap_, hcap_, ocap_, dcap_, gcap_);  // still the mapping's: the old ones
     h.resizing = 0;
     return s;
   }
@@ -604,9 +593,8 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   auto populate = [&](void* from, uint64_t len) {
 #ifdef MADV_POPULATE_WRITE
     // Faulting the pages about to be written in with one call instead of one exception
-    // each made send_batch(64) of 200,000 messages into a fresh queue 25-30% faster
-    // (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s; exceptions are
-    // dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
+    // each makes a big send_batch into a fresh queue markedly faster where exceptions are
+    // dear (a VM). Best effort: kernels before 5.14 answer EINVAL.
     auto at = reinterpret_cast<uintptr_t>(from) & ~uintptr_t{4095};
     (void)::madvise(reinterpret_cast<void*>(at), len + (reinterpret_cast<uintptr_t>(from) - at), MADV_POPULATE_WRITE);
 #else
@@ -639,26 +627,11 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   }
   if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   if (!dues.empty()) std::memcpy(static_cast<void*>(heap_ + hcap_ - dues.size()), dues.data(), dues.size() * sizeof(HeapItem));
-  if (same_ovf) {
-    std::memcpy(static_cast<void*>(ovf_), ovs.data(), ocap_ * sizeof(OvfEntry));
-  } else {
-    std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
-    for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
-  }
-  if (same_ded) {
-    if (dcap_ != 0) std::memcpy(static_cast<void*>(ded_), deds.data(), dcap_ * sizeof(DedupSlot));
-  } else {
-    if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
-    h.dedup_used = 0;
-    for (const DedupSlot& d : deds) dedup_place(d);
-  }
-  if (same_grp) {
-    if (gcap_ != 0) std::memcpy(static_cast<void*>(grp_), grps.data(), gcap_ * sizeof(GroupSlot));
-  } else {
-    if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
-    h.group_used = 0;
-    for (const GroupSlot& g : grps) gplace(g);
-  }
+  if (!same_ded) h.dedup_used = 0;  // (counted again as they are placed)
+  if (!same_grp) h.group_used = 0;
+  put_back(ovf_, ocap_, ovs, same_ovf, [&](const OvfEntry& o) { ovf_place(o.id, o.e); });
+  put_back(ded_, dcap_, deds, same_ded, [&](const DedupSlot& d) { dedup_place(d); });
+  put_back(grp_, gcap_, grps, same_grp, [&](const GroupSlot& g) { gplace(g); });
   h.resizing = 0;
   return {};
 }
@@ -676,14 +649,10 @@ Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
   // Forget what has expired first: with a steady rate of dedup sends the table then stays
   // at the size the window needs.
-  std::vector<DedupSlot> live;
-  for (uint64_t s = 0; s < dcap_; ++s)
-    if (ded_[s].hash != 0 && ded_[s].expires > now) live.push_back(ded_[s]);
-  if (dcap_ != 0) {
-    std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
-    h.dedup_used = 0;
-    for (const DedupSlot& d : live) dedup_place(d);
-  }
+  std::vector<DedupSlot> live = set_aside(ded_, dcap_, false);
+  std::erase_if(live, [&](const DedupSlot& d) { return d.expires <= now; });
+  h.dedup_used = 0;
+  put_back(ded_, dcap_, live, false, [&](const DedupSlot& d) { dedup_place(d); });
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
   const uint64_t dc = slots_for(h.dedup_used + more, kMinDedup, kMaxDedup);
   if (dc == 0) {
