@@ -116,6 +116,19 @@ void set_geometry(IndexHeader& h, uint64_t wcap, uint64_t hcap, uint64_t ocap, u
 uint64_t slots_for(uint64_t n, uint64_t min, uint64_t max) {
   return n > max / 4 * 3 ? 0 : std::max(min, std::bit_ceil((n * 4 + 2) / 3));
 }
+// pread of all `len` bytes at `off`: false on an error or a short file.
+bool pread_all(int fd, void* to, uint64_t len, uint64_t off) {
+  for (uint64_t done = 0; done < len;) {
+    const ssize_t got = ::pread(fd, static_cast<char*>(to) + done, static_cast<size_t>(len - done),
+                                static_cast<off_t>(off + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+// A fresh index's file: the header and the smallest region.
+constexpr uint64_t kFreshBytes = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
 // A queued entry keeps its key in heap_pos and key_hi, in units of 1024 ns: 48 bits last
 // 9 years of uptime.
 constexpr int kQueuedKeyShift = 10;
@@ -160,11 +173,10 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
     sys::set_own_mode(fd_, mode);  // past the umask
-    uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
-      // system is a SIGBUS at the first store through the mapping (grow() does the same).
-      if (int r = io_->allocate(fd_, 0, want); r != 0) {
+      // system is a SIGBUS at the first store through the mapping (resize() does the same).
+      if (int r = io_->allocate(fd_, 0, kFreshBytes); r != 0) {
         return errno_status(-r, "allocate index " + path);
       }
     } else if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
@@ -188,7 +200,7 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     hdr_->next_id = 1;
     hdr_->low_id = 1;
     hdr_->cursor = 1;
-    hdr_->file_bytes = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
+    hdr_->file_bytes = kFreshBytes;
     std::string boot = sys::boot_id();
     std::strncpy(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id - 1);
     hdr_->format = format_word();
@@ -220,15 +232,10 @@ uint64_t SharedIndex::checksum() const {
     // mapped in this process (its RSS) though it then touches a small part. The mapping
     // and the file share the page cache: both read the same bytes.
     std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 1u << 20)));
-    for (uint64_t done = 0; done < len && read_ok;) {
-      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - done));
-      const ssize_t got = ::pread(fd_, buf.data(), want, static_cast<off_t>(kHeaderBytes + done));
-      if (got < 0 && errno == EINTR) continue;
-      read_ok = got > 0;
-      if (read_ok) {
-        XXH3_64bits_update(st, buf.data(), static_cast<size_t>(got));
-        done += static_cast<uint64_t>(got);
-      }
+    for (uint64_t done = 0, n = 0; done < len && read_ok; done += n) {
+      n = std::min<uint64_t>(buf.size(), len - done);
+      read_ok = pread_all(fd_, buf.data(), n, kHeaderBytes + done);
+      if (read_ok) XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
     }
   }
   // Never 0, which means "not sealed"; a region that cannot be read gives 2, which no
@@ -243,15 +250,7 @@ bool SharedIndex::read_slots(uint64_t first, uint64_t n, Entry* out) const {
     std::memcpy(static_cast<void*>(out), win_ + first, n * sizeof(Entry));
     return true;
   }
-  auto* p = reinterpret_cast<char*>(out);
-  for (uint64_t done = 0, len = n * sizeof(Entry); done < len;) {
-    const ssize_t got = ::pread(fd_, p + done, static_cast<size_t>(len - done),
-                                static_cast<off_t>(kHeaderBytes + first * sizeof(Entry) + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    done += static_cast<uint64_t>(got);
-  }
-  return true;
+  return pread_all(fd_, out, n * sizeof(Entry), kHeaderBytes + first * sizeof(Entry));
 }
 
 void SharedIndex::seal() {
@@ -830,6 +829,14 @@ void SharedIndex::group_leave(uint64_t id) {
 
 namespace {
 uint64_t kept_width_for(uint64_t keep) { return (keep + kKeptBuckets - 3) / (kKeptBuckets - 2); }
+// f(b) for each bucket that may hold an ack still inside the window of `keep` ns at `now`:
+// one that ends less than `keep` ago.
+template <class F>
+void for_each_kept(const IndexHeader& h, uint64_t now, uint64_t keep, F f) {
+  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
+  for (const KeptBucket& b : h.kept)
+    if (b.n != 0 && b.n * h.kept_width + keep > now) f(b);
+}
 }  // namespace
 
 void SharedIndex::kept_clear() {
@@ -855,30 +862,18 @@ void SharedIndex::kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t
   b.bytes += bytes;
 }
 
-// A bucket may hold an ack still inside the window when its end is less than `keep` ago.
-static bool kept_in_window(const KeptBucket& b, uint64_t width, uint64_t now, uint64_t keep) {
-  return b.n != 0 && b.n * width + keep > now;
-}
-
 uint64_t SharedIndex::kept_oldest_seq(uint64_t now, uint64_t keep) const {
-  const auto& h = *hdr_;
   uint64_t lowest = UINT64_MAX;
-  if (keep == 0 || h.kept_width != kept_width_for(keep)) return lowest;
-  for (const KeptBucket& b : h.kept) {
-    if (kept_in_window(b, h.kept_width, now, keep)) lowest = std::min(lowest, b.min_seq);
-  }
+  for_each_kept(*hdr_, now, keep, [&](const KeptBucket& b) { lowest = std::min(lowest, b.min_seq); });
   return lowest;
 }
 
 void SharedIndex::kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const {
-  const auto& h = *hdr_;
   *acks = *bytes = 0;
-  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
-  for (const KeptBucket& b : h.kept) {
-    if (!kept_in_window(b, h.kept_width, now, keep)) continue;
+  for_each_kept(*hdr_, now, keep, [&](const KeptBucket& b) {
     *acks += b.acks;
     *bytes += b.bytes;
-  }
+  });
 }
 
 uint64_t SharedIndex::dedup_live(uint64_t now) const {
@@ -1210,10 +1205,8 @@ void SharedIndex::remove(HeapAt at) {
 }
 
 // The heap is 4-ary and sifts move a hole instead of swapping: every level writes the moved
-// item's back-pointer into its entry, a cache miss. In the hash-table index that held every
-// message, a binary heap with swaps paid two such misses a level (bench_queue --only=index,
-// receive+ack at 1M queued as a share of the rate at 1k: binary with swaps 0.28x; 4-ary
-// 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x). Four children are 64 B, one cache line.
+// item's back-pointer into its entry, a cache miss, and a binary heap with swaps paid two
+// such misses a level. Four children are 64 B, one cache line.
 void SharedIndex::move_item(Heap w, uint64_t to, const HeapItem& it) {
   item(w, to) = it;
   entry_of(it.id).heap_pos = pos_word(w, to);
