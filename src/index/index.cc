@@ -277,14 +277,13 @@ bool SharedIndex::sound(bool counters) const {
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
   const IndexHeader& h = *hdr_;
-  auto pow2 = [](uint64_t v) { return (v & (v - 1)) == 0; };
+  auto pow2_in = [](uint64_t v, uint64_t min, uint64_t max) { return v >= min && v <= max && std::has_single_bit(v); };
   // Bounds: a damaged or hostile file must not make us map or index out of range, nor
   // probe the overflow table forever. Slots are 32-bit: window + overflow < 2^32.
-  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) || h.heap_cap < kMinHeap ||
-      !pow2(h.heap_cap) || h.heap_cap > (1ull << 31) || h.ovf_cap < kMinOverflow || !pow2(h.ovf_cap) ||
-      h.ovf_cap > (1ull << 30) ||
-      (h.dedup_cap != 0 && (h.dedup_cap < kMinDedup || !pow2(h.dedup_cap) || h.dedup_cap > kMaxDedup)) ||
-      (h.group_cap != 0 && (h.group_cap < kMinGroupSlots || !pow2(h.group_cap) || h.group_cap > kMaxGroupSlots))) {
+  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) ||
+      !pow2_in(h.heap_cap, kMinHeap, 1ull << 31) || !pow2_in(h.ovf_cap, kMinOverflow, 1ull << 30) ||
+      (h.dedup_cap != 0 && !pow2_in(h.dedup_cap, kMinDedup, kMaxDedup)) ||
+      (h.group_cap != 0 && !pow2_in(h.group_cap, kMinGroupSlots, kMaxGroupSlots))) {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
