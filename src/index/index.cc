@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "sys/clock.h"
@@ -28,13 +29,106 @@ constexpr uint64_t region_bytes(uint64_t wcap, uint64_t hcap, uint64_t ocap, uin
   return wcap * sizeof(Entry) + hcap * sizeof(HeapItem) + ocap * sizeof(OvfEntry) + dcap * sizeof(DedupSlot) +
          gcap * sizeof(GroupSlot);
 }
-// Mixes the id so that neighbouring ids do not form one long probe run.
-inline uint64_t hash_id(uint64_t id) {
-  id ^= id >> 33;
-  id *= 0xff51afd7ed558ccdull;
-  id ^= id >> 33;
-  return id;
+// The open-addressing tables (overflow, dedup, group): a power-of-two number of slots, linear
+// probing, backward-shift deletion, key 0 marks an empty slot. No walk goes round more than
+// once: a table with no empty slot (damage; the load is kept <= 3/4) must not make a walk
+// go round forever under the lock.
+uint64_t key_of(const OvfEntry& o) { return o.id; }
+uint64_t key_of(const DedupSlot& d) { return d.hash; }
+uint64_t key_of(const GroupSlot& g) { return g.key; }
+// Where a key's probe starts. Ids and group keys are mixed, so that neighbouring ids do not
+// form one long probe run; a dedup key is a hash already.
+template <class T>
+uint64_t home(uint64_t key, uint64_t cap) {
+  if constexpr (!std::is_same_v<T, DedupSlot>) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+  }
+  return key & (cap - 1);
 }
+constexpr int64_t kNoRoom = -2;
+// The slot holding `key` (-1: none), or with `vacant` the first empty slot of its probe;
+// kNoRoom: a whole lap found no empty slot.
+template <class T>
+int64_t probe(const T* t, uint64_t cap, uint64_t key, bool vacant = false) {
+  uint64_t s = home<T>(key, cap);
+  for (uint64_t i = 0; i < cap; ++i, s = (s + 1) & (cap - 1)) {
+    if (key_of(t[s]) == 0) return vacant ? static_cast<int64_t>(s) : -1;
+    if (!vacant && key_of(t[s]) == key) return static_cast<int64_t>(s);
+  }
+  return kNoRoom;
+}
+// Puts `x` in the first empty slot of its probe: that slot, or kNoRoom.
+template <class T>
+int64_t place(T* t, uint64_t cap, const T& x) {
+  const int64_t s = probe(t, cap, key_of(x), true);
+  if (s >= 0) t[s] = x;
+  return s;
+}
+// Empties slot `hole` (backward shift: no tombstones).
+template <class T>
+void vacate(T* t, uint64_t cap, uint64_t hole) {
+  const uint64_t m = cap - 1;
+  uint64_t probes = 0;
+  for (uint64_t s = (hole + 1) & m; key_of(t[s]) != 0 && ++probes < cap; s = (s + 1) & m) {
+    const uint64_t h = home<T>(key_of(t[s]), cap);
+    // Move s into the hole unless its home lies cyclically in (hole, s].
+    const bool stays = hole <= s ? (h > hole && h <= s) : (h > hole || h <= s);
+    if (!stays) {
+      t[hole] = t[s];
+      hole = s;
+    }
+  }
+  t[hole] = T{};
+}
+// A table's slots, copied aside while resize() lays the region out again: all of them when
+// it keeps its size (`whole`: they go back slot for slot, a slot's place depending on the
+// table's size only), else the occupied ones, to be placed again (put_back()).
+template <class T>
+std::vector<T> set_aside(const T* t, uint64_t cap, bool whole) {
+  if (whole) return std::vector<T>(t, t + cap);
+  std::vector<T> v;
+  for (uint64_t s = 0; s < cap; ++s)
+    if (key_of(t[s]) != 0) v.push_back(t[s]);
+  return v;
+}
+// Refills a table from set_aside(t, cap, whole): put(x) places each slot of one not whole.
+template <class T, class Put>
+void put_back(T* t, uint64_t cap, const std::vector<T>& v, bool whole, Put put) {
+  if (cap == 0) return;
+  if (whole) {
+    std::memcpy(static_cast<void*>(t), v.data(), cap * sizeof(T));
+    return;
+  }
+  std::memset(static_cast<void*>(t), 0, cap * sizeof(T));
+  for (const T& x : v) put(x);
+}
+void set_geometry(IndexHeader& h, uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
+  h.capacity = wcap;
+  h.heap_cap = hcap;
+  h.ovf_cap = ocap;
+  h.dedup_cap = dcap;
+  h.group_cap = gcap;
+}
+// The smallest table (a power of two, at least `min`) of which `n` slots are at most 3/4;
+// 0 when that is more than `max`.
+uint64_t slots_for(uint64_t n, uint64_t min, uint64_t max) {
+  return n > max / 4 * 3 ? 0 : std::max(min, std::bit_ceil((n * 4 + 2) / 3));
+}
+// pread of all `len` bytes at `off`: false on an error or a short file.
+bool pread_all(int fd, void* to, uint64_t len, uint64_t off) {
+  for (uint64_t done = 0; done < len;) {
+    const ssize_t got = ::pread(fd, static_cast<char*>(to) + done, static_cast<size_t>(len - done),
+                                static_cast<off_t>(off + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+// A fresh index's file: the header and the smallest region.
+constexpr uint64_t kFreshBytes = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
 // A queued entry keeps its key in heap_pos and key_hi, in units of 1024 ns: 48 bits last
 // 9 years of uptime.
 constexpr int kQueuedKeyShift = 10;
@@ -79,11 +173,10 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     struct stat st {};
     if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat " + path);
     sys::set_own_mode(fd_, mode);  // past the umask
-    uint64_t want = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
     if (fresh) {
       // Allocated, not sparse: a page of a sparse file that cannot get a block on a full file
-      // system is a SIGBUS at the first store through the mapping (grow() does the same).
-      if (int r = io_->allocate(fd_, 0, want); r != 0) {
+      // system is a SIGBUS at the first store through the mapping (resize() does the same).
+      if (int r = io_->allocate(fd_, 0, kFreshBytes); r != 0) {
         return errno_status(-r, "allocate index " + path);
       }
     } else if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
@@ -102,14 +195,12 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
     new (hdr_) IndexHeader();
     if (int r = hdr_->mu.init(); r != 0) return errno_status(r, "init index mutex");
     if (int r = hdr_->sync_mu.init(); r != 0) return errno_status(r, "init sync mutex");
-    hdr_->capacity = kMinWindow;
-    hdr_->heap_cap = kMinHeap;
-    hdr_->ovf_cap = kMinOverflow;
+    set_geometry(*hdr_, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
     hdr_->region_gen = 1;
     hdr_->next_id = 1;
     hdr_->low_id = 1;
     hdr_->cursor = 1;
-    hdr_->file_bytes = kHeaderBytes + region_bytes(kMinWindow, kMinHeap, kMinOverflow);
+    hdr_->file_bytes = kFreshBytes;
     std::string boot = sys::boot_id();
     std::strncpy(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id - 1);
     hdr_->format = format_word();
@@ -141,15 +232,10 @@ uint64_t SharedIndex::checksum() const {
     // mapped in this process (its RSS) though it then touches a small part. The mapping
     // and the file share the page cache: both read the same bytes.
     std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 1u << 20)));
-    for (uint64_t done = 0; done < len && read_ok;) {
-      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), len - done));
-      const ssize_t got = ::pread(fd_, buf.data(), want, static_cast<off_t>(kHeaderBytes + done));
-      if (got < 0 && errno == EINTR) continue;
-      read_ok = got > 0;
-      if (read_ok) {
-        XXH3_64bits_update(st, buf.data(), static_cast<size_t>(got));
-        done += static_cast<uint64_t>(got);
-      }
+    for (uint64_t done = 0, n = 0; done < len && read_ok; done += n) {
+      n = std::min<uint64_t>(buf.size(), len - done);
+      read_ok = pread_all(fd_, buf.data(), n, kHeaderBytes + done);
+      if (read_ok) XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
     }
   }
   // Never 0, which means "not sealed"; a region that cannot be read gives 2, which no
@@ -164,15 +250,7 @@ bool SharedIndex::read_slots(uint64_t first, uint64_t n, Entry* out) const {
     std::memcpy(static_cast<void*>(out), win_ + first, n * sizeof(Entry));
     return true;
   }
-  auto* p = reinterpret_cast<char*>(out);
-  for (uint64_t done = 0, len = n * sizeof(Entry); done < len;) {
-    const ssize_t got = ::pread(fd_, p + done, static_cast<size_t>(len - done),
-                                static_cast<off_t>(kHeaderBytes + first * sizeof(Entry) + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    done += static_cast<uint64_t>(got);
-  }
-  return true;
+  return pread_all(fd_, out, n * sizeof(Entry), kHeaderBytes + first * sizeof(Entry));
 }
 
 void SharedIndex::seal() {
@@ -199,14 +277,13 @@ bool SharedIndex::sound(bool counters) const {
   std::string boot = sys::boot_id();
   if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
   const IndexHeader& h = *hdr_;
-  auto pow2 = [](uint64_t v) { return (v & (v - 1)) == 0; };
+  auto pow2_in = [](uint64_t v, uint64_t min, uint64_t max) { return v >= min && v <= max && std::has_single_bit(v); };
   // Bounds: a damaged or hostile file must not make us map or index out of range, nor
   // probe the overflow table forever. Slots are 32-bit: window + overflow < 2^32.
-  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) || h.heap_cap < kMinHeap ||
-      !pow2(h.heap_cap) || h.heap_cap > (1ull << 31) || h.ovf_cap < kMinOverflow || !pow2(h.ovf_cap) ||
-      h.ovf_cap > (1ull << 30) ||
-      (h.dedup_cap != 0 && (h.dedup_cap < kMinDedup || !pow2(h.dedup_cap) || h.dedup_cap > kMaxDedup)) ||
-      (h.group_cap != 0 && (h.group_cap < kMinGroupSlots || !pow2(h.group_cap) || h.group_cap > kMaxGroupSlots))) {
+  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) ||
+      !pow2_in(h.heap_cap, kMinHeap, 1ull << 31) || !pow2_in(h.ovf_cap, kMinOverflow, 1ull << 30) ||
+      (h.dedup_cap != 0 && !pow2_in(h.dedup_cap, kMinDedup, kMaxDedup)) ||
+      (h.group_cap != 0 && !pow2_in(h.group_cap, kMinGroupSlots, kMaxGroupSlots))) {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
@@ -361,11 +438,7 @@ Status SharedIndex::prepare_rebuild() {
   if (h.magic != kIndexMagic) h.magic = kIndexMagic;
   if (sound(false)) return mapped_current() ? Status() : map_region();
   damaged("the region's geometry is out of bounds");
-  h.capacity = kMinWindow;
-  h.heap_cap = kMinHeap;
-  h.ovf_cap = kMinOverflow;
-  h.dedup_cap = 0;
-  h.group_cap = 0;
+  set_geometry(h, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
   h.win_offset = 0;
   h.resizing = 0;
   ++h.region_gen;
@@ -416,16 +489,9 @@ int64_t SharedIndex::find(uint64_t id) const {
     uint64_t s = wslot(id);
     return win_[s].state == State::kEmpty ? -1 : static_cast<int64_t>(s);
   }
-  const uint64_t m = ocap_ - 1;
-  // At most one pass: a table with no empty slot (damage; the load is kept <= 3/4) must not
-  // make the probe go round forever under the lock.
-  uint64_t s = hash_id(id) & m;
-  for (uint64_t probes = 0; probes < ocap_; ++probes, s = (s + 1) & m) {
-    if (ovf_[s].id == id) return static_cast<int64_t>(wcap_ + s);
-    if (ovf_[s].id == 0) return -1;
-  }
-  damaged("the overflow table has no empty slot");
-  return -1;
+  const int64_t s = probe(ovf_, ocap_, id);
+  if (s == kNoRoom) damaged("the overflow table has no empty slot");
+  return s < 0 ? -1 : static_cast<int64_t>(wcap_) + s;
 }
 
 Entry& SharedIndex::entry_of(uint64_t id) {
@@ -477,38 +543,21 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 // the window keeps its entries where they are in the file: the ring's two runs (the ids
 // from low_id up to the end of the array, and the ones that wrapped to its start) stay in
 // order if one of them moves, by one memmove, to the other side of the new slots;
-// win_offset then names the new position. Copying the
-// window aside and re-placing every entry, as a hash table must, held the lock for 2.6 s at
-// 10M queued (bench_queue --only=index --big, worst send_batch). The heap and the overflow
-// table are small and are copied aside; the overflow table's slots survive unless it grows.
+// win_offset then names the new position (copying the window aside and placing every entry
+// again, as a hash table must, held the lock for seconds at 10M queued). The heap and the
+// tables are small and are copied aside (set_aside()): whatever moves before them
+// overwrites them. A table that keeps its size goes back slot for slot, as placing every
+// slot again at each growth of the window cost a grouped send_batch most of its time.
 Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
   auto& h = *hdr_;
   if (dcap == kSameDedup) dcap = dcap_;
   if (gcap == kSameDedup) gcap = gcap_;
-  // The dedup and group tables are last in the region: whatever moves before them overwrites
-  // them, so they are copied aside. One that keeps its size goes back slot for slot (a
-  // slot's place depends on the table's size only); placing every slot again at each growth
-  // of the window was 3/4 of a grouped send_batch's cost. One that changes size is placed
-  // again.
-  const bool same_ded = dcap == dcap_, same_grp = gcap == gcap_;
-  std::vector<DedupSlot> deds;
-  std::vector<GroupSlot> grps;
-  if (same_ded) {
-    deds.assign(ded_, ded_ + dcap_);
-  } else {
-    deds.reserve(std::min(h.dedup_used, dcap_));  // (the count may be damage)
-    for (uint64_t s = 0; s < dcap_; ++s)
-      if (ded_[s].hash != 0) deds.push_back(ded_[s]);
-  }
-  if (same_grp) {
-    grps.assign(grp_, grp_ + gcap_);
-  } else {
-    grps.reserve(std::min(h.group_used, gcap_));
-    for (uint64_t s = 0; s < gcap_; ++s)
-      if (grp_[s].key != 0) grps.push_back(grp_[s]);
-  }
+  const bool same_ovf = ocap == ocap_, same_ded = dcap == dcap_, same_grp = gcap == gcap_;
+  const std::vector<OvfEntry> ovs = set_aside(ovf_, ocap_, same_ovf);
+  const std::vector<DedupSlot> deds = set_aside(ded_, dcap_, same_ded);
+  const std::vector<GroupSlot> grps = set_aside(grp_, gcap_, same_grp);
   const uint64_t old_w = wcap_;
-  const bool same_win = wcap == old_w, same_ovf = ocap == ocap_, smaller_win = wcap < old_w;
+  const bool same_win = wcap == old_w, smaller_win = wcap < old_w;
   const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
   std::vector<HeapItem> items;
   std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
@@ -523,35 +572,18 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   } else if (anonymous_) {
     raw.assign(win_, win_ + old_w);
   }
-  std::vector<OvfEntry> ovs;
-  if (same_ovf) {
-    ovs.assign(ovf_, ovf_ + ocap_);
-  } else {
-    ovs.reserve(h.ovf_count);
-    for (uint64_t s = 0; s < ocap_; ++s)
-      if (ovf_[s].id != 0) ovs.push_back(ovf_[s]);
-  }
   uint64_t bytes = kHeaderBytes + region_bytes(wcap, hcap, ocap, dcap, gcap);
   if (!anonymous_) {
     if (int rc = io_->allocate(fd_, 0, bytes); rc != 0) {
       return errno_status(-rc, "grow index");
     }
   }
-  const uint64_t old[5] = {h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap, h.group_cap};
   h.resizing = 1;
-  h.capacity = wcap;
-  h.heap_cap = hcap;
-  h.ovf_cap = ocap;
-  h.dedup_cap = dcap;
-  h.group_cap = gcap;
+  set_geometry(h, wcap, hcap, ocap, dcap, gcap);
   h.file_bytes = std::max(h.file_bytes, bytes);
   ++h.region_gen;
   if (Status s = map_region(); !s.ok()) {
-    h.capacity = old[0];
-    h.heap_cap = old[1];
-    h.ovf_cap = old[2];
-    h.dedup_cap = old[3];
-    h.group_cap = old[4];
+    set_geometry(h, wcap_, hcap_, ocap_, dcap_, gcap_);  // still the mapping's: the old ones
     h.resizing = 0;
     return s;
   }
@@ -559,9 +591,8 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   auto populate = [&](void* from, uint64_t len) {
 #ifdef MADV_POPULATE_WRITE
     // Faulting the pages about to be written in with one call instead of one exception
-    // each made send_batch(64) of 200,000 messages into a fresh queue 25-30% faster
-    // (cmp_spool produce_batch, five pairs: 566-618k against 383-494k msgs/s; exceptions are
-    // dear on this VM). Best effort: kernels before 5.14 answer EINVAL.
+    // each makes a big send_batch into a fresh queue markedly faster where exceptions are
+    // dear (a VM). Best effort: kernels before 5.14 answer EINVAL.
     auto at = reinterpret_cast<uintptr_t>(from) & ~uintptr_t{4095};
     (void)::madvise(reinterpret_cast<void*>(at), len + (reinterpret_cast<uintptr_t>(from) - at), MADV_POPULATE_WRITE);
 #else
@@ -594,39 +625,20 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   }
   if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   if (!dues.empty()) std::memcpy(static_cast<void*>(heap_ + hcap_ - dues.size()), dues.data(), dues.size() * sizeof(HeapItem));
-  if (same_ovf) {
-    std::memcpy(static_cast<void*>(ovf_), ovs.data(), ocap_ * sizeof(OvfEntry));
-  } else {
-    std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
-    for (const OvfEntry& o : ovs) ovf_place(o.id, o.e);
-  }
-  if (same_ded) {
-    if (dcap_ != 0) std::memcpy(static_cast<void*>(ded_), deds.data(), dcap_ * sizeof(DedupSlot));
-  } else {
-    if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
-    h.dedup_used = 0;
-    for (const DedupSlot& d : deds) dedup_place(d);
-  }
-  if (same_grp) {
-    if (gcap_ != 0) std::memcpy(static_cast<void*>(grp_), grps.data(), gcap_ * sizeof(GroupSlot));
-  } else {
-    if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
-    h.group_used = 0;
-    for (const GroupSlot& g : grps) gplace(g);
-  }
+  if (!same_ded) h.dedup_used = 0;  // (counted again as they are placed)
+  if (!same_grp) h.group_used = 0;
+  put_back(ovf_, ocap_, ovs, same_ovf, [&](const OvfEntry& o) { ovf_place(o.id, o.e); });
+  put_back(ded_, dcap_, deds, same_ded, [&](const DedupSlot& d) { dedup_place(d); });
+  put_back(grp_, gcap_, grps, same_grp, [&](const GroupSlot& g) { gplace(g); });
   h.resizing = 0;
   return {};
 }
 
 void SharedIndex::dedup_place(const DedupSlot& d) {
-  const uint64_t m = dcap_ - 1;
-  uint64_t s = d.hash & m;
-  for (uint64_t i = 0; i < dcap_ && ded_[s].hash != 0; ++i) s = (s + 1) & m;
-  if (ded_[s].hash != 0) {
+  if (place(ded_, dcap_, d) < 0) {
     damaged("the dedup table has no free slot");  // dedup_reserve() keeps a quarter free
     return;
   }
-  ded_[s] = d;
   ++hdr_->dedup_used;
 }
 
@@ -635,18 +647,13 @@ Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
   // Forget what has expired first: with a steady rate of dedup sends the table then stays
   // at the size the window needs.
-  std::vector<DedupSlot> live;
-  for (uint64_t s = 0; s < dcap_; ++s)
-    if (ded_[s].hash != 0 && ded_[s].expires > now) live.push_back(ded_[s]);
-  if (dcap_ != 0) {
-    std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
-    h.dedup_used = 0;
-    for (const DedupSlot& d : live) dedup_place(d);
-  }
+  std::vector<DedupSlot> live = set_aside(ded_, dcap_, false);
+  std::erase_if(live, [&](const DedupSlot& d) { return d.expires <= now; });
+  h.dedup_used = 0;
+  put_back(ded_, dcap_, live, false, [&](const DedupSlot& d) { dedup_place(d); });
   if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
-  uint64_t dc = std::max(dcap_, kMinDedup);
-  while ((h.dedup_used + more) * 4 > dc * 3 && dc <= kMaxDedup) dc *= 2;
-  if (dc > kMaxDedup) {
+  const uint64_t dc = slots_for(h.dedup_used + more, kMinDedup, kMaxDedup);
+  if (dc == 0) {
     return Status(Code::kQueueFull, "the queue remembers " + std::to_string(h.dedup_used) +
                                         " deduplication ids within its window, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxDedup / 4 * 3) +
@@ -673,50 +680,30 @@ uint64_t SharedIndex::dedup_oldest_seq(uint64_t now) const {
 
 int64_t SharedIndex::gfind(uint64_t key) const {
   if (gcap_ == 0 || key == 0) return -1;
-  const uint64_t m = gcap_ - 1;
-  uint64_t s = hash_id(key) & m;
-  // At most one pass, as find(): a full table (damage) must not hold the lock forever.
-  for (uint64_t probes = 0; probes < gcap_; ++probes, s = (s + 1) & m) {
-    if (grp_[s].key == key) return static_cast<int64_t>(s);
-    if (grp_[s].key == 0) return -1;
-  }
-  damaged("the group table has no empty slot");
-  return -1;
+  const int64_t s = probe(grp_, gcap_, key);
+  if (s == kNoRoom) damaged("the group table has no empty slot");
+  return s < 0 ? -1 : s;
 }
 
 void SharedIndex::gplace(const GroupSlot& g) {
-  if (gcap_ == 0 || (hdr_->group_used + 1) * 4 > gcap_ * 3) {
-    damaged("a group slot was placed without room");  // group_reserve() keeps a quarter free
+  // group_reserve() keeps a quarter free.
+  if ((hdr_->group_used + 1) * 4 > gcap_ * 3 || place(grp_, gcap_, g) < 0) {
+    damaged("a group slot was placed without room");
     return;
   }
-  const uint64_t m = gcap_ - 1;
-  uint64_t s = hash_id(g.key) & m;
-  while (grp_[s].key != 0) s = (s + 1) & m;
-  grp_[s] = g;
   ++hdr_->group_used;
 }
 
 void SharedIndex::gerase(uint64_t hole) {
-  const uint64_t m = gcap_ - 1;
-  uint64_t probes = 0;
-  for (uint64_t s = (hole + 1) & m; grp_[s].key != 0 && ++probes < gcap_; s = (s + 1) & m) {
-    const uint64_t home = hash_id(grp_[s].key) & m;
-    const bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
-    if (!stays) {
-      grp_[hole] = grp_[s];
-      hole = s;
-    }
-  }
-  grp_[hole] = GroupSlot{};
+  vacate(grp_, gcap_, hole);
   --hdr_->group_used;
 }
 
 Status SharedIndex::group_reserve(uint64_t more) {
   auto& h = *hdr_;
   if ((h.group_used + more) * 4 <= gcap_ * 3) return {};
-  uint64_t gc = std::max(gcap_, kMinGroupSlots);
-  while ((h.group_used + more) * 4 > gc * 3 && gc <= kMaxGroupSlots) gc *= 2;
-  if (gc > kMaxGroupSlots) {
+  const uint64_t gc = slots_for(h.group_used + more, kMinGroupSlots, kMaxGroupSlots);
+  if (gc == 0) {
     return Status(Code::kQueueFull, "the queue holds " + std::to_string(h.group_used) +
                                         " grouped messages and groups, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxGroupSlots / 4 * 3));
@@ -841,6 +828,14 @@ void SharedIndex::group_leave(uint64_t id) {
 
 namespace {
 uint64_t kept_width_for(uint64_t keep) { return (keep + kKeptBuckets - 3) / (kKeptBuckets - 2); }
+// f(b) for each bucket that may hold an ack still inside the window of `keep` ns at `now`:
+// one that ends less than `keep` ago.
+template <class F>
+void for_each_kept(const IndexHeader& h, uint64_t now, uint64_t keep, F f) {
+  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
+  for (const KeptBucket& b : h.kept)
+    if (b.n != 0 && b.n * h.kept_width + keep > now) f(b);
+}
 }  // namespace
 
 void SharedIndex::kept_clear() {
@@ -866,30 +861,18 @@ void SharedIndex::kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t
   b.bytes += bytes;
 }
 
-// A bucket may hold an ack still inside the window when its end is less than `keep` ago.
-static bool kept_in_window(const KeptBucket& b, uint64_t width, uint64_t now, uint64_t keep) {
-  return b.n != 0 && b.n * width + keep > now;
-}
-
 uint64_t SharedIndex::kept_oldest_seq(uint64_t now, uint64_t keep) const {
-  const auto& h = *hdr_;
   uint64_t lowest = UINT64_MAX;
-  if (keep == 0 || h.kept_width != kept_width_for(keep)) return lowest;
-  for (const KeptBucket& b : h.kept) {
-    if (kept_in_window(b, h.kept_width, now, keep)) lowest = std::min(lowest, b.min_seq);
-  }
+  for_each_kept(*hdr_, now, keep, [&](const KeptBucket& b) { lowest = std::min(lowest, b.min_seq); });
   return lowest;
 }
 
 void SharedIndex::kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const {
-  const auto& h = *hdr_;
   *acks = *bytes = 0;
-  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
-  for (const KeptBucket& b : h.kept) {
-    if (!kept_in_window(b, h.kept_width, now, keep)) continue;
+  for_each_kept(*hdr_, now, keep, [&](const KeptBucket& b) {
     *acks += b.acks;
     *bytes += b.bytes;
-  }
+  });
 }
 
 uint64_t SharedIndex::dedup_live(uint64_t now) const {
@@ -937,49 +920,27 @@ void SharedIndex::punch_tail() {
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {
-  uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
+  const uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
   if (need <= hcap_) return {};
-  uint64_t hc = hcap_;
-  while (hc < need) hc *= 2;
-  if (hc > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
-  return resize(wcap_, hc, ocap_);
+  if (need > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
+  return resize(wcap_, std::bit_ceil(need), ocap_);
 }
 
 Status SharedIndex::ovf_reserve(uint64_t more) {
-  uint64_t oc = ocap_;
-  while ((hdr_->ovf_count + more) * 4 > oc * 3) oc *= 2;
-  if (oc == ocap_) return {};
-  if (oc > (1ull << 30)) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
+  const uint64_t n = hdr_->ovf_count + more;
+  if (n * 4 <= ocap_ * 3) return {};
+  const uint64_t oc = slots_for(n, ocap_, 1ull << 30);
+  if (oc == 0) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
   return resize(wcap_, hcap_, oc);
 }
 
 uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
-  const uint64_t m = ocap_ - 1;
-  uint64_t s = hash_id(id) & m;
-  for (uint64_t probes = 0; ovf_[s].id != 0; s = (s + 1) & m) {
-    if (++probes == ocap_) {
-      damaged("the overflow table has no empty slot");
-      return static_cast<uint32_t>(wcap_ + ocap_);  // entry() gives the scratch entry for it
-    }
+  const int64_t s = place(ovf_, ocap_, OvfEntry{id, e});
+  if (s < 0) {
+    damaged("the overflow table has no empty slot");
+    return static_cast<uint32_t>(wcap_ + ocap_);  // entry() gives the scratch entry for it
   }
-  ovf_[s] = OvfEntry{id, e};
-  return static_cast<uint32_t>(wcap_ + s);
-}
-
-void SharedIndex::ovf_erase(uint64_t hole) {
-  // Backward-shift deletion keeps linear probing free of tombstones.
-  const uint64_t m = ocap_ - 1;
-  uint64_t probes = 0;
-  for (uint64_t s = (hole + 1) & m; ovf_[s].id != 0 && ++probes < ocap_; s = (s + 1) & m) {
-    uint64_t home = hash_id(ovf_[s].id) & m;
-    // Move s into the hole unless its home lies cyclically in (hole, s].
-    bool stays = hole <= s ? (home > hole && home <= s) : (home > hole || home <= s);
-    if (!stays) {
-      ovf_[hole] = ovf_[s];
-      hole = s;
-    }
-  }
-  ovf_[hole] = OvfEntry{};
+  return static_cast<uint32_t>(wcap_ + static_cast<uint64_t>(s));
 }
 
 void SharedIndex::advance_low(uint64_t limit) {
@@ -1170,7 +1131,7 @@ void SharedIndex::erase(uint32_t slot) {
   }
   --h.count;
   if (slot >= wcap_) {
-    ovf_erase(slot - wcap_);
+    vacate(ovf_, ocap_, slot - wcap_);
     --h.ovf_count;
   } else {
     win_[slot] = Entry{};
@@ -1243,10 +1204,8 @@ void SharedIndex::remove(HeapAt at) {
 }
 
 // The heap is 4-ary and sifts move a hole instead of swapping: every level writes the moved
-// item's back-pointer into its entry, a cache miss. In the hash-table index that held every
-// message, a binary heap with swaps paid two such misses a level (bench_queue --only=index,
-// receive+ack at 1M queued as a share of the rate at 1k: binary with swaps 0.28x; 4-ary
-// 0.38-0.45x, 8-ary 0.41-0.45x, 16-ary 0.39-0.40x). Four children are 64 B, one cache line.
+// item's back-pointer into its entry, a cache miss, and a binary heap with swaps paid two
+// such misses a level. Four children are 64 B, one cache line.
 void SharedIndex::move_item(Heap w, uint64_t to, const HeapItem& it) {
   item(w, to) = it;
   entry_of(it.id).heap_pos = pos_word(w, to);

@@ -567,7 +567,6 @@ class CAPABILITY("index lock") SharedIndex {
   Status fit(uint64_t first, uint64_t last);
   Status ovf_reserve(uint64_t more);
   uint32_t ovf_place(uint64_t id, const Entry& e);
-  void ovf_erase(uint64_t s);
   Entry& entry_of(uint64_t id);
   void advance_low(uint64_t limit);  // past empty slots, never past `limit`
   // The two heaps (see the top of this file): the timer heap's item i is heap_[i], the due
