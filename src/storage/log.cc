@@ -183,6 +183,15 @@ void Log::warm_next_spares() {
   }
 }
 
+int Log::put(const Segment& seg, uint64_t off, const void* p, uint64_t len) {
+  if (uint8_t* m = seg.wdata()) {
+    store_records(m + off, static_cast<const uint8_t*>(p), len);
+    return 0;
+  }
+  iovec iov{const_cast<void*>(p), static_cast<size_t>(len)};  // within a segment: fits (Log::open)
+  return opts_.io->write_all(seg.fd(), &iov, 1, off);
+}
+
 std::string Log::segment_path(uint64_t seq) const { return fmt::format("{}/{:020}.seg", dir_, seq); }
 
 uint64_t Log::max_payload() const {
@@ -493,13 +502,8 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
     written.push_back({seg, end.off, end.off + buf.size()});
-    if (uint8_t* m = seg->wdata()) {
-      store_records(m + end.off, reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
-    } else {
-      iovec iov{buf.data(), buf.size()};
-      if (int r = opts_.io->write_all(seg->fd(), &iov, 1, end.off); r < 0) {
-        return errno_status(-r, "append to " + seg->path());
-      }
+    if (int r = put(*seg, end.off, buf.data(), buf.size()); r < 0) {
+      return errno_status(-r, "append to " + seg->path());
     }
     end.off += buf.size();
     buf.clear();

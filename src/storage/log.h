@@ -170,9 +170,10 @@ class Log {
   // fdatasync of segment `seq`. An error is sticky for that segment (fsyncgate).
   Status sync(uint64_t seq);
   // Makes everything appended up to `to` durable, given that everything up to `from` is:
-  // syncs each segment from from.seq (1 for seq 0) to to.seq, and the directory when that
-  // crosses into a segment after from.seq (a roll does not sync the segment it leaves, nor
-  // the new one's header and name). A segment compaction removed meanwhile is skipped.
+  // syncs each segment from from.seq (1 for seq 0) to to.seq, and the
+  // directory when that crosses into a segment after from.seq (a roll does not sync the
+  // segment it leaves, nor the new one's header and name). A segment compaction removed
+  // meanwhile is skipped.
   Status sync_through(Pos from, Pos to);
 
   // The record at `p`, validated; the view lives as long as `*keep`.
@@ -194,6 +195,9 @@ class Log {
  private:
   Log(std::string dir, LogOptions opts, bool mapped)
       : dir_(std::move(dir)), opts_(std::move(opts)), mapped_(mapped) {}
+  // Stores `len` bytes at `off` of `seg`: through its mapping when it is writable, else with
+  // write_all. 0 or -errno.
+  int put(const Segment& seg, uint64_t off, const void* p, uint64_t len);
   // Faults the first `len` bytes of `fd` into the page cache through a mapping: for writing
   // with `write` (dirty zeros, so that the sync that follows turns the spare's preallocated
   // blocks into written ones), else for reading.
