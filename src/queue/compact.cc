@@ -89,9 +89,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   };
   index::SharedIndex::WindowView view{};
   {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
@@ -114,9 +112,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   }
   const bool read = idx.scan_window(view, add_live);
   {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     // The window was laid out again meanwhile: what was read means nothing; the next roll
     // chooses again.
     if (!read || !idx.same_geometry(view)) return res;
@@ -146,9 +142,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   std::vector<uint64_t> ids;
   uint64_t rebuilds = 0;
   {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     const bool read_all = idx.scan_entries([&](uint64_t id, const Entry& e) {
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
@@ -161,9 +155,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (progress) progress(done, work);
   };
   for (size_t next = 0; next < ids.size(); report(next)) {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     const size_t batch_start = next;
     std::vector<uint32_t> slots;
     for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
@@ -227,9 +219,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     return {};
   };
   {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     if (Status s = prefix_left(); !s.ok()) return s;
   }
   crashpoint("compact.after_copy");
@@ -245,9 +235,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // disk), then remove the prefix, oldest first. Checked again under each lock: a repair
   // since the check above rebuilt the index from the log.
   {
-    auto held = lock();
-    if (!held.ok()) return held.status();
-    holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *this, lock());
     if (Status s = prefix_left(); !s.ok()) return s;
     storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
                            h.next_id,        h.purged_through, h.expired_total,
@@ -260,9 +248,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   }
   if (Status s = log->sync_through(synced, end); !s.ok()) return s;
   crashpoint("compact.after_checkpoint");
-  auto held = lock();
-  if (!held.ok()) return held.status();
-  holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, *this, lock());
   if (Status s = prefix_left(); !s.ok()) return s;
   for (uint64_t seq : prefix) {
     std::string path = log->segment_path(seq);

@@ -181,9 +181,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
     if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
-    auto held = impl->lock_to_change();
-    if (!held.ok()) return held.status();
-    impl->holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, *impl, lock_to_change());
     if (Status s = impl->rebuild(); !s.ok()) return s;
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
@@ -225,9 +223,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (int r = impl->io->rename(fresh_path, index_path); r != 0) {
         return errno_status(-r, "rename " + fresh_path + " to " + index_path);
       }
-      auto held = impl->lock_to_change();
-      if (!held.ok()) return held.status();
-      impl->holds(*held);
+      SPOOL_LOCK_OR_RETURN(held, *impl, lock_to_change());
       if (Status s = impl->rebuild(); !s.ok()) return s;
     }
     impl->idx.drop_resident();
@@ -390,9 +386,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   uint64_t woken = 0;
   bool spares_low = false;
   for (;;) {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
     // Duplicates first (under the lock, so two processes sending one dedup id at once queue
@@ -677,9 +671,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     uint64_t next_key = UINT64_MAX;
     uint32_t seen;
     {
-      auto held = q.lock_to_change();
-      if (!held.ok()) return held.status();
-      q.holds(*held);
+      SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
       seen = h.wake_seq.load(std::memory_order_acquire);
       Clocks now = q.clocks();
       // Every queued message taken gets a heap item: room for them first, so that taking
@@ -741,9 +733,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
@@ -822,9 +812,7 @@ static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQ
 
 Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
   Impl& q = *impl_;
-  auto held = q.lock();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
   const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
   for (uint32_t slot : lowest_ids(q, max, states, now.boot)) out.push_back(info_of(q, slot, now));
@@ -833,9 +821,7 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
 
 Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) {
   Impl& q = *impl_;
-  auto held = q.lock();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
   if (slot < 0) {
     return Status(Code::kNotFound, "message " + std::to_string(id) +
@@ -858,9 +844,7 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   uint64_t end;
   bool wake = false;
   {
-    auto f = q.lock_fenced(receipt);
-    if (!f.ok()) return f.status();
-    q.holds(f->held);
+    SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
     Record rec{RecordType::kAck, f->gen, f->id, 0, 0, {}};
@@ -887,9 +871,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
   uint64_t end;
   {
-    auto f = q.lock_fenced(receipt);
-    if (!f.ok()) return f.status();
-    q.holds(f->held);
+    SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
     const Clocks now = q.clocks();
     auto m = q.load(f->slot, nullptr, &now);
     if (!m.ok()) return m.status();
@@ -913,9 +895,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     int64_t slot = q.idx.find(id);
     if (slot < 0) {
       return Status(Code::kNotFound, "message " + std::to_string(id) +
@@ -939,9 +919,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
 Status Queue::bind_leases() {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
-  auto held = q.lock_to_change();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
   q.bind_all = true;
   return {};
@@ -950,9 +928,7 @@ Status Queue::bind_leases() {
 Status Queue::bind(std::string_view receipt) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
-  auto f = q.lock_fenced(receipt);
-  if (!f.ok()) return f.status();
-  q.holds(f->held);
+  SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
   Entry& e = q.idx.entry(f->slot);
   if (e.state != State::kLeased) {
@@ -973,9 +949,7 @@ Status Queue::extend(std::string_view receipt, Millis visibility) {
 
 Result<std::vector<Message>> Queue::peek(size_t max) {
   Impl& q = *impl_;
-  auto held = q.lock();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
   std::vector<Message> out;
   for (uint32_t slot : lowest_ids(q, max, StateFilter{}, 0)) {
     auto m = q.load(slot);
@@ -990,9 +964,7 @@ Result<uint64_t> Queue::purge() {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t n, end;
   {
-    auto held = q.lock_to_change();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
     Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};
     if (h.next_id == 1) return uint64_t{0};
@@ -1011,9 +983,7 @@ Result<Stats> Queue::stats() {
   Impl& q = *impl_;
   Stats st;
   {
-    auto held = q.lock();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock());
     auto& h = q.idx.hdr();
     uint64_t now = sys::boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,

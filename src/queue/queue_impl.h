@@ -147,10 +147,10 @@ struct Queue::Impl {
   };
 
   // The analysis cannot see the lock inside lock()'s Result: each caller states it holds
-  // it right after the ok() check (`q.holds(*held)`). From there on to the end of the
-  // function the analysis takes the index lock as held, even past the end of `held`'s
-  // scope, so a function that takes the lock is not marked EXCLUDES(idx): a caller that
-  // held it in an earlier block would be taken to hold it still.
+  // it right after the ok() check (`q.holds(*held)`; SPOOL_LOCK_OR_RETURN below does both).
+  // From there on to the end of the function the analysis takes the index lock as held,
+  // even past the end of `held`'s scope, so a function that takes the lock is not marked
+  // EXCLUDES(idx): a caller that held it in an earlier block would be taken to hold it still.
   void holds(const Locked&) const ASSERT_CAPABILITY(idx) {}
 
   // The one lock path. On EOWNERDEAD the index is rebuilt from the log before the mutex is
@@ -246,6 +246,7 @@ struct Queue::Impl {
     uint32_t slot;
   };
   Result<Fenced> lock_fenced(std::string_view receipt);
+  void holds(const Fenced&) const ASSERT_CAPABILITY(idx) {}
 
   // The segment at the index's log end (null before the first), checked against that end;
   // a bad end marks the index damaged. A writer takes it once for the room it needs
@@ -413,5 +414,12 @@ struct Queue::Impl {
 
   Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
 };
+
+// `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the
+// lock taken by one of Impl's lock functions (lock(), lock_to_change(), lock_fenced()).
+#define SPOOL_LOCK_OR_RETURN(held, q, call) \
+  auto held = (q).call;                     \
+  if (!held.ok()) return held.status();     \
+  (q).holds(*held)
 
 }  // namespace spool

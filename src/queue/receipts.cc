@@ -41,9 +41,7 @@ auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
   if (tag != static_cast<uint32_t>(cfg.uid)) {
     return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir);
   }
-  auto held = lock_to_change();
-  if (!held.ok()) return held.status();
-  holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, *this, lock_to_change());
   int64_t slot = idx.find(id);
   if (slot < 0) {
     return Status(Code::kNotFound, "message " + std::to_string(id) +

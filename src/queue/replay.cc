@@ -54,9 +54,7 @@ Result<ReplayResult> Queue::replay(const ReplayOptions& o) {
   Pos end;
   Clocks now;
   {
-    auto held = q.lock();
-    if (!held.ok()) return held.status();
-    q.holds(*held);
+    SPOOL_LOCK_OR_RETURN(held, q, lock());
     end = Pos::unpack(__atomic_load_n(&q.idx.hdr().log_end, __ATOMIC_ACQUIRE));
     now = queue::read_clocks(q.idx.hdr());
   }

@@ -39,9 +39,7 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
   index::SharedIndex truth;
   if (Status s = truth.attach("", true, true); !s.ok()) return s;
   truth.assert_held();  // private (anonymous)
-  auto held = q.lock();
-  if (!held.ok()) return held.status();
-  q.holds(*held);
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
   if (const std::string& why = held->repaired(); !why.empty()) {
     // The lock found the index damaged and rebuilt it already (SharedIndex, "Damage").
     rep.problems.push_back("index: damaged (" + why + "); rebuilt from the log when verify took the lock");
