@@ -130,7 +130,7 @@ Queue::Impl::Locked::~Locked() {
   if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
   const uint64_t promoted = impl_->idx.promotions() - promotions_;
   impl_->idx.hdr().mu.unlock();
-  if (promoted != 0) impl_->wake(promoted);  // after the unlock: see send_batch
+  if (promoted != 0) impl_->wake(promoted);  // after the unlock: see send_core
 }
 
 auto Queue::Impl::lock_to_change() -> Result<Locked> {
