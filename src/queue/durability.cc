@@ -79,8 +79,8 @@ auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
   maybe_compact(end);
   if (d == Durability::kSync || cfg.opts.sync == SyncPolicy::kAlways) return sync_to(end);
   if (cfg.opts.sync != SyncPolicy::kInterval) return {};
-  // Never inline: a caller that ran into the interval used to pay a whole fdatasync
-  // (milliseconds; the p99 of every call). The flusher thread syncs within one interval;
+  // Never inline: a caller that ran into the interval would pay a whole fdatasync
+  // (milliseconds, the p99 of every call). The flusher thread syncs within one interval;
   // its failure is reported by every later write of this process (sticky, like the
   // segment's own fsync error).
   start_flusher();
