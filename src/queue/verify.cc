@@ -1,8 +1,5 @@
 // verify: the queue's fsck. The log is the truth, so checking means replaying it into a
 // private index and holding the shared one against it.
-#include <algorithm>
-#include <iterator>
-
 #include "queue/queue_impl.h"
 
 namespace spool {
@@ -26,10 +23,8 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
       rep.problems.push_back(seg.status().message());
       continue;
     }
-    auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {});
-    if (i + 1 < seqs->size()) {
-      std::ranges::copy(storage::sealed_tail_damage(**seg, scan.end), std::back_inserter(scan.corrupt));
-    }
+    auto scan = storage::scan(**seg, format::kSegmentHeaderSize, [](const storage::RecordView&) {},
+                              i + 1 < seqs->size());
     rep.records += scan.records;
     for (const auto& c : scan.corrupt) {
       rep.problems.push_back(q.log->segment_path(seq) + ": " + std::to_string(c.length) +

@@ -438,10 +438,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
       continue;
     }
     ScanResult r = scan(**seg, format::kSegmentHeaderSize,
-                        [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); });
-    if (sealed) {
-      for (const auto& c : sealed_tail_damage(**seg, r.end)) r.corrupt.push_back(c);
-    }
+                        [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); }, sealed);
     for (const auto& c : r.corrupt) {
       spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);

@@ -445,17 +445,8 @@ std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_
   return Corruption{seg.info().seq, end, last - end};
 }
 
-std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end) {
-  std::vector<Corruption> out;
-  const uint64_t size = seg.info().size;
-  const uint64_t want = seg.info().preallocated;
-  if (auto c = stored_after(seg, end, size)) out.push_back(*c);
-  if (size < want) out.push_back(Corruption{seg.info().seq, size, want - size});
-  return out;
-}
-
 ScanResult scan(const Segment& seg, uint64_t from,
-                const std::function<void(const RecordView&)>& visit) {
+                const std::function<void(const RecordView&)>& visit, bool sealed) {
   ScanResult res;
   uint64_t off = std::max<uint64_t>(from, kSegmentHeaderSize);
   const uint64_t size = seg.info().size;
@@ -485,6 +476,11 @@ ScanResult scan(const Segment& seg, uint64_t from,
     off = next;
   }
   res.end = std::min(off, size);
+  if (sealed) {
+    const uint64_t want = seg.info().preallocated;
+    if (auto c = stored_after(seg, res.end, size)) res.corrupt.push_back(*c);
+    if (size < want) res.corrupt.push_back(Corruption{seg.info().seq, size, want - size});
+  }
   return res;
 }
 

@@ -167,16 +167,14 @@ void unstore_records(uint8_t* dst, uint64_t len);
 // The non-zero bytes of [end, upto): from `end` to the last of them, or nothing if all are zero.
 std::optional<Corruption> stored_after(const Segment& seg, uint64_t end, uint64_t upto);
 
-// Damage a torn tail cannot explain in a sealed segment (one the log has rolled past), whose
-// valid records end at `end`: non-zero bytes after `end` (a sealed segment's unused space is
-// the zero-fill it was preallocated with), and a file shorter than its header's size (each
-// segment has its own: the log grows them, storage/log.h).
-std::vector<Corruption> sealed_tail_damage(const Segment& seg, uint64_t end);
-
 // Visits every valid record from `from` (a record boundary, >= 64) in offset order, skipping
-// and reporting corrupt regions, and finds the logical end.
+// and reporting corrupt regions, and finds the logical end. With `sealed` (a segment the log
+// has rolled past) it also reports the damage a torn tail cannot explain: non-zero bytes after
+// the end (a sealed segment's unused space is the zero-fill it was preallocated with), and a
+// file shorter than its header's size (each segment has its own: the log grows them,
+// storage/log.h).
 ScanResult scan(const Segment& seg, uint64_t from,
-                const std::function<void(const RecordView&)>& visit);
+                const std::function<void(const RecordView&)>& visit, bool sealed = false);
 
 // Payload of a CHECKPOINT record: the queue's totals up to that point in the log.
 struct Checkpoint {
