@@ -116,7 +116,7 @@ Result<SegmentInfo> parse_header(const uint8_t* d, uint64_t len, const std::stri
 
 Segment::~Segment() {
   sys::unguard_mapping(base_);
-  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), map_len_);
+  if (base_ != nullptr) ::munmap(const_cast<uint8_t*>(base_), info_.size);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -192,10 +192,9 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   seg->info_ = *info;
   // Never map past EOF: a truncated file would SIGBUS on access (PITFALLS §2).
   seg->info_.size = std::min<uint64_t>(seg->info_.size, static_cast<uint64_t>(st.st_size));
-  seg->map_len_ = seg->info_.size;
   // mmap takes a size_t: in a 32-bit process a longer segment would be mapped short.
-  if (seg->map_len_ > std::numeric_limits<size_t>::max()) {
-    return Status(Code::kInvalidArgument, path + ": a segment of " + std::to_string(seg->map_len_) +
+  if (seg->info_.size > std::numeric_limits<size_t>::max()) {
+    return Status(Code::kInvalidArgument, path + ": a segment of " + std::to_string(seg->info_.size) +
                                               " bytes is more than this process can map");
   }
   // A store into a hole of the file would SIGBUS on a full disk (PITFALLS §2): the blocks
@@ -204,10 +203,10 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   // writes this segment with pwrite, which reports ENOSPC.
   seg->map_writable_ = writable && map_writes && io.allocate(fd, 0, seg->info_.size) == 0;
   const int prot = seg->map_writable_ ? PROT_READ | PROT_WRITE : PROT_READ;
-  void* p = sys::map_shared(fd, seg->map_len_, prot, 0, huge);
+  void* p = sys::map_shared(fd, seg->info_.size, prot, 0, huge);
   if (p == MAP_FAILED) return errno_status(errno, "mmap " + path);
   seg->base_ = static_cast<const uint8_t*>(p);
-  sys::guard_mapping(p, seg->map_len_, prot, &seg->cut_);
+  sys::guard_mapping(p, seg->info_.size, prot, &seg->cut_);
   return seg;
 }
 
@@ -452,10 +451,11 @@ ScanResult scan(const Segment& seg, uint64_t from,
   const uint64_t size = seg.info().size;
   // Searching past damage checks the checksum of every candidate that has the record magic
   // and a plausible length, which hostile bytes (the magic every 16 bytes, each with a length
-  // reaching far on) make quadratic, under the index lock. The checksums cost at most this
-  // many bytes per scan, a few times the segment; past it the rest of the segment is damage
-  // and the end is the segment's end, so the next append rolls and overwrites nothing there.
-  uint64_t budget = kResyncBudgetPerByte * size + kResyncBudgetFloor;
+  // reaching far on) make quadratic, under the index lock. The checksums cost at most 4 bytes
+  // per byte of the segment plus 64 MiB per scan (docs/format.md, "Finding the end"); past it
+  // the rest of the segment is damage and the end is the segment's end, so the next append
+  // rolls and overwrites nothing there.
+  uint64_t budget = 4 * size + (64ull << 20);
   while (off < size) {
     if (auto rec = seg.record_at(off)) {
       visit(*rec);

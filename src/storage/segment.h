@@ -127,17 +127,11 @@ class Segment {
   std::string path_;
   int fd_ = -1;
   const uint8_t* base_ = nullptr;
-  uint64_t map_len_ = 0;
   std::atomic<bool> cut_{false};  // a SIGBUS on the mapping was caught (sys/sigbus_guard.h)
   bool map_writable_ = false;
   uint64_t max_payload_ = UINT32_MAX;
   SegmentInfo info_;
 };
-
-// scan()'s bound on the bytes it checksums while searching past damage: this many per
-// byte of the segment, plus the floor (docs/format.md, "Finding the end").
-inline constexpr uint64_t kResyncBudgetPerByte = 4;
-inline constexpr uint64_t kResyncBudgetFloor = 64ull << 20;
 
 struct ScanResult {
   uint64_t end = 0;      // logical end: where the next record goes
