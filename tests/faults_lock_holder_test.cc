@@ -663,7 +663,7 @@ TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
 // to empty and compacts takes a spare. A roll renames its new segment into place: from a
 // spare, or from the temporary file of one made there and then. The log's first segment is
 // the exception: the first append of a new queue (its first CLOCK record, before any send
-// has asked for room) makes it, of the smallest size (first_segment_size, 256 KiB at most).
+// has asked for room) makes it, of the smallest size (kFirstSegmentSize, 256 KiB at most).
 TEST(LockHolder, EveryRollTakesASpare) {
   TempDir d;
   QueueOptions o = faulty();

@@ -361,14 +361,14 @@ TEST_F(LogTest, ASpareOfAMappedLogHasNoUnwrittenExtents) {
 // larger than the next size gets a segment it fits; a spare too small for the record a
 // roll is for stays a spare, and a later roll takes it (with its own size).
 TEST_F(LogTest, SegmentsGrowFromASmallFirstOneAndFitLargeRecords) {
-  LogOptions o = opts(1 << 20);
-  o.first_segment_size = 64 << 10;
+  const LogOptions o = opts(4 << 20);
   auto made = Log::open(dir(), o);
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   auto log = std::move(made).value();
-  EXPECT_EQ(log->first_size(), 64u << 10);
-  EXPECT_EQ(log->next_size(64 << 10), 128u << 10);
-  EXPECT_EQ(log->next_size(768 << 10), 1u << 20);
+  static_assert(kFirstSegmentSize == 256u << 10);
+  EXPECT_EQ(log->first_size(), kFirstSegmentSize);
+  EXPECT_EQ(log->next_size(256 << 10), 512u << 10);
+  EXPECT_EQ(log->next_size(3 << 20), 4u << 20);
   Pos end;
   uint64_t id = 1;
   std::vector<std::string> payloads;
@@ -385,14 +385,14 @@ TEST_F(LogTest, SegmentsGrowFromASmallFirstOneAndFitLargeRecords) {
     return static_cast<uint64_t>(st.st_size);
   };
   ASSERT_NO_FATAL_FAILURE(append(100));
-  EXPECT_EQ(size_of(1), 64u << 10);
+  EXPECT_EQ(size_of(1), 256u << 10);
   while (end.seq < 3) ASSERT_NO_FATAL_FAILURE(append(3000));
-  EXPECT_EQ(size_of(2), 128u << 10);
-  // Larger than the 256 KiB the next roll would make.
+  EXPECT_EQ(size_of(2), 512u << 10);
+  // Larger than the 2 MiB the next roll would make.
   ASSERT_TRUE(log->make_spare(16 << 10).ok());
-  ASSERT_NO_FATAL_FAILURE(append(300 << 10));
+  ASSERT_NO_FATAL_FAILURE(append(2560 << 10));
   EXPECT_EQ(end.seq, 4u);
-  EXPECT_GE(size_of(4), (300u << 10) + 64 + 48);
+  EXPECT_GE(size_of(4), (2560u << 10) + 64 + 48);
   EXPECT_EQ(*log->count_spares(), 1u) << "the spare too small for that record stays";
   // The next roll takes it, at its size.
   while (end.seq < 5) ASSERT_NO_FATAL_FAILURE(append(3000));
@@ -401,7 +401,7 @@ TEST_F(LogTest, SegmentsGrowFromASmallFirstOneAndFitLargeRecords) {
   EXPECT_EQ(spare_bytes, 0u);
   EXPECT_EQ(size_of(5), 16u << 10);
   while (end.seq < 7) ASSERT_NO_FATAL_FAILURE(append(3000));
-  EXPECT_EQ(size_of(6), 64u << 10) << "never smaller than the first";
+  EXPECT_EQ(size_of(6), 256u << 10) << "never smaller than the first";
   log.reset();
   auto again = Log::open(dir(), o);
   ASSERT_TRUE(again.ok());

@@ -273,7 +273,7 @@ void Log::forget_below(uint64_t seq) {
   cache_gen_.fetch_add(1, std::memory_order_release);
 }
 
-uint64_t Log::first_size() const { return std::min(opts_.first_segment_size, opts_.segment_size); }
+uint64_t Log::first_size() const { return std::min(kFirstSegmentSize, opts_.segment_size); }
 
 uint64_t Log::next_size(uint64_t prev) const {
   return std::max(first_size(), prev > opts_.segment_size / 2 ? opts_.segment_size : 2 * prev);

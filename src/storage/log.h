@@ -51,8 +51,6 @@ struct LogOptions {
   // The largest preallocated size of a segment; also bounds the largest record. Segments
   // start smaller and grow (next_size()), so a near-empty log takes little disk.
   uint64_t segment_size = format::kDefaultSegmentSize;
-  // The size of the first segment (at most segment_size: the smaller of the two is used).
-  uint64_t first_segment_size = kFirstSegmentSize;
   bool read_only = false;
   // What the segments directory, when this creates it, and each segment and spare get,
   // whatever the umask (the queue's modes, sys/file_modes.h). 0: what the umask leaves.
