@@ -306,8 +306,8 @@ class CAPABILITY("index lock") SharedIndex {
   // `io` opens, removes and allocates the file (empty: the default backend's plain calls).
   Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600,
                 std::shared_ptr<io::Io> io = {});
-  // True when the mapped header matches this build and boot (used by the first opener to
-  // decide whether the existing file can be reused).
+  // True when the mapped header matches this build and boot, and its geometry and counters
+  // are in bounds (a rebuild reads the old entries' lease owners only then).
   bool reusable() const;
 
   // Tells the analysis this thread holds the index: hdr().mu's lock() or try_lock() returned
@@ -512,8 +512,9 @@ class CAPABILITY("index lock") SharedIndex {
   // naming the file, now and at every later call, and this process's mappings of the index
   // are replaced by private zeroed memory, so that no thread of it touches the file again
   // (docs/durability.md, "An index truncated by another process"). One fstat.
-  // check_header(): "" or what is wrong with the header's counters and geometry (O(1), lock
-  // held, after refresh()).
+  // check_header(): "" or what is wrong with the header's counters and geometry against the
+  // mapping's; with `sent`, next_id against sent_through too (O(1), lock held, after a
+  // successful refresh(), which made the mapping the header's).
   Status check_file();
   // check_file() for the lock path, which every call takes: trusts a check of this process
   // made in the last 100 ms (a monotonic coarse clock, no system call) unless a SIGBUS was
@@ -524,7 +525,7 @@ class CAPABILITY("index lock") SharedIndex {
   // the same way.
   Status check_file_recent();
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
-  std::string check_header() const;
+  std::string check_header(bool sent = true) const;
   // The first damage a use found since clear_damage(), or "".
   const std::string& damage() const { return damage_; }
   void clear_damage() { damage_.clear(); }
