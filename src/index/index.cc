@@ -224,19 +224,15 @@ uint64_t SharedIndex::checksum() const {
   XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
   const uint64_t len = region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap, hdr_->dedup_cap, hdr_->group_cap);
   bool read_ok = true;
-  if (anonymous_) {
-    XXH3_64bits_update(st, region_, len);
-  } else {
-    // Read, not through the mapping: the first open after a clean close and the last close
-    // each read the whole region, and through the mapping every page of it would stay
-    // mapped in this process (its RSS) though it then touches a small part. The mapping
-    // and the file share the page cache: both read the same bytes.
-    std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 1u << 20)));
-    for (uint64_t done = 0, n = 0; done < len && read_ok; done += n) {
-      n = std::min<uint64_t>(buf.size(), len - done);
-      read_ok = pread_all(fd_, buf.data(), n, kHeaderBytes + done);
-      if (read_ok) XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
-    }
+  // Read, not through the mapping (read_region()): the first open after a clean close and
+  // the last close each read the whole region, and through the mapping every page of it
+  // would stay mapped in this process (its RSS) though it then touches a small part. The
+  // mapping and the file share the page cache: both read the same bytes.
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(len, 1u << 20)));
+  for (uint64_t done = 0, n = 0; done < len && read_ok; done += n) {
+    n = std::min<uint64_t>(buf.size(), len - done);
+    read_ok = read_region(done, n, buf.data());
+    if (read_ok) XXH3_64bits_update(st, buf.data(), static_cast<size_t>(n));
   }
   // Never 0, which means "not sealed"; a region that cannot be read gives 2, which no
   // checksum equals, so its seal is never trusted.
@@ -245,12 +241,12 @@ uint64_t SharedIndex::checksum() const {
   return sum;
 }
 
-bool SharedIndex::read_slots(uint64_t first, uint64_t n, Entry* out) const {
+bool SharedIndex::read_region(uint64_t off, uint64_t len, void* out) const {
   if (anonymous_) {
-    std::memcpy(static_cast<void*>(out), win_ + first, n * sizeof(Entry));
+    std::memcpy(out, static_cast<const char*>(region_) + off, len);
     return true;
   }
-  return pread_all(fd_, out, n * sizeof(Entry), kHeaderBytes + first * sizeof(Entry));
+  return pread_all(fd_, out, len, kHeaderBytes + off);
 }
 
 void SharedIndex::seal() {
@@ -311,11 +307,7 @@ Status SharedIndex::map_region() {
   if (anonymous_) {
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   } else {
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) return errno_status(errno, "stat index");
-    if (kHeaderBytes + len > static_cast<uint64_t>(st.st_size)) {
-      return Status(Code::kCorrupt, "index is smaller than its header says");
-    }
+    // (Every caller made sure the file covers it: sound() checked, or allocate() grew it.)
     p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, kHeaderBytes);
   }
   if (p == MAP_FAILED) return errno_status(errno, "map index region");

@@ -427,7 +427,7 @@ class CAPABILITY("index lock") SharedIndex {
     for (uint64_t id = v.low_id; id < v.end;) {
       const uint64_t slot = (id + v.win_offset) % v.wcap;
       const uint64_t n = std::min({kChunk, v.end - id, v.wcap - slot});  // up to the wrap
-      if (!read_slots(slot, n, buf.data())) return false;
+      if (!read_region(slot * sizeof(Entry), n * sizeof(Entry), buf.data())) return false;
       for (uint64_t i = 0; i < n; ++i)
         if (buf[i].state != State::kEmpty) f(id + i, buf[i]);
       id += n;
@@ -594,7 +594,8 @@ class CAPABILITY("index lock") SharedIndex {
   }
 
   uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
-  bool read_slots(uint64_t first, uint64_t n, Entry* out) const;  // window slots [first, first + n)
+  // `len` bytes of the region from `off`: pread, or a copy of the anonymous index's memory.
+  bool read_region(uint64_t off, uint64_t len, void* out) const;
   Entry& bad_slot(uint32_t slot);
   // Where the heap item of the entry with heap_pos `pos` is, checked against its id; i = -1
   // (and damage recorded) if it is not there.
