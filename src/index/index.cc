@@ -539,8 +539,8 @@ uint64_t SharedIndex::key(uint32_t slot) const {
 // keeps its size goes back slot for slot, not placed again at each growth of the window.
 Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
   auto& h = *hdr_;
-  if (dcap == kSameDedup) dcap = dcap_;
-  if (gcap == kSameDedup) gcap = gcap_;
+  if (dcap == kSame) dcap = dcap_;
+  if (gcap == kSame) gcap = gcap_;
   const bool same_ovf = ocap == ocap_, same_ded = dcap == dcap_, same_grp = gcap == gcap_;
   const std::vector<OvfEntry> ovs = set_aside(ovf_, ocap_, same_ovf);
   const std::vector<DedupSlot> deds = set_aside(ded_, dcap_, same_ded);
@@ -697,7 +697,7 @@ Status SharedIndex::group_reserve(uint64_t more) {
                                         " grouped messages and groups, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxGroupSlots / 4 * 3));
   }
-  return resize(wcap_, hcap_, ocap_, kSameDedup, gc);
+  return resize(wcap_, hcap_, ocap_, kSame, gc);
 }
 
 void SharedIndex::block(uint32_t slot, uint64_t id) {
@@ -891,7 +891,7 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   // (The dedup table keeps its size: it forgets expired ids as it fills, dedup_reserve.)
   const uint64_t keep = region_bytes(w, hc, oc, dcap_, gc);
   if (keep == region_len_ || region_len_ - keep < min_gain) return {};
-  if (Status s = resize(w, hc, oc, kSameDedup, gc); !s.ok()) return s;
+  if (Status s = resize(w, hc, oc, kSame, gc); !s.ok()) return s;
   punch_tail();
   return {};
 }

@@ -382,7 +382,7 @@ class CAPABILITY("index lock") SharedIndex {
   // order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
   uint64_t heap_size() const { return hdr_->heap_size; }
-  const HeapItem* due_begin() const { return heap_ + hcap_ - std::min(hdr_->due_size, hcap_); }
+  const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
   uint64_t due_size() const { return std::min(hdr_->due_size, hcap_); }
   template <class F>
   void for_each_queued(F&& f) {
@@ -545,10 +545,10 @@ class CAPABILITY("index lock") SharedIndex {
   bool sound(bool counters) const;
   uint64_t checksum() const;
   int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
-  // Re-lays the region out with the given capacities, keeping every entry (the dedup
-  // table's size is kept unless `dcap` says otherwise).
-  static constexpr uint64_t kSameDedup = UINT64_MAX;
-  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSameDedup, uint64_t gcap = kSameDedup);
+  // Re-lays the region out with the given capacities, keeping every entry (kSame: the
+  // dedup or group table keeps its size).
+  static constexpr uint64_t kSame = UINT64_MAX;
+  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSame, uint64_t gcap = kSame);
   // The group table (see GroupSlot): the slot holding `key` or -1; placing (the table has
   // room); removing slot `hole`.
   int64_t gfind(uint64_t key) const;
