@@ -306,8 +306,8 @@ class CAPABILITY("index lock") SharedIndex {
   // `io` opens, removes and allocates the file (empty: the default backend's plain calls).
   Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600,
                 std::shared_ptr<io::Io> io = {});
-  // True when the mapped header matches this build and boot (used by the first opener to
-  // decide whether the existing file can be reused).
+  // True when the mapped header matches this build and boot, and its geometry and counters
+  // are in bounds (a rebuild reads the old entries' lease owners only then).
   bool reusable() const;
 
   // Tells the analysis this thread holds the index: hdr().mu's lock() or try_lock() returned
@@ -382,7 +382,7 @@ class CAPABILITY("index lock") SharedIndex {
   // order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
   uint64_t heap_size() const { return hdr_->heap_size; }
-  const HeapItem* due_begin() const { return heap_ + hcap_ - std::min(hdr_->due_size, hcap_); }
+  const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
   uint64_t due_size() const { return std::min(hdr_->due_size, hcap_); }
   template <class F>
   void for_each_queued(F&& f) {
@@ -427,7 +427,7 @@ class CAPABILITY("index lock") SharedIndex {
     for (uint64_t id = v.low_id; id < v.end;) {
       const uint64_t slot = (id + v.win_offset) % v.wcap;
       const uint64_t n = std::min({kChunk, v.end - id, v.wcap - slot});  // up to the wrap
-      if (!read_slots(slot, n, buf.data())) return false;
+      if (!read_region(slot * sizeof(Entry), n * sizeof(Entry), buf.data())) return false;
       for (uint64_t i = 0; i < n; ++i)
         if (buf[i].state != State::kEmpty) f(id + i, buf[i]);
       id += n;
@@ -512,8 +512,9 @@ class CAPABILITY("index lock") SharedIndex {
   // naming the file, now and at every later call, and this process's mappings of the index
   // are replaced by private zeroed memory, so that no thread of it touches the file again
   // (docs/durability.md, "An index truncated by another process"). One fstat.
-  // check_header(): "" or what is wrong with the header's counters and geometry (O(1), lock
-  // held, after refresh()).
+  // check_header(): "" or what is wrong with the header's counters and geometry against the
+  // mapping's; with `sent`, next_id against sent_through too (O(1), lock held, after a
+  // successful refresh(), which made the mapping the header's).
   Status check_file();
   // check_file() for the lock path, which every call takes: trusts a check of this process
   // made in the last 100 ms (a monotonic coarse clock, no system call) unless a SIGBUS was
@@ -524,7 +525,7 @@ class CAPABILITY("index lock") SharedIndex {
   // the same way.
   Status check_file_recent();
   bool faulted() const { return faulted_.load(std::memory_order_acquire); }
-  std::string check_header() const;
+  std::string check_header(bool sent = true) const;
   // The first damage a use found since clear_damage(), or "".
   const std::string& damage() const { return damage_; }
   void clear_damage() { damage_.clear(); }
@@ -544,10 +545,10 @@ class CAPABILITY("index lock") SharedIndex {
   bool sound(bool counters) const;
   uint64_t checksum() const;
   int64_t queue_head();  // slot of the lowest queued id, or -1; moves the cursor
-  // Re-lays the region out with the given capacities, keeping every entry (the dedup
-  // table's size is kept unless `dcap` says otherwise).
-  static constexpr uint64_t kSameDedup = UINT64_MAX;
-  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSameDedup, uint64_t gcap = kSameDedup);
+  // Re-lays the region out with the given capacities, keeping every entry (kSame: the
+  // dedup or group table keeps its size).
+  static constexpr uint64_t kSame = UINT64_MAX;
+  Status resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap = kSame, uint64_t gcap = kSame);
   // The group table (see GroupSlot): the slot holding `key` or -1; placing (the table has
   // room); removing slot `hole`.
   int64_t gfind(uint64_t key) const;
@@ -593,7 +594,8 @@ class CAPABILITY("index lock") SharedIndex {
   }
 
   uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
-  bool read_slots(uint64_t first, uint64_t n, Entry* out) const;  // window slots [first, first + n)
+  // `len` bytes of the region from `off`: pread, or a copy of the anonymous index's memory.
+  bool read_region(uint64_t off, uint64_t len, void* out) const;
   Entry& bad_slot(uint32_t slot);
   // Where the heap item of the entry with heap_pos `pos` is, checked against its id; i = -1
   // (and damage recorded) if it is not there.
