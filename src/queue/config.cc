@@ -87,26 +87,27 @@ Status validate(QueueOptions& o, const std::string& where) {
     return Status(Code::kInvalidArgument, at + key + " = " + std::to_string(have) + " is out of range: it must be " +
                                               allowed);
   };
-  auto in = [](long long v, uint64_t lo, uint64_t hi) {
-    return v >= 0 && static_cast<uint64_t>(v) >= lo && static_cast<uint64_t>(v) <= hi;
+  // The durations, in milliseconds. visibility_ms 0 would hand one message to several
+  // consumers at once (a lease that has already ended); sync_interval_ms 0 would make the
+  // interval flusher spin.
+  struct MsRange {
+    const char* key;
+    Millis QueueOptions::*field;
+    uint64_t lo, hi;
+    const char* unit = "";
   };
-  // 0 would hand one message to several consumers at once (a lease that has already ended).
-  if (!in(o.visibility.count(), 1, kMaxVisibilityMs)) {
-    return bad("visibility_ms", o.visibility.count(), range_text(1, kMaxVisibilityMs) + " (milliseconds)");
-  }
-  // 0 would make the interval flusher spin.
-  if (!in(o.sync_interval.count(), 1, kMaxSyncIntervalMs)) {
-    return bad("sync_interval_ms", o.sync_interval.count(), range_text(1, kMaxSyncIntervalMs) + " (milliseconds)");
-  }
-  if (!in(o.retention_max_age.count(), 0, kMaxRetentionAgeMs)) {
-    return bad("retention_max_age_ms", o.retention_max_age.count(),
-               range_text(0, kMaxRetentionAgeMs) + " (milliseconds; 0: no limit)");
-  }
-  if (!in(o.dedup_window.count(), 1, kMaxDedupWindowMs)) {
-    return bad("dedup_window_ms", o.dedup_window.count(), range_text(1, kMaxDedupWindowMs) + " (milliseconds)");
-  }
-  if (!in(o.keep_acked.count(), 0, kMaxKeepAckedMs)) {
-    return bad("keep_acked_ms", o.keep_acked.count(), range_text(0, kMaxKeepAckedMs) + " (milliseconds, 30 days; 0: off)");
+  using O = QueueOptions;
+  for (const MsRange& r : {MsRange{"visibility_ms", &O::visibility, 1, kMaxVisibilityMs},
+                           MsRange{"sync_interval_ms", &O::sync_interval, 1, kMaxSyncIntervalMs},
+                           MsRange{"retention_max_age_ms", &O::retention_max_age, 0,
+                                   kMaxRetentionAgeMs, "; 0: no limit"},
+                           MsRange{"dedup_window_ms", &O::dedup_window, 1, kMaxDedupWindowMs},
+                           MsRange{"keep_acked_ms", &O::keep_acked, 0, kMaxKeepAckedMs,
+                                   ", 30 days; 0: off"}}) {
+    const long long v = (o.*r.field).count();
+    if (v < 0 || static_cast<uint64_t>(v) < r.lo || static_cast<uint64_t>(v) > r.hi) {
+      return bad(r.key, v, range_text(r.lo, r.hi) + " (milliseconds" + r.unit + ")");
+    }
   }
   if (o.segment_size < format::kMinSegmentSize || o.segment_size >= (1ull << 40)) {
     return Status(Code::kInvalidArgument, at + "segment_size = " + std::to_string(o.segment_size) +
@@ -214,15 +215,13 @@ Result<Config> read_config(const std::string& dir, io::Io& io) {
   if (!err.ok()) return err;
   const auto sync = kv.find("sync");
   if (sync == kv.end()) return Status(Code::kCorrupt, path + ": the setting sync is missing");
-  if (sync->second == "always") {
-    c.opts.sync = SyncPolicy::kAlways;
-  } else if (sync->second == "interval") {
-    c.opts.sync = SyncPolicy::kInterval;
-  } else if (sync->second == "never") {
-    c.opts.sync = SyncPolicy::kNever;
-  } else {
+  const SyncPolicy policies[] = {SyncPolicy::kAlways, SyncPolicy::kInterval, SyncPolicy::kNever};
+  auto named = std::find_if(std::begin(policies), std::end(policies),
+                            [&](SyncPolicy p) { return sync->second == sync_name(p); });
+  if (named == std::end(policies)) {
     return Status(Code::kCorrupt, path + ": sync = " + sync->second + " is not one of always, interval, never");
   }
+  c.opts.sync = *named;
   if (c.uid == 0) return Status(Code::kCorrupt, path + ": uid = 0 is out of range: it must be 1 to " +
                                                     std::to_string(UINT64_MAX));
   if (Status s = validate(c.opts, path); !s.ok()) return Status(Code::kCorrupt, s.message());

@@ -100,23 +100,27 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   impl->read_only = ::access(dir.c_str(), W_OK) != 0;
 
   // Leave nothing behind in a directory that is not a queue and will not become one.
-  bool configured = ::access((dir + "/spool.conf").c_str(), F_OK) == 0;
-  if (!configured && (!opts.create || impl->read_only)) {
+  const auto no_conf = [&] {
     return Status(Code::kNotAQueue, dir + ": not a spool queue (no spool.conf)");
-  }
-  // Another process may be creating the queue right now: its spool.conf appears (by
-  // rename) before any of the queue's other files, so look again before refusing.
-  if (!configured && has_foreign_files(dir) && ::access((dir + "/spool.conf").c_str(), F_OK) != 0) {
-    return Status(Code::kNotAQueue, dir + " holds other files and is not a spool queue; "
-                                          "use an empty or new directory");
-  }
-
-  if (!configured && (opts.mode != 0 || opts.group >= 0)) {
-    // Settings first: a refused creation must not have changed the directory.
-    QueueOptions checked = opts;
-    if (Status s = queue::validate(checked, ""); !s.ok()) return s;
-    if (Status s = share_dir(dir, opts); !s.ok()) return s;
-    if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  };
+  const auto foreign = [&] {
+    return Status(Code::kNotAQueue,
+                  dir + " holds other files and is not a spool queue; use an empty or new "
+                        "directory");
+  };
+  const std::string conf = dir + "/spool.conf";
+  if (::access(conf.c_str(), F_OK) != 0) {
+    if (!opts.create || impl->read_only) return no_conf();
+    // Another process may be creating the queue right now: its spool.conf appears (by
+    // rename) before any of the queue's other files, so look again before refusing.
+    if (has_foreign_files(dir) && ::access(conf.c_str(), F_OK) != 0) return foreign();
+    if (opts.mode != 0 || opts.group >= 0) {
+      // Settings first: a refused creation must not have changed the directory.
+      QueueOptions checked = opts;
+      if (Status s = queue::validate(checked, ""); !s.ok()) return s;
+      if (Status s = share_dir(dir, opts); !s.ok()) return s;
+      if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+    }
   }
   impl->modes = sys::modes_for(st.st_mode);
 
@@ -137,11 +141,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
 
   auto cfg = queue::read_config(dir, *impl->io);
   if (!cfg.ok() && cfg.status().code() == Code::kNotFound) {
-    if (impl->read_only || !opts.create) return Status(Code::kNotAQueue, dir + ": not a spool queue (no spool.conf)");
-    if (has_foreign_files(dir)) {
-      return Status(Code::kNotAQueue, dir + " holds other files and is not a spool queue; "
-                                            "use an empty or new directory");
-    }
+    if (impl->read_only || !opts.create) return no_conf();
+    if (has_foreign_files(dir)) return foreign();
     queue::Config c;
     c.opts = opts;
     if (Status s = queue::validate(c.opts, ""); !s.ok()) return s;
@@ -819,15 +820,18 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
   return out;
 }
 
+// kNotFound for a message id the queue does not hold.
+static Status not_in_queue(uint64_t id) {
+  return Status(Code::kNotFound, "message " + std::to_string(id) +
+                                     " is not in the queue (never sent, or already acked, removed, "
+                                     "dead-lettered or purged)");
+}
+
 Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) {
   Impl& q = *impl_;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
-  if (slot < 0) {
-    return Status(Code::kNotFound, "message " + std::to_string(id) +
-                                       " is not in the queue (never sent, or already acked, removed, "
-                                       "dead-lettered or purged)");
-  }
+  if (slot < 0) return not_in_queue(id);
   const Clocks now = queue::read_clocks(q.idx.hdr());
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
   if (!m.ok()) return m.status();
@@ -897,11 +901,7 @@ Status Queue::remove(uint64_t id, Durability durability) {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     int64_t slot = q.idx.find(id);
-    if (slot < 0) {
-      return Status(Code::kNotFound, "message " + std::to_string(id) +
-                                         " is not in the queue (never sent, or already acked, removed, "
-                                         "dead-lettered or purged)");
-    }
+    if (slot < 0) return not_in_queue(id);
     // A plain ACK record with the message's current delivery number: replay drops the
     // message whatever its state, and a receipt of that delivery finds nothing to fence.
     Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};

@@ -306,10 +306,6 @@ struct Queue::Impl {
   // itself only when the background falls a whole segment behind. Another process's
   // thread may make one at the same time: at most one extra spare each, used by later rolls.
   void top_up_spares();
-  // make_spares(): the error for kNoSegmentNumbers, and for a spare the disk refused
-  // (naming the queued messages the room is kept for).
-  Status no_segment_numbers() const;
-  Status spare_refused(const Status& why) REQUIRES(idx);
 
   // `n` messages just became receivable: wake as many long-pollers, not all of them (a
   // thundering herd cost ~2 context switches per waiter per message). A woken waiter that

@@ -126,21 +126,14 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
   return s;
 }
 
-auto Queue::Impl::no_segment_numbers() const -> Status {
-  return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
-                                    std::to_string(storage::kMaxSegmentSeq) +
-                                    "); the room left is kept so that the queued messages can still be received "
-                                    "and acked. Drain the queue into a new one (a larger segment_size makes the "
-                                    "limit further away)");
-}
-
-auto Queue::Impl::spare_refused(const Status& why) -> Status {
-  return Status(why.code(), why.message() + "; the space left is kept so that the " + std::to_string(idx.hdr().count) +
-                                " queued messages can still be received and acked");
-}
-
 auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
-  if (s.n == kNoSegmentNumbers) return no_segment_numbers();
+  if (s.n == kNoSegmentNumbers) {
+    return Status(Code::kNoSpace, dir + ": the log has used every segment number (1 to " +
+                                      std::to_string(storage::kMaxSegmentSeq) +
+                                      "); the room left is kept so that the queued messages can "
+                                      "still be received and acked. Drain the queue into a new one "
+                                      "(a larger segment_size makes the limit further away)");
+  }
   uint64_t size = s.size;
   for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
     const uint64_t bytes = std::max(size, s.at_least);
@@ -148,7 +141,11 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     auto held = lock();  // the count is read and changed under the lock
     if (!held.ok()) return made.ok() ? held.status() : made;
     holds(*held);
-    if (!made.ok()) return spare_refused(made);
+    if (!made.ok()) {
+      return Status(made.code(), made.message() + "; the space left is kept so that the " +
+                                     std::to_string(idx.hdr().count) +
+                                     " queued messages can still be received and acked");
+    }
     ++idx.hdr().spares;
     idx.hdr().spare_bytes += bytes;
   }
