@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 #include <string>
 #include <thread>
@@ -404,12 +405,17 @@ TEST_F(ReplayCompactTest, WithoutKeepAckedCompactionRemovesThem) {
   fill_and_ack(*q);
   auto c = q->compact();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
+  // Automatic compaction, at a roll during the drain, may have removed them before this
+  // call: so the first segment is checked, not this call's count.
+  EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"));
   auto r = q->replay(since(kHour));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   // Those whose MSG record went are missing; those whose ACK record went too are not even
-  // seen. Either way they are not replayed.
-  EXPECT_GT(r->missing, 0u);
+  // seen. Either way they are not replayed. Which of the two depends on where the segments
+  // ended, and that on whether a spare segment (made in the background) was ready at a roll:
+  // so no count of missing is asserted, only that fewer came back.
   EXPECT_LT(r->replayed, static_cast<uint64_t>(kMessages));
+  EXPECT_LE(r->replayed + r->missing, static_cast<uint64_t>(kMessages));
   auto st = q->stats();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->kept_acked, 0u);
@@ -432,10 +438,12 @@ TEST_F(ReplayCompactTest, PastTheWindowCompactionRemovesThem) {
   EXPECT_EQ(st->kept_acked, 0u);
   auto c = q->compact();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_GT(c->segments_removed, 0u);
+  // Automatic compaction, at a roll during the drain, may have removed them before this
+  // call: so the first segment is checked, not this call's count.
+  EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"));
   auto r = q->replay(since(kHour));
   ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_GT(r->missing, 0u);
+  EXPECT_LT(r->replayed, static_cast<uint64_t>(kMessages));  // as above: missing may be 0
 }
 
 }  // namespace
