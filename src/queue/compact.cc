@@ -57,7 +57,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   if (guard.fd < 0) return sys::queue_file_error(errno, "open", lock_path);
   // Unregistered only past 256 guarded descriptors in one process: compaction still works,
   // only a fork during it would keep the lock (logged).
-  if (guard.fd >= 0 && !guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);
+  if (!guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);
   while (::flock(guard.fd.load(), wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return res;  // another process is compacting
     if (errno != EINTR) return errno_status(errno, "lock " + lock_path);
