@@ -63,6 +63,7 @@ or a missing package exits 1; a MISS does not.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import multiprocessing
 import os
 import shutil
@@ -107,9 +108,10 @@ class Result:
         return self.n / self.seconds
 
 
-def run_processes(producer, consumer, args: tuple, n: int) -> tuple[float, list[int], int]:
+def run_processes(producer, consumer, args: tuple, n: int) -> tuple[float, list[int], int, int]:
     """Forks one producer and two consumers, starts them together, waits for both consumers'
-    reports (acked, end time, seen-index counts) and returns (seconds, shares, duplicates).
+    reports (acked, time of the last ack, seen-index counts, retries) and returns (seconds, shares,
+    duplicates, retries).
     Raises CheckFailed if a process dies or a message is lost."""
     ctx = multiprocessing.get_context("fork")
     start, produced, done = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -141,12 +143,13 @@ def run_processes(producer, consumer, args: tuple, n: int) -> tuple[float, list[
             if p.is_alive():
                 p.terminate()
                 p.join()
-    seconds = max(end for _, end, _ in results) - t0
+    seconds = max(r[1] for r in results) - t0
     seen = [a + b for a, b in zip(results[0][2], results[1][2])]
     lost = seen.count(0)
     if lost:
         raise CheckFailed(f"{lost} of {n} messages never reached a consumer")
-    return seconds, [acked for acked, _, _ in results], sum(c - 1 for c in seen if c > 1)
+    return (seconds, [r[0] for r in results], sum(c - 1 for c in seen if c > 1),
+            sum(r[3] for r in results))
 
 
 # ---- spool ------------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ def spool_producer(path, sync, n, start, produced):
 
 def spool_consumer(path, sync, n, start, produced, done):
     import spool
-    seen, acked = bytearray(n), 0
+    seen, acked, last_ack = bytearray(n), 0, 0.0
     with spool.Queue(path) as q:
         start.wait()
         while True:
@@ -175,14 +178,15 @@ def spool_consumer(path, sync, n, start, produced, done):
                 m.ack()
                 seen[index(m.payload)] += 1
             acked += len(msgs)
-    done.put((acked, time.monotonic(), bytes(seen)))
+            last_ack = time.monotonic()
+    done.put((acked, last_ack, bytes(seen), 0))
 
 
 def run_spool(tmp: str, n: int, sync: str) -> Result:
     import spool
     path = os.path.join(tmp, "spool-q")
     spool.Queue(path, sync=sync).close()
-    seconds, shares, dups = run_processes(spool_producer, spool_consumer, (path, sync), n)
+    seconds, shares, dups, _ = run_processes(spool_producer, spool_consumer, (path, sync), n)
     with spool.Queue(path) as q:
         st = q.stats()
     if st.acked_total != n or st.ready or st.in_flight or st.delayed or st.dead:
@@ -228,7 +232,7 @@ def pq_producer(path, sync, n, start, produced):
 def pq_consumer(path, sync, n, start, produced, done):
     from persistqueue.exceptions import Empty
     retries = [0]
-    seen, acked = bytearray(n), 0
+    seen, acked, last_ack = bytearray(n), 0, 0.0
     q = pq_open(path, sync)
     start.wait()
     while True:
@@ -240,22 +244,21 @@ def pq_consumer(path, sync, n, start, produced, done):
                 break
             continue
         pq_retry(retries, q.ack, item)
+        last_ack = time.monotonic()
         seen[index(item)] += 1
         acked += 1
         if acked % 500 == 0:
             pq_retry(retries, q.clear_acked_data)
-    done.put((acked, time.monotonic(), bytes(seen)))
+    done.put((acked, last_ack, bytes(seen), retries[0]))
 
 
 def run_persist_queue(tmp: str, n: int, sync: str) -> Result:
-    try:
-        import persistqueue  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("persistqueue") is None:
         raise CheckFailed("persist-queue is not installed for this Python: apt-get install "
                           "python3-persist-queue and run with /usr/bin/python3 (bench/bench_python.sh does)")
     path = os.path.join(tmp, "persist-queue")
     pq_open(path, sync)
-    seconds, shares, dups = run_processes(pq_producer, pq_consumer, (path, sync), n)
+    seconds, shares, dups, retries = run_processes(pq_producer, pq_consumer, (path, sync), n)
     q = pq_open(path, sync)
     # Rows are only deleted by clear_acked_data(), which deletes acked ones: so all n were
     # acked if all n were inserted and no row is left in another state.
@@ -267,7 +270,8 @@ def run_persist_queue(tmp: str, n: int, sync: str) -> Result:
     if not inserted or inserted[0] != n or not_acked:
         raise CheckFailed(f"persist-queue: afterwards {inserted} rows inserted of {n}, {not_acked} not acked")
     return Result("persist-queue", n, seconds, shares, dups,
-                  f"SQLiteAckQueue, synchronous={PQ_SYNCHRONOUS[sync]}, one put per message")
+                  f"SQLiteAckQueue, synchronous={PQ_SYNCHRONOUS[sync]}, one put per message; "
+                  f"{retries} consumer calls retried on 'database is locked'")
 
 
 # ---- RQ on Redis --------------------------------------------------------------------------------
@@ -298,7 +302,7 @@ def rq_consumer(port, sync, n, start, produced, done):
     _rq_seen = bytearray(n)
     conn = redis.Redis(port=port)
     q = rq.Queue("bench", connection=conn)
-    acked = 0
+    acked, last_ack = 0, 0.0
     start.wait()
     while True:
         finished = produced.is_set()  # before the work: the burst then empties the queue
@@ -306,11 +310,14 @@ def rq_consumer(port, sync, n, start, produced, done):
         # its Redis hash (each worker has a new name) for a minute after.
         w = rq.SimpleWorker([q], connection=conn)
         w.work(burst=True, logging_level="WARNING")
-        acked += int(conn.hget(w.key, "successful_job_count") or 0)
+        done_jobs = int(conn.hget(w.key, "successful_job_count") or 0)
+        if done_jobs:  # the worker's last job was acked just before work() returned
+            acked += done_jobs
+            last_ack = time.monotonic()
         if finished:
             break
         time.sleep(0.002)
-    done.put((acked, time.monotonic(), bytes(_rq_seen)))
+    done.put((acked, last_ack, bytes(_rq_seen), 0))
 
 
 def free_port() -> int:
@@ -364,7 +371,7 @@ def run_rq(tmp: str, n: int, sync: str) -> Result:
                           "python3-redis and run with /usr/bin/python3 (bench/bench_python.sh does)")
     server, port = start_redis(tmp, sync)
     try:
-        seconds, shares, dups = run_processes(rq_producer, rq_consumer, (port, sync), n)
+        seconds, shares, dups, _ = run_processes(rq_producer, rq_consumer, (port, sync), n)
         conn = redis.Redis(port=port)
         q = rq.Queue("bench", connection=conn)
         left = {"queued": q.count, "started": StartedJobRegistry(queue=q).count,
