@@ -185,7 +185,9 @@ TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
   ASSERT_TRUE(q->purge().ok());
   ASSERT_TRUE(q->send("early").ok());
   EXPECT_EQ(drain(*q).size(), 1u);
+  const uint64_t early_acked = mono_ns();  // the early ack was before this
   std::this_thread::sleep_for(1500ms);
+  const uint64_t later_from = mono_ns();  // the later acks are after this
   ASSERT_TRUE(q->send("late").ok());
   EXPECT_EQ(drain(*q).size(), 1u);
   auto removed = q->send("removed");
@@ -206,10 +208,15 @@ TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
     // "ready" stays leased, unacked
   }
 
-  auto recent = q->replay(since(Millis(1000)));
+  // The window's edge between the early ack and the later ones, as an age at the call: the
+  // midpoint of the 1.5 s between them. Not a fixed age: the calls since the later acks (the
+  // first dead letter creates the dead-letter queue, and syncs) can take a second on a
+  // machine busy with other tests' I/O, which put the later acks past a fixed 1 s.
+  auto edge = [&] { return Millis((mono_ns() - (early_acked + later_from) / 2) / 1'000'000); };
+  auto recent = q->replay(since(edge()));
   ASSERT_TRUE(recent.ok()) << recent.status().to_string();
   EXPECT_EQ(recent->replayed, 2u);
-  auto older = q->replay(since(Millis(60000), Millis(1000)));
+  auto older = q->replay(since(Millis(60000), edge()));
   ASSERT_TRUE(older.ok()) << older.status().to_string();
   EXPECT_EQ(older->replayed, 1u);
 
