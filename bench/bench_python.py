@@ -4,61 +4,11 @@ for a persistent queue on one host, persist-queue's SQLite ack queue and RQ on R
 
     bench/bench_python.sh [N] [--systems spool,persist-queue,rq] [--n-peer N] [--sync MODE]
 
-(the wrapper installs the Debian packages and builds libspool if missing, then runs this file
-with Debian's /usr/bin/python3, which is the one that sees python3-persist-queue and
-python3-rq; by hand: SPOOL_LIBRARY=build/libspool.so.0 PYTHONPATH=python /usr/bin/python3
-bench/bench_python.py ...).
-
-The same workload for every system, one after another in one invocation: one producer process
-and two consumer processes, forked from this one, each opening the queue (database, Redis
-connection) itself after the fork; 100-byte payloads; every message consumed and acked; msgs/s
-is n / (first send .. last ack), all three released together by one Event. Each payload carries
-its index in its first 8 bytes, and the consumers count which indexes they saw, so a lost
-message fails the run and a message delivered twice is counted (and printed).
-
-- spool: the producer sends with send_batch() of 100; a consumer receives up to 64 at a time
-  (long poll of 0.2 s) and acks each message with its own ack() call. Queue created with
-  sync=MODE (default interval: written at once, fdatasync at most every sync_interval).
-- persist-queue (python3-persist-queue 0.5.1): persistqueue.SQLiteAckQueue in the temp dir,
-  opened by each process with auto_resume=False (the default True would put every unacked
-  item of the other consumer back to ready when a process opens the queue). It has no batch
-  put and forces auto_commit=True, so the producer puts one message per call, each its own
-  SQLite transaction. A consumer calls get(block=True, timeout=0.01) and then ack(item).
-  Its wake-up on put is a threading.Event, which does not cross processes: a blocking get in
-  another process sleeps its whole timeout, hence the short one (a 10 ms poll). Its SQLite
-  connection is opened in WAL mode with the default synchronous=FULL, an fsync per commit;
-  that matches spool's sync=always, so this script sets PRAGMA synchronous on that connection
-  to follow --sync: NORMAL for interval (commits are not fsynced; the WAL is at checkpoints),
-  OFF for never, FULL (persist-queue's own default) for always. The connection is a private
-  attribute (_putter); persist-queue has no option for it. Two consumer processes race in its
-  get(): it SELECTs the first ready row, then UPDATEs it to unacked in a second statement, so
-  both may take the same row (counted as duplicates), and the UPDATE can fail at once with
-  "database is locked" (a WAL snapshot that went stale is not retried by SQLite's busy
-  timeout): every call is retried on that error, as a user would have to. Acked rows stay in
-  the table and every get() scans past them (3 ms per get at 20,000 acked rows), so each
-  consumer calls clear_acked_data() every 500 acks, as its maintainers tell users to; it keeps
-  the newest 1,000 acked rows. The check: every index seen, no row left that is not acked,
-  and the table's AUTOINCREMENT high-water mark is n (all n rows were inserted).
-- rq (python3-rq 1.13, python3-redis, redis-server 7.0): a redis-server started by this script
-  on 127.0.0.1 at a free port with an empty data directory in the temp dir (no RDB snapshots;
-  appendonly with appendfsync everysec for --sync interval, always for always, no AOF for
-  never), stopped by PID at the end. The producer enqueues a module-level function taking the
-  payload with Queue.enqueue_many() of 100 jobs, one Redis pipeline per call (the counterpart
-  of send_batch), result_ttl=0 so finished jobs are deleted at once and Redis does not fill
-  (failed jobs are kept and fail the check). Each consumer runs SimpleWorker(...).work(
-  burst=True), which executes the job in the worker process; the default Worker forks a child
-  per job, which would cost RQ a fork() per message and tell nothing about its queueing. A
-  burst worker stops when the queue is empty, so a consumer starts it again until the producer
-  is done and the queue is empty. Logging at WARNING (at INFO the worker writes two lines per
-  job). "Acked" is RQ's own successful_job_count of each worker; the check: n of them, the
-  queue and the started and failed registries empty.
-
-Each system runs on its own message count, chosen so that a run takes seconds, not minutes
-(the peers are much slower): N (default 200,000) for spool, 20,000 for persist-queue and
-10,000 for rq, or --n-peer for both peers. Prints one line per system, then the ratio
-of spool to the faster peer and the two targets of the issue that asked for this comparison,
-PASS or MISS: at least 10x the faster peer, at least 100,000 msgs/s end to end. A failed check
-or a missing package exits 1; a MISS does not.
+The same workload for every system, one after another: one producer and two consumer
+processes, 100-byte payloads each carrying its index (a lost message fails the run, one
+delivered twice is counted), every message acked, msgs/s from the first send to the last ack.
+How each system is set up, and why: docs/performance.md, "Python". A failed check or a
+missing package exits 1; a target missed does not.
 """
 from __future__ import annotations
 
@@ -320,6 +270,9 @@ def rq_consumer(port, sync, n, start, produced, done):
     done.put((acked, last_ack, bytes(_rq_seen), 0))
 
 
+REDIS_FSYNC = {"always": "always", "interval": "everysec", "never": ""}  # "": no AOF
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -333,9 +286,8 @@ def start_redis(tmp: str, sync: str) -> tuple[subprocess.Popen, int]:
     data = os.path.join(tmp, "redis-data")
     os.mkdir(data)
     port = free_port()
-    aof = {"always": ["--appendonly", "yes", "--appendfsync", "always"],
-           "interval": ["--appendonly", "yes", "--appendfsync", "everysec"],
-           "never": ["--appendonly", "no"]}[sync]
+    fsync = REDIS_FSYNC[sync]
+    aof = ["--appendonly", "yes", "--appendfsync", fsync] if fsync else ["--appendonly", "no"]
     server = subprocess.Popen([exe, "--bind", "127.0.0.1", "--port", str(port), "--dir", data,
                                "--save", "", "--daemonize", "no", "--protected-mode", "yes",
                                "--logfile", os.path.join(tmp, "redis.log"), *aof])
@@ -380,7 +332,7 @@ def run_rq(tmp: str, n: int, sync: str) -> Result:
             raise CheckFailed(f"rq: afterwards {sum(shares)} of {n} jobs finished; left {left}")
     finally:
         stop(server)
-    fsync = {"always": "appendfsync always", "interval": "appendfsync everysec", "never": "no AOF"}[sync]
+    fsync = f"appendfsync {REDIS_FSYNC[sync]}" if REDIS_FSYNC[sync] else "no AOF"
     return Result("rq", n, seconds, shares, dups,
                   f"SimpleWorker, enqueue_many 100, redis-server {fsync}")
 
