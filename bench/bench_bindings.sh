@@ -1,0 +1,50 @@
+#!/bin/bash
+# Per-call cost of a send from Go and from Node.js against the C API, in one run on one
+# machine (docs/performance.md, "Go and Node.js"): one message per call, and a batch of 100
+# per call; 64-byte payloads, a fresh queue each, the default interval sync policy.
+# Usage: bench/bench_bindings.sh [--build DIR] [N]   (DIR: a configured meson build, default
+# build; N: single sends per language, default 200000, and N/100 batches)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build
+[ "${1:-}" = --build ] && { build=$2; shift 2; }
+n=${1:-200000}
+root=$(pwd)
+build=$(cd "$build" && pwd)
+ninja -C "$build" libspool.so.0.1.0 >/dev/null
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+. bindings/test_env.sh
+uninstalled_pc "$build/bindings-bench/pkgconfig" "$root" "$build"
+
+cc -O2 -std=c99 -Iinclude bench/bench_capi.c -L"$build" -lspool -Wl,-rpath,"$build" -o "$tmp/bench_capi"
+"$tmp/bench_capi" "$tmp" "$n" >"$tmp/c.txt"
+
+export GOCACHE="$build/bindings-go/cache" GOPATH="$build/bindings-go/gopath" GOPROXY=off GOFLAGS=-mod=readonly
+(cd bindings/go &&
+  go test -run '^$' -bench '^BenchmarkSend$' -benchtime "${n}x" . &&
+  go test -run '^$' -bench '^BenchmarkSendBatch100$' -benchtime "$((n / 100))x" .) >"$tmp/go.txt"
+
+pkg=$build/bindings-bench/node
+rm -rf "$pkg"; mkdir -p "$pkg"
+cp -r bindings/node/index.js bindings/node/package.json bindings/node/binding.gyp bindings/node/build.js \
+  bindings/node/src "$pkg/"
+(cd "$pkg" && HOME=$build/bindings-bench npm install --offline --no-audit --no-fund --loglevel=error >/dev/null)
+node bench/bench_node.js "$pkg" "$tmp" "$n" >"$tmp/node.txt"
+
+python3 - "$tmp" "$n" <<'PY'
+import re, sys
+tmp, n = sys.argv[1], int(sys.argv[2])
+def kv(f):
+    return {k: float(v) for k, v in (l.split() for l in open(f) if l.strip())}
+c, node = kv(f"{tmp}/c.txt"), kv(f"{tmp}/node.txt")
+go = {}
+for l in open(f"{tmp}/go.txt"):
+    m = re.match(r"Benchmark(Send|SendBatch100)(-\d+)?\s+\d+\s+([\d.]+) ns/op", l)
+    if m:
+        go["send_ns" if m.group(1) == "Send" else "batch100_ns"] = float(m.group(3))
+print(f"{n} sends, {n // 100} batches of 100; 64-byte payloads; ns per call (ratio to C)")
+print(f"{'':14}{'C':>10}{'Go':>18}{'Node':>18}")
+for key, name in (("send_ns", "send"), ("batch100_ns", "batch of 100")):
+    print(f"{name:14}{c[key]:>10,.0f}{go[key]:>10,.0f} ({go[key] / c[key]:.2f}x)"
+          f"{node[key]:>10,.0f} ({node[key] / c[key]:.2f}x)")
+PY
