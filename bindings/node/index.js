@@ -75,6 +75,15 @@ function toBuffer(v, what) {
     `invalid argument: ${what} must be a Buffer, Uint8Array or string, not ${typeof v}`);
 }
 
+function priorityOf(opts) {
+  if (opts.priority == null) return -1;
+  if (!Number.isInteger(opts.priority)) {
+    throw new errorClasses.InvalidArgumentError(
+      `invalid argument: priority must be an integer from 0 to 255, not ${opts.priority}`);
+  }
+  return opts.priority; // the library checks the range
+}
+
 // One item for the addon: {payload, attributes: [[key, Buffer]], priority, group, dedupId}.
 function toItem(data, opts, what) {
   const item = { payload: toBuffer(data, what) };
@@ -82,7 +91,7 @@ function toItem(data, opts, what) {
     item.attributes = Object.entries(opts.attributes).map(
       ([k, v]) => [k, toBuffer(v, `attribute ${k}`)]);
   }
-  if (opts.priority != null) item.priority = opts.priority;
+  if (opts.priority != null) item.priority = priorityOf(opts);
   if (opts.group != null) item.group = toBuffer(opts.group, 'group');
   if (opts.dedupId != null) item.dedupId = toBuffer(opts.dedupId, 'dedupId');
   return item;
@@ -155,18 +164,29 @@ class Queue {
     return this._h;
   }
 
+  _pool(opts) {
+    return !!opts.sync || opts.waitForRoom > 0 || this._syncAlways;
+  }
+
   _sendItems(items, opts) {
-    const h = this._handle();
-    const sync = !!opts.sync;
-    const waitForRoom = opts.waitForRoom || 0;
-    const pool = sync || waitForRoom > 0 || this._syncAlways;
-    return native.send(h, items, opts.delay || 0, sync, waitForRoom, pool);
+    return native.send(this._handle(), items, opts.delay || 0, !!opts.sync,
+      opts.waitForRoom || 0, this._pool(opts));
+  }
+
+  // Payloads without attributes, group or dedup id (one Buffer, or an array of them): the
+  // addon's path that reads no per-message properties.
+  _sendPlain(payloads, opts) {
+    return native.sendPlain(this._handle(), payloads, opts.delay || 0, !!opts.sync,
+      opts.waitForRoom || 0, priorityOf(opts), this._pool(opts));
   }
 
   /** Sends one message (Buffer, Uint8Array or string) and resolves to its id. opts: delay
    * (s), sync, waitForRoom (s), attributes ({key: Buffer|string}), priority (0-255), group,
    * dedupId. */
   async send(data, opts = {}) {
+    if (opts.attributes == null && opts.group == null && opts.dedupId == null) {
+      return this._sendPlain(toBuffer(data, 'payload'), opts);
+    }
     const ids = await this._sendItems([toItem(data, opts, 'payload')], opts);
     return ids[0];
   }
@@ -175,14 +195,15 @@ class Queue {
    * {payload, attributes, priority, group, dedupId}; opts (delay, sync, waitForRoom, and
    * attributes, priority, group for elements without their own) applies to all. */
   async sendBatch(list, opts = {}) {
+    if (list.length === 0) return [];
+    const isObject = (e) => e != null && typeof e === 'object' && !(e instanceof Uint8Array);
+    if (opts.attributes == null && opts.group == null && !list.some(isObject)) {
+      return this._sendPlain(list.map((e, i) => toBuffer(e, `payload ${i}`)), opts);
+    }
     const shared = { attributes: opts.attributes, priority: opts.priority, group: opts.group };
-    const items = list.map((e, i) => {
-      if (e != null && typeof e === 'object' && !Buffer.isBuffer(e) && !(e instanceof Uint8Array)) {
-        return toItem(e.payload, { ...shared, ...e }, `payload ${i}`);
-      }
-      return toItem(e, shared, `payload ${i}`);
-    });
-    if (items.length === 0) return [];
+    const items = list.map((e, i) => isObject(e)
+      ? toItem(e.payload, { ...shared, ...e }, `payload ${i}`)
+      : toItem(e, shared, `payload ${i}`));
     return this._sendItems(items, opts);
   }
 

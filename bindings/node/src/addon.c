@@ -60,7 +60,7 @@ static napi_value throw_code(napi_env env, int code, const char* msg) {
 
 /* ------------------------------------------------------------------ operations */
 
-enum kind { OP_OPEN, OP_SEND, OP_RECEIVE, OP_SETTLE };
+enum kind { OP_OPEN, OP_SEND, OP_SEND_PLAIN, OP_RECEIVE, OP_SETTLE };
 enum settle { SETTLE_ACK, SETTLE_ACK_SYNC, SETTLE_NACK, SETTLE_EXTEND };
 
 typedef struct op {
@@ -80,6 +80,10 @@ typedef struct op {
   size_t n;
   spool_send_options send_opts;
   uint64_t* ids;
+  /* OP_SEND_PLAIN: n payloads (ptrs/lens in the items block), one send or one batch */
+  const void** ptrs;
+  size_t* lens;
+  bool single;
   /* OP_RECEIVE */
   size_t max;
   uint64_t visibility_ms, wait_ms;
@@ -108,6 +112,10 @@ static void op_run(op* o) {
     case OP_SEND:
       o->rc = spool_send_items(o->h->q, o->items, o->n, sizeof(spool_send_item), &o->send_opts,
                                o->ids);
+      break;
+    case OP_SEND_PLAIN:
+      o->rc = o->single ? spool_send(o->h->q, o->ptrs[0], o->lens[0], &o->send_opts, o->ids)
+                        : spool_send_batch(o->h->q, o->ptrs, o->lens, o->n, &o->send_opts, o->ids);
       break;
     case OP_RECEIVE:
       o->rc = spool_receive(o->h->q, o->max, o->visibility_ms, o->wait_ms, &o->msgs, &o->count);
@@ -178,6 +186,12 @@ static napi_value op_result(napi_env env, op* o, napi_value* err) {
       CHECK(napi_set_element(env, pair, 1, sync_always));
       return pair;
     }
+    case OP_SEND_PLAIN:
+      if (o->single) {
+        CHECK(napi_create_double(env, (double)o->ids[0], &out));
+        return out;
+      }
+      /* fall through */
     case OP_SEND:
       CHECK(napi_create_array_with_length(env, o->n, &out));
       for (size_t i = 0; i < o->n; i++) {
@@ -537,6 +551,88 @@ static napi_value js_send(napi_env env, napi_callback_info info) {
   return dispatch(env, o, argv[0], get_bool(env, argv[5]));
 }
 
+/* sendPlain(handle, payloads, delayS, sync, waitForRoomS, priority, pool) -> id (payloads a
+ * Buffer) or ids (an array of Buffers), or a Promise of that: messages with no attributes,
+ * group or dedup id, the common case, through spool_send / spool_send_batch with no
+ * per-item properties to read. priority < 0: the default. Inline, the C call reads the
+ * Buffers' own memory (it returns before JS runs again); on the pool, a copy. */
+static napi_value js_send_plain(napi_env env, napi_callback_info info) {
+  size_t argc = 7;
+  napi_value argv[7];
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  handle* h;
+  if (!get_handle(env, argv[0], &h)) return NULL;
+  bool pool = get_bool(env, argv[6]), single = false;
+  uint32_t n = 1;
+  CHECK(napi_is_buffer(env, argv[1], &single));
+  if (!single) CHECK(napi_get_array_length(env, argv[1], &n));
+  if (n == 0) return throw_code(env, SPOOL_INVALID_ARGUMENT, "invalid argument: an empty batch");
+  /* Pass 1: pointers and sizes. */
+  size_t head = n * (sizeof(void*) + sizeof(size_t) + sizeof(uint64_t));
+  char* block = malloc(head);
+  op* o = calloc(1, sizeof *o);
+  if (!block || !o) {
+    free(block);
+    free(o);
+    return throw_code(env, SPOOL_IO, "io: out of memory");
+  }
+  o->kind = OP_SEND_PLAIN;
+  o->h = h;
+  o->n = n;
+  o->single = single;
+  o->items = (spool_send_item*)block; /* freed with the op */
+  o->ptrs = (const void**)block;
+  o->lens = (size_t*)(block + n * sizeof(void*));
+  o->ids = (uint64_t*)(block + n * (sizeof(void*) + sizeof(size_t)));
+  size_t bytes = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    napi_value b = argv[1];
+    void* p = NULL;
+    size_t len = 0;
+    if ((!single && napi_get_element(env, argv[1], i, &b) != napi_ok) ||
+        napi_get_buffer_info(env, b, &p, &len) != napi_ok) {
+      op_free(o);
+      return throw_code(env, SPOOL_INVALID_ARGUMENT, "invalid argument: a payload is not a Buffer");
+    }
+    o->ptrs[i] = p;
+    o->lens[i] = len;
+    bytes += len;
+  }
+  if (pool) { /* Pass 2: copy, as the Buffers may change or go before the pool runs it. */
+    char* copy = malloc(head + bytes + 1);
+    if (!copy) {
+      op_free(o);
+      return throw_code(env, SPOOL_IO, "io: out of memory");
+    }
+    memcpy(copy, block, head);
+    free(block);
+    o->items = (spool_send_item*)copy;
+    o->ptrs = (const void**)copy;
+    o->lens = (size_t*)(copy + n * sizeof(void*));
+    o->ids = (uint64_t*)(copy + n * (sizeof(void*) + sizeof(size_t)));
+    char* data = copy + head;
+    for (uint32_t i = 0; i < n; i++) {
+      if (o->lens[i]) memcpy(data, o->ptrs[i], o->lens[i]);
+      o->ptrs[i] = data;
+      data += o->lens[i];
+    }
+  }
+  spool_send_options_init_size(&o->send_opts, sizeof o->send_opts);
+  double d;
+  napi_get_value_double(env, argv[2], &d);
+  o->send_opts.delay_ms = u64(d * 1000);
+  o->send_opts.durability = get_bool(env, argv[3]) ? SPOOL_DURABILITY_SYNC : SPOOL_DURABILITY_QUEUE;
+  napi_get_value_double(env, argv[4], &d);
+  o->send_opts.wait_for_room_ms = u64(d * 1000);
+  d = -1;
+  napi_get_value_double(env, argv[5], &d);
+  if (d >= 0) {
+    o->send_opts.has_priority = 1;
+    o->send_opts.priority = (int)d;
+  }
+  return dispatch(env, o, argv[0], pool);
+}
+
 /* The prologue of an operation on a queue: its argc arguments into argv (argv[0] the
  * handle) and a zeroed op of `kind` on that handle; NULL with an exception pending. */
 static op* new_op(napi_env env, napi_callback_info info, size_t argc, napi_value* argv,
@@ -653,6 +749,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"setErrorFactory", NULL, js_set_error_factory, NULL, NULL, NULL, napi_default, NULL},
       {"open", NULL, js_open, NULL, NULL, NULL, napi_default, NULL},
       {"close", NULL, js_close, NULL, NULL, NULL, napi_default, NULL},
+      {"sendPlain", NULL, js_send_plain, NULL, NULL, NULL, napi_default, NULL},
       {"send", NULL, js_send, NULL, NULL, NULL, napi_default, NULL},
       {"receive", NULL, js_receive, NULL, NULL, NULL, napi_default, NULL},
       {"settle", NULL, js_settle, NULL, NULL, NULL, napi_default, NULL},

@@ -64,6 +64,8 @@ test('attributes, priority, group, dedup id and batches reach the queue', async 
   assert.deepEqual(ids, [ids[0], ids[0] + 1, ids[0] + 2]);
   assert.equal(q.stats().delayed, 3);
   await assert.rejects(q.send(42), spool.InvalidArgumentError);
+  await assert.rejects(q.send('x', { priority: 'high' }), spool.InvalidArgumentError);
+  await assert.rejects(q.send('x', { priority: 256 }), (e) => e.code === 'INVALID_ARGUMENT' && /priority/.test(e.message));
 });
 
 test('a stale receipt is LeaseLostError for ack, nack and extend', async (t) => {
