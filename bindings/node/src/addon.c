@@ -423,6 +423,19 @@ static napi_value js_close(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* The options shared by send and sendPlain from their arguments delayS, sync, waitForRoomS
+ * (args[0..2]) into *so. */
+static void send_options(napi_env env, const napi_value* args, spool_send_options* so) {
+  double d = 0;
+  spool_send_options_init_size(so, sizeof *so);
+  napi_get_value_double(env, args[0], &d);
+  so->delay_ms = u64(d * 1000);
+  so->durability = get_bool(env, args[1]) ? SPOOL_DURABILITY_SYNC : SPOOL_DURABILITY_QUEUE;
+  d = 0;
+  napi_get_value_double(env, args[2], &d);
+  so->wait_for_room_ms = u64(d * 1000);
+}
+
 /* send(handle, items, delayS, sync, waitForRoomS, pool) -> ids (or a Promise of them). items:
  * [{payload: Buffer, attributes: [[key, Buffer], ...] | undefined, priority, group: Buffer,
  * dedupId: Buffer}] as index.js normalised them. Everything is copied into one block: a pool
@@ -541,13 +554,7 @@ static napi_value js_send(napi_env env, napi_callback_info info) {
       attr_out++;
     }
   }
-  spool_send_options_init_size(&o->send_opts, sizeof o->send_opts);
-  double d;
-  napi_get_value_double(env, argv[2], &d);
-  o->send_opts.delay_ms = u64(d * 1000);
-  o->send_opts.durability = get_bool(env, argv[3]) ? SPOOL_DURABILITY_SYNC : SPOOL_DURABILITY_QUEUE;
-  napi_get_value_double(env, argv[4], &d);
-  o->send_opts.wait_for_room_ms = u64(d * 1000);
+  send_options(env, argv + 2, &o->send_opts);
   return dispatch(env, o, argv[0], get_bool(env, argv[5]));
 }
 
@@ -617,14 +624,8 @@ static napi_value js_send_plain(napi_env env, napi_callback_info info) {
       data += o->lens[i];
     }
   }
-  spool_send_options_init_size(&o->send_opts, sizeof o->send_opts);
-  double d;
-  napi_get_value_double(env, argv[2], &d);
-  o->send_opts.delay_ms = u64(d * 1000);
-  o->send_opts.durability = get_bool(env, argv[3]) ? SPOOL_DURABILITY_SYNC : SPOOL_DURABILITY_QUEUE;
-  napi_get_value_double(env, argv[4], &d);
-  o->send_opts.wait_for_room_ms = u64(d * 1000);
-  d = -1;
+  send_options(env, argv + 2, &o->send_opts);
+  double d = -1;
   napi_get_value_double(env, argv[5], &d);
   if (d >= 0) {
     o->send_opts.has_priority = 1;
