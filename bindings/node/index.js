@@ -174,7 +174,7 @@ class Queue {
   }
 
   // Payloads without attributes, group or dedup id (one Buffer, or an array of them): the
-  // addon's path that reads no per-message properties.
+  // addon's path that reads no per-message properties. Resolves to the (first) id.
   _sendPlain(payloads, opts) {
     return native.sendPlain(this._handle(), payloads, opts.delay || 0, !!opts.sync,
       opts.waitForRoom || 0, priorityOf(opts), this._pool(opts));
@@ -198,7 +198,8 @@ class Queue {
     if (list.length === 0) return [];
     const isObject = (e) => e != null && typeof e === 'object' && !(e instanceof Uint8Array);
     if (opts.attributes == null && opts.group == null && !list.some(isObject)) {
-      return this._sendPlain(list.map((e, i) => toBuffer(e, `payload ${i}`)), opts);
+      const first = await this._sendPlain(list.map((e, i) => toBuffer(e, `payload ${i}`)), opts);
+      return Array.from({ length: list.length }, (_, i) => first + i); // consecutive ids
     }
     const shared = { attributes: opts.attributes, priority: opts.priority, group: opts.group };
     const items = list.map((e, i) => isObject(e)

@@ -186,12 +186,9 @@ static napi_value op_result(napi_env env, op* o, napi_value* err) {
       CHECK(napi_set_element(env, pair, 1, sync_always));
       return pair;
     }
-    case OP_SEND_PLAIN:
-      if (o->single) {
-        CHECK(napi_create_double(env, (double)o->ids[0], &out));
-        return out;
-      }
-      /* fall through */
+    case OP_SEND_PLAIN: /* a batch's ids are consecutive: its first one stands for all */
+      CHECK(napi_create_double(env, (double)o->ids[0], &out));
+      return out;
     case OP_SEND:
       CHECK(napi_create_array_with_length(env, o->n, &out));
       for (size_t i = 0; i < o->n; i++) {
@@ -558,8 +555,9 @@ static napi_value js_send(napi_env env, napi_callback_info info) {
   return dispatch(env, o, argv[0], get_bool(env, argv[5]));
 }
 
-/* sendPlain(handle, payloads, delayS, sync, waitForRoomS, priority, pool) -> id (payloads a
- * Buffer) or ids (an array of Buffers), or a Promise of that: messages with no attributes,
+/* sendPlain(handle, payloads, delayS, sync, waitForRoomS, priority, pool) -> the id of the
+ * first message (payloads a Buffer, or an array of them, whose ids are consecutive), or a
+ * Promise of it: messages with no attributes,
  * group or dedup id, the common case, through spool_send / spool_send_batch with no
  * per-item properties to read. priority < 0: the default. Inline, the C call reads the
  * Buffers' own memory (it returns before JS runs again); on the pool, a copy. */
