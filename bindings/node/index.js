@@ -212,6 +212,9 @@ class Queue {
    * `wait` > 0 waits that many seconds for one (woken at once by a send from any process);
    * resolves to [] if none came. */
   async receive({ max = 1, visibility = 0, wait = 0 } = {}) {
+    if (!Number.isInteger(max) || max < 1) {
+      throw new errorClasses.InvalidArgumentError(`invalid argument: max must be an integer of at least 1, not ${max}`);
+    }
     let got = native.receive(this._handle(), max, visibility, 0, false);
     if (got.length > 0 || !(wait > 0)) return got.map((m) => new Message(this, m));
     const deadline = Date.now() + wait * 1000;

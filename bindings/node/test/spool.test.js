@@ -33,6 +33,7 @@ test('send, receive and ack a message', async (t) => {
   await m.ack();
   await assert.rejects(m.ack(), (e) => e instanceof spool.NotFoundError && e.code === 'NOT_FOUND');
   assert.deepEqual(await q.receive(), []);
+  await assert.rejects(q.receive({ max: 0 }), spool.InvalidArgumentError);
   const st = q.stats();
   assert.equal(st.sentTotal, 1);
   assert.equal(st.ackedTotal, 1);
