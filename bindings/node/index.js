@@ -197,9 +197,20 @@ class Queue {
   async sendBatch(list, opts = {}) {
     if (list.length === 0) return [];
     const isObject = (e) => e != null && typeof e === 'object' && !(e instanceof Uint8Array);
-    if (opts.attributes == null && opts.group == null && !list.some(isObject)) {
-      const first = await this._sendPlain(list.map((e, i) => toBuffer(e, `payload ${i}`)), opts);
-      return Array.from({ length: list.length }, (_, i) => first + i); // consecutive ids
+    if (opts.attributes == null && opts.group == null) {
+      // Plain loops, not map/some/Array.from: this is the per-message cost of a batch.
+      const buffers = new Array(list.length);
+      let plain = true;
+      for (let i = 0; i < list.length && plain; i++) {
+        if (isObject(list[i])) plain = false;
+        else buffers[i] = toBuffer(list[i], `payload ${i}`);
+      }
+      if (plain) {
+        const first = await this._sendPlain(buffers, opts);
+        const ids = new Array(list.length);
+        for (let i = 0; i < ids.length; i++) ids[i] = first + i; // consecutive ids
+        return ids;
+      }
     }
     const shared = { attributes: opts.attributes, priority: opts.priority, group: opts.group };
     const items = list.map((e, i) => isObject(e)
