@@ -153,3 +153,28 @@ test('many sends and receives in flight at once: every message exactly once', as
   assert.equal(all.length, n);
   assert.equal(new Set(all).size, n);
 });
+
+test('a worker_thread has its own addon instance and error classes', async (t) => {
+  const { Worker } = require('node:worker_threads');
+  const dir = tmpQueueDir(t);
+  const q = await Queue.create(dir);
+  t.after(() => q.close());
+  const code = `
+    const { parentPort, workerData } = require('node:worker_threads');
+    const spool = require(workerData.pkg);
+    (async () => {
+      const q = await spool.Queue.open(workerData.dir);
+      await q.send('from a worker');
+      const err = await spool.Queue.open(workerData.dir + '-none').catch((e) => e);
+      parentPort.postMessage(err instanceof spool.NotAQueueError ? 'ok' : String(err));
+      q.close();
+    })();`;
+  const w = new Worker(code, { eval: true, workerData: { pkg: path.join(__dirname, '..'), dir } });
+  const [reply] = await require('node:events').once(w, 'message');
+  assert.equal(reply, 'ok');
+  await require('node:events').once(w, 'exit');
+  const [m] = await q.receive({ wait: 1 });
+  assert.equal(m.text, 'from a worker');
+  // The main thread's errors still come from its own classes after the worker has gone.
+  await assert.rejects(Queue.open(dir + '-none'), spool.NotAQueueError);
+});
