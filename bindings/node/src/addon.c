@@ -104,6 +104,20 @@ static void op_free(op* o) {
   free(o);
 }
 
+/* ack, durable ack, nack (arg: delay ms) or extend (arg: visibility ms). */
+static spool_code settle(spool_queue* q, int kind, const char* receipt, uint64_t arg) {
+  switch (kind) {
+    case SETTLE_ACK:
+      return spool_ack(q, receipt, SPOOL_DURABILITY_QUEUE);
+    case SETTLE_ACK_SYNC:
+      return spool_ack(q, receipt, SPOOL_DURABILITY_SYNC);
+    case SETTLE_NACK:
+      return spool_nack(q, receipt, arg);
+    default:
+      return spool_extend(q, receipt, arg);
+  }
+}
+
 static void op_run(op* o) {
   switch (o->kind) {
     case OP_OPEN:
@@ -121,19 +135,7 @@ static void op_run(op* o) {
       o->rc = spool_receive(o->h->q, o->max, o->visibility_ms, o->wait_ms, &o->msgs, &o->count);
       break;
     case OP_SETTLE:
-      switch (o->settle) {
-        case SETTLE_ACK:
-          o->rc = spool_ack(o->h->q, o->receipt, SPOOL_DURABILITY_QUEUE);
-          break;
-        case SETTLE_ACK_SYNC:
-          o->rc = spool_ack(o->h->q, o->receipt, SPOOL_DURABILITY_SYNC);
-          break;
-        case SETTLE_NACK:
-          o->rc = spool_nack(o->h->q, o->receipt, o->arg);
-          break;
-        default:
-          o->rc = spool_extend(o->h->q, o->receipt, o->arg);
-      }
+      o->rc = settle(o->h->q, o->settle, o->receipt, o->arg);
       break;
   }
   if (o->rc != SPOOL_OK && o->rc != SPOOL_EMPTY) o->error = strdup(spool_last_error());
@@ -433,6 +435,16 @@ static void send_options(napi_env env, const napi_value* args, spool_send_option
   so->wait_for_room_ms = u64(d * 1000);
 }
 
+/* sendPlain's priority argument (< 0: the default) into *so. */
+static void plain_priority(napi_env env, napi_value v, spool_send_options* so) {
+  double prio = -1;
+  napi_get_value_double(env, v, &prio);
+  if (prio >= 0) {
+    so->has_priority = 1;
+    so->priority = (int)prio;
+  }
+}
+
 /* send(handle, items, delayS, sync, waitForRoomS, pool) -> ids (or a Promise of them). items:
  * [{payload: Buffer, attributes: [[key, Buffer], ...] | undefined, priority, group: Buffer,
  * dedupId: Buffer}] as index.js normalised them. Everything is copied into one block: a pool
@@ -572,6 +584,20 @@ static napi_value js_send_plain(napi_env env, napi_callback_info info) {
   CHECK(napi_is_buffer(env, argv[1], &single));
   if (!single) CHECK(napi_get_array_length(env, argv[1], &n));
   if (n == 0) return throw_code(env, SPOOL_INVALID_ARGUMENT, "invalid argument: an empty batch");
+  if (single && !pool) { /* the commonest call: no op, no allocation */
+    void* p = NULL;
+    size_t len = 0;
+    uint64_t id = 0;
+    spool_send_options so;
+    napi_value out;
+    CHECK(napi_get_buffer_info(env, argv[1], &p, &len));
+    send_options(env, argv + 2, &so);
+    plain_priority(env, argv[5], &so);
+    spool_code rc = spool_send(h->q, p, len, &so, &id);
+    if (rc != SPOOL_OK) return throw_code(env, rc, spool_last_error());
+    CHECK(napi_create_double(env, (double)id, &out));
+    return out;
+  }
   /* Pass 1: pointers and sizes. */
   size_t head = n * (sizeof(void*) + sizeof(size_t) + sizeof(uint64_t));
   char* block = malloc(head);
@@ -623,12 +649,7 @@ static napi_value js_send_plain(napi_env env, napi_callback_info info) {
     }
   }
   send_options(env, argv + 2, &o->send_opts);
-  double d = -1;
-  napi_get_value_double(env, argv[5], &d);
-  if (d >= 0) {
-    o->send_opts.has_priority = 1;
-    o->send_opts.priority = (int)d;
-  }
+  plain_priority(env, argv[5], &o->send_opts);
   return dispatch(env, o, argv[0], pool);
 }
 
@@ -669,10 +690,26 @@ static napi_value js_receive(napi_env env, napi_callback_info info) {
 /* settle(handle, kind, receipt, argS, pool): ack (0), durable ack (1), nack (2), extend (3). */
 static napi_value js_settle(napi_env env, napi_callback_info info) {
   napi_value argv[5];
+  int32_t kind = 0;
+  double d = 0;
+  char receipt[128];
+  size_t rlen = 0;
+  size_t argc = 5;
+  CHECK(napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+  /* Inline with a receipt that fits (they are ~40 bytes): no op, no allocation. */
+  if (!get_bool(env, argv[4]) &&
+      napi_get_value_string_utf8(env, argv[2], receipt, sizeof receipt, &rlen) == napi_ok &&
+      rlen < sizeof receipt - 1) {
+    handle* h;
+    if (!get_handle(env, argv[0], &h)) return NULL;
+    napi_get_value_int32(env, argv[1], &kind);
+    napi_get_value_double(env, argv[3], &d);
+    spool_code rc = settle(h->q, kind, receipt, u64(d * 1000));
+    if (rc != SPOOL_OK) return throw_code(env, rc, spool_last_error());
+    return NULL;
+  }
   op* o = new_op(env, info, 5, argv, OP_SETTLE);
   if (!o) return NULL;
-  int32_t kind;
-  double d;
   napi_get_value_int32(env, argv[1], &kind);
   o->settle = kind;
   if (!get_string(env, argv[2], &o->receipt)) {
