@@ -36,9 +36,9 @@ static void factory_finalize(napi_env env, void* data, void* hint) {
   napi_delete_reference(env, (napi_ref)data);
 }
 
-#define CHECK(call)                                        \
-  do {                                                     \
-    if ((call) != napi_ok) return NULL;                    \
+#define CHECK(call)                     \
+  do {                                  \
+    if ((call) != napi_ok) return NULL; \
   } while (0)
 
 static napi_value make_error(napi_env env, int code, const char* msg) {
@@ -124,8 +124,8 @@ static void op_run(op* o) {
       o->rc = spool_open(o->dir, &o->opts, &o->opened);
       break;
     case OP_SEND:
-      o->rc = spool_send_items(o->h->q, o->items, o->n, sizeof(spool_send_item), &o->send_opts,
-                               o->ids);
+      o->rc =
+          spool_send_items(o->h->q, o->items, o->n, sizeof(spool_send_item), &o->send_opts, o->ids);
       break;
     case OP_SEND_PLAIN:
       o->rc = o->single ? spool_send(o->h->q, o->ptrs[0], o->lens[0], &o->send_opts, o->ids)
@@ -149,8 +149,8 @@ static void handle_finalize(napi_env env, void* data, void* hint) {
   free(h);
 }
 
-static napi_value set_buffer_prop(napi_env env, napi_value obj, const char* name,
-                                  const void* p, size_t len) {
+static napi_value set_buffer_prop(napi_env env, napi_value obj, const char* name, const void* p,
+                                  size_t len) {
   napi_value v;
   CHECK(napi_create_buffer_copy(env, len, len ? p : "", NULL, &v));
   CHECK(napi_set_named_property(env, obj, name, v));
@@ -267,8 +267,10 @@ static void complete(napi_env env, napi_status status, void* data) {
     if (!err) {
       bool pending = false;
       napi_is_exception_pending(env, &pending);
-      if (pending) napi_get_and_clear_last_exception(env, &err);
-      else err = make_error(env, SPOOL_IO, "io: the operation was cancelled");
+      if (pending)
+        napi_get_and_clear_last_exception(env, &err);
+      else
+        err = make_error(env, SPOOL_IO, "io: the operation was cancelled");
     }
     napi_reject_deferred(env, o->deferred, err);
   }
@@ -332,7 +334,9 @@ static double num_prop(napi_env env, napi_value obj, const char* name, double df
   return d;
 }
 
-static uint64_t u64(double d) { return d > 0 ? (uint64_t)d : 0; }
+static uint64_t u64(double d) {
+  return d > 0 ? (uint64_t)d : 0;
+}
 
 static bool get_bool(napi_env env, napi_value v) {
   bool b = false;
@@ -484,13 +488,15 @@ static napi_value js_send(napi_env env, napi_callback_info info) {
       CHECK(napi_get_element(env, pair, 1, &val));
       if (napi_get_value_string_utf8(env, key, NULL, 0, &klen) != napi_ok ||
           napi_get_buffer_info(env, val, &p, &len) != napi_ok)
-        return throw_code(env, SPOOL_INVALID_ARGUMENT,
-                          "invalid argument: an attribute is a string key and a Buffer or string value");
+        return throw_code(
+            env, SPOOL_INVALID_ARGUMENT,
+            "invalid argument: an attribute is a string key and a Buffer or string value");
       bytes += klen + 1 + len;
       nattrs++;
     }
   }
-  size_t head = n * sizeof(spool_send_item) + n * sizeof(uint64_t) + nattrs * sizeof(spool_attribute);
+  size_t head =
+      n * sizeof(spool_send_item) + n * sizeof(uint64_t) + nattrs * sizeof(spool_attribute);
   char* block = calloc(1, head + bytes + 1);
   op* o = calloc(1, sizeof *o);
   if (!block || !o) {
@@ -503,7 +509,8 @@ static napi_value js_send(napi_env env, napi_callback_info info) {
   o->n = n;
   o->items = (spool_send_item*)block;
   o->ids = (uint64_t*)(block + n * sizeof(spool_send_item));
-  spool_attribute* attr_out = (spool_attribute*)(block + n * sizeof(spool_send_item) + n * sizeof(uint64_t));
+  spool_attribute* attr_out =
+      (spool_attribute*)(block + n * sizeof(spool_send_item) + n * sizeof(uint64_t));
   char* data = block + head;
   /* Second pass: copy. */
   for (uint32_t i = 0; i < n; i++) {
@@ -734,7 +741,7 @@ static napi_value js_stats(napi_env env, napi_callback_info info) {
   spool_code rc = spool_get_stats(h->q, &s);
   if (rc != SPOOL_OK) return throw_code(env, rc, spool_last_error());
   CHECK(napi_create_object(env, &out));
-#define FIELD(js, value)                              \
+#define FIELD(js, value)                               \
   CHECK(napi_create_double(env, (double)(value), &v)); \
   CHECK(napi_set_named_property(env, out, js, v))
   FIELD("ready", s.ready);
