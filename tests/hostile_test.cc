@@ -11,11 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 #include <regex>
 #include <sstream>
 
@@ -638,6 +640,109 @@ TEST_F(Hostile, APlantedLinkOrFifoAtATopLevelFileIsRefusedNamingIt) {
   auto q = open();
   ASSERT_TRUE(q);
   EXPECT_EQ(q->stats()->ready, 3u);
+}
+
+// The mode and owner of `path`, and what it holds: what a link planted in a queue must not
+// change in its target.
+std::string mode_owner_content(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "gone";
+  std::string out = std::to_string(st.st_mode & 07777) + " " + std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) out += " " + n;
+  return out;
+}
+
+// issue 48: QUEUE/dlq planted as a link (by whoever may write the queue) was followed: the
+// dead-letter queue was made in, or read from, the link's target, and the target directory
+// re-moded (an empty directory became drwxrwsrwx with queue files in it; another queue's
+// messages were redriven out of it). Refused now, naming the link, and the target untouched.
+TEST_F(Hostile, APlantedDeadLetterLinkIsRefusedAndItsTargetIsUntouched) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.visibility = Millis(1);
+  o.mode = 0666;  // as a user who may write the queue would make it: the DLQ is re-moded to it
+  ASSERT_TRUE(open(o));
+  const std::string empty = dir_ / "empty", other = dir_ / "other";
+  ASSERT_EQ(::mkdir(empty.c_str(), 0700), 0);
+  {
+    auto v = test::open_queue(other, {});
+    ASSERT_TRUE(v);
+    for (const char* m : {"private1", "private2"}) ASSERT_TRUE(v->send(m).ok());
+  }
+  const std::string link = qdir() + "/dlq";
+  for (const std::string& target : {empty, other}) {
+    SCOPED_TRACE("dlq -> " + target);
+    fs::remove(link);
+    fs::create_symlink(target, link);
+    const std::string before = mode_owner_content(target);
+    {
+      auto q = open(o);
+      ASSERT_TRUE(q);
+      auto d = q->dead_letters();
+      ASSERT_FALSE(d.ok()) << "the dead-letter queue was opened through the link";
+      EXPECT_EQ(d.status().code(), Code::kCorrupt) << d.status().to_string();
+      EXPECT_NE(d.status().message().find(link + " is a symbolic link"), std::string::npos) << d.status().to_string();
+      auto moved = q->redrive(10);
+      EXPECT_FALSE(moved.ok()) << "redrove " << *moved << " through the link";
+      // A message past max_receives: its dead-lettering fails, and it stays here.
+      ASSERT_TRUE(q->send("poison").ok());
+      ASSERT_TRUE(q->receive(1).ok());
+      std::this_thread::sleep_for(5ms);
+      EXPECT_FALSE(q->receive(1).ok()) << "dead-lettered through the link";
+      EXPECT_EQ(q->stats()->ready, 1u);
+      ASSERT_TRUE(q->purge().ok());
+    }
+    EXPECT_EQ(mode_owner_content(target), before) << "the link's target changed";
+  }
+  auto v = test::open_queue(other, {});
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->stats()->ready, 2u) << "the other queue lost messages";
+}
+
+// issue 48: QUEUE/segments planted as a link to another queue's segments: opening the queue
+// replayed the other's log, and a purge (by root, say) emptied the other queue. Refused now.
+TEST_F(Hostile, APlantedSegmentsLinkIsRefusedAndTheOtherQueueKeepsItsMessages) {
+  const std::string other = dir_ / "other";
+  {
+    auto v = test::open_queue(other, {});
+    ASSERT_TRUE(v);
+    for (const char* m : {"private1", "private2", "private3"}) ASSERT_TRUE(v->send(m).ok());
+  }
+  fill(1);
+  fs::remove_all(qdir() + "/segments");
+  fs::remove(index_path());
+  fs::create_symlink(other + "/segments", qdir() + "/segments");
+  auto q = Queue::open(qdir());
+  ASSERT_FALSE(q.ok()) << "opened through the link; a purge would empty the other queue";
+  EXPECT_EQ(q.status().code(), Code::kCorrupt) << q.status().to_string();
+  EXPECT_NE(q.status().message().find(qdir() + "/segments is a symbolic link"), std::string::npos)
+      << q.status().to_string();
+  auto v = test::open_queue(other, {});
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->stats()->ready, 3u);
+}
+
+// issue 48: `spool init shared/jobs --group G --mode 0660` where jobs is a link another user
+// planted made the queue in the link's target and re-moded it (root:G 2770). A queue is
+// made only in a directory itself; an existing queue is still opened through a link.
+TEST_F(Hostile, MakingAQueueThroughALinkIsRefusedAndTheTargetKeepsItsMode) {
+  const std::string target = dir_ / "target", link = dir_ / "jobs";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  fs::create_symlink(target, link);
+  const std::string before = mode_owner_content(target);
+  QueueOptions o;
+  o.mode = 0660;
+  o.group = static_cast<int64_t>(::getegid());
+  auto q = Queue::open(link, o);
+  ASSERT_FALSE(q.ok()) << "made a queue through the link";
+  EXPECT_NE(q.status().message().find(link + " is a symbolic link"), std::string::npos) << q.status().to_string();
+  EXPECT_EQ(mode_owner_content(target), before);
+  // A queue that exists opens through a link its user made.
+  ASSERT_TRUE(test::open_queue(target, {}));
+  EXPECT_TRUE(Queue::open(link).ok());
 }
 
 }  // namespace

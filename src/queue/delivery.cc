@@ -172,7 +172,7 @@ auto Queue::Impl::dead_letters() -> Result<Queue*> {
     o.create = !read_only;
     o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
     o.io = io;
-    auto q = Queue::open(dir + "/dlq", o);
+    auto q = open_queue(dir + "/dlq", o, true);
     if (!q.ok()) return q.status();
     dlq = std::move(q).value();
   }

@@ -16,6 +16,7 @@
 
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
+#include "sys/no_follow.h"
 
 namespace spool {
 
@@ -44,8 +45,9 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 namespace {
 
 // The mode and group a new queue was asked for (QueueOptions::mode, group), given to its
-// directory: the group first (a chown may clear set-group-ID), then the mode.
-Status share_dir(const std::string& dir, const QueueOptions& opts) {
+// directory, open at `dir_fd` (sys::open_dir): the group first (a chown may clear
+// set-group-ID), then the mode, both through the descriptor, never by path.
+Status share_dir(int dir_fd, const std::string& dir, const QueueOptions& opts) {
   if (opts.mode > 0777 || (opts.mode != 0 && (opts.mode & 0600) != 0600)) {
     char m[16];
     std::snprintf(m, sizeof m, "%04o", opts.mode);
@@ -53,14 +55,14 @@ Status share_dir(const std::string& dir, const QueueOptions& opts) {
                                               " is not a queue's file mode: it must be at most 0777 and let the "
                                               "owner read and write (0600 at least)");
   }
-  if (opts.group >= 0 && ::chown(dir.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(opts.group)) != 0) {
+  if (opts.group >= 0 && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(opts.group), 0) != 0) {
     return errno_status(errno, "give " + dir + " to group " + std::to_string(opts.group));
   }
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  if (::fstat(dir_fd, &st) != 0) return errno_status(errno, "open queue " + dir);
   const mode_t files = opts.mode != 0 ? static_cast<mode_t>(opts.mode) : (st.st_mode & 0666);
   const mode_t want = sys::dir_mode_for(files);
-  if ((st.st_mode & 07777) != want && ::chmod(dir.c_str(), want) != 0) {
+  if ((st.st_mode & 07777) != want && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(-1), want) != 0) {
     return errno_status(errno, "set the mode of " + dir);
   }
   return {};
@@ -82,7 +84,12 @@ bool has_foreign_files(const std::string& dir) {
 
 }  // namespace
 
-Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const QueueOptions& opts) {
+Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir, const QueueOptions& opts) {
+  return Impl::open_queue(dir, opts, false);
+}
+
+Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in, const QueueOptions& opts,
+                                                       bool nested) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
@@ -91,12 +98,33 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
+  // A link at the directory's last component is followed only to a queue that exists and
+  // that the caller named: never to a dead-letter queue (`nested`: a link planted there by
+  // whoever may write the queue would have its users, root too, read, fill and re-mode the
+  // link's target), nor to make a queue (spool init through another user's link).
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  sys::Fd dir_fd = sys::open_dir(dir, false, &st);
+  bool follow = false;
+  if (!dir_fd.ok() && errno == ELOOP && !nested) {
+    if (opts.create && ::access((dir + "/spool.conf").c_str(), F_OK) != 0) {
+      return Status(Code::kCorrupt, dir + " is a symbolic link; spool makes a queue only in a directory itself, "
+                                          "never through a link (give the link's target)");
+    }
+    follow = true;
+    dir_fd = sys::open_dir(dir, true, &st);
+  }
+  if (!dir_fd.ok()) {
     if (errno == ENOENT) return Status(Code::kNotAQueue, dir + ": no such queue");
+    if (nested) return sys::queue_dir_error(errno, "open queue", dir);
+    if (errno == ENOTDIR) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
     return errno_status(errno, "open queue " + dir);
   }
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
+  // Paths are used from here on: a link swapped in for the directory meanwhile is caught at
+  // the end (still_names).
+  const auto replaced = [&] {
+    return Status(Code::kCorrupt, dir + " was replaced while it was being opened (by a link or another "
+                                        "directory); open it again");
+  };
   impl->read_only = ::access(dir.c_str(), W_OK) != 0;
 
   // Leave nothing behind in a directory that is not a queue and will not become one.
@@ -118,8 +146,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       // Settings first: a refused creation must not have changed the directory.
       QueueOptions checked = opts;
       if (Status s = queue::validate(checked, ""); !s.ok()) return s;
-      if (Status s = share_dir(dir, opts); !s.ok()) return s;
-      if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+      if (Status s = share_dir(dir_fd.get(), dir, opts); !s.ok()) return s;
+      if (::fstat(dir_fd.get(), &st) != 0) return errno_status(errno, "open queue " + dir);
     }
   }
   impl->modes = sys::modes_for(st.st_mode);
@@ -184,6 +212,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
     SPOOL_LOCK_OR_RETURN(held, *impl, lock_to_change());
     if (Status s = impl->rebuild(); !s.ok()) return s;
+    if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
 
@@ -235,6 +264,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
+  if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 

@@ -409,6 +409,10 @@ struct Queue::Impl {
       REQUIRES(idx);
 
   Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
+
+  // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
+  // refused if it is a link (docs/security.md, "Planted links").
+  static Result<std::unique_ptr<Queue>> open_queue(const std::string& dir, const QueueOptions& opts, bool nested);
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the
