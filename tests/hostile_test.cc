@@ -73,6 +73,17 @@ class Hostile : public test::QueueDirTest {
     for (int i = 1; i <= n; ++i) ASSERT_TRUE(q->send(prefix + std::to_string(i)).ok());
   }
   std::string index_path() const { return qdir() + "/index"; }
+  // fill(3), then segment 1 moved out and a link to it planted in its place, and the index
+  // removed (so that the next opener replays the log and meets the link). The link's target.
+  std::string fill_with_segment_link() {
+    fill(3);
+    const std::string seg = qdir() + "/segments/00000000000000000001.seg";
+    const std::string moved = dir_ / "elsewhere.seg";
+    fs::rename(seg, moved);
+    fs::create_symlink(moved, seg);
+    fs::remove(index_path());
+    return moved;
+  }
   // Opens the queue again (rebuilding a lost index) and expects `n` messages or more in it.
   void expect_at_least(uint64_t n) {
     auto q = open();
@@ -578,13 +589,8 @@ TEST_F(Hostile, APlantedSpareLinkIsNeverWrittenThrough) {
 
 // A segment that is a link (to another queue's segment, say): refused, naming the file.
 TEST_F(Hostile, APlantedSegmentLinkIsRefusedWithAClearError) {
-  fill(3);
-  const std::string seg = qdir() + "/segments/00000000000000000001.seg";
-  const std::string moved = dir_ / "elsewhere.seg";
-  fs::rename(seg, moved);
-  fs::create_symlink(moved, seg);
+  const std::string moved = fill_with_segment_link();
   const std::string before = test::slurp(moved);
-  fs::remove(index_path());
   auto q = Queue::open(qdir());
   ASSERT_FALSE(q.ok()) << "a queue whose segment is a link opened";
   EXPECT_NE(q.status().message().find("00000000000000000001.seg is a symbolic link"), std::string::npos)
@@ -743,6 +749,27 @@ TEST_F(Hostile, MakingAQueueThroughALinkIsRefusedAndTheTargetKeepsItsMode) {
   // A queue that exists opens through a link its user made.
   ASSERT_TRUE(test::open_queue(target, {}));
   EXPECT_TRUE(Queue::open(link).ok());
+}
+
+// issue 48: two processes whose opens fail (a segment planted as a link, so each first
+// opener's rebuild fails) deadlocked: the failing opener released the gate, then its
+// destructor took the gate again (to seal the index) while still holding `lock`
+// exclusively; the other opener, holding the gate, waited for `lock`. That seal also
+// marked the index whose rebuild had failed as sound, and the next open succeeded without
+// the messages. Three openers, 20 opens each, every one failing, all within the bound.
+TEST_F(Hostile, OpenersOfAQueueThatFailsToOpenDoNotDeadlock) {
+  fill_with_segment_link();
+  std::vector<test::ChildRun> runs;
+  for (int c = 0; c < 3; ++c) {
+    runs.push_back(start_child("opener " + std::to_string(c), [&](Report& r) {
+      for (int i = 0; i < 20; ++i) {
+        auto q = Queue::open(qdir());
+        if (!r.check(!q.ok(), "opened a queue whose segment is a link")) return;
+      }
+    }));
+  }
+  // Each open takes milliseconds; a deadlock is for good.
+  for (auto& run : runs) finish_child(run, 20s);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <array>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
@@ -160,12 +161,24 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
     }
   }
+  // An open that fails closes `lock` first, then destroys its Impl here, still holding the
+  // gate. ~Impl's seal_if_last() then does nothing: it used to take the gate again while
+  // holding `lock` exclusively, after this released the gate, so that another opener that
+  // took the gate and waited for `lock` deadlocked with it (issue 48); and it sealed an
+  // index this open had not finished (a rebuild that failed), which the next opener then
+  // trusted, opening the queue without its messages.
   struct GateRelease {
     int fd;
+    std::unique_ptr<Impl>* failed;  // null once the Queue has it
     ~GateRelease() {
+      if (*failed) {
+        if ((*failed)->lock_fd >= 0) ::close(std::exchange((*failed)->lock_fd, -1));
+        failed->reset();
+        return;
+      }
       if (fd >= 0) ::flock(fd, LOCK_UN);
     }
-  } gate_release{impl->gate_fd};
+  } gate_release{impl->gate_fd, &impl};
 
   auto cfg = queue::read_config(dir, *impl->io);
   if (!cfg.ok() && cfg.status().code() == Code::kNotFound) {
