@@ -772,5 +772,83 @@ TEST_F(Hostile, OpenersOfAQueueThatFailsToOpenDoNotDeadlock) {
   for (auto& run : runs) finish_child(run, 20s);
 }
 
+// A FIFO planted as `name` in `segs` (a segments directory); the index beside it removed, so
+// that the next opener recovers the log and meets the FIFO.
+void plant_fifo(const std::string& segs, const std::string& name) {
+  ASSERT_EQ(::mkfifo((segs + "/" + name).c_str(), 0600), 0);
+  fs::remove(fs::path(segs).parent_path() / "index");
+}
+
+// issue 48: a FIFO planted as the last segment hung every opener (stats, send) in open(2),
+// waiting for a writer, while holding the gate: sends stayed blocked even after the FIFO
+// was removed. Now refused at once, naming the file.
+TEST_F(Hostile, AFifoPlantedAsASegmentIsRefusedAtOnce) {
+  fill(3);
+  plant_fifo(qdir() + "/segments", "00000000000000000009.seg");
+  in_child(
+      "opener",
+      [&](Report& r) {
+        auto t0 = std::chrono::steady_clock::now();
+        auto q = Queue::open(qdir());
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!r.check(!q.ok(), "opened a queue with a FIFO for a segment")) return;
+        r.check(q.status().message().find("00000000000000000009.seg is not a regular file") != std::string::npos,
+                q.status().to_string());
+        r.check(s < 5, "the refusal took " + std::to_string(s) + " s");
+      },
+      20s);
+  fs::remove(qdir() + "/segments/00000000000000000009.seg");
+  expect_at_least(3);
+}
+
+// issue 48: a FIFO planted in the dead-letter queue's segments: the receive that
+// dead-lettered opened the DLQ while holding this queue's index lock and hung there, and
+// every send and receive of this queue waited behind it. The DLQ is opened before the lock
+// now, and the FIFO refused: a sender meanwhile is never held up.
+TEST_F(Hostile, AFifoPlantedInTheDeadLetterQueueHoldsUpNoSend) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.visibility = Millis(1);
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->send("first").ok());
+    ASSERT_TRUE(q->receive(1).ok());
+    std::this_thread::sleep_for(5ms);
+    (void)q->receive(1);  // dead-letters "first": the DLQ exists
+    ASSERT_EQ(q->stats()->dead, 1u);
+    ASSERT_TRUE(q->send("poison").ok());
+    ASSERT_TRUE(q->receive(1).ok());  // its one delivery
+  }
+  plant_fifo(qdir() + "/dlq/segments", "00000000000000000009.seg");
+  const std::string receiving = dir_ / "receiving";
+  auto receiver = start_child("dead-lettering receiver", [&](Report& r) {
+    auto q = Queue::open(qdir(), o);
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    std::ofstream(receiving) << "x";
+    std::this_thread::sleep_for(5ms);  // the lease runs out
+    auto got = (*q)->receive(1);  // "poison", past max_receives: to the DLQ, which fails
+    r.check(!got.ok() && got.status().message().find("is not a regular file") != std::string::npos,
+            "the receive: " + (got.ok() ? std::string("ok") : got.status().to_string()));
+  });
+  auto sender = start_child("sender", [&](Report& r) {
+    if (!r.check(test::wait_for_file(receiving, 10s), "the receiver started")) return;
+    auto q = Queue::open(qdir(), o);
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    double worst = 0;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto id = (*q)->send("more");
+      worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (!r.check(id.ok(), "send: " + id.status().to_string())) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    r.info("the slowest of 20 sends beside a dead-lettering receive: " + std::to_string(worst) + " s");
+    r.check(worst < 2, "a send took " + std::to_string(worst) + " s");
+  });
+  finish_child(sender, 20s);
+  finish_child(receiver, 20s);
+}
+
 }  // namespace
 }  // namespace spool

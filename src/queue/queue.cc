@@ -707,6 +707,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     return Status(Code::kInvalidArgument, "visibility and wait must not be negative");
   }
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -773,6 +774,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -916,6 +918,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
+  q.open_dead_letters_early();
   uint64_t end;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));

@@ -32,10 +32,17 @@
 namespace spool::storage {
 namespace {
 
-// Whether the file is at least a segment header long and that header is all zeros.
+// Whether the file is at least a segment header long and that header is all zeros. Not a
+// FIFO planted under a segment's name: O_NONBLOCK so that opening it does not wait for a
+// writer (issue 48: every opener hung here, holding the gate), and then not a regular file.
 bool zero_header(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   uint8_t h[format::kSegmentHeaderSize] = {};
   const ssize_t n = ::pread(fd, h, sizeof h, 0);
   ::close(fd);
