@@ -156,6 +156,17 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   return {};
 }
 
+void Queue::Impl::open_dead_letters_early() {
+  {
+    sys::MutexLock lock(dlq_mu);
+    if (dlq) return;
+  }
+  // One that does not exist yet is made under the lock by the first bury(): empty, it
+  // has nothing to replay.
+  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) return;
+  (void)dead_letters();
+}
+
 auto Queue::Impl::dead_letters() -> Result<Queue*> {
   sys::MutexLock lock(dlq_mu);
   if (!dlq) {
@@ -164,7 +175,7 @@ auto Queue::Impl::dead_letters() -> Result<Queue*> {
     o.create = !read_only;
     o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
     o.io = io;
-    auto q = Queue::open(dir + "/dlq", o);
+    auto q = open_queue(dir + "/dlq", o, true);
     if (!q.ok()) return q.status();
     dlq = std::move(q).value();
   }

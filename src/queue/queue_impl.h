@@ -420,6 +420,16 @@ struct Queue::Impl {
       REQUIRES(idx);
 
   Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
+
+  // Opens the dead-letter queue, if it exists, before a call that may dead-letter takes the
+  // index lock: opened by bury() under the lock, its replay (or a file planted in it) held
+  // up every send and receive of this queue meanwhile (issue 48). An error is left for
+  // bury() to report, should it need the dead-letter queue.
+  void open_dead_letters_early() EXCLUDES(dlq_mu, idx);
+
+  // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
+  // refused if it is a link (docs/security.md, "Planted links").
+  static Result<std::unique_ptr<Queue>> open_queue(const std::string& dir, const QueueOptions& opts, bool nested);
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the
