@@ -157,14 +157,16 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
 }
 
 void Queue::Impl::open_dead_letters_early() {
-  {
-    sys::MutexLock lock(dlq_mu);
-    if (dlq) return;
-  }
+  if (dlq_open.load(std::memory_order_acquire)) return;
+  const uint64_t now = sys::boot_ns();
+  if (now < dlq_next_look.load(std::memory_order_relaxed)) return;
   // One that does not exist yet is made under the lock by the first bury(): empty, it
-  // has nothing to replay.
-  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) return;
-  (void)dead_letters();
+  // has nothing to replay. One made by another process meanwhile is found within a second.
+  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) {
+    dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
+    return;
+  }
+  if (!dead_letters().ok()) dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
 }
 
 auto Queue::Impl::dead_letters() -> Result<Queue*> {
@@ -178,6 +180,7 @@ auto Queue::Impl::dead_letters() -> Result<Queue*> {
     auto q = open_queue(dir + "/dlq", o, true);
     if (!q.ok()) return q.status();
     dlq = std::move(q).value();
+    dlq_open.store(true, std::memory_order_release);
   }
   return dlq.get();
 }
