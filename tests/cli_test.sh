@@ -983,6 +983,100 @@ t_work_payload_and_environment() {
   (((0x$mask & 0x1000) == 0)) || fail "SIGPIPE is ignored in the command (SigIgn $mask)"
 }
 
+# Issue 43: spool's options end at the command: `spool work q grep -v x` (no --) runs
+# `grep -v x`, whose -v used to be taken for spool's --verbose. Options of spool's before
+# the command, with values apart or attached, still count; -- still works.
+t_work_options_end_at_the_command() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q keep skip-x >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --max-messages 2 -j 1 --visibility=30s sh -c 'grep -v x >> out; true' 2>"$D/err"
+  eq "exit code of work" "$?" 0
+  eq "grep -v's output" "$(cat out)" "keep"
+  "$SPOOL" send q a >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q -j1 --max-messages 1 grep -c -v x >"$D/out" 2>"$D/err"
+  eq "exit code of work" "$?" 0
+  eq "grep -c -v x, a command's own flags" "$(cat "$D/out")" 1
+  grep -q "message 3" "$D/err" && fail "grep's -v was taken for spool's --verbose: $(cat "$D/err")"
+  "$SPOOL" send q b >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q -v --max-messages 1 -- cat >"$D/out" 2>"$D/err"
+  eq "exit code of work with --" "$?" 0
+  eq "cat's output" "$(cat "$D/out")" b
+}
+
+# Issue 43: the man page and docs/cli.md cannot fall behind the CLI. Every command that
+# `spool --help` lists (and every command of `spool dlq`) and every flag its own --help
+# shows must be named in docs/man/spool.1 (as roff writes it: \- for -) and in docs/cli.md.
+t_man_page_and_cli_md_name_every_command_and_flag() {
+  local man=${CLI_DOC%/cli.md}/man/spool.1 c f missing=()
+  [[ -r $man && -r $CLI_DOC ]] || { echo "# NOTE: $man or $CLI_DOC not found: not checked"; return 0; }
+  sed 's/\\-/-/g; s/\\f[BIRP]//g' "$man" >"$D/man.txt"
+  expect 0 "$SPOOL" --help
+  local -a cmds
+  mapfile -t cmds < <(sed -n '/^Subcommands:/,/^$/s/^  \([a-z]*\) .*/\1/p' "$D/out")
+  ((${#cmds[@]} > 10)) || fail "spool --help lists only ${#cmds[*]} commands"
+  expect 0 "$SPOOL" dlq --help
+  for c in $(sed -n '/^Subcommands:/,/^$/s/^  \([a-z]*\) .*/\1/p' "$D/out"); do cmds+=("dlq $c"); done
+  for c in "${cmds[@]}"; do
+    # shellcheck disable=SC2086
+    expect 0 "$SPOOL" $c --help
+    # The command's synopsis lines in spool.1 (".B dlq DIR list [-n N] ...") and its section
+    # of cli.md ("### spool dlq" up to the next "### ").
+    grep -E "^\.B ${c%% *} " "$D/man.txt" >"$D/head" || true
+    if [[ $c == *" "* ]]; then grep -F " ${c#* } " "$D/head" >"$D/head2"; mv "$D/head2" "$D/head"; fi
+    [[ -s $D/head ]] || missing+=("spool.1: command '$c'")
+    awk -v h="### spool ${c%% *}" '$0 == h { on = 1; next } /^### / { on = 0 } on' "$CLI_DOC" >"$D/section"
+    [[ -s $D/section ]] || missing+=("cli.md: command '$c'")
+    # Flags: the names at the start of each line of the Options section ("-j,--jobs N ...").
+    for f in $(sed -n '/^Options:/,/^$/s/^  \(-[^ ]*\).*/\1/p' "$D/out" | tr ',' ' '); do
+      case $f in -h | --help) continue ;; esac
+      grep -qF -- "$f" "$D/head" || missing+=("spool.1: $c $f")
+      grep -qF -- "$f" "$D/section" || missing+=("cli.md: $c $f")
+    done
+  done
+  ((${#missing[@]} == 0)) || fail "not documented: ${missing[*]}"
+}
+
+# Issue 43: `spool` alone and `spool help` list the commands (as git and redis-cli do);
+# `spool help CMD` is `spool CMD --help`.
+t_spool_alone_and_spool_help_list_the_commands() {
+  expect 64 "$SPOOL"
+  grep -q "work" "$D/err" && grep -q "Subcommands:" "$D/err" || fail "spool alone: $(cat "$D/err")"
+  expect 0 "$SPOOL" help
+  out_has "Subcommands:"
+  out_has "spool help COMMAND"
+  expect 0 "$SPOOL" help work
+  out_has "--max-runtime"
+  expect 64 "$SPOOL" help nosuch
+  grep -q "unknown command 'nosuch'" "$D/err" || fail "spool help nosuch: $(cat "$D/err")"
+}
+
+# Issue 43: `spool work -v` says why it exits, also when it is stopped while idle (a signal
+# with no command running used to exit without a word), and when --until-empty ends it.
+t_work_verbose_says_why_it_exits_when_idle() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  bg "$SPOOL" work q -v -- true 2>"$D/idle.err"
+  local pid=$BGPID
+  sleep 0.5
+  stop_work "$pid" TERM
+  grep -q "SIGTERM with no command running; exiting" "$D/idle.err" || fail "work -v stopped while idle said: $(cat "$D/idle.err")"
+  timeout 20 "$SPOOL" work q -v --until-empty --grace 200ms -- true 2>"$D/empty.err" || fail "work --until-empty failed"
+  grep -q "the queue has been empty for 0.2s; exiting" "$D/empty.err" || fail "work -v --until-empty said: $(cat "$D/empty.err")"
+}
+
+# Issue 43: list stops at -n N (default 100) and says, on stderr, how many it did not show.
+t_list_says_how_many_were_not_shown() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q a b c d e >/dev/null || fail "send"
+  expect 0 "$SPOOL" list q -n 2
+  eq "rows (header and 2)" "$(lines "$D/out")" 3
+  grep -q "2 of 5 messages shown; 3 more not shown (-n 5 shows all)" "$D/err" || fail "list -n 2 said: $(cat "$D/err")"
+  expect 0 "$SPOOL" list q -n 5
+  [[ -s $D/err ]] && fail "list of all said: $(cat "$D/err")"
+  expect 0 "$SPOOL" list q -n 1 --state delayed
+  [[ -s $D/err ]] && fail "list of no delayed message said: $(cat "$D/err")"
+  return 0
+}
+
 t_work_failure_nacks_with_backoff() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q bad >/dev/null || fail "send"
@@ -1911,6 +2005,11 @@ TESTS=(
   t_binary_roundtrip_json_base64
   t_send_lines
   t_bracketed_arguments_are_kept
+  t_work_options_end_at_the_command
+  t_man_page_and_cli_md_name_every_command_and_flag
+  t_spool_alone_and_spool_help_list_the_commands
+  t_work_verbose_says_why_it_exits_when_idle
+  t_list_says_how_many_were_not_shown
   t_too_large_exit_1
   t_io_errors_exit_1
   t_send_delay

@@ -46,6 +46,11 @@ Command add_stats(CLI::App& app);
 Command add_replay(CLI::App& app);
 std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
 Command add_work(CLI::App& app);
+// `spool work DIR [OPTIONS] CMD ARGS...`: spool's options end at CMD, so CMD's own options
+// (`grep -v x`) are CMD's. Puts "--" before CMD in `args` (argv as given; args[1] is
+// "work") unless the user wrote one; `work` is the subcommand add_work made, whose options
+// tell which flags take a value.
+void end_work_options_at_command(CLI::App& work, std::vector<std::string>& args);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
 
 // What the commands share.
