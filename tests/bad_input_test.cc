@@ -345,7 +345,7 @@ TEST_F(AsNobody, CliOnAQueueTheUserMayNotWriteSaysReadOnly) {
 // be rebuilt: the open must fail with an error that names the index (an open that succeeds
 // fails the test), never crash. Once nobody is attached, the index is only a cache
 // (docs/durability.md) and the directory's write permission is the access control
-// (PRODUCT.md 4a): the next opener rebuilds it and the queue works, losing nothing.
+// (docs/security.md): the next opener rebuilds it and the queue works, losing nothing.
 TEST_F(AsNobody, WritableDirectoryWithAnIndexTheUserMayNotWriteIsAClearError) {
   if (std::getenv("SPOOL_KNOWN_BUG_OPEN_FAIL_SEGV") != nullptr) {
     std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_OPEN_FAIL_SEGV: Queue::open crashes (SIGSEGV in "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Queues and more than one user (PRODUCT.md §4a, docs/security.md "Who may do what"): a
+# Queues and more than one user (docs/security.md, "Who may do what"): a
 # queue a group shares stays usable by every member whoever rebuilds its index, rolls its
 # segments or makes its dead-letter queue, whatever their umask; a user who may only read a
 # queue cannot stop its writers by locking its files. The users are real: this test creates
