@@ -3,7 +3,7 @@
 // is docs/cli.md.
 //
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
-// receipt); 64 usage error; 75 pull --once stopped by a full queue; 1 any other error.
+// receipt); 64 usage error; 75 a full queue (try again later); 1 any other error.
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -32,7 +32,7 @@ Examples:
 'spool help COMMAND' (or 'spool COMMAND --help') shows a command's flags.
 Durations: 500ms, 30s, 5m, 2h, or a plain number of seconds. Sizes: 4096, 64K, 64M, 1G.
 Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 usage error,
-75 pull --once stopped by a full queue (try again later), 1 any other error. See docs/cli.md.)";
+75 queue full (try again later), 1 any other error. See docs/cli.md.)";
 
 int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
@@ -51,10 +51,12 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   commands.push_back(add_work(app));
   for (auto& c : add_nats_commands(app)) commands.push_back(std::move(c));
 
-  // `spool` alone lists the commands (on stderr: it is still a usage error), as git and
-  // redis-cli do; `spool help` is `spool --help`, `spool help CMD` is `spool CMD --help`.
+  // `spool` alone lists the commands, as git does (on stdout; the error is still one line on
+  // stderr, and exit 64); `spool help` is `spool --help`, `spool help CMD` is `spool CMD --help`.
   if (argc == 1) {
-    std::fprintf(stderr, "%s", app.help().c_str());
+    std::printf("%s", app.help().c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "spool: a command is required (the commands are listed above; 'spool help COMMAND' shows one's flags)\n");
     return kExitUsage;
   }
   std::vector<char*> help_argv;

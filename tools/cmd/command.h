@@ -22,6 +22,9 @@ inline constexpr int kExitError = 1;
 inline constexpr int kExitEmpty = 2;
 inline constexpr int kExitLeaseLost = 3;
 inline constexpr int kExitUsage = 64;
+// A full queue (back-pressure limits): EX_TEMPFAIL, try again later; the same on every
+// command, as pull --once has it.
+inline constexpr int kExitTryLater = 75;
 
 // A flag value found wrong after parsing: "spool: MESSAGE" on stderr, exit kExitUsage.
 struct UsageError {
