@@ -680,3 +680,19 @@ def test_long_poll_leaves_the_gil_to_other_threads(qdir):
         t.join(5)
         assert not t.is_alive() and [m.text for m in received] == ["wake"]
         assert time.monotonic() - sent < 2.5
+
+
+# ------------------------------------------------------------------ issue 43: what users of the peers expect
+
+def test_version_repr_and_len(qdir):
+    assert spool.__version__ == "0.1.0" and "__version__" in spool.__all__
+    with spool.Queue(qdir) as q:
+        assert repr(q) == f"<spool.Queue {str(qdir)!r} open>"
+        assert len(q) == 0 and q  # an empty queue is still true
+        q.send("a")
+        q.send("b")
+        (m,) = q.receive()
+        assert len(q) == 2  # one ready, one in flight
+        m.ack()
+        assert len(q) == 1
+    assert repr(q).endswith(" closed>")
