@@ -131,11 +131,11 @@ const fuse_lowlevel_ops kOps = [] {
 void usage(FILE* out) {
   std::fprintf(
       out,
-      "usage: spoolfs QUEUE_DIR MOUNTPOINT [-o OPT[,OPT...]] [--limit N] [-f] [-d]\n"
+      "usage: spoolfs QUEUE_DIR MOUNTPOINT [-o OPT[,OPT...]] [--limit N] [--log FILE] [-f] [-d]\n"
       "       spoolfs --root DIR MOUNTPOINT [...]\n"
       "\n"
       "Mounts the spool queue in QUEUE_DIR (it must exist: spool init QUEUE_DIR) as a\n"
-      "directory: ls lists messages, cat receives one, rm acks it, touch extends its\n"
+      "directory on MOUNTPOINT (an empty directory, else refused): ls lists messages, cat receives one, rm acks it, touch extends its\n"
       "lease, and a file written and closed in it is sent. .dlq holds the dead letters.\n"
       "Reading .next waits for a message and receives it: its id on the first line, then\n"
       "the payload (rm MOUNTPOINT/ID acks it). .stats follows changes under tail -f.\n"
@@ -250,6 +250,18 @@ int parse_args(int argc, char** argv, Options* o) {
   return -1;
 }
 
+// Whether the directory `dir` holds no entry but . and .. (true if it cannot be read).
+bool dir_is_empty(const std::string& dir) {
+  bool empty = true;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+    }
+    ::closedir(d);
+  }
+  return empty;
+}
+
 // Checks the queue before mounting, so that mistakes are reported here and not by a
 // daemon. The Queue is closed again: it must not be used across the fork of
 // fuse_daemonize. Returns false (having said why) if it cannot be mounted.
@@ -260,14 +272,7 @@ bool check_queue(const std::string& dir) {
   if (q.ok()) return true;
   if (q.status().code() == Code::kNotAQueue) {
     // spool init makes a queue only in an empty or new directory: suggest it only there.
-    bool empty = true;
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
-      }
-      ::closedir(d);
-    }
-    if (empty) {
+    if (dir_is_empty(dir)) {
       std::fprintf(stderr, "spoolfs: %s; spoolfs never creates a queue: create one with 'spool init %s'\n",
                    q.status().message().c_str(), dir.c_str());
     } else {
@@ -325,6 +330,12 @@ int serve(fuse_session* se, Mount& mount, const Options& o) {
     return std::fprintf(stderr, "spoolfs: %s\n", error.c_str()), 1;
   }
   if (!notice.empty()) std::fprintf(stderr, "spoolfs: %s\n", notice.c_str());
+  // Mounted over, its files would be hidden while the mount lasts (and a user would think
+  // them sent or lost): an empty directory, as the usage says.
+  if (!dir_is_empty(o.mountpoint)) {
+    return std::fprintf(stderr, "spoolfs: %s is not empty: its files would be hidden while mounted; mount on an "
+                                "empty directory\n", o.mountpoint.c_str()), 1;
+  }
   if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     std::fprintf(stderr,
                  "spoolfs: cannot mount on %s (see the message above; is /dev/fuse "

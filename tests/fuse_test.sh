@@ -804,9 +804,23 @@ t_spool_mount_runs_spoolfs() {
   mountpoint -q "$M" || fail "not mounted when spool mount returned"
   for i in 1 2 3 4 5 6 7; do echo "m$i" >"$M/new$i"; done
   wait_for 10 count_is "$M" 5  # the --limit after -- reached spoolfs
-  fusermount3 -u "$M" || fail "fusermount3 -u failed"
+  "$SPOOL" umount "$M" || fail "spool umount failed"  # issue 43
+  not_mounted "$M" || fail "still mounted after spool umount"
   "$SPOOL" mount "$D/nope" "$M" 2>"$D/err2" && fail "mounted a missing queue"
   grep -q "nope" "$D/err2" || fail "the error does not name the queue: $(cat "$D/err2")"
+  # Issue 43: a non-empty mount point is refused, as the usage says (its files would hide).
+  mkdir -p "$D/full" && echo keep >"$D/full/file"
+  MNTS+=("$D/full")
+  "$SPOOL" mount "$D/q" "$D/full" 2>"$D/err3" && fail "mounted over a non-empty directory"
+  grep -q "is not empty" "$D/err3" || fail "the refusal says: $(cat "$D/err3")"
+  # --root and --log are spool mount's own flags (listed in its --help).
+  mkdir -p "$D/root" "$D/mnt-root"
+  MNTS+=("$D/mnt-root")
+  new_queue "$D/root/a"
+  "$SPOOL" mount "$D/root" "$D/mnt-root" --root --log "$D/root.log" 2>"$D/err4" ||
+    fail "spool mount --root failed: $(cat "$D/err4")"
+  eq "queues under spool mount --root" "$(queues "$D/mnt-root")" "a "
+  "$SPOOL" umount "$D/mnt-root" || fail "spool umount of the --root mount failed"
 }
 
 # Issue 24: spoolfs (and spool mount, which runs it) on a mount point that already holds a
