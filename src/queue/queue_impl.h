@@ -48,7 +48,7 @@ using index::State;
 using storage::Pos;
 using storage::Record;
 
-inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits (PITFALLS §1)
+inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits: a missed wake costs at most this
 // How often lock holders look for dead lease owners, and how long a long poll sleeps at
 // most while any process binds its leases: together they bound how late a dead worker's
 // leases come back.
@@ -279,7 +279,7 @@ struct Queue::Impl {
   Clocks clocks() REQUIRES(idx);
   uint64_t boot_seen GUARDED_BY(idx) = 0;  // the boot time clocks() read last (restatement())
 
-  // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
+  // A full disk must not stop a queue from draining (docs/durability.md). Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
   // that drain it (LEASE, ACK), plus a checkpoint for compaction. Before a send or a
   // compaction copy writes `bytes` of records that would eat into that room, more spares
