@@ -49,6 +49,8 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   for (auto& c : add_admin_commands(app)) commands.push_back(std::move(c));
   commands.push_back(add_work(app));
   for (auto& c : add_nats_commands(app)) commands.push_back(std::move(c));
+  for (auto& c : add_ops_commands(app)) commands.push_back(std::move(c));
+  commands.push_back(add_top(app));
 
   // An unknown command is named (CLI11 would only say that a subcommand is required).
   bool known_command = true;

@@ -409,6 +409,10 @@ struct Queue::Impl {
       REQUIRES(idx);
 
   Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
+
+  // receive_id(): message `id` leased for `vis` ns. A paused queue delivers nothing
+  // (kEmpty) unless `even_paused` (a move: the operator's own action).
+  Result<Message> receive_one(uint64_t id, uint64_t vis, bool even_paused);
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the

@@ -197,6 +197,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   x.dedup_clear();
   x.kept_clear();
   h.purged_through = 0;
+  h.paused = 0;
   h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
   queue::ReplayClock clock(h, queue::read_clocks(h));
   // Compaction copies of messages already in `x`, by id: not yet followed by a LEASE or

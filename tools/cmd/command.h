@@ -47,6 +47,8 @@ Command add_replay(CLI::App& app);
 std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
 Command add_work(CLI::App& app);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
+std::vector<Command> add_ops_commands(CLI::App& app);   // pause resume release move
+Command add_top(CLI::App& app);
 
 // What the commands share.
 void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every command takes
