@@ -261,7 +261,7 @@ void Top::draw() {
   attron(A_REVERSE);
   mvprintw(1, 0, "%-*s", w, header().c_str());
   attroff(A_REVERSE);
-  const int detail_lines = detail_ ? 20 : 0;
+  const int detail_lines = detail_ ? std::min(20, h / 2) : 0;
   const int list_h = std::max(1, h - 3 - detail_lines);
   if (sel_ < first_) first_ = sel_;
   if (sel_ >= first_ + static_cast<size_t>(list_h)) first_ = sel_ - static_cast<size_t>(list_h) + 1;
@@ -274,7 +274,7 @@ void Top::draw() {
   if (detail_ && !v.empty()) {
     const Row& r = *v[sel_];
     int y = 2 + list_h;
-    mvhline(y++, 0, ACS_HLINE, w);
+    mvhline(y++, 0, '-', w);  // (not ACS_HLINE: terminals without line drawing show it as 'q')
     std::string text = r.error.empty() ? cli::human_stats(r.dir, r.st, nullptr, 0) : r.dir + ": " + r.error + "\n";
     char rates[128];
     std::snprintf(rates, sizeof rates, "rates          send %.0f/s, ack %.0f/s\n", r.send_rate, r.ack_rate);
