@@ -88,7 +88,8 @@ t_help_and_version() {
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull; do
+  for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull \
+           pause resume release move top; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples
