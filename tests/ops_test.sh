@@ -190,6 +190,11 @@ t_top_in_tmux() {
   seq 1 7 | "$SPOOL" send roots/beta --lines >/dev/null || fail "send"
   "$SPOOL" recv roots/beta -n 3 --visibility 1h >/dev/null 2>&1 || fail "recv"
   "$SPOOL" send roots/team/gamma --delay 1h later >/dev/null || fail "send"
+  # delta: one dead letter (max_receives 1, its lease ran out, received again).
+  "$SPOOL" init roots/delta --max-receives 1 && "$SPOOL" send roots/delta doomed >/dev/null || fail "delta"
+  "$SPOOL" recv roots/delta --visibility 1ms >/dev/null 2>&1 && sleep 0.1 || fail "recv delta"
+  "$SPOOL" recv roots/delta >/dev/null 2>&1
+  [[ $(stat_of dead roots/delta) == 1 ]] || fail "delta has no dead letter"
   # A small load on gamma: a message sent and acked every 50 ms.
   bg bash -c "while :; do \"$SPOOL\" send roots/team/gamma x >/dev/null; \"$SPOOL\" recv roots/team/gamma >/dev/null 2>r && \"$SPOOL\" ack roots/team/gamma \$(sed -n 's/^receipt: //p' r); sleep 0.05; done"
   local sock="$D/tmux.sock"
@@ -203,7 +208,8 @@ t_top_in_tmux() {
   wait_for 10 shows '^alpha +run +25 +0 +0 +0 '
   wait_for 10 shows '^beta +run +4 +3 +0 +0 '
   wait_for 10 shows '^team/gamma +run +[0-9]+ +[0-9]+ +1 +0 +[0-9]+ +[1-9][0-9]* '
-  shows '3 queues' || fail "header: $(cat screen.txt)"
+  wait_for 10 shows '^delta +run +0 +0 +0 +1 '
+  shows '4 queues' || fail "header: $(cat screen.txt)"
   # The selection starts on the first line (alpha, by name); p pauses it.
   tmux -S "$sock" send-keys p
   wait_for 10 shows '^alpha +paused +25 '
@@ -213,10 +219,22 @@ t_top_in_tmux() {
   tmux -S "$sock" send-keys / b e t Enter
   wait_for 10 bash -c "tmux -S '$sock' capture-pane -p | grep -q '1 queues'"
   tmux -S "$sock" send-keys / Escape
-  wait_for 10 shows '3 queues'
+  wait_for 10 shows '4 queues'
   tmux -S "$sock" send-keys r
   wait_for 10 shows '^alpha +run +25 '
   [[ $(stat_of paused roots/alpha) == false ]] || fail "r did not resume alpha"
+  # d on delta (third by name) asks first: n changes nothing, y redrives its dead letter.
+  tmux -S "$sock" send-keys Down Down d
+  wait_for 10 shows 'Redrive the 1 dead letters of delta'
+  tmux -S "$sock" send-keys n
+  wait_for 10 shows 'redrive cancelled'
+  [[ $(stat_of dead roots/delta) == 1 ]] || fail "n redrove"
+  tmux -S "$sock" send-keys d
+  wait_for 10 shows 'Redrive the 1 dead letters of delta'
+  tmux -S "$sock" send-keys y
+  wait_for 10 shows '^delta +run +1 +0 +0 +0 '
+  [[ $(stat_of dead roots/delta) == 0 && $(stat_of ready roots/delta) == 1 ]] || fail "y did not redrive"
+  tmux -S "$sock" send-keys Up Up
   # The detail pane of the selected queue.
   tmux -S "$sock" send-keys Enter
   wait_for 10 shows "^queue +$D/roots/alpha"
