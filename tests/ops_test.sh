@@ -197,6 +197,13 @@ t_top_in_tmux() {
   [[ $(stat_of dead roots/delta) == 1 ]] || fail "delta has no dead letter"
   # A small load on gamma: a message sent and acked every 50 ms.
   bg bash -c "while :; do \"$SPOOL\" send roots/team/gamma x >/dev/null; \"$SPOOL\" recv roots/team/gamma >/dev/null 2>r && \"$SPOOL\" ack roots/team/gamma \$(sed -n 's/^receipt: //p' r); sleep 0.05; done"
+  # Without a terminal: --once prints the table; bad roots are refused.
+  expect 0 "$SPOOL" top roots --once
+  grep -qE '^team/gamma +run ' "$D/out" || fail "top --once: $(cat "$D/out")"
+  expect 1 "$SPOOL" top roots nowhere --once
+  err_has "nowhere is no directory"
+  expect 64 "$SPOOL" top roots
+  err_has "needs a terminal"
   local sock="$D/tmux.sock"
   tmux -S "$sock" -f /dev/null new-session -d -x 160 -y 40 \
     "TERM=xterm \"$SPOOL\" top \"$D/roots\" --interval 300ms; echo top exited \$?; sleep 30" 2>tmux.err ||

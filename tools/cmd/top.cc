@@ -371,7 +371,7 @@ void Top::act(int key) {
 
 int Top::run() {
   if (::isatty(0) == 0 || ::isatty(1) == 0) {
-    throw UsageError{"spool top needs a terminal on stdin and stdout (for a table on stdout: spool top --once)"};
+    throw UsageError{"top needs a terminal on stdin and stdout (for a table on stdout: spool top --once)"};
   }
   discover();
   sample();
@@ -426,7 +426,15 @@ Command add_top(CLI::App& app) {
                   at = end + 1;
                 }
               }
-              if (a->roots.empty()) throw UsageError{"spool top: give a ROOT or set SPOOL_ROOTS"};
+              if (a->roots.empty()) throw UsageError{"top: give a ROOT or set SPOOL_ROOTS"};
+              for (const auto& root : a->roots) {
+                struct stat st {};
+                if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+                  std::fprintf(stderr, "spool: top: %s is no directory (a root is a queue or a directory of queues)\n",
+                               root.c_str());
+                  return kExitError;
+                }
+              }
               if (a->depth < 0 || a->depth > 16) throw UsageError{"--depth must be 0 to 16"};
               const Millis interval = duration_arg("--interval", a->interval);
               if (interval.count() < 50) throw UsageError{"--interval must be at least 50ms"};
