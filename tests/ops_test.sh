@@ -176,6 +176,21 @@ t_move_ids_and_dead_letters() {
   err_has "same queue"
 }
 
+# A move takes the messages sent before it began: with a producer that keeps the source
+# full, it still ends.
+t_move_ends_while_a_producer_sends() {
+  "$SPOOL" init src --max-ready 2000 || fail "init"
+  "$SPOOL" init dst || fail "init"
+  bg bash -c "seq 1 200000 | \"$SPOOL\" send src --lines --batch 100 --wait 60s >/dev/null 2>&1"
+  wait_for 10 bash -c "[[ \$(\"$SPOOL\" stats src --json | sed -n 's/.*\"ready\":\([0-9]*\).*/\1/p') -ge 1500 ]]"
+  timeout 30 "$SPOOL" move src dst --json >move.out 2>move.err
+  local rc=$?
+  [[ $rc == 0 ]] || fail "the move did not end (exit $rc): $(cat move.err)"
+  local moved
+  moved=$(sed -n 's/.*"moved":\([0-9]*\).*/\1/p' move.out)
+  ((moved >= 1500 && moved <= 2100)) || fail "moved $moved, want the ~2000 there at the start"
+}
+
 # spool top in a real terminal: the lines and counts of several queues under load, then p
 # on one pauses it, r resumes it.
 t_top_in_tmux() {
@@ -256,6 +271,7 @@ TESTS=(
   t_release_by_id
   t_move_exactly_once_across_kill9
   t_move_ids_and_dead_letters
+  t_move_ends_while_a_producer_sends
   t_top_in_tmux
 )
 

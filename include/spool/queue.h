@@ -380,7 +380,7 @@ class Queue {
   // guarantee holds while the rerun comes within dst's dedup_window (default 5 min).
   // A message past max_receives is dead-lettered by the lease instead of moved.
   struct MoveOptions {
-    std::vector<uint64_t> ids = {};  // these messages (ids here); empty: the ready ones, lowest id first
+    std::vector<uint64_t> ids = {};  // these messages (ids here); empty: the ready ones sent before the call, lowest id first
     uint64_t max = UINT64_MAX;      // at most this many
   };
   struct MoveResult {

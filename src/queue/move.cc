@@ -94,9 +94,14 @@ Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) {
     if (Status s = move_batch(batch); !s.ok()) return s;
     return res;
   }
+  // The messages sent before the move began: with a producer still sending, a move ends.
+  auto at_start = stats();
+  if (!at_start.ok()) return at_start.status();
+  const uint64_t below = at_start->next_id;
   while (res.moved < opts.max) {
     auto ready = list(std::min<uint64_t>(kMoveBatch, opts.max - res.moved), StateFilter::only(MessageState::kReady));
     if (!ready.ok()) return ready.status();
+    std::erase_if(*ready, [&](const MessageInfo& m) { return m.id >= below; });
     if (ready->empty()) break;
     for (const MessageInfo& info : *ready) {
       auto t = take(info.id, false);  // another receiver may have taken it since
