@@ -156,6 +156,19 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   return {};
 }
 
+void Queue::Impl::open_dead_letters_early() {
+  if (dlq_open.load(std::memory_order_acquire)) return;
+  const uint64_t now = sys::boot_ns();
+  if (now < dlq_next_look.load(std::memory_order_relaxed)) return;
+  // One that does not exist yet is made under the lock by the first bury(): empty, it
+  // has nothing to replay. One made by another process meanwhile is found within a second.
+  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) {
+    dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
+    return;
+  }
+  if (!dead_letters().ok()) dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
+}
+
 auto Queue::Impl::dead_letters() -> Result<Queue*> {
   sys::MutexLock lock(dlq_mu);
   if (!dlq) {
@@ -164,9 +177,10 @@ auto Queue::Impl::dead_letters() -> Result<Queue*> {
     o.create = !read_only;
     o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
     o.io = io;
-    auto q = Queue::open(dir + "/dlq", o);
+    auto q = open_queue(dir + "/dlq", o, true);
     if (!q.ok()) return q.status();
     dlq = std::move(q).value();
+    dlq_open.store(true, std::memory_order_release);
   }
   return dlq.get();
 }

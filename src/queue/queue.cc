@@ -11,10 +11,12 @@
 #include <array>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "queue/apply.h"
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
+#include "sys/no_follow.h"
 
 namespace spool {
 
@@ -43,8 +45,9 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 namespace {
 
 // The mode and group a new queue was asked for (QueueOptions::mode, group), given to its
-// directory: the group first (a chown may clear set-group-ID), then the mode.
-Status share_dir(const std::string& dir, const QueueOptions& opts) {
+// directory, open at `dir_fd` (sys::open_dir): the group first (a chown may clear
+// set-group-ID), then the mode, both through the descriptor, never by path.
+Status share_dir(int dir_fd, const std::string& dir, const QueueOptions& opts) {
   if (opts.mode > 0777 || (opts.mode != 0 && (opts.mode & 0600) != 0600)) {
     char m[16];
     std::snprintf(m, sizeof m, "%04o", opts.mode);
@@ -52,14 +55,14 @@ Status share_dir(const std::string& dir, const QueueOptions& opts) {
                                               " is not a queue's file mode: it must be at most 0777 and let the "
                                               "owner read and write (0600 at least)");
   }
-  if (opts.group >= 0 && ::chown(dir.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(opts.group)) != 0) {
+  if (opts.group >= 0 && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(opts.group), 0) != 0) {
     return errno_status(errno, "give " + dir + " to group " + std::to_string(opts.group));
   }
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  if (::fstat(dir_fd, &st) != 0) return errno_status(errno, "open queue " + dir);
   const mode_t files = opts.mode != 0 ? static_cast<mode_t>(opts.mode) : (st.st_mode & 0666);
   const mode_t want = sys::dir_mode_for(files);
-  if ((st.st_mode & 07777) != want && ::chmod(dir.c_str(), want) != 0) {
+  if ((st.st_mode & 07777) != want && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(-1), want) != 0) {
     return errno_status(errno, "set the mode of " + dir);
   }
   return {};
@@ -81,7 +84,12 @@ bool has_foreign_files(const std::string& dir) {
 
 }  // namespace
 
-Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const QueueOptions& opts) {
+Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir, const QueueOptions& opts) {
+  return Impl::open_queue(dir, opts, false);
+}
+
+Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in, const QueueOptions& opts,
+                                                       bool nested) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
@@ -90,12 +98,33 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
+  // A link at the directory's last component is followed only to a queue that exists and
+  // that the caller named: never to a dead-letter queue (`nested`: a link planted there by
+  // whoever may write the queue would have its users, root too, read, fill and re-mode the
+  // link's target), nor to make a queue (spool init through another user's link).
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  sys::Fd dir_fd = sys::open_dir(dir, false, &st);
+  bool follow = false;
+  if (!dir_fd.ok() && errno == ELOOP && !nested) {
+    if (opts.create && ::access((dir + "/spool.conf").c_str(), F_OK) != 0) {
+      return Status(Code::kCorrupt, dir + " is a symbolic link; spool makes a queue only in a directory itself, "
+                                          "never through a link (give the link's target)");
+    }
+    follow = true;
+    dir_fd = sys::open_dir(dir, true, &st);
+  }
+  if (!dir_fd.ok()) {
     if (errno == ENOENT) return Status(Code::kNotAQueue, dir + ": no such queue");
+    if (nested) return sys::queue_dir_error(errno, "open queue", dir);
+    if (errno == ENOTDIR) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
     return errno_status(errno, "open queue " + dir);
   }
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
+  // Paths are used from here on: a link swapped in for the directory meanwhile is caught at
+  // the end (still_names).
+  const auto replaced = [&] {
+    return Status(Code::kCorrupt, dir + " was replaced while it was being opened (by a link or another "
+                                        "directory); open it again");
+  };
   impl->read_only = ::access(dir.c_str(), W_OK) != 0;
 
   // Leave nothing behind in a directory that is not a queue and will not become one.
@@ -117,8 +146,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       // Settings first: a refused creation must not have changed the directory.
       QueueOptions checked = opts;
       if (Status s = queue::validate(checked, ""); !s.ok()) return s;
-      if (Status s = share_dir(dir, opts); !s.ok()) return s;
-      if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+      if (Status s = share_dir(dir_fd.get(), dir, opts); !s.ok()) return s;
+      if (::fstat(dir_fd.get(), &st) != 0) return errno_status(errno, "open queue " + dir);
     }
   }
   impl->modes = sys::modes_for(st.st_mode);
@@ -131,12 +160,24 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
     }
   }
+  // An open that fails closes `lock` first, then destroys its Impl here, still holding the
+  // gate. ~Impl's seal_if_last() then does nothing: it used to take the gate again while
+  // holding `lock` exclusively, after this released the gate, so that another opener that
+  // took the gate and waited for `lock` deadlocked with it (issue 48); and it sealed an
+  // index this open had not finished (a rebuild that failed), which the next opener then
+  // trusted, opening the queue without its messages.
   struct GateRelease {
     int fd;
+    std::unique_ptr<Impl>* failed;  // null once the Queue has it
     ~GateRelease() {
+      if (*failed) {
+        if ((*failed)->lock_fd >= 0) ::close(std::exchange((*failed)->lock_fd, -1));
+        failed->reset();
+        return;
+      }
       if (fd >= 0) ::flock(fd, LOCK_UN);
     }
-  } gate_release{impl->gate_fd};
+  } gate_release{impl->gate_fd, &impl};
 
   auto cfg = queue::read_config(dir, *impl->io);
   if (!cfg.ok() && cfg.status().code() == Code::kNotFound) {
@@ -183,6 +224,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
     SPOOL_LOCK_OR_RETURN(held, *impl, lock_to_change());
     if (Status s = impl->rebuild(); !s.ok()) return s;
+    if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
 
@@ -234,6 +276,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
+  if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 
@@ -624,6 +667,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     return Status(Code::kInvalidArgument, "visibility and wait must not be negative");
   }
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -701,6 +745,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -839,6 +884,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
+  q.open_dead_letters_early();
   uint64_t end;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));

@@ -421,6 +421,21 @@ struct Queue::Impl {
 
   Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
 
+  // Opens the dead-letter queue, if it exists, before a call that may dead-letter takes the
+  // index lock: opened by bury() under the lock, its replay (or a file planted in it) held
+  // up every send and receive of this queue meanwhile (issue 48). An error is left for
+  // bury() to report, should it need the dead-letter queue.
+  void open_dead_letters_early() EXCLUDES(dlq_mu, idx);
+  // Set once the DLQ is open (a receive then takes no mutex), and when a look found none,
+  // the boot time before which the next receive does not look again (a stat per receive
+  // of a queue without a DLQ cost a system call on the hot path).
+  std::atomic<bool> dlq_open{false};
+  std::atomic<uint64_t> dlq_next_look{0};
+
+  // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
+  // refused if it is a link (docs/security.md, "Planted links").
+  static Result<std::unique_ptr<Queue>> open_queue(const std::string& dir, const QueueOptions& opts, bool nested);
+
   // receive_id(): message `id` leased for `vis` ns. A paused queue delivers nothing
   // (kEmpty) unless `even_paused` (a move: the operator's own action).
   Result<Message> receive_one(uint64_t id, uint64_t vis, bool even_paused);

@@ -20,6 +20,7 @@
 #include "logging.h"
 #include "sys/clock.h"
 #include "sys/mapping.h"
+#include "sys/no_follow.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14 (uapi asm-generic/mman-common.h)
@@ -31,10 +32,17 @@
 namespace spool::storage {
 namespace {
 
-// Whether the file is at least a segment header long and that header is all zeros.
+// Whether the file is at least a segment header long and that header is all zeros. Not a
+// FIFO planted under a segment's name: O_NONBLOCK so that opening it does not wait for a
+// writer (issue 48: every opener hung here, holding the gate), and then not a regular file.
 bool zero_header(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   uint8_t h[format::kSegmentHeaderSize] = {};
   const ssize_t n = ::pread(fd, h, sizeof h, 0);
   ::close(fd);
@@ -119,16 +127,20 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
     return Status(Code::kInvalidArgument, "segment size " + std::to_string(opts.segment_size) +
                                               " is more than a 32-bit process can map (less than 2 GiB)");
   }
+  bool made = false;
   if (!opts.read_only) {
-    if (::mkdir(dir.c_str(), 0777) == 0) {
-      if (opts.dir_mode != 0 && ::chmod(dir.c_str(), opts.dir_mode) != 0) return errno_status(errno, "set the mode of " + dir);
-    } else if (errno != EEXIST) {
-      return errno_status(errno, "create " + dir);
-    }
+    made = ::mkdir(dir.c_str(), 0777) == 0;
+    if (!made && errno != EEXIST) return errno_status(errno, "create " + dir);
   }
+  // Never through a link: one planted as a queue's segments directory (by whoever may write
+  // the queue) would have a purge or compaction by another user, root say, empty the
+  // queue it points at (docs/security.md, "Planted links").
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open log directory " + dir);
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory");
+  sys::Fd dir_fd = sys::open_dir(dir, false, &st);
+  if (!dir_fd.ok()) return sys::queue_dir_error(errno, "open log directory", dir);
+  if (made && opts.dir_mode != 0 && sys::set_dir_owner_mode(dir_fd.get(), static_cast<gid_t>(-1), opts.dir_mode) != 0) {
+    return errno_status(errno, "set the mode of " + dir);
+  }
   bool mapped = false;
   if (!opts.read_only && opts.io->maps_writes()) {
     std::string fs;

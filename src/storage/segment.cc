@@ -183,7 +183,10 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   seg->path_ = path;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return errno_status(errno, "stat " + path);
-  if (!S_ISREG(st.st_mode)) return Status(Code::kNotAQueue, path + ": not a regular file");
+  if (!S_ISREG(st.st_mode)) {
+    return Status(Code::kCorrupt, path + " is not a regular file; spool keeps only regular files in a queue's "
+                                         "segments directory (remove it)");
+  }
   uint8_t h[kSegmentHeaderSize];
   ssize_t n = ::pread(fd, h, sizeof h, 0);
   if (n < 0) return errno_status(errno, "read " + path);
