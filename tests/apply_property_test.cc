@@ -2,7 +2,7 @@
 // takes, the index the live calls leave and the index a replay of the log makes are the same,
 // field by field. Each test drives random streams (sends with and without groups,
 // priorities, dedup ids and delays; receives, acks, nacks, extends, dead letters, removes,
-// purges, compactions), then deletes the index and lets the next open rebuild it from the log,
+// purges, compactions, pauses and resumes, releases by id), then deletes the index and lets the next open rebuild it from the log,
 // and compares the two. One does so after a kill -9 of the process that ran the stream, at a
 // random point.
 #include <gtest/gtest.h>
@@ -92,7 +92,7 @@ Snapshot snapshot(const std::string& qdir, const std::set<std::string>& dedup_id
               {"acked_total", h.acked_total}, {"dead_total", h.dead_total},
               {"expired_total", h.expired_total}, {"nacked_total", h.nacked_total},
               {"bytes_live", h.bytes_live}, {"log_end", h.log_end},
-              {"sent_through", h.sent_through.load()}};
+              {"sent_through", h.sent_through.load()}, {"paused", h.paused}};
   // The kept-acked buckets by their sums: an ACK record stores no time, so replay files it
   // under the time of the record before it, which may fall in the next bucket.
   uint64_t kept_acks = 0, kept_bytes = 0, kept_min_seq = UINT64_MAX;
@@ -196,8 +196,12 @@ void run_stream(Queue& q, uint32_t seed, int n) {
       } else {
         (void)q.dead_letter(m.receipt, {{"why", "test"}});
       }
-    } else if (op < 94) {
+    } else if (op < 92) {
       (void)q.remove(1 + rng() % 400);
+    } else if (op < 93) {  // an operator's pause or resume (issue 44)
+      (void)(pick(2) == 0 ? q.pause() : q.resume());
+    } else if (op < 94) {  // an operator's release of a lease by id
+      (void)q.release(1 + rng() % 400);
     } else if (op < 95) {
       (void)q.purge();
     } else {

@@ -27,24 +27,6 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- helpers (used in tests)
 
-# run CMD...: runs it with stdout in $D/out, stderr in $D/err, exit code in RC.
-run() {
-  "$@" >"$D/out" 2>"$D/err"
-  RC=$?
-}
-
-# expect CODE CMD...: run, then fail unless the exit code is CODE.
-expect() {
-  local want=$1
-  shift
-  run "$@"
-  if [[ $RC != "$want" ]]; then
-    echo "stdout: $(head -c 2000 "$D/out")"
-    echo "stderr: $(head -c 2000 "$D/err")"
-    fail "expected exit $want, got $RC from: $*"
-  fi
-}
-
 # expect_full CODE CMD...: like expect, with stdout on /dev/full (every write fails ENOSPC).
 expect_full() {
   local want=$1
@@ -55,9 +37,6 @@ expect_full() {
   [[ $RC == "$want" ]] || fail "expected exit $want, got $RC with stdout on /dev/full from: $* ($(cat "$D/err"))"
 }
 
-# err_has TEXT: fail unless stderr of the last run contains TEXT (fixed string).
-err_has() { grep -qF -- "$1" "$D/err" || fail "stderr lacks '$1': $(cat "$D/err")"; }
-out_has() { grep -qF -- "$1" "$D/out" || fail "stdout lacks '$1': $(head -c 2000 "$D/out")"; }
 out_lacks() { ! grep -qF -- "$1" "$D/out" || fail "stdout has '$1': $(head -c 2000 "$D/out")"; }
 # one_line_err: errors are one line on stderr.
 one_line_err() {
@@ -109,7 +88,8 @@ t_help_and_version() {
     out_has "$c"
   done
   out_has "Exit codes"
-  for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull; do
+  for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull \
+           pause resume release move top; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples

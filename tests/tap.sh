@@ -13,6 +13,28 @@ fail() {
   exit 1
 }
 
+# run CMD...: runs it with stdout in $D/out, stderr in $D/err, exit code in RC.
+run() {
+  "$@" >"$D/out" 2>"$D/err"
+  RC=$?
+}
+
+# expect CODE CMD...: run, then fail unless the exit code is CODE.
+expect() {
+  local want=$1
+  shift
+  run "$@"
+  if [[ $RC != "$want" ]]; then
+    echo "stdout: $(head -c 2000 "$D/out")"
+    echo "stderr: $(head -c 2000 "$D/err")"
+    fail "expected exit $want, got $RC from: $*"
+  fi
+}
+
+# err_has TEXT: fail unless stderr of the last run contains TEXT (fixed string).
+err_has() { grep -qF -- "$1" "$D/err" || fail "stderr lacks '$1': $(cat "$D/err")"; }
+out_has() { grep -qF -- "$1" "$D/out" || fail "stdout lacks '$1': $(head -c 2000 "$D/out")"; }
+
 # eq WHAT GOT WANT
 eq() { [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"; }
 
@@ -58,8 +80,9 @@ kill_bg() {
 # its own subshell with its own directory D=$ROOT/N-NAME as working directory, stdin from
 # /dev/null and its output in $ROOT/N.log; TEARDOWN runs when the subshell exits, pass or
 # fail. A script may define hooks: tap_before_each (in the subshell, before the test),
-# tap_after_pass N and tap_after_fail N (after the TAP line). Exits 0 only if every test
-# passed. TAP_ONLY=REGEX in the environment runs only the tests whose names match it.
+# tap_after_pass N and tap_after_fail N (after the TAP line). A test that exits 77 is
+# reported skipped, with its last line of output as the reason. Exits 0 only if every test
+# passed or skipped. TAP_ONLY=REGEX in the environment runs only the tests whose names match it.
 run_tests() {
   local teardown=$1 failed=0 n=0 t name start rc
   if [[ -n ${TAP_ONLY:-} ]]; then
@@ -82,7 +105,10 @@ run_tests() {
       "$t"
     ) >"$ROOT/$n.log" 2>&1 </dev/null
     rc=$?
-    if [[ $rc == 0 ]]; then
+    if [[ $rc == 77 ]]; then
+      # A test that cannot run on this machine exits 77 after a line saying why.
+      echo "ok $n - $name # SKIP $(tail -n 1 "$ROOT/$n.log")"
+    elif [[ $rc == 0 ]]; then
       echo "ok $n - $name ($((SECONDS - start))s)"
       if declare -F tap_after_pass >/dev/null; then tap_after_pass "$n"; fi
     else

@@ -22,6 +22,7 @@ const char* type_name(spool::format::RecordType t) {
     case spool::format::RecordType::kPurge: return "PURGE";
     case spool::format::RecordType::kCheckpoint: return "CHECKPOINT";
     case spool::format::RecordType::kClock: return "CLOCK";
+    case spool::format::RecordType::kPause: return "PAUSE";
   }
   return "?";
 }

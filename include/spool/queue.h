@@ -209,6 +209,7 @@ struct Stats {
   // in steps of 1/30 of the window (a message acked up to that much earlier may be counted).
   uint64_t kept_acked = 0;
   uint64_t kept_acked_bytes = 0;
+  bool paused = false;  // Queue::pause(): receives deliver nothing until resume()
   // The processes whose leases are bound to their life (bind_leases; `spool work` binds, so
   // for it this is the number of commands running), each with the unexpired leases it holds.
   struct Holder {
@@ -356,6 +357,38 @@ class Queue {
   Result<std::vector<Message>> peek(size_t max);
   // Removes every message; returns how many.
   Result<uint64_t> purge();
+
+  // Operator actions (docs/operations.md).
+  // pause(): sends are still accepted, but receives (receive, receive_views, receive_id)
+  // deliver nothing, and long polls sleep on, until resume(), which wakes them at once. The
+  // state is a record in the log, synced before the call returns: it holds across restarts,
+  // a deleted index and compaction, for every process. Pausing a paused queue (or resuming
+  // a running one) writes nothing. Leases already taken run on; peek, list and stats work.
+  Status pause();
+  Status resume();
+  // Ends the lease of message `id` at once, whoever holds it: the message is ready again
+  // now (its receive count kept; a RELEASE record). kNotFound if the queue holds no message
+  // `id`, kInvalidArgument if it is not leased. The holder's receipt is fenced off only once
+  // the message is received again, as after a lease that ran out.
+  Status release(uint64_t id);
+  // Moves messages from this queue into `dst` (another queue): each is leased here, sent to
+  // `dst` with its payload, attributes, priority and group plus spool.moved.from (this
+  // queue's directory) and spool.moved.original_id, then acked here. Exactly once across a
+  // crash: the send carries a dedup id made of this queue's uid and the message id, so a
+  // rerun after a kill between send and ack finds it in dst's dedup window and only acks
+  // (the leases are bound to the process, so a killed move's come back at once). The
+  // guarantee holds while the rerun comes within dst's dedup_window (default 5 min).
+  // A message past max_receives is dead-lettered by the lease instead of moved.
+  struct MoveOptions {
+    std::vector<uint64_t> ids = {};  // these messages (ids here); empty: the ready ones sent before the call, lowest id first
+    uint64_t max = UINT64_MAX;      // at most this many
+  };
+  struct MoveResult {
+    uint64_t moved = 0;       // sent to dst and acked here
+    uint64_t already = 0;     // of them, found in dst already (a rerun after a crash)
+    std::vector<uint64_t> missing = {};  // ids of opts.ids not here or not ready (leased, delayed)
+  };
+  Result<MoveResult> move_to(Queue& dst, const MoveOptions& opts);
   Result<Stats> stats();
   // Makes every write so far durable, whatever the sync policy.
   Status sync();

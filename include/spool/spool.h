@@ -379,6 +379,7 @@ typedef struct spool_stats {
   uint64_t kept_acked;       /* acked messages kept for replay (within keep_acked) */
   uint64_t kept_acked_bytes; /* and their payload bytes */
   uint64_t blocked;   /* in an ordered group, behind an earlier message of it */
+  uint64_t paused;    /* 1 while the queue is paused (spool_pause), else 0 */
 } spool_stats;
 
 /* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */
@@ -393,6 +394,15 @@ spool_code spool_sync(spool_queue* q);
 
 /* Removes every message; *removed (if not NULL) gets how many. */
 spool_code spool_purge(spool_queue* q, uint64_t* removed);
+
+/* Operator actions (docs/operations.md). spool_pause: sends are accepted, receives get
+ * nothing (SPOOL_EMPTY; long polls sleep on) until spool_resume, which wakes them at once.
+ * Stored in the log and synced: holds across restarts. spool_release: the lease of message
+ * `id` ends now, the message is ready again (SPOOL_NOT_FOUND if the queue does not hold it,
+ * SPOOL_INVALID_ARGUMENT if it is not leased). */
+spool_code spool_pause(spool_queue* q);
+spool_code spool_resume(spool_queue* q);
+spool_code spool_release(spool_queue* q, uint64_t id);
 
 typedef struct spool_compact_result {
   uint64_t segments_removed;

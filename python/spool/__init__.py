@@ -264,6 +264,7 @@ class Stats:
     kept_acked: int = 0  # acked messages kept for replay (acked within keep_acked)
     kept_acked_bytes: int = 0  # and their payload bytes
     blocked: int = 0  # in an ordered group, behind an earlier message of it
+    paused: bool = False  # Queue.pause(): delivers nothing until resume()
 
     def workers_needed(self, rate_per_worker: float, latency_target: float) -> int:
         """Workers that drain the ready backlog within ``latency_target`` seconds when each
@@ -760,11 +761,24 @@ class Queue:
         return Stats(s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s, s.sent_total,
                      s.acked_total, s.dead_lettered_total, s.expired_total, s.nacked_total,
                      s.bytes, s.bytes_on_disk, s.segments, s.next_id, s.dedup_ids,
-                     s.kept_acked, s.kept_acked_bytes, s.blocked)
+                     s.kept_acked, s.kept_acked_bytes, s.blocked, bool(s.paused))
 
     def sync(self) -> None:
         """Makes every write so far durable, whatever the sync policy."""
         _check(_lib.spool_sync(self._handle()))
+
+    def pause(self) -> None:
+        """Stops delivery (sends are still accepted) until resume(); stored in the queue's
+        log, so it holds across restarts (docs/operations.md)."""
+        _check(_lib.spool_pause(self._handle()))
+
+    def resume(self) -> None:
+        """Delivers again, and wakes every waiting receiver."""
+        _check(_lib.spool_resume(self._handle()))
+
+    def release(self, id: int) -> None:
+        """Ends the lease of message ``id`` now: it is ready again at once."""
+        _check(_lib.spool_release(self._handle(), id))
 
     def purge(self) -> int:
         """Removes every message; returns how many."""

@@ -108,6 +108,7 @@ class spool_stats(ctypes.Structure):
         ("kept_acked", c_uint64),  # since 0.2.0
         ("kept_acked_bytes", c_uint64),  # since 0.2.0
         ("blocked", c_uint64),  # since 0.2.0
+        ("paused", c_uint64),
     ]
 
 
@@ -194,6 +195,9 @@ def _load() -> ctypes.CDLL:
         "spool_workers_needed": (c_uint64, [POINTER(spool_stats), c_double, c_double]),
         "spool_sync": (c_int, [q]),
         "spool_purge": (c_int, [q, POINTER(c_uint64)]),
+        "spool_pause": (c_int, [q]),
+        "spool_resume": (c_int, [q]),
+        "spool_release": (c_int, [q, c_uint64]),
         "spool_compact": (c_int, [q, POINTER(spool_compact_result)]),
         "spool_verify": (c_int, [q, c_int, POINTER(c_size_t), POINTER(c_void_p)]),
         "spool_dead_letters": (c_int, [q, POINTER(c_void_p)]),

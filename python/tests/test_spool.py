@@ -70,6 +70,22 @@ def test_send_receive_ack_bytes_and_str(qdir):
         assert q.durable_id >= ids[-1]
 
 
+def test_pause_resume_and_release_from_python(qdir):
+    with spool.Queue(qdir, visibility=3600) as q:
+        q.send("a")
+        q.pause()
+        assert q.stats().paused
+        assert q.receive(wait=0.2) == []
+        q.resume()
+        assert not q.stats().paused
+        [m] = q.receive()
+        q.release(m.id)
+        [again] = q.receive()
+        assert again.id == m.id and again.receive_count == 2
+        with pytest.raises(spool.Error):
+            q.release(999)
+
+
 def test_errors_are_exceptions_per_code(qdir, tmp_path):
     not_a_queue = tmp_path / "file"
     not_a_queue.write_text("hi")

@@ -775,7 +775,8 @@ spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
     spool_stats full{sizeof(spool_stats), s.ready, s.in_flight, s.delayed, s.dead,
                      s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
                      s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
-                     s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes, s.blocked};
+                     s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes, s.blocked,
+                     s.paused ? 1u : 0u};
     const size_t size = out->size;
     std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;
@@ -806,6 +807,30 @@ spool_code spool_purge(spool_queue* q, uint64_t* removed) {
     if (!r.ok()) return fail(r.status());
     if (removed != nullptr) *removed = *r;
     return SPOOL_OK;
+  });
+}
+
+spool_code spool_pause(spool_queue* q) {
+  return guard("spool_pause", [&] {
+    if (q == nullptr) return null_arg("spool_pause", "q");
+    spool::Status s = q->queue->pause();
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_resume(spool_queue* q) {
+  return guard("spool_resume", [&] {
+    if (q == nullptr) return null_arg("spool_resume", "q");
+    spool::Status s = q->queue->resume();
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_release(spool_queue* q, uint64_t id) {
+  return guard("spool_release", [&] {
+    if (q == nullptr) return null_arg("spool_release", "q");
+    spool::Status s = q->queue->release(id);
+    return s.ok() ? SPOOL_OK : fail(s);
   });
 }
 

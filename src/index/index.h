@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 19;
+inline constexpr uint32_t kIndexVersion = 20;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -238,6 +238,7 @@ struct alignas(64) IndexHeader {
   uint64_t group_used;  // occupied group table slots (groups and members)
   uint64_t blocked;     // entries in state kBlocked
   uint64_t rebuilds;    // reset()s so far: a compaction tells whether one came between its holds
+  uint64_t paused;      // 1: receives deliver nothing (a PAUSE record, Queue::pause)
   // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
   // clock_n), and where the first of them is.
   uint32_t clock_n;

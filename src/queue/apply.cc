@@ -169,6 +169,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       h.expired_total = cp->expired_total;
       h.nacked_total = cp->nacked_total;
       h.next_id = std::max(h.next_id, cp->next_id);
+      if (cp->paused >= 0) h.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
       if (cp->purged_through > h.purged_through) {
         // The PURGE itself may have been compacted away: applied here.
         Status s = drop_through(x, cp->purged_through);
@@ -179,6 +180,9 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     }
     case RecordType::kClock:
       break;
+    case RecordType::kPause:
+      h.paused = r.count != 0 ? 1 : 0;
+      return {};
   }
   return {};
 }

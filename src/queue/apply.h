@@ -50,7 +50,8 @@ struct Keys {
 //   reserved the room);
 // - LEASE and RELEASE set the receive count, state and deadline;
 // - ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
-//   with keep_acked); PURGE drops every message up to its id; CHECKPOINT sets the totals.
+//   with keep_acked); PURGE drops every message up to its id; CHECKPOINT sets the totals
+//   (and the paused state, where it carries one); PAUSE sets the paused state.
 // Every total (sent, acked, expired, dead, nacked, bytes live) is counted here and nowhere
 // else. Records of messages the index does not hold change nothing but the totals. CLOCK
 // records are the ReplayClock's. An error means the index could not take the record (no

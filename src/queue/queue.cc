@@ -675,6 +675,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     uint64_t end = 0;
     uint64_t next_key = UINT64_MAX;
     uint32_t seen;
+    bool paused = false;
     {
       SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
       seen = h.wake_seq.load(std::memory_order_acquire);
@@ -682,7 +683,10 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
       // Every queued message taken gets a heap item: room for them first, so that taking
       // one cannot fail halfway (the others have theirs).
       if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.queued)); !s.ok()) return s;
-      for (int64_t slot; out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
+      // Paused (Queue::pause): nothing is taken, and the wait below lasts until resume()
+      // bumps wake_seq or the wait runs out.
+      paused = h.paused != 0;
+      for (int64_t slot; !paused && out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
         if (!taken.ok()) return taken.status();
@@ -691,7 +695,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
         if (mapped != nullptr) mapped->push_back(std::move(m));
       }
       if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
-      next_key = q.idx.next_key();
+      next_key = paused ? UINT64_MAX : q.idx.next_key();
     }
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
@@ -699,7 +703,10 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     if (!out.empty()) return out;
     uint64_t now = sys::boot_ns();
     if (give_up == 0) give_up = now + ms_to_ns(wait);
-    if (now >= give_up) return Status(Code::kEmpty, "no message ready in " + q.dir);
+    if (now >= give_up) {
+      if (paused) return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
+      return Status(Code::kEmpty, "no message ready in " + q.dir);
+    }
     uint64_t until = std::min(give_up, next_key);
     uint64_t slice = std::min(until > now ? until - now : 0,
                               h.owners_claimed != 0 ? kBoundWaitSliceNs : kMaxWaitSliceNs);
@@ -733,13 +740,20 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
-  uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  return q.receive_one(id, ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility), false);
+}
+
+auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
+  Impl& q = *this;
   if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    if (q.idx.hdr().paused != 0 && !even_paused) {
+      return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
+    }
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
     int64_t slot = q.idx.find(id);
     if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
@@ -971,6 +985,49 @@ Result<uint64_t> Queue::purge() {
   return n;
 }
 
+// pause() and resume(): a PAUSE record, applied, synced whatever the sync policy (an
+// operator's action that returned holds across a power cut).
+static Status set_paused(Queue::Impl& q, bool on) {
+  if (Status s = q.writable(); !s.ok()) return s;
+  uint64_t end;
+  {
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    auto& h = q.idx.hdr();
+    if ((h.paused != 0) == on) return {};
+    Record rec{RecordType::kPause, on ? 1u : 0u, 0, 0, 0, {}};
+    auto res = q.commit(std::span(&rec, 1), q.clocks());  // a resume wakes every long poll
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
+  }
+  return q.written(end, Durability::kSync);
+}
+
+Status Queue::pause() { return set_paused(*impl_, true); }
+Status Queue::resume() { return set_paused(*impl_, false); }
+
+Status Queue::release(uint64_t id) {
+  Impl& q = *impl_;
+  if (Status s = q.writable(); !s.ok()) return s;
+  uint64_t end;
+  {
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    const int64_t slot = q.idx.find(id);
+    if (slot < 0) return not_in_queue(id);
+    const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+    if (e.state != State::kLeased) {
+      return Status(Code::kInvalidArgument, "message " + std::to_string(id) + " is not leased");
+    }
+    Clocks now = q.clocks();
+    // Not flagged NACK: no consumer gave it back, so nacked_total does not count it. Ready
+    // now (t2 == t1): the unlock wakes a long poll for it.
+    Record rec{RecordType::kRelease, e.count, id, now.rt, now.rt, {}};
+    auto res = q.commit(std::span(&rec, 1), now);
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
+  }
+  return q.written(end);
+}
+
 Result<Stats> Queue::stats() {
   Impl& q = *impl_;
   Stats st;
@@ -1015,6 +1072,7 @@ Result<Stats> Queue::stats() {
     st.nacked_total = h.nacked_total;
     st.bytes = h.bytes_live;
     st.next_id = h.next_id;
+    st.paused = h.paused != 0;
     st.dedup_ids = q.idx.dedup_live(now);  // expiries are boot-clock keys
     q.idx.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }

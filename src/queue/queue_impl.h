@@ -435,6 +435,10 @@ struct Queue::Impl {
   // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
   // refused if it is a link (docs/security.md, "Planted links").
   static Result<std::unique_ptr<Queue>> open_queue(const std::string& dir, const QueueOptions& opts, bool nested);
+
+  // receive_id(): message `id` leased for `vis` ns. A paused queue delivers nothing
+  // (kEmpty) unless `even_paused` (a move: the operator's own action).
+  Result<Message> receive_one(uint64_t id, uint64_t vis, bool even_paused);
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the

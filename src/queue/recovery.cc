@@ -204,6 +204,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   x.dedup_clear();
   x.kept_clear();
   h.purged_through = 0;
+  h.paused = 0;
   h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
   queue::ReplayClock clock(h, queue::read_clocks(h));
   std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies

@@ -67,6 +67,10 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
         // Receivable now (no delay): one long poll each.
         if (r.t2 <= r.t1 && (r.flags & format::kFlagCopy) == 0) ++wake_pending;
         break;
+      case RecordType::kPause:
+        // A resume: every long poll, all of which slept through the pause.
+        if (r.count == 0) wake_pending += INT32_MAX;
+        break;
       case RecordType::kLease:  // a ready message leased no longer counts against max_ready
       case RecordType::kAck:
       case RecordType::kDead:

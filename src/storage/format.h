@@ -34,8 +34,9 @@ enum class RecordType : uint8_t {
   kPurge = 6,
   kCheckpoint = 7,
   kClock = 8,  // payload: 8 bytes, the writer's boot (queue/log_clock.h)
+  kPause = 9,  // count 1: the queue was paused, 0: resumed (Queue::pause)
 };
-inline constexpr uint8_t kMaxRecordType = 8;
+inline constexpr uint8_t kMaxRecordType = 9;
 
 // Record flags.
 inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not a new send

@@ -179,6 +179,9 @@ struct Checkpoint {
   uint64_t purged_through = 0;
   uint64_t expired_total = 0;  // absent (0) in checkpoints written before retention existed
   uint64_t nacked_total = 0;   // absent (0) in checkpoints written before it was counted
+  // 1 while the queue is paused (Queue::pause); -1 in checkpoints written before pausing
+  // existed, which leave the state as the records before them set it.
+  int paused = -1;
 };
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);

@@ -135,6 +135,7 @@ nlohmann::json stats_json(const Stats& s) {
           {"dedup_ids", s.dedup_ids},
           {"kept_acked", s.kept_acked},
           {"kept_acked_bytes", s.kept_acked_bytes},
+          {"paused", s.paused},
           {"holders", holders}};
 }
 
@@ -175,6 +176,8 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   metric("spool_kept_acked", "gauge", "Acked messages kept for replay (acked within keep_acked).", s.kept_acked);
   metric("spool_kept_acked_bytes", "gauge", "Payload bytes of the acked messages kept for replay.",
          s.kept_acked_bytes);
+  metric("spool_paused", "gauge", "1 while the queue is paused (spool pause): it delivers nothing.",
+         s.paused ? 1 : 0);
   if (!s.holders.empty()) {
     o << "# HELP spool_holder_in_flight Unexpired leases bound to a live process (bind_leases, spool work), by pid.\n"
          "# TYPE spool_holder_in_flight gauge\n";
@@ -208,6 +211,7 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 static_cast<double>(s.bytes) / (1 << 20), s.segments,
                 static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);
   std::string out = buf;
+  if (s.paused) out += "paused         yes: delivers nothing until spool resume\n";
   if (s.kept_acked != 0) {
     std::snprintf(buf, sizeof buf, "kept acked     %" PRIu64 " (%.1f MiB of payload, for replay)\n", s.kept_acked,
                   static_cast<double>(s.kept_acked_bytes) / (1 << 20));

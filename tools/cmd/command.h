@@ -55,6 +55,8 @@ Command add_work(CLI::App& app);
 // tell which flags take a value.
 void end_work_options_at_command(CLI::App& work, std::vector<std::string>& args);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
+std::vector<Command> add_ops_commands(CLI::App& app);   // pause resume release move
+Command add_top(CLI::App& app);
 
 // What the commands share.
 void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every command takes
