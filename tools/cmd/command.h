@@ -44,7 +44,7 @@ std::vector<Command> add_message_commands(CLI::App& app);  // recv ack nack exte
 Command add_dlq(CLI::App& app);
 Command add_stats(CLI::App& app);
 Command add_replay(CLI::App& app);
-std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
+std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify serve
 Command add_work(CLI::App& app);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
 
