@@ -281,6 +281,23 @@ class Redrive(unittest.TestCase):
         self.assertEqual(d["MessageAttributes"], {"k": {"DataType": "String", "StringValue": "v"}})
 
 
+class Example(unittest.TestCase):
+    def test_the_boto3_worker_example_drains_a_queue(self):
+        url = SQS.create_queue(QueueName="example")["QueueUrl"]
+        SQS.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": str(i), "MessageBody": f"job {i}", "MessageAttributes": {"kind": {"DataType": "String", "StringValue": "resize"}}}
+            for i in range(3)])
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, SQS_ENDPOINT=SRV.url, AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET,
+                   AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null")
+        out = subprocess.run([sys.executable, os.path.join(here, "..", "examples", "sqs_worker.py"), "example", "--max", "3"],
+                             env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(sorted(out.stdout.splitlines()), ["resize: job 0", "resize: job 1", "resize: job 2"])
+        a = SQS.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        self.assertEqual((a["ApproximateNumberOfMessages"], a["ApproximateNumberOfMessagesNotVisible"]), ("0", "0"))
+
+
 class Auth(unittest.TestCase):
     def test_wrong_secret_and_unknown_key_are_refused(self):
         with self.assertRaises(ClientError) as e:
