@@ -21,6 +21,9 @@ void Server::add(std::unique_ptr<Part> part, const std::string& host, int port) 
     const size_t n = opts_.threads;
     fresh.http->new_task_queue = [n] { return new httplib::ThreadPool(n); };
     fresh.http->set_keep_alive_timeout(opts_.keep_alive_s);
+    // httplib writes a response's headers and body separately: with Nagle's algorithm the
+    // body then waits for the client's delayed ACK, 40 ms per request.
+    fresh.http->set_tcp_nodelay(true);
     fresh.http->set_payload_max_length(opts_.max_body);
     listeners_.push_back(std::move(fresh));
     l = &listeners_.back();
