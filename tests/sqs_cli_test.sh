@@ -24,7 +24,7 @@ for _ in $(seq 100); do curl -s -o /dev/null "$URL/" && break; sleep 0.05; done
 
 n=0 failed=0
 ok() { n=$((n + 1)); if [ "$1" = 0 ]; then echo "ok $n - $2"; else failed=$((failed + 1)); echo "not ok $n - $2"; fi; }
-echo "1..11"
+echo "1..12"
 aws() { command aws --endpoint-url "$URL" "$@"; }
 jq_() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 
@@ -45,6 +45,15 @@ aws sqs delete-message --queue-url "$Q" --receipt-handle "$H" &&
 ok $? "aws sqs delete-message acks it"
 aws sqs get-queue-url --queue-name nope 2> "$T/err"; rc=$?
 [ $rc != 0 ] && grep -q "NonExistentQueue" "$T/err"; ok $? "a missing queue: AWS.SimpleQueueService.NonExistentQueue ($(tr -d '\n' < "$T/err" | cut -c1-120))"
+
+# A queue made by the CLI with back-pressure: a send beyond it is SQS's throttling, which SDKs
+# retry with backoff.
+"$SPOOL" init "$T/root/full" --max-ready 1 >/dev/null
+FQ=$URL/000000000000/full
+aws sqs send-message --queue-url "$FQ" --message-body 1 >/dev/null &&
+  ! AWS_MAX_ATTEMPTS=1 aws sqs send-message --queue-url "$FQ" --message-body 2 2> "$T/err" &&
+  grep -q ThrottlingException "$T/err"
+ok $? "a send to a full queue (spool init --max-ready 1): ThrottlingException ($(tr -d '\n' < "$T/err" | cut -c1-100))"
 
 # JSON 1.0 with curl's own SigV4 signing.
 sqsj() {  # ACTION JSON [curl args...]
