@@ -23,6 +23,7 @@ except ImportError:
     sys.exit(77)
 
 SERVE = sys.argv.pop(1) if len(sys.argv) > 1 else "build/tools/spool-serve"
+SPOOL = sys.argv.pop(1) if len(sys.argv) > 1 else "build/tools/spool"
 KEY, SECRET = "AKIDSPOOLTEST", "s3cr3t/spool+test"
 
 
@@ -30,6 +31,13 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def read_words(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().split()
 
 
 def attributes_md5(attrs):
@@ -50,6 +58,7 @@ def attributes_md5(attrs):
 class Server:
     def __init__(self):
         self.tmp = tempfile.TemporaryDirectory()
+        self.proc = None
         self.root = os.path.join(self.tmp.name, "root")
         os.mkdir(self.root)
         self.creds = os.path.join(self.tmp.name, "credentials")
@@ -57,6 +66,9 @@ class Server:
             f.write(f"[default]\naws_access_key_id = {KEY}\naws_secret_access_key = {SECRET}\n")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self):
         self.proc = subprocess.Popen([SERVE, self.root, "--sqs", f"127.0.0.1:{self.port}", "--credentials", self.creds])
         for _ in range(100):
             try:
@@ -296,6 +308,60 @@ class Example(unittest.TestCase):
         self.assertEqual(sorted(out.stdout.splitlines()), ["resize: job 0", "resize: job 1", "resize: job 2"])
         a = SQS.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         self.assertEqual((a["ApproximateNumberOfMessages"], a["ApproximateNumberOfMessagesNotVisible"]), ("0", "0"))
+
+
+class KillNine(unittest.TestCase):
+    def test_an_sqs_worker_and_spool_work_drain_one_queue_across_a_kill_9_of_the_server(self):
+        """Nothing is lost: every message sent is handled, by the boto3 worker or by `spool work`
+        on the same queue; the only duplicates are the messages of the one batch the kill caught
+        between receive and delete, which come back after their visibility timeout."""
+        srv = Server()
+        try:
+            c = srv.client()
+            url = c.create_queue(QueueName="both", Attributes={"VisibilityTimeout": "2"})["QueueUrl"]
+            total = 200
+            for k in range(0, total, 10):
+                c.send_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"m{k + i}"} for i in range(10)])
+            out = os.path.join(srv.tmp.name, "work.out")
+            work = subprocess.Popen([SPOOL, "work", os.path.join(srv.root, "both"), "-j", "1", "--", "sh", "-c",
+                                     f"sleep 0.02; cat >> {out}; echo >> {out}"])
+            seen, killed, errors = [], False, 0
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                try:
+                    if len(set(seen + read_words(out))) == total:
+                        # Done once the queue is empty: the caught batch came back and was handled.
+                        a = c.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+                        if a["ApproximateNumberOfMessages"] == a["ApproximateNumberOfMessagesNotVisible"] == "0":
+                            break
+                    ms = c.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+                    seen += [m["Body"] for m in ms]
+                    if ms and not killed and len(seen) >= 30:
+                        srv.proc.kill()  # kill -9 between this receive and its delete
+                        srv.proc.wait()
+                        killed = True
+                        srv.start()
+                        continue
+                    if ms:
+                        time.sleep(0.1)  # the work, so that spool work gets a share
+                        c.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                                      for i, m in enumerate(ms)])
+                except Exception:  # the server restarting: try again
+                    errors += 1
+                    time.sleep(0.1)
+            work.terminate()
+            work.wait(timeout=10)
+            by_work = read_words(out)
+            print(f"kill -9: boto3 handled {len(seen)}, spool work {len(by_work)}, duplicates {len(seen) + len(by_work) - total}, "
+                  f"{errors} failed calls while the server restarted", file=sys.stderr)
+            handled = seen + by_work
+            self.assertTrue(killed)
+            self.assertEqual(set(handled), {f"m{i}" for i in range(total)}, "every message handled")
+            self.assertTrue(by_work and len(seen) > 30, "both workers took part")
+            self.assertLessEqual(len(handled) - total, 10, "duplicates only from the batch the kill caught")
+            self.assertLess(time.monotonic(), deadline, "the queue was drained")
+        finally:
+            srv.close()
 
 
 class Auth(unittest.TestCase):
