@@ -374,6 +374,21 @@ class Auth(unittest.TestCase):
             SRV.client(key="AKIDNOBODY").list_queues()
         self.assertEqual(code(e), "InvalidClientTokenId")
 
+    def test_a_presigned_url_is_accepted_and_an_altered_one_refused(self):
+        import urllib.error
+        import urllib.request
+        from botocore.auth import SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
+        req = AWSRequest(method="GET", url=SRV.url + "/?Action=ListQueues&Version=2012-11-05&QueueNamePrefix=msgs")
+        SigV4QueryAuth(Credentials(KEY, SECRET), "sqs", "us-east-1", expires=60).add_auth(req)
+        url = req.prepare().url
+        with urllib.request.urlopen(url, timeout=10) as r:
+            self.assertIn(b"<ListQueuesResponse", r.read())
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url.replace("QueueNamePrefix=msgs", "QueueNamePrefix=other"), timeout=10)
+        self.assertEqual(e.exception.code, 403)
+
     def test_unsigned_request_is_refused(self):
         import urllib.error
         import urllib.request

@@ -255,8 +255,19 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
   if (amz_date.substr(0, 8) != scope_parts[1]) {
     return refuse("SignatureDoesNotMatch", "the credential scope's date is not X-Amz-Date's");
   }
-  if (*when > now + std::chrono::minutes(15) || *when < now - std::chrono::minutes(15)) {
-    return refuse("RequestExpired", "X-Amz-Date " + amz_date + " is more than 15 minutes from the server's time");
+  // A signed request is good within 15 minutes of its date either way; a presigned URL from
+  // its date until X-Amz-Expires seconds later (at most 7 days).
+  auto until = *when + std::chrono::minutes(15);
+  if (presigned) {
+    const std::string e = param("X-Amz-Expires");
+    if (e.empty() || e.size() > 6 || e.find_first_not_of("0123456789") != std::string::npos || std::stol(e) > 604800) {
+      return refuse("IncompleteSignature", "a presigned URL needs X-Amz-Expires, 1 to 604800 seconds");
+    }
+    until = *when + std::chrono::seconds(std::stol(e));
+  }
+  if (*when > now + std::chrono::minutes(15) || now > until) {
+    return refuse("RequestExpired", "the request (X-Amz-Date " + amz_date + ") has expired or is dated in the future "
+                                    "by more than 15 minutes of the server's clock");
   }
 
   // The canonical request.
