@@ -44,7 +44,8 @@ class Server {
  public:
   explicit Server(ListenOptions opts = {}) : opts_(opts) {}
   ~Server();
-  // Adds `part` on HOST:PORT (a listener made for the first part on that address).
+  // Adds `part` on HOST:PORT (a listener made for the first part on that address). Parts
+  // that share an address must register disjoint routes.
   void add(std::unique_ptr<Part> part, const std::string& host, int port);
   // Binds every listener; an error names the address that could not be bound.
   Status bind();

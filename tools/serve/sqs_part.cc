@@ -30,8 +30,12 @@ SqsPart::SqsPart(SqsOptions opts) : opts_(std::move(opts)), service_(opts_.root)
 
 void SqsPart::mount(httplib::Server& http) {
   auto h = [this](const httplib::Request& req, httplib::Response& res) { handle(req, res); };
-  http.Post(R"(/.*)", h);
-  http.Get(R"(/.*)", h);
+  // Only SQS's paths (the endpoint, and queue URLs /ACCOUNT/NAME, which older SDKs post to),
+  // so that another part may serve the rest of the same address (/metrics, say).
+  for (const char* path : {R"(/)", R"(/\d+/[A-Za-z0-9_-]+(\.fifo)?)"}) {
+    http.Post(path, h);
+    http.Get(path, h);
+  }
 }
 
 void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
