@@ -7,7 +7,7 @@ set -uo pipefail
 SERVE=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "1..0 # SKIP node or npm is not installed"; exit 0; }
-SDK=${SPOOL_NPM_CACHE:-$HOME/.cache/spool-test-npm}
+SDK=${SPOOL_NPM_CACHE:-${HOME:-/tmp}/.cache/spool-test-npm}
 if [ ! -f "$SDK/node_modules/@aws-sdk/client-sqs/package.json" ]; then
   mkdir -p "$SDK"
   if ! timeout 300 npm install --silent --no-audit --no-fund --prefix "$SDK" @aws-sdk/client-sqs@3 > "$SDK/install.log" 2>&1; then
