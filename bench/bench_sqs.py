@@ -5,7 +5,7 @@ against the same work through the library (spool's Python package on libspool), 
 Each system: one client sends N messages of 100 B in batches of 10 (SendMessageBatch /
 send_batch), then receives them 10 at a time and deletes each batch (ReceiveMessage +
 DeleteMessageBatch / receive(10) + ack). Prints msgs/s for each phase and the library's
-throughput over the face's.
+throughput over the face's, and how busy the server was (its CPU time over the run's wall time).
 
 Usage: python3 bench/bench_sqs.py [--build DIR] [--n N] [--clients C]
   --build DIR  meson build directory with tools/spool-serve and libspool.so.0 (default: build)
@@ -77,7 +77,12 @@ def bench_sqs(build, n, clients, tmp):
                 cl[i].delete_message_batch(QueueUrl=url, Entries=[{"Id": str(j), "ReceiptHandle": m["ReceiptHandle"]}
                                                                    for j, m in enumerate(ms)])
                 got += len(ms)
-        return per * clients / run_parallel(clients, send), per * clients / run_parallel(clients, drain)
+        t_send = run_parallel(clients, send)
+        t_drain = run_parallel(clients, drain)
+        with open(f"/proc/{srv.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        server_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return per * clients / t_send, per * clients / t_drain, server_cpu / (t_send + t_drain)
     finally:
         srv.terminate()
         srv.wait(timeout=10)
@@ -112,12 +117,14 @@ def main():
     ap.add_argument("--clients", type=int, default=1)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        s_send, s_recv = bench_sqs(a.build, a.n, a.clients, tmp)
+        s_send, s_recv, s_cpu = bench_sqs(a.build, a.n, a.clients, tmp)
         l_send, l_recv = bench_library(a.build, a.n, a.clients, tmp)
     print(f"{a.n} messages of 100 B, batches of 10, {a.clients} client(s)")
     print(f"  SQS face (boto3): send {s_send:10,.0f} msgs/s   receive+delete {s_recv:10,.0f} msgs/s")
     print(f"  library (Python): send {l_send:10,.0f} msgs/s   receive+ack    {l_recv:10,.0f} msgs/s")
     print(f"  library / face:   send {l_send / s_send:9.1f}x        receive+delete {l_recv / s_recv:9.1f}x")
+    print(f"  spool-serve used {s_cpu:.0%} of a core while the face ran (the rest is the clients: boto3's signing,")
+    print("  request building and XML parsing, in Python)")
 
 
 if __name__ == "__main__":
