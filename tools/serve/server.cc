@@ -6,7 +6,9 @@
 
 namespace spool::serve {
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+}
 
 void Server::add(std::unique_ptr<Part> part, const std::string& host, int port) {
   Listener* l = nullptr;
@@ -39,7 +41,8 @@ Status Server::bind() {
       return Status(Code::kIo, "cannot listen on " + l.host + ":" + std::to_string(l.port) +
                                    " (in use, or not an address of this host)");
     }
-    for (Part* p : l.parts) spdlog::info("spool serve: {} on http://{}:{}", p->name(), l.host, l.port);
+    for (Part* p : l.parts)
+      spdlog::info("spool serve: {} on http://{}:{}", p->name(), l.host, l.port);
   }
   return {};
 }

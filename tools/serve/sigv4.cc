@@ -34,8 +34,8 @@ std::string digest(const EVP_MD* md, std::string_view data) {
 std::string hmac(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(data.data()),
-       data.size(), out, &n);
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &n);
   return std::string(reinterpret_cast<char*>(out), n);
 }
 
@@ -44,7 +44,8 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
       out += static_cast<char>(c);
     } else {
       out += '%';
@@ -74,8 +75,8 @@ std::string pct_decode(std::string_view s) {
 std::optional<std::chrono::system_clock::time_point> parse_amz_date(const std::string& s) {
   std::tm tm{};
   if (s.size() != 16 || s[8] != 'T' || s[15] != 'Z') return std::nullopt;
-  if (std::sscanf(s.c_str(), "%4d%2d%2dT%2d%2d%2dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-                  &tm.tm_sec) != 6) {
+  if (std::sscanf(s.c_str(), "%4d%2d%2dT%2d%2d%2dZ", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                  &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6) {
     return std::nullopt;
   }
   tm.tm_year -= 1900;
@@ -127,8 +128,9 @@ Result<Keys> read_credentials(const std::string& path) {
   int lineno = 0, id_line = 0;
   auto close_section = [&]() -> Status {
     if (!id.empty() && secret.empty()) {
-      return Status(Code::kInvalidArgument, path + ":" + std::to_string(id_line) + ": profile [" + section +
-                                                "] has aws_access_key_id but no aws_secret_access_key");
+      return Status(Code::kInvalidArgument,
+                    path + ":" + std::to_string(id_line) + ": profile [" + section +
+                        "] has aws_access_key_id but no aws_secret_access_key");
     }
     if (!id.empty()) keys[id] = secret;
     id.clear();
@@ -145,8 +147,10 @@ Result<Keys> read_credentials(const std::string& path) {
       continue;
     }
     size_t eq = t.find('=');
-    if (eq == std::string::npos) continue;  // other settings of the format (e.g. continuation lines)
-    std::string k = lower(trim(std::string_view(t).substr(0, eq))), v = trim(std::string_view(t).substr(eq + 1));
+    if (eq == std::string::npos)
+      continue;  // other settings of the format (e.g. continuation lines)
+    std::string k = lower(trim(std::string_view(t).substr(0, eq))),
+                v = trim(std::string_view(t).substr(eq + 1));
     if (k == "aws_access_key_id") {
       id = v;
       id_line = lineno;
@@ -162,7 +166,8 @@ Result<Keys> read_credentials(const std::string& path) {
   return keys;
 }
 
-AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono::system_clock::time_point now) {
+AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys,
+                        std::chrono::system_clock::time_point now) {
   std::map<std::string, std::string> headers;  // lower-case name -> values joined by ','
   for (const auto& [k, v] : req.headers) {
     std::string name = lower(k);
@@ -202,7 +207,8 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
     const std::string& a = it->second;
     const std::string algo = "AWS4-HMAC-SHA256 ";
     if (a.rfind(algo, 0) != 0) {
-      return refuse("IncompleteSignature", "the Authorization header is not AWS4-HMAC-SHA256 (Signature Version 4)");
+      return refuse("IncompleteSignature",
+                    "the Authorization header is not AWS4-HMAC-SHA256 (Signature Version 4)");
     }
     std::string rest = a.substr(algo.size());
     for (size_t pos = 0; pos < rest.size();) {
@@ -229,29 +235,35 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
     signature = param("X-Amz-Signature");
     amz_date = param("X-Amz-Date");
   } else {
-    return refuse("MissingAuthenticationToken",
-                  "the request is not signed: it needs an AWS Signature Version 4 Authorization header");
+    return refuse(
+        "MissingAuthenticationToken",
+        "the request is not signed: it needs an AWS Signature Version 4 Authorization header");
   }
   if (credential.empty() || signed_headers.empty() || signature.empty()) {
-    return refuse("IncompleteSignature", "the signature lacks Credential, SignedHeaders or Signature");
+    return refuse("IncompleteSignature",
+                  "the signature lacks Credential, SignedHeaders or Signature");
   }
   // Credential = AKID/DATE/REGION/SERVICE/aws4_request
   std::vector<std::string> scope_parts;
   for (size_t pos = 0;;) {
     size_t slash = credential.find('/', pos);
-    scope_parts.push_back(credential.substr(pos, slash == std::string::npos ? std::string::npos : slash - pos));
+    scope_parts.push_back(
+        credential.substr(pos, slash == std::string::npos ? std::string::npos : slash - pos));
     if (slash == std::string::npos) break;
     pos = slash + 1;
   }
   if (scope_parts.size() != 5 || scope_parts[4] != "aws4_request") {
-    return refuse("IncompleteSignature", "malformed Credential '" + credential + "' (want AKID/DATE/REGION/SERVICE/aws4_request)");
+    return refuse("IncompleteSignature", "malformed Credential '" + credential +
+                                             "' (want AKID/DATE/REGION/SERVICE/aws4_request)");
   }
   auto key = keys.find(scope_parts[0]);
   if (key == keys.end()) {
-    return refuse("InvalidClientTokenId", "the access key id '" + scope_parts[0] + "' is not in the credentials file");
+    return refuse("InvalidClientTokenId",
+                  "the access key id '" + scope_parts[0] + "' is not in the credentials file");
   }
   auto when = parse_amz_date(amz_date);
-  if (!when) return refuse("IncompleteSignature", "missing or malformed X-Amz-Date '" + amz_date + "'");
+  if (!when)
+    return refuse("IncompleteSignature", "missing or malformed X-Amz-Date '" + amz_date + "'");
   if (amz_date.substr(0, 8) != scope_parts[1]) {
     return refuse("SignatureDoesNotMatch", "the credential scope's date is not X-Amz-Date's");
   }
@@ -260,14 +272,17 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
   auto until = *when + std::chrono::minutes(15);
   if (presigned) {
     const std::string e = param("X-Amz-Expires");
-    if (e.empty() || e.size() > 6 || e.find_first_not_of("0123456789") != std::string::npos || std::stol(e) > 604800) {
-      return refuse("IncompleteSignature", "a presigned URL needs X-Amz-Expires, 1 to 604800 seconds");
+    if (e.empty() || e.size() > 6 || e.find_first_not_of("0123456789") != std::string::npos ||
+        std::stol(e) > 604800) {
+      return refuse("IncompleteSignature",
+                    "a presigned URL needs X-Amz-Expires, 1 to 604800 seconds");
     }
     until = *when + std::chrono::seconds(std::stol(e));
   }
   if (*when > now + std::chrono::minutes(15) || now > until) {
-    return refuse("RequestExpired", "the request (X-Amz-Date " + amz_date + ") has expired or is dated in the future "
-                                    "by more than 15 minutes of the server's clock");
+    return refuse("RequestExpired", "the request (X-Amz-Date " + amz_date +
+                                        ") has expired or is dated in the future "
+                                        "by more than 15 minutes of the server's clock");
   }
 
   // The canonical request.
@@ -280,14 +295,16 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
     q.emplace_back(uri_encode(k, false), uri_encode(v, false));
   }
   std::sort(q.begin(), q.end());
-  for (size_t i = 0; i < q.size(); ++i) canonical += (i ? "&" : "") + q[i].first + "=" + q[i].second;
+  for (size_t i = 0; i < q.size(); ++i)
+    canonical += (i ? "&" : "") + q[i].first + "=" + q[i].second;
   canonical += "\n";
   for (size_t pos = 0; pos <= signed_headers.size();) {
     size_t semi = signed_headers.find(';', pos);
     if (semi == std::string::npos) semi = signed_headers.size();
     std::string name = signed_headers.substr(pos, semi - pos);
     auto h = headers.find(name);
-    if (h == headers.end()) return refuse("SignatureDoesNotMatch", "signed header '" + name + "' is not in the request");
+    if (h == headers.end())
+      return refuse("SignatureDoesNotMatch", "signed header '" + name + "' is not in the request");
     canonical += name + ":" + h->second + "\n";
     pos = semi + 1;
   }
@@ -297,18 +314,22 @@ AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono:
   if (payload_hash.empty()) payload_hash = sha256_hex(req.body);
   canonical += payload_hash;
 
-  const std::string scope = scope_parts[1] + "/" + scope_parts[2] + "/" + scope_parts[3] + "/aws4_request";
-  const std::string to_sign = "AWS4-HMAC-SHA256\n" + amz_date + "\n" + scope + "\n" + sha256_hex(canonical);
+  const std::string scope =
+      scope_parts[1] + "/" + scope_parts[2] + "/" + scope_parts[3] + "/aws4_request";
+  const std::string to_sign =
+      "AWS4-HMAC-SHA256\n" + amz_date + "\n" + scope + "\n" + sha256_hex(canonical);
   std::string k = hmac("AWS4" + key->second, scope_parts[1]);
   k = hmac(k, scope_parts[2]);
   k = hmac(k, scope_parts[3]);
   k = hmac(k, "aws4_request");
   std::string mac = hmac(k, to_sign);
   std::string expect = hex(reinterpret_cast<const unsigned char*>(mac.data()), mac.size());
-  if (expect.size() != signature.size() || CRYPTO_memcmp(expect.data(), signature.data(), expect.size()) != 0) {
-    return refuse("SignatureDoesNotMatch",
-                  "the request signature we calculated does not match the signature you provided; check your "
-                  "AWS secret access key and signing method");
+  if (expect.size() != signature.size() ||
+      CRYPTO_memcmp(expect.data(), signature.data(), expect.size()) != 0) {
+    return refuse(
+        "SignatureDoesNotMatch",
+        "the request signature we calculated does not match the signature you provided; check your "
+        "AWS secret access key and signing method");
   }
   AuthResult ok;
   ok.access_key = scope_parts[0];

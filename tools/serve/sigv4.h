@@ -23,16 +23,17 @@ Result<Keys> read_credentials(const std::string& path);
 // What the verifier needs of a request, as it came off the wire.
 struct SignedRequest {
   std::string method;
-  std::string path;                                        // raw, before '?'
-  std::string query;                                       // raw, after '?'
+  std::string path;                                          // raw, before '?'
+  std::string query;                                         // raw, after '?'
   std::vector<std::pair<std::string, std::string>> headers;  // names in any case
   std::string body;
 };
 
 // Why a request is refused; empty `code` when it is accepted.
 struct AuthResult {
-  std::string code;     // SQS's: MissingAuthenticationToken, InvalidClientTokenId, SignatureDoesNotMatch, ...
-  std::string message;  // names the problem
+  std::string
+      code;  // SQS's: MissingAuthenticationToken, InvalidClientTokenId, SignatureDoesNotMatch, ...
+  std::string message;     // names the problem
   std::string access_key;  // of an accepted request
   std::string region;      // from the credential scope
   bool ok() const { return code.empty(); }
@@ -40,7 +41,8 @@ struct AuthResult {
 
 // Checks the Authorization header's AWS4-HMAC-SHA256 signature (or a presigned query's
 // X-Amz-Signature) against `keys`, and that X-Amz-Date is within 15 minutes of `now`.
-AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys, std::chrono::system_clock::time_point now);
+AuthResult verify_sigv4(const SignedRequest& req, const Keys& keys,
+                        std::chrono::system_clock::time_point now);
 
 // Hex helpers shared with the SQS part (MD5 of bodies and attributes, SHA-256 dedup ids).
 std::string hex(const unsigned char* data, size_t n);

@@ -17,7 +17,8 @@ std::vector<std::pair<std::string, std::string>> parse_form(std::string_view s) 
     std::string_view kv = s.substr(pos, amp - pos);
     if (!kv.empty()) {
       size_t eq = kv.find('=');
-      out.emplace_back(url_decode(kv.substr(0, eq)), eq == std::string_view::npos ? "" : url_decode(kv.substr(eq + 1)));
+      out.emplace_back(url_decode(kv.substr(0, eq)),
+                       eq == std::string_view::npos ? "" : url_decode(kv.substr(eq + 1)));
     }
     pos = amp + 1;
   }
@@ -40,7 +41,8 @@ void SqsPart::mount(httplib::Server& http) {
 
 void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
   char rid[40];
-  std::snprintf(rid, sizeof rid, "spool-%016llx-%llu", static_cast<unsigned long long>(std::random_device{}()),
+  std::snprintf(rid, sizeof rid, "spool-%016llx-%llu",
+                static_cast<unsigned long long>(std::random_device{}()),
                 static_cast<unsigned long long>(++requests_));
   const std::string request_id = rid;
   res.set_header("x-amzn-RequestId", request_id);
@@ -63,13 +65,15 @@ void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
   SqsContext ctx;
   ctx.region = opts_.region;
   ctx.base_url = "http://" + req.get_header_value("Host");
-  if (size_t slash = raw_path.rfind('/'); slash != std::string::npos && slash > 0) ctx.path_queue = raw_path.substr(slash + 1);
+  if (size_t slash = raw_path.rfind('/'); slash != std::string::npos && slash > 0)
+    ctx.path_queue = raw_path.substr(slash + 1);
 
   if (!opts_.no_auth) {
     SignedRequest sr{req.method, raw_path, raw_query, {}, req.body};
     for (const auto& [k, v] : req.headers) {
       // httplib adds these itself; they were not sent and so not signed.
-      if (k == "REMOTE_ADDR" || k == "REMOTE_PORT" || k == "LOCAL_ADDR" || k == "LOCAL_PORT") continue;
+      if (k == "REMOTE_ADDR" || k == "REMOTE_PORT" || k == "LOCAL_ADDR" || k == "LOCAL_PORT")
+        continue;
       sr.headers.emplace_back(k, v);
     }
     AuthResult a = verify_sigv4(sr, opts_.keys, std::chrono::system_clock::now());
@@ -86,7 +90,8 @@ void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
   if (json_protocol) {
     const std::string prefix = "AmazonSQS.";
     if (target.rfind(prefix, 0) != 0) {
-      reply_error(SqsError{"InvalidAction", "X-Amz-Target '" + target + "' is not AmazonSQS.<Action>"});
+      reply_error(
+          SqsError{"InvalidAction", "X-Amz-Target '" + target + "' is not AmazonSQS.<Action>"});
       return;
     }
     action = target.substr(prefix.size());
@@ -97,7 +102,8 @@ void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
     }
   } else {
     auto params = parse_form(raw_query);
-    if (req.get_header_value("Content-Type").find("application/x-www-form-urlencoded") != std::string::npos) {
+    if (req.get_header_value("Content-Type").find("application/x-www-form-urlencoded") !=
+        std::string::npos) {
       for (auto& p : parse_form(req.body)) params.push_back(std::move(p));
     }
     for (const auto& [k, v] : params) {
@@ -113,7 +119,8 @@ void SqsPart::handle(const httplib::Request& req, httplib::Response& res) {
     json out = service_.call(action, in, ctx);
     res.status = 200;
     if (json_protocol) {
-      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/x-amz-json-1.0");
+      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace),
+                      "application/x-amz-json-1.0");
     } else {
       res.set_content(json_to_xml(action, out, request_id), "text/xml");
     }

@@ -21,26 +21,34 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::system_clock;
 
-constexpr const char* kAttrPrefix = "sqs.a.";  // a message attribute NAME is the spool attribute sqs.a.NAME
+constexpr const char* kAttrPrefix =
+    "sqs.a.";  // a message attribute NAME is the spool attribute sqs.a.NAME
 constexpr int64_t kMaxSqsBody = 262144;
 
-[[noreturn]] void fail(const std::string& name, const std::string& message) { throw SqsError{name, message}; }
+[[noreturn]] void fail(const std::string& name, const std::string& message) {
+  throw SqsError{name, message};
+}
 
 int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch())
+      .count();
 }
 
 bool valid_queue_name(const std::string& n) {
   std::string base = n;
   if (base.size() > 5 && base.ends_with(".fifo")) base.resize(base.size() - 5);
   if (n.empty() || n.size() > 80 || base.empty()) return false;
-  return std::all_of(base.begin(), base.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
+  return std::all_of(base.begin(), base.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+  });
 }
 
 void check_name(const std::string& n) {
   if (!valid_queue_name(n)) {
-    fail("InvalidParameterValue", "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
-                                  "length (a FIFO queue's name ends in .fifo); got '" + n + "'");
+    fail("InvalidParameterValue",
+         "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
+         "length (a FIFO queue's name ends in .fifo); got '" +
+             n + "'");
   }
 }
 
@@ -56,7 +64,8 @@ std::string str_of(const json& v) {
 std::string get_str(const json& in, const char* key, bool required) {
   auto it = in.find(key);
   if (it == in.end() || it->is_null()) {
-    if (required) fail("MissingParameter", std::string("The request must contain the parameter ") + key + ".");
+    if (required)
+      fail("MissingParameter", std::string("The request must contain the parameter ") + key + ".");
     return "";
   }
   return str_of(*it);
@@ -71,7 +80,8 @@ int64_t parse_int(const std::string& what, const std::string& s, int64_t lo, int
     used = 0;
   }
   if (s.empty() || used != s.size() || v < lo || v > hi) {
-    fail("InvalidParameterValue", "Value " + s + " for parameter " + what + " is invalid. Reason: must be an integer from " +
+    fail("InvalidParameterValue", "Value " + s + " for parameter " + what +
+                                      " is invalid. Reason: must be an integer from " +
                                       std::to_string(lo) + " to " + std::to_string(hi) + ".");
   }
   return v;
@@ -86,7 +96,8 @@ std::optional<int64_t> get_int(const json& in, const char* key, int64_t lo, int6
 bool parse_bool(const std::string& what, const std::string& s) {
   if (s == "true") return true;
   if (s == "false") return false;
-  fail("InvalidAttributeValue", "Invalid value for the parameter " + what + ": '" + s + "' (true or false)");
+  fail("InvalidAttributeValue",
+       "Invalid value for the parameter " + what + ": '" + s + "' (true or false)");
 }
 
 std::vector<std::string> str_list(const json& in, const char* key) {
@@ -112,19 +123,22 @@ std::string b64_decode(const std::string& what, const std::string& s) {
   }
   if (clean.size() % 4 != 0) fail("InvalidParameterValue", what + " is not valid base64");
   std::string out(clean.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(clean.data()),
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(clean.data()),
                           static_cast<int>(clean.size()));
   if (n < 0) fail("InvalidParameterValue", what + " is not valid base64");
   size_t pad = 0;
-  if (!clean.empty() && clean.back() == '=') pad = clean.size() > 1 && clean[clean.size() - 2] == '=' ? 2 : 1;
+  if (!clean.empty() && clean.back() == '=')
+    pad = clean.size() > 1 && clean[clean.size() - 2] == '=' ? 2 : 1;
   out.resize(static_cast<size_t>(n) - pad);
   return out;
 }
 
 std::string b64_encode(std::string_view s) {
   std::string out((s.size() + 2) / 3 * 4 + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
-                          static_cast<int>(s.size()));
+  int n =
+      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
   out.resize(static_cast<size_t>(n));
   return out;
 }
@@ -135,19 +149,24 @@ bool valid_body(std::string_view s) {
     unsigned char c = static_cast<unsigned char>(s[i]);
     uint32_t cp = 0;
     size_t len = 0;
-    if (c < 0x80) cp = c, len = 1;
-    else if ((c & 0xE0) == 0xC0) cp = c & 0x1F, len = 2;
-    else if ((c & 0xF0) == 0xE0) cp = c & 0x0F, len = 3;
-    else if ((c & 0xF8) == 0xF0) cp = c & 0x07, len = 4;
-    else return false;
+    if (c < 0x80)
+      cp = c, len = 1;
+    else if ((c & 0xE0) == 0xC0)
+      cp = c & 0x1F, len = 2;
+    else if ((c & 0xF0) == 0xE0)
+      cp = c & 0x0F, len = 3;
+    else if ((c & 0xF8) == 0xF0)
+      cp = c & 0x07, len = 4;
+    else
+      return false;
     if (i + len > s.size()) return false;
     for (size_t k = 1; k < len; ++k) {
       unsigned char cc = static_cast<unsigned char>(s[i + k]);
       if ((cc & 0xC0) != 0x80) return false;
       cp = (cp << 6) | (cc & 0x3F);
     }
-    bool ok = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) || (cp >= 0xE000 && cp <= 0xFFFD) ||
-              (cp >= 0x10000 && cp <= 0x10FFFF);
+    bool ok = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0xD7FF) ||
+              (cp >= 0xE000 && cp <= 0xFFFD) || (cp >= 0x10000 && cp <= 0x10FFFF);
     if (!ok) return false;
     i += len;
   }
@@ -186,35 +205,52 @@ std::map<std::string, MsgAttr> parse_msg_attrs(const json& in) {
   std::map<std::string, MsgAttr> out;
   auto it = in.find("MessageAttributes");
   if (it == in.end() || !it->is_object()) return out;
-  if (it->size() > 10) fail("InvalidParameterValue", "Number of message attributes [" + std::to_string(it->size()) + "] exceeds the allowed maximum [10].");
+  if (it->size() > 10)
+    fail("InvalidParameterValue", "Number of message attributes [" + std::to_string(it->size()) +
+                                      "] exceeds the allowed maximum [10].");
   for (const auto& [name, v] : it->items()) {
-    bool ok_name = !name.empty() && name.size() <= 256 && name.front() != '.' && name.back() != '.' &&
-                   name.find("..") == std::string::npos && name.rfind("AWS.", 0) != 0 && name.rfind("Amazon.", 0) != 0 &&
-                   std::all_of(name.begin(), name.end(), [](char c) {
-                     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
-                   });
-    if (!ok_name) fail("InvalidParameterValue", "Message attribute name '" + name + "' is invalid.");
+    bool ok_name =
+        !name.empty() && name.size() <= 256 && name.front() != '.' && name.back() != '.' &&
+        name.find("..") == std::string::npos && name.rfind("AWS.", 0) != 0 &&
+        name.rfind("Amazon.", 0) != 0 && std::all_of(name.begin(), name.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+        });
+    if (!ok_name)
+      fail("InvalidParameterValue", "Message attribute name '" + name + "' is invalid.");
     if (name.size() + std::string_view(kAttrPrefix).size() > 64) {
-      fail("InvalidParameterValue", "Message attribute name '" + name + "' is longer than spool keeps (58 characters; docs/sqs.md).");
+      fail("InvalidParameterValue",
+           "Message attribute name '" + name +
+               "' is longer than spool keeps (58 characters; docs/sqs.md).");
     }
     MsgAttr a;
     a.type = v.is_object() ? get_str(v, "DataType", false) : "";
     const std::string base = a.type.substr(0, a.type.find('.'));
     if (base != "String" && base != "Number" && base != "Binary") {
-      fail("InvalidParameterValue", "The message attribute '" + name + "' has an invalid message attribute type '" + a.type + "'.");
+      fail("InvalidParameterValue", "The message attribute '" + name +
+                                        "' has an invalid message attribute type '" + a.type +
+                                        "'.");
     }
-    if (a.type.size() > 256 || a.type.find(':') != std::string::npos) fail("InvalidParameterValue", "Message attribute '" + name + "': invalid DataType.");
+    if (a.type.size() > 256 || a.type.find(':') != std::string::npos)
+      fail("InvalidParameterValue", "Message attribute '" + name + "': invalid DataType.");
     if (base == "Binary") {
-      a.value = b64_decode("Message attribute '" + name + "' BinaryValue", get_str(v, "BinaryValue", false));
+      a.value = b64_decode("Message attribute '" + name + "' BinaryValue",
+                           get_str(v, "BinaryValue", false));
     } else {
       a.value = get_str(v, "StringValue", false);
-      if (!valid_body(a.value)) fail("InvalidParameterValue", "Message attribute '" + name + "' has characters outside those SQS allows.");
+      if (!valid_body(a.value))
+        fail("InvalidParameterValue",
+             "Message attribute '" + name + "' has characters outside those SQS allows.");
     }
-    if (a.value.empty()) fail("InvalidParameterValue", "Message attribute '" + name + "' must contain a non-empty value of message attribute type '" + a.type + "'.");
+    if (a.value.empty())
+      fail("InvalidParameterValue",
+           "Message attribute '" + name +
+               "' must contain a non-empty value of message attribute type '" + a.type + "'.");
     if (base == "Number") {
       char* end = nullptr;
       std::strtod(a.value.c_str(), &end);
-      if (end == a.value.c_str() || *end != '\0') fail("InvalidParameterValue", "Message attribute '" + name + "': '" + a.value + "' is not a number.");
+      if (end == a.value.c_str() || *end != '\0')
+        fail("InvalidParameterValue",
+             "Message attribute '" + name + "': '" + a.value + "' is not a number.");
     }
     out[name] = std::move(a);
   }
@@ -224,7 +260,8 @@ std::map<std::string, MsgAttr> parse_msg_attrs(const json& in) {
 // Into spool attributes (sqs.a.NAME = TYPE:VALUE, a binary value in base64) and back.
 Attributes to_spool(const std::map<std::string, MsgAttr>& attrs) {
   Attributes out;
-  for (const auto& [name, a] : attrs) out[kAttrPrefix + name] = a.type + ":" + (a.binary() ? b64_encode(a.value) : a.value);
+  for (const auto& [name, a] : attrs)
+    out[kAttrPrefix + name] = a.type + ":" + (a.binary() ? b64_encode(a.value) : a.value);
   return out;
 }
 
@@ -252,8 +289,10 @@ json attrs_json(const std::map<std::string, MsgAttr>& attrs) {
   json out = json::object();
   for (const auto& [name, a] : attrs) {
     json v = {{"DataType", a.type}};
-    if (a.binary()) v["BinaryValue"] = b64_encode(a.value);
-    else v["StringValue"] = a.value;
+    if (a.binary())
+      v["BinaryValue"] = b64_encode(a.value);
+    else
+      v["StringValue"] = a.value;
     out[name] = v;
   }
   return out;
@@ -262,33 +301,51 @@ json attrs_json(const std::map<std::string, MsgAttr>& attrs) {
 bool wanted(const std::vector<std::string>& names, const std::string& name) {
   for (const auto& n : names) {
     if (n == "All" || n == ".*" || n == name) return true;
-    if (n.size() > 2 && n.ends_with(".*") && name.rfind(n.substr(0, n.size() - 1), 0) == 0) return true;
+    if (n.size() > 2 && n.ends_with(".*") && name.rfind(n.substr(0, n.size() - 1), 0) == 0)
+      return true;
   }
   return false;
 }
 
 json meta_json(const SqsService::Meta& m) {
-  return {{"fifo", m.fifo}, {"content_dedup", m.content_dedup}, {"delay_s", m.delay_s}, {"wait_s", m.wait_s},
-          {"created_s", m.created_s}, {"modified_s", m.modified_s}, {"extra", m.extra}, {"tags", m.tags}};
+  return {{"fifo", m.fifo},           {"content_dedup", m.content_dedup},
+          {"delay_s", m.delay_s},     {"wait_s", m.wait_s},
+          {"created_s", m.created_s}, {"modified_s", m.modified_s},
+          {"extra", m.extra},         {"tags", m.tags}};
 }
 
-std::string status_text(const Status& s) { return s.message().empty() ? code_name(s.code()) : s.message(); }
+std::string status_text(const Status& s) {
+  return s.message().empty() ? code_name(s.code()) : s.message();
+}
 
 // A spool error on a whole request, as SQS would name it.
 [[noreturn]] void fail_status(const Status& s) {
   switch (s.code()) {
-    case Code::kNotAQueue: fail("QueueDoesNotExist", "The specified queue does not exist: " + status_text(s));
-    case Code::kQueueFull: fail("ThrottlingException", "The queue is full (its max_ready / max_bytes); retry later: " + status_text(s));
-    case Code::kTooLarge: fail("InvalidParameterValue", "The message is too long: " + status_text(s));
-    case Code::kInvalidArgument: fail("InvalidParameterValue", status_text(s));
-    case Code::kReadOnly: fail("AccessDenied", "The server may not change this queue: " + status_text(s));
-    case Code::kNoSpace: fail("ServiceUnavailable", "The disk is full; free space, then retry: " + status_text(s));
-    default: fail("InternalError", status_text(s));
+    case Code::kNotAQueue:
+      fail("QueueDoesNotExist", "The specified queue does not exist: " + status_text(s));
+    case Code::kQueueFull:
+      fail("ThrottlingException",
+           "The queue is full (its max_ready / max_bytes); retry later: " + status_text(s));
+    case Code::kTooLarge:
+      fail("InvalidParameterValue", "The message is too long: " + status_text(s));
+    case Code::kInvalidArgument:
+      fail("InvalidParameterValue", status_text(s));
+    case Code::kReadOnly:
+      fail("AccessDenied", "The server may not change this queue: " + status_text(s));
+    case Code::kNoSpace:
+      fail("ServiceUnavailable", "The disk is full; free space, then retry: " + status_text(s));
+    default:
+      fail("InternalError", status_text(s));
   }
 }
 
-const std::set<std::string> kExtraAttrs = {"Policy", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "SqsManagedSseEnabled",
-                                            "RedriveAllowPolicy", "DeduplicationScope", "FifoThroughputLimit"};
+const std::set<std::string> kExtraAttrs = {"Policy",
+                                           "KmsMasterKeyId",
+                                           "KmsDataKeyReusePeriodSeconds",
+                                           "SqsManagedSseEnabled",
+                                           "RedriveAllowPolicy",
+                                           "DeduplicationScope",
+                                           "FifoThroughputLimit"};
 
 struct Settings {  // what CreateQueue / SetQueueAttributes ask for
   std::optional<int64_t> visibility, max_size, retention, delay, wait, max_receives;
@@ -300,18 +357,26 @@ struct Settings {  // what CreateQueue / SetQueueAttributes ask for
 Settings parse_settings(const std::map<std::string, std::string>& attrs) {
   Settings s;
   for (const auto& [k, v] : attrs) {
-    if (k == "VisibilityTimeout") s.visibility = parse_int(k, v, 0, 43200);
-    else if (k == "MaximumMessageSize") s.max_size = parse_int(k, v, 1024, kMaxSqsBody);
-    else if (k == "MessageRetentionPeriod") s.retention = parse_int(k, v, 60, 1209600);
-    else if (k == "DelaySeconds") s.delay = parse_int(k, v, 0, 900);
-    else if (k == "ReceiveMessageWaitTimeSeconds") s.wait = parse_int(k, v, 0, 20);
-    else if (k == "FifoQueue") s.fifo = parse_bool(k, v);
-    else if (k == "ContentBasedDeduplication") s.content_dedup = parse_bool(k, v);
+    if (k == "VisibilityTimeout")
+      s.visibility = parse_int(k, v, 0, 43200);
+    else if (k == "MaximumMessageSize")
+      s.max_size = parse_int(k, v, 1024, kMaxSqsBody);
+    else if (k == "MessageRetentionPeriod")
+      s.retention = parse_int(k, v, 60, 1209600);
+    else if (k == "DelaySeconds")
+      s.delay = parse_int(k, v, 0, 900);
+    else if (k == "ReceiveMessageWaitTimeSeconds")
+      s.wait = parse_int(k, v, 0, 20);
+    else if (k == "FifoQueue")
+      s.fifo = parse_bool(k, v);
+    else if (k == "ContentBasedDeduplication")
+      s.content_dedup = parse_bool(k, v);
     else if (k == "RedrivePolicy") {
       json p = json::parse(v, nullptr, false);
       if (!p.is_object() || !p.contains("deadLetterTargetArn") || !p.contains("maxReceiveCount")) {
-        fail("InvalidAttributeValue", "Invalid value for the parameter RedrivePolicy. Reason: Redrive policy is not a JSON "
-                                      "object with deadLetterTargetArn and maxReceiveCount.");
+        fail("InvalidAttributeValue",
+             "Invalid value for the parameter RedrivePolicy. Reason: Redrive policy is not a JSON "
+             "object with deadLetterTargetArn and maxReceiveCount.");
       }
       s.max_receives = parse_int("maxReceiveCount", str_of(p["maxReceiveCount"]), 1, 1000);
       std::string target = str_of(p["deadLetterTargetArn"]);
@@ -341,16 +406,19 @@ std::string SqsService::message_id(const std::string& name, const Meta& m, uint6
   // A UUID-shaped id: a hash of the queue (its name and creation time, so a queue made again
   // under the same name gives new ids) and the spool id.
   uint64_t h = 1469598103934665603ull;
-  for (char c : name + "/" + std::to_string(m.created_s)) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  for (char c : name + "/" + std::to_string(m.created_s))
+    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%012" PRIx64, h >> 32,
+  std::snprintf(buf, sizeof buf,
+                "%08" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%04" PRIx64 "-%012" PRIx64, h >> 32,
                 (h >> 16) & 0xFFFF, h & 0xFFFF, (id >> 48) & 0xFFFF, id & uint64_t{0xFFFFFFFFFFFF});
   return buf;
 }
 
 void SqsService::save_meta(const std::string& name, const Meta& m) {
   const std::string dir = root_ + "/.sqs";
-  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) fail_status(errno_status(errno, "create " + dir));
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+    fail_status(errno_status(errno, "create " + dir));
   const std::string path = dir + "/" + name + ".json", tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -366,7 +434,8 @@ std::shared_ptr<SqsService::Open> SqsService::open(const std::string& name) {
   std::lock_guard lock(mu_);
   if (auto it = open_.find(name); it != open_.end()) return it->second;
   const std::string dir = root_ + "/" + name;
-  if (::access((dir + "/spool.conf").c_str(), F_OK) != 0) fail("QueueDoesNotExist", "The specified queue does not exist.");
+  if (::access((dir + "/spool.conf").c_str(), F_OK) != 0)
+    fail("QueueDoesNotExist", "The specified queue does not exist.");
   QueueOptions opts;
   opts.create = false;
   auto q = Queue::open(dir, opts);
@@ -386,13 +455,15 @@ std::shared_ptr<SqsService::Open> SqsService::open(const std::string& name) {
     o->meta.tags = j.value("tags", std::map<std::string, std::string>{});
   } else {
     struct stat st {};  // a queue made by the CLI or the library: its spool.conf's age
-    if (::stat((dir + "/spool.conf").c_str(), &st) == 0) o->meta.created_s = o->meta.modified_s = st.st_mtime;
+    if (::stat((dir + "/spool.conf").c_str(), &st) == 0)
+      o->meta.created_s = o->meta.modified_s = st.st_mtime;
   }
   open_[name] = o;
   return o;
 }
 
-std::shared_ptr<SqsService::Open> SqsService::open_from(const json& in, const SqsContext& ctx, std::string* name) {
+std::shared_ptr<SqsService::Open> SqsService::open_from(const json& in, const SqsContext& ctx,
+                                                        std::string* name) {
   std::string u = get_str(in, "QueueUrl", ctx.path_queue.empty());
   *name = u.empty() ? ctx.path_queue : u.substr(u.rfind('/') + 1);
   return open(*name);
@@ -424,10 +495,13 @@ json SqsService::call(const std::string& action, const json& in, const SqsContex
   if (action == "ChangeMessageVisibility") return change_visibility(in, ctx, false);
   if (action == "ChangeMessageVisibilityBatch") return change_visibility(in, ctx, true);
   if (action == "ListDeadLetterSourceQueues") return dead_letter_sources(in, ctx);
-  if (action == "TagQueue" || action == "UntagQueue" || action == "ListQueueTags") return tags(action, in, ctx);
-  if (action == "AddPermission" || action == "RemovePermission" || action == "StartMessageMoveTask" ||
-      action == "CancelMessageMoveTask" || action == "ListMessageMoveTasks") {
-    fail("UnsupportedOperation", action + " is not supported by spool's SQS face (docs/sqs.md says why).");
+  if (action == "TagQueue" || action == "UntagQueue" || action == "ListQueueTags")
+    return tags(action, in, ctx);
+  if (action == "AddPermission" || action == "RemovePermission" ||
+      action == "StartMessageMoveTask" || action == "CancelMessageMoveTask" ||
+      action == "ListMessageMoveTasks") {
+    fail("UnsupportedOperation",
+         action + " is not supported by spool's SQS face (docs/sqs.md says why).");
   }
   fail("InvalidAction", "The action " + action + " is not valid for this endpoint.");
 }
@@ -440,10 +514,14 @@ json SqsService::create_queue(const json& in, const SqsContext& ctx) {
   for (auto& [k, v] : str_map(in, "Tags")) tags_in[k] = v;
   const bool fifo = s.fifo.value_or(false);
   if (fifo != name.ends_with(".fifo")) {
-    fail("InvalidParameterValue", fifo ? "The name of a FIFO queue can only include alphanumeric characters, hyphens, or underscores, must end with .fifo suffix."
-                                       : "Can only include alphanumeric characters, hyphens, or underscores; a name ending in .fifo needs FifoQueue=true.");
+    fail("InvalidParameterValue",
+         fifo ? "The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
+                "underscores, must end with .fifo suffix."
+              : "Can only include alphanumeric characters, hyphens, or underscores; a name ending "
+                "in .fifo needs FifoQueue=true.");
   }
-  if (s.content_dedup && !fifo) fail("InvalidAttributeName", "ContentBasedDeduplication is only for FIFO queues.");
+  if (s.content_dedup && !fifo)
+    fail("InvalidAttributeName", "ContentBasedDeduplication is only for FIFO queues.");
   const std::string dir = root_ + "/" + name;
   if (::access((dir + "/spool.conf").c_str(), F_OK) == 0) {
     // SQS: the same name with the same attributes returns the queue; different ones are an error.
@@ -452,29 +530,36 @@ json SqsService::create_queue(const json& in, const SqsContext& ctx) {
     bool same = (!s.visibility || *s.visibility == opts.visibility.count() / 1000) &&
                 (!s.max_size || static_cast<uint64_t>(*s.max_size) == opts.max_payload) &&
                 (!s.retention || *s.retention * 1000 == opts.retention_max_age.count()) &&
-                (!s.delay || *s.delay == o->meta.delay_s) && (!s.wait || *s.wait == o->meta.wait_s) &&
-                fifo == o->meta.fifo && (!s.content_dedup || *s.content_dedup == o->meta.content_dedup) &&
+                (!s.delay || *s.delay == o->meta.delay_s) &&
+                (!s.wait || *s.wait == o->meta.wait_s) && fifo == o->meta.fifo &&
+                (!s.content_dedup || *s.content_dedup == o->meta.content_dedup) &&
                 (!s.max_receives || static_cast<uint32_t>(*s.max_receives) == opts.max_receives);
-    if (!same) fail("QueueAlreadyExists", "A queue already exists with the same name and a different value for attribute(s).");
+    if (!same)
+      fail("QueueAlreadyExists",
+           "A queue already exists with the same name and a different value for attribute(s).");
     return {{"QueueUrl", url(ctx, name)}};
   }
   if (s.dlq) {
     auto d = open(*s.dlq);  // SQS: the dead-letter queue must exist, and be of the same kind
-    if (d->meta.fifo != fifo) fail("InvalidParameterValue", "Dead-letter target queue must be of the same type (FIFO or standard).");
+    if (d->meta.fifo != fifo)
+      fail("InvalidParameterValue",
+           "Dead-letter target queue must be of the same type (FIFO or standard).");
   }
   QueueOptions opts;
   opts.visibility = Millis(std::max<int64_t>(1, s.visibility.value_or(30) * 1000));
-  opts.max_receives = static_cast<uint32_t>(s.max_receives.value_or(0));  // no RedrivePolicy: never dead-letter
+  opts.max_receives =
+      static_cast<uint32_t>(s.max_receives.value_or(0));  // no RedrivePolicy: never dead-letter
   opts.max_payload = static_cast<uint64_t>(s.max_size.value_or(kMaxSqsBody));
   opts.retention_max_age = Millis(s.retention.value_or(345600) * 1000);  // SQS's default: 4 days
-  opts.dedup_window = Millis(300000);                                    // SQS's FIFO deduplication interval
+  opts.dedup_window = Millis(300000);  // SQS's FIFO deduplication interval
   auto q = Queue::open(dir, opts);
   if (!q.ok()) fail_status(q.status());
   if (s.dlq) {
     // spool dead-letters into DIR/dlq: there, a link to the queue the RedrivePolicy names.
     std::error_code ec;
     fs::create_directory_symlink("../" + *s.dlq, dir + "/dlq", ec);
-    if (ec && ec != std::errc::file_exists) fail("InternalError", "link " + dir + "/dlq: " + ec.message());
+    if (ec && ec != std::errc::file_exists)
+      fail("InternalError", "link " + dir + "/dlq: " + ec.message());
   }
   Meta m;
   m.fifo = fifo;
@@ -528,10 +613,12 @@ json SqsService::delete_queue(const json& in, const SqsContext& ctx) {
   // Out of sight in one step (a rename), then removed; processes that have it open keep
   // their mappings until they close it.
   const std::string dir = root_ + "/.sqs";
-  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) fail_status(errno_status(errno, "create " + dir));
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+    fail_status(errno_status(errno, "create " + dir));
   std::mt19937_64 rng(std::random_device{}());
   const std::string gone = dir + "/deleted-" + name + "-" + std::to_string(rng());
-  if (::rename((root_ + "/" + name).c_str(), gone.c_str()) != 0) fail_status(errno_status(errno, "delete queue " + name));
+  if (::rename((root_ + "/" + name).c_str(), gone.c_str()) != 0)
+    fail_status(errno_status(errno, "delete queue " + name));
   std::error_code ec;
   fs::remove_all(gone, ec);
   fs::remove(dir + "/" + name + ".json", ec);
@@ -561,7 +648,9 @@ json SqsService::queue_attributes(const std::string& name, Open& o, const SqsCon
     fs::path target = fs::read_symlink(root_ + "/" + name + "/dlq", ec);
     // A queue made by the CLI dead-letters into its own DIR/dlq, which has no SQS name.
     std::string dlq = ec ? name + "/dlq" : target.filename().string();
-    a["RedrivePolicy"] = json({{"deadLetterTargetArn", arn(ctx, dlq)}, {"maxReceiveCount", opts.max_receives}}).dump();
+    a["RedrivePolicy"] =
+        json({{"deadLetterTargetArn", arn(ctx, dlq)}, {"maxReceiveCount", opts.max_receives}})
+            .dump();
   }
   if (o.meta.fifo) {
     a["FifoQueue"] = "true";
@@ -576,12 +665,28 @@ json SqsService::get_attributes(const json& in, const SqsContext& ctx) {
   auto o = open_from(in, ctx, &name);
   json all = queue_attributes(name, *o, ctx);
   json out = json::object();
-  static const std::set<std::string> kKnown = {
-      "All", "Policy", "VisibilityTimeout", "MaximumMessageSize", "MessageRetentionPeriod", "ApproximateNumberOfMessages",
-      "ApproximateNumberOfMessagesNotVisible", "CreatedTimestamp", "LastModifiedTimestamp", "QueueArn",
-      "ApproximateNumberOfMessagesDelayed", "DelaySeconds", "ReceiveMessageWaitTimeSeconds", "RedrivePolicy",
-      "FifoQueue", "ContentBasedDeduplication", "KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds", "DeduplicationScope",
-      "FifoThroughputLimit", "RedriveAllowPolicy", "SqsManagedSseEnabled"};
+  static const std::set<std::string> kKnown = {"All",
+                                               "Policy",
+                                               "VisibilityTimeout",
+                                               "MaximumMessageSize",
+                                               "MessageRetentionPeriod",
+                                               "ApproximateNumberOfMessages",
+                                               "ApproximateNumberOfMessagesNotVisible",
+                                               "CreatedTimestamp",
+                                               "LastModifiedTimestamp",
+                                               "QueueArn",
+                                               "ApproximateNumberOfMessagesDelayed",
+                                               "DelaySeconds",
+                                               "ReceiveMessageWaitTimeSeconds",
+                                               "RedrivePolicy",
+                                               "FifoQueue",
+                                               "ContentBasedDeduplication",
+                                               "KmsMasterKeyId",
+                                               "KmsDataKeyReusePeriodSeconds",
+                                               "DeduplicationScope",
+                                               "FifoThroughputLimit",
+                                               "RedriveAllowPolicy",
+                                               "SqsManagedSseEnabled"};
   auto names = str_list(in, "AttributeNames");
   for (const auto& n : names) {
     if (!kKnown.count(n)) fail("InvalidAttributeName", "Unknown Attribute " + n + ".");
@@ -596,20 +701,27 @@ json SqsService::set_attributes(const json& in, const SqsContext& ctx) {
   std::string name;
   auto o = open_from(in, ctx, &name);
   auto attrs = str_map(in, "Attributes");
-  if (attrs.empty()) fail("MissingParameter", "The request must contain the parameter Attribute.Name.");
+  if (attrs.empty())
+    fail("MissingParameter", "The request must contain the parameter Attribute.Name.");
   Settings s = parse_settings(attrs);
   const auto& opts = o->q->options();
   // spool fixes these in spool.conf when a queue is made; the public API cannot change them.
   auto fixed = [](const char* what) {
-    fail("InvalidAttributeValue", std::string("spool fixes ") + what +
-                                      " when a queue is created; make a new queue to change it (docs/sqs.md).");
+    fail("InvalidAttributeValue",
+         std::string("spool fixes ") + what +
+             " when a queue is created; make a new queue to change it (docs/sqs.md).");
   };
   if (s.visibility && *s.visibility != opts.visibility.count() / 1000) fixed("VisibilityTimeout");
-  if (s.max_size && static_cast<uint64_t>(*s.max_size) != opts.max_payload) fixed("MaximumMessageSize");
-  if (s.retention && *s.retention * 1000 != opts.retention_max_age.count()) fixed("MessageRetentionPeriod");
-  if (s.max_receives && static_cast<uint32_t>(*s.max_receives) != opts.max_receives) fixed("RedrivePolicy's maxReceiveCount");
-  if (s.fifo && *s.fifo != o->meta.fifo) fail("InvalidAttributeName", "FifoQueue cannot be changed.");
-  if (s.content_dedup && !o->meta.fifo) fail("InvalidAttributeName", "ContentBasedDeduplication is only for FIFO queues.");
+  if (s.max_size && static_cast<uint64_t>(*s.max_size) != opts.max_payload)
+    fixed("MaximumMessageSize");
+  if (s.retention && *s.retention * 1000 != opts.retention_max_age.count())
+    fixed("MessageRetentionPeriod");
+  if (s.max_receives && static_cast<uint32_t>(*s.max_receives) != opts.max_receives)
+    fixed("RedrivePolicy's maxReceiveCount");
+  if (s.fifo && *s.fifo != o->meta.fifo)
+    fail("InvalidAttributeName", "FifoQueue cannot be changed.");
+  if (s.content_dedup && !o->meta.fifo)
+    fail("InvalidAttributeName", "ContentBasedDeduplication is only for FIFO queues.");
   std::lock_guard lock(mu_);
   Meta m = o->meta;
   if (s.delay) m.delay_s = *s.delay;
@@ -625,20 +737,31 @@ json SqsService::set_attributes(const json& in, const SqsContext& ctx) {
 namespace {
 
 void check_batch(const json& entries) {
-  if (!entries.is_array() || entries.empty()) fail("EmptyBatchRequest", "There should be at least one entry in the request.");
-  if (entries.size() > 10) fail("TooManyEntriesInBatchRequest", "Maximum number of entries per request are 10. You have sent " + std::to_string(entries.size()) + ".");
+  if (!entries.is_array() || entries.empty())
+    fail("EmptyBatchRequest", "There should be at least one entry in the request.");
+  if (entries.size() > 10)
+    fail("TooManyEntriesInBatchRequest",
+         "Maximum number of entries per request are 10. You have sent " +
+             std::to_string(entries.size()) + ".");
   std::set<std::string> ids;
   for (const auto& e : entries) {
     std::string id = get_str(e, "Id", true);
-    bool ok = !id.empty() && id.size() <= 80 &&
-              std::all_of(id.begin(), id.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; });
-    if (!ok) fail("InvalidBatchEntryId", "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It can be at most 80 letters long.");
+    bool ok = !id.empty() && id.size() <= 80 && std::all_of(id.begin(), id.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+    });
+    if (!ok)
+      fail("InvalidBatchEntryId",
+           "A batch entry id can only contain alphanumeric characters, hyphens and underscores. It "
+           "can be at most 80 letters long.");
     if (!ids.insert(id).second) fail("BatchEntryIdsNotDistinct", "Id " + id + " repeated.");
   }
 }
 
 json batch_failure(const std::string& id, const SqsError& e) {
-  return {{"Id", id}, {"SenderFault", e.name != "InternalError" && e.name != "ServiceUnavailable"}, {"Code", e.name}, {"Message", e.message}};
+  return {{"Id", id},
+          {"SenderFault", e.name != "InternalError" && e.name != "ServiceUnavailable"},
+          {"Code", e.name},
+          {"Message", e.message}};
 }
 
 // A batch action whose entries succeed or fail one by one: `one` per entry of in.Entries.
@@ -691,29 +814,49 @@ json SqsService::send(const json& in, const SqsContext& ctx, bool batch) {
     r.id = get_str(e, "Id", true);
     try {
       r.body = get_str(e, "MessageBody", true);
-      if (r.body.empty()) fail("InvalidParameterValue", "The request must contain a non-empty message body.");
-      if (!valid_body(r.body)) fail("InvalidMessageContents", "Invalid characters found in the message body (SQS allows only valid XML characters).");
+      if (r.body.empty())
+        fail("InvalidParameterValue", "The request must contain a non-empty message body.");
+      if (!valid_body(r.body))
+        fail(
+            "InvalidMessageContents",
+            "Invalid characters found in the message body (SQS allows only valid XML characters).");
       r.attrs = parse_msg_attrs(e);
       auto d = get_int(e, "DelaySeconds", 0, 900);
-      if (d && meta.fifo) fail("InvalidParameterValue", "Value " + std::to_string(*d) + " for parameter DelaySeconds is invalid. Reason: The request include parameter that is not valid for this queue type.");
+      if (d && meta.fifo)
+        fail("InvalidParameterValue",
+             "Value " + std::to_string(*d) +
+                 " for parameter DelaySeconds is invalid. Reason: The request include parameter "
+                 "that is not valid for this queue type.");
       r.delay_s = d.value_or(meta.delay_s);
-      std::string group = get_str(e, "MessageGroupId", false), dedup = get_str(e, "MessageDeduplicationId", false);
+      std::string group = get_str(e, "MessageGroupId", false),
+                  dedup = get_str(e, "MessageDeduplicationId", false);
       if (meta.fifo) {
-        if (group.empty()) fail("MissingParameter", "The request must contain the parameter MessageGroupId.");
+        if (group.empty())
+          fail("MissingParameter", "The request must contain the parameter MessageGroupId.");
         if (dedup.empty() && !meta.content_dedup) {
-          fail("InvalidParameterValue", "The queue should either have ContentBasedDeduplication enabled or MessageDeduplicationId provided explicitly");
+          fail("InvalidParameterValue",
+               "The queue should either have ContentBasedDeduplication enabled or "
+               "MessageDeduplicationId provided explicitly");
         }
         if (dedup.empty()) dedup = sha256_hex(r.body);
-        if (group.size() > 128 || dedup.size() > 128) fail("InvalidParameterValue", "MessageGroupId and MessageDeduplicationId are at most 128 characters.");
+        if (group.size() > 128 || dedup.size() > 128)
+          fail("InvalidParameterValue",
+               "MessageGroupId and MessageDeduplicationId are at most 128 characters.");
       } else if (!dedup.empty()) {
-        fail("InvalidParameterValue", "The request include parameter MessageDeduplicationId that is not valid for this queue type");
+        fail("InvalidParameterValue",
+             "The request include parameter MessageDeduplicationId that is not valid for this "
+             "queue type");
       } else if (!group.empty()) {
-        fail("InvalidParameterValue", "The request include parameter MessageGroupId that is not valid for this queue type");
+        fail("InvalidParameterValue",
+             "The request include parameter MessageGroupId that is not valid for this queue type");
       }
       int64_t size = static_cast<int64_t>(r.body.size());
-      for (const auto& [k, a] : r.attrs) size += static_cast<int64_t>(k.size() + a.type.size() + a.value.size());
+      for (const auto& [k, a] : r.attrs)
+        size += static_cast<int64_t>(k.size() + a.type.size() + a.value.size());
       if (static_cast<uint64_t>(size) > o->q->options().max_payload) {
-        fail("InvalidParameterValue", "One or more parameters are invalid. Reason: Message must be shorter than " + std::to_string(o->q->options().max_payload) + " bytes.");
+        fail("InvalidParameterValue",
+             "One or more parameters are invalid. Reason: Message must be shorter than " +
+                 std::to_string(o->q->options().max_payload) + " bytes.");
       }
       total += size;
       r.item.group = group;
@@ -725,7 +868,8 @@ json SqsService::send(const json& in, const SqsContext& ctx, bool batch) {
       failed.push_back(batch_failure(r.id, err));
     }
   }
-  if (batch && total > kMaxSqsBody) fail("BatchRequestTooLong", "Batch requests cannot be longer than 262144 bytes.");
+  if (batch && total > kMaxSqsBody)
+    fail("BatchRequestTooLong", "Batch requests cannot be longer than 262144 bytes.");
   // One spool send per delay (a batch almost always has one): all or nothing each.
   std::vector<uint64_t> ids(ready.size());
   std::vector<bool> dup_flags(ready.size());
@@ -749,7 +893,9 @@ json SqsService::send(const json& in, const SqsContext& ctx, bool batch) {
   }
   json ok = json::array();
   for (size_t i = 0; i < ready.size(); ++i) {
-    json res = {{"Id", ready[i].id}, {"MessageId", message_id(name, meta, ids[i])}, {"MD5OfMessageBody", md5_hex(ready[i].body)}};
+    json res = {{"Id", ready[i].id},
+                {"MessageId", message_id(name, meta, ids[i])},
+                {"MD5OfMessageBody", md5_hex(ready[i].body)}};
     if (!ready[i].attrs.empty()) res["MD5OfMessageAttributes"] = attributes_md5(ready[i].attrs);
     if (meta.fifo) {
       char seq[24];
@@ -778,7 +924,8 @@ json SqsService::receive(const json& in, const SqsContext& ctx) {
   const int64_t wait_s = get_int(in, "WaitTimeSeconds", 0, 20).value_or(meta.wait_s);
   // A visibility timeout of 0 makes the message receivable again at once: spool's shortest
   // lease, 1 ms (its 0 means the queue's default).
-  const Millis vis = vis_s ? Millis(std::max<int64_t>(1, *vis_s * 1000)) : o->q->options().visibility;
+  const Millis vis =
+      vis_s ? Millis(std::max<int64_t>(1, *vis_s * 1000)) : o->q->options().visibility;
   auto sys_names = str_list(in, "AttributeNames");
   for (auto& n : str_list(in, "MessageSystemAttributeNames")) sys_names.push_back(n);
   const auto attr_names = str_list(in, "MessageAttributeNames");
@@ -789,7 +936,8 @@ json SqsService::receive(const json& in, const SqsContext& ctx) {
   std::vector<Message> msgs;
   for (;;) {
     auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
-    auto r = o->q->receive(static_cast<size_t>(max), vis, std::clamp(left, Millis(0), Millis(1000)));
+    auto r =
+        o->q->receive(static_cast<size_t>(max), vis, std::clamp(left, Millis(0), Millis(1000)));
     if (r.ok()) {
       msgs = std::move(*r);
       break;
@@ -800,14 +948,19 @@ json SqsService::receive(const json& in, const SqsContext& ctx) {
   json out = json::array();
   const int64_t now = now_ms();
   for (auto& m : msgs) {
-    const int64_t sent = std::chrono::duration_cast<std::chrono::milliseconds>(m.enqueued.time_since_epoch()).count();
+    const int64_t sent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(m.enqueued.time_since_epoch())
+            .count();
     int64_t first = now;
     {
       std::lock_guard lock(mu_);
       auto [it, fresh] = first_receive_.emplace(name + "/" + std::to_string(m.id), now);
-      if (!fresh) first = it->second;
-      else if (m.receive_count > 1) it->second = first = sent;  // first received before this process knew it
-      if (first_receive_.size() > 1000000) first_receive_.clear();  // bounded; the value is approximate anyway
+      if (!fresh)
+        first = it->second;
+      else if (m.receive_count > 1)
+        it->second = first = sent;  // first received before this process knew it
+      if (first_receive_.size() > 1000000)
+        first_receive_.clear();  // bounded; the value is approximate anyway
     }
     json sys = {{"SenderId", SqsService::kAccount},
                 {"SentTimestamp", std::to_string(sent)},
@@ -819,8 +972,10 @@ json SqsService::receive(const json& in, const SqsContext& ctx) {
       sys["SequenceNumber"] = seq;
       sys["MessageGroupId"] = m.group;
     }
-    json msg = {{"MessageId", message_id(name, meta, m.id)}, {"ReceiptHandle", m.receipt},
-                {"MD5OfBody", md5_hex(m.payload)}, {"Body", m.payload}};
+    json msg = {{"MessageId", message_id(name, meta, m.id)},
+                {"ReceiptHandle", m.receipt},
+                {"MD5OfBody", md5_hex(m.payload)},
+                {"Body", m.payload}};
     json sys_out = json::object();
     for (const auto& [k, v] : sys.items()) {
       if (wanted(sys_names, k)) sys_out[k] = v;
@@ -852,7 +1007,9 @@ json SqsService::delete_message(const json& in, const SqsContext& ctx, bool batc
       first_receive_.erase(name + "/" + receipt.substr(0, receipt.find('.')));
       return;
     }
-    if (s.code() == Code::kInvalidArgument) fail("ReceiptHandleIsInvalid", "The input receipt handle \"" + receipt + "\" is not a valid receipt handle.");
+    if (s.code() == Code::kInvalidArgument)
+      fail("ReceiptHandleIsInvalid",
+           "The input receipt handle \"" + receipt + "\" is not a valid receipt handle.");
     fail_status(s);
   };
   if (!batch) {
@@ -872,9 +1029,14 @@ json SqsService::change_visibility(const json& in, const SqsContext& ctx, bool b
     // 0: visible again now (spool's nack); otherwise the lease ends VT from now (extend).
     Status s = *vt == 0 ? o->q->nack(receipt) : o->q->extend(receipt, Millis(*vt * 1000));
     if (s.ok()) return;
-    if (s.code() == Code::kInvalidArgument) fail("ReceiptHandleIsInvalid", "The input receipt handle \"" + receipt + "\" is not a valid receipt handle.");
+    if (s.code() == Code::kInvalidArgument)
+      fail("ReceiptHandleIsInvalid",
+           "The input receipt handle \"" + receipt + "\" is not a valid receipt handle.");
     if (s.code() == Code::kLeaseLost || s.code() == Code::kNotFound) {
-      fail("MessageNotInflight", "Value " + receipt + " for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not available for visibility timeout change.");
+      fail("MessageNotInflight",
+           "Value " + receipt +
+               " for parameter ReceiptHandle is invalid. Reason: Message does not exist or is not "
+               "available for visibility timeout change.");
     }
     fail_status(s);
   };
@@ -894,7 +1056,9 @@ json SqsService::dead_letter_sources(const json& in, const SqsContext& ctx) {
   for (const auto& e : fs::directory_iterator(root_, ec)) {
     std::string n = e.path().filename().string();
     std::error_code lec;
-    if (valid_queue_name(n) && fs::read_symlink(e.path() / "dlq", lec).string() == "../" + name && !lec) names.push_back(n);
+    if (valid_queue_name(n) && fs::read_symlink(e.path() / "dlq", lec).string() == "../" + name &&
+        !lec)
+      names.push_back(n);
   }
   std::sort(names.begin(), names.end());
   for (const auto& n : names) urls.push_back(url(ctx, n));
@@ -905,7 +1069,8 @@ json SqsService::tags(const std::string& action, const json& in, const SqsContex
   std::string name;
   auto o = open_from(in, ctx, &name);
   std::lock_guard lock(mu_);
-  if (action == "ListQueueTags") return o->meta.tags.empty() ? json::object() : json{{"Tags", o->meta.tags}};
+  if (action == "ListQueueTags")
+    return o->meta.tags.empty() ? json::object() : json{{"Tags", o->meta.tags}};
   Meta m = o->meta;
   if (action == "TagQueue") {
     for (const auto& [k, v] : str_map(in, "Tags")) m.tags[k] = v;

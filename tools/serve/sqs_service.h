@@ -52,7 +52,8 @@ class SqsService {
     int64_t wait_s = 0;
     int64_t created_s = 0;
     int64_t modified_s = 0;
-    std::map<std::string, std::string> extra;  // accepted attributes with no effect (Policy, Kms*, ...)
+    std::map<std::string, std::string>
+        extra;  // accepted attributes with no effect (Policy, Kms*, ...)
     std::map<std::string, std::string> tags;
   };
 

@@ -9,22 +9,32 @@ namespace spool::serve {
 namespace {
 
 bool is_index(const std::string& s) {
-  return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  return !s.empty() && s.size() < 6 && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
 }
 
 // Query names of lists (NAME.N) and maps (NAME.N.Key/Value), and their JSON names.
 const std::map<std::string, std::string> kLists = {
-    {"AttributeName", "AttributeNames"}, {"MessageAttributeName", "MessageAttributeNames"},
-    {"MessageSystemAttributeName", "MessageSystemAttributeNames"}, {"TagKey", "TagKeys"},
-    {"SendMessageBatchRequestEntry", "Entries"}, {"DeleteMessageBatchRequestEntry", "Entries"},
-    {"ChangeMessageVisibilityBatchRequestEntry", "Entries"}, {"AWSAccountId", "AWSAccountIds"}, {"ActionName", "Actions"},
-    {"StringListValue", "StringListValues"}, {"BinaryListValue", "BinaryListValues"}};
+    {"AttributeName", "AttributeNames"},
+    {"MessageAttributeName", "MessageAttributeNames"},
+    {"MessageSystemAttributeName", "MessageSystemAttributeNames"},
+    {"TagKey", "TagKeys"},
+    {"SendMessageBatchRequestEntry", "Entries"},
+    {"DeleteMessageBatchRequestEntry", "Entries"},
+    {"ChangeMessageVisibilityBatchRequestEntry", "Entries"},
+    {"AWSAccountId", "AWSAccountIds"},
+    {"ActionName", "Actions"},
+    {"StringListValue", "StringListValues"},
+    {"BinaryListValue", "BinaryListValues"}};
 struct MapNames {
   std::string json, key, value;
 };
 const std::map<std::string, MapNames> kMaps = {
-    {"Attribute", {"Attributes", "Name", "Value"}}, {"MessageAttribute", {"MessageAttributes", "Name", "Value"}},
-    {"MessageSystemAttribute", {"MessageSystemAttributes", "Name", "Value"}}, {"Tag", {"Tags", "Key", "Value"}}};
+    {"Attribute", {"Attributes", "Name", "Value"}},
+    {"MessageAttribute", {"MessageAttributes", "Name", "Value"}},
+    {"MessageSystemAttribute", {"MessageSystemAttributes", "Name", "Value"}},
+    {"Tag", {"Tags", "Key", "Value"}}};
 
 json normalize(const json& tree);
 
@@ -36,7 +46,8 @@ std::vector<json> indexed(const json& obj) {
       if (is_index(k)) items.emplace_back(std::stoi(k), v);
     }
   }
-  std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(items.begin(), items.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<json> out;
   for (auto& [i, v] : items) out.push_back(std::move(v));
   return out;
@@ -54,7 +65,8 @@ json normalize(const json& tree) {
       json obj = json::object();
       for (const auto& e : indexed(v)) {
         if (e.is_object() && e.contains(m->second.key) && e[m->second.key].is_string()) {
-          obj[e[m->second.key].get<std::string>()] = e.contains(m->second.value) ? normalize(e[m->second.value]) : json("");
+          obj[e[m->second.key].get<std::string>()] =
+              e.contains(m->second.value) ? normalize(e[m->second.value]) : json("");
         }
       }
       out[m->second.json] = obj;
@@ -99,12 +111,14 @@ void emit(std::string& out, const std::string& action, const std::string& key, c
     return;
   }
   // The maps: Attributes, MessageAttributes, Tags, flattened as entries.
-  static const std::map<std::string, MapNames> kOut = {{"Attributes", {"Attribute", "Name", "Value"}},
-                                                       {"MessageAttributes", {"MessageAttribute", "Name", "Value"}},
-                                                       {"Tags", {"Tag", "Key", "Value"}}};
+  static const std::map<std::string, MapNames> kOut = {
+      {"Attributes", {"Attribute", "Name", "Value"}},
+      {"MessageAttributes", {"MessageAttribute", "Name", "Value"}},
+      {"Tags", {"Tag", "Key", "Value"}}};
   if (auto m = kOut.find(key); m != kOut.end() && v.is_object()) {
     for (const auto& [k, c] : v.items()) {
-      out += "<" + m->second.json + "><" + m->second.key + ">" + xml_escape(k) + "</" + m->second.key + "><" + m->second.value + ">";
+      out += "<" + m->second.json + "><" + m->second.key + ">" + xml_escape(k) + "</" +
+             m->second.key + "><" + m->second.value + ">";
       emit_value(out, action, c);
       out += "</" + m->second.value + "></" + m->second.json + ">";
     }
@@ -148,13 +162,26 @@ std::string xml_escape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      case '\r': out += "&#13;"; break;  // a bare CR would be read back as LF
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      case '\r':
+        out += "&#13;";
+        break;  // a bare CR would be read back as LF
+      default:
+        out += c;
     }
   }
   return out;
@@ -181,18 +208,27 @@ json query_to_json(const std::vector<std::pair<std::string, std::string>>& param
   return normalize(tree);
 }
 
-std::string json_to_xml(const std::string& action, const json& result, const std::string& request_id) {
-  std::string out = "<?xml version=\"1.0\"?><" + action + "Response xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\">";
+std::string json_to_xml(const std::string& action, const json& result,
+                        const std::string& request_id) {
+  std::string out = "<?xml version=\"1.0\"?><" + action +
+                    "Response xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\">";
   // Actions with an output shape always carry their Result element, empty or not.
-  static const std::set<std::string> kNoOutput = {"DeleteQueue", "PurgeQueue", "SetQueueAttributes", "DeleteMessage",
-                                                  "ChangeMessageVisibility", "TagQueue", "UntagQueue", "AddPermission",
+  static const std::set<std::string> kNoOutput = {"DeleteQueue",
+                                                  "PurgeQueue",
+                                                  "SetQueueAttributes",
+                                                  "DeleteMessage",
+                                                  "ChangeMessageVisibility",
+                                                  "TagQueue",
+                                                  "UntagQueue",
+                                                  "AddPermission",
                                                   "RemovePermission"};
   if (!kNoOutput.count(action)) {
     out += "<" + action + "Result>";
     emit_value(out, action, result);
     out += "</" + action + "Result>";
   }
-  out += "<ResponseMetadata><RequestId>" + request_id + "</RequestId></ResponseMetadata></" + action + "Response>";
+  out += "<ResponseMetadata><RequestId>" + request_id + "</RequestId></ResponseMetadata></" +
+         action + "Response>";
   return out;
 }
 
@@ -205,9 +241,11 @@ WireError wire_error(const std::string& name) {
 
 std::string error_xml(const SqsError& e, const std::string& request_id) {
   WireError w = wire_error(e.name);
-  return "<?xml version=\"1.0\"?><ErrorResponse xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><Error><Type>" +
-         std::string(w.sender ? "Sender" : "Receiver") + "</Type><Code>" + w.query_code + "</Code><Message>" +
-         xml_escape(e.message) + "</Message><Detail/></Error><RequestId>" + request_id + "</RequestId></ErrorResponse>";
+  return "<?xml version=\"1.0\"?><ErrorResponse "
+         "xmlns=\"http://queue.amazonaws.com/doc/2012-11-05/\"><Error><Type>" +
+         std::string(w.sender ? "Sender" : "Receiver") + "</Type><Code>" + w.query_code +
+         "</Code><Message>" + xml_escape(e.message) + "</Message><Detail/></Error><RequestId>" +
+         request_id + "</RequestId></ErrorResponse>";
 }
 
 std::string error_json(const SqsError& e) {

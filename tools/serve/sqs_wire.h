@@ -18,7 +18,8 @@ namespace spool::serve {
 json query_to_json(const std::vector<std::pair<std::string, std::string>>& params);
 
 // An action's output as the query protocol's XML document.
-std::string json_to_xml(const std::string& action, const json& result, const std::string& request_id);
+std::string json_to_xml(const std::string& action, const json& result,
+                        const std::string& request_id);
 
 // An error in each protocol's format, and its HTTP status.
 struct WireError {
