@@ -18,7 +18,7 @@ async function check(name, fn) {
 }
 function eq(a, b, what) { if (JSON.stringify(a) !== JSON.stringify(b)) throw new Error(`${what}: ${JSON.stringify(a)} != ${JSON.stringify(b)}`); }
 
-console.log("1..6");
+console.log("1..7");
 let url;
 await check("CreateQueue, GetQueueUrl, GetQueueAttributes", async () => {
   url = (await send(sqs.CreateQueueCommand, { QueueName: "node-jobs", Attributes: { VisibilityTimeout: "20" } })).QueueUrl;
@@ -75,5 +75,19 @@ await check("a wrong secret is refused with 403", async () => {
     return;
   }
   throw new Error("accepted");
+});
+await check("redrive: StartMessageMoveTask moves the dead letters back, ListMessageMoveTasks reports it", async () => {
+  const dlq = (await send(sqs.CreateQueueCommand, { QueueName: "node-dlq" })).QueueUrl;
+  const dlqArn = (await send(sqs.GetQueueAttributesCommand, { QueueUrl: dlq, AttributeNames: ["QueueArn"] })).Attributes.QueueArn;
+  const src = (await send(sqs.CreateQueueCommand, { QueueName: "node-src", Attributes: {
+    RedrivePolicy: JSON.stringify({ deadLetterTargetArn: dlqArn, maxReceiveCount: 1 }) } })).QueueUrl;
+  await send(sqs.SendMessageCommand, { QueueUrl: src, MessageBody: "poison", MessageAttributes: { k: { DataType: "String", StringValue: "v" } } });
+  eq((await send(sqs.ReceiveMessageCommand, { QueueUrl: src, VisibilityTimeout: 0 })).Messages.length, 1, "first delivery");
+  eq((await send(sqs.ReceiveMessageCommand, { QueueUrl: src, WaitTimeSeconds: 1 })).Messages, undefined, "dead-lettered");
+  const t = await send(sqs.StartMessageMoveTaskCommand, { SourceArn: dlqArn });
+  const list = (await send(sqs.ListMessageMoveTasksCommand, { SourceArn: dlqArn })).Results;
+  eq([list[0].TaskHandle, list[0].Status, list[0].ApproximateNumberOfMessagesMoved], [t.TaskHandle, "COMPLETED", 1], "task");
+  const back = (await send(sqs.ReceiveMessageCommand, { QueueUrl: src, MessageAttributeNames: ["All"] })).Messages[0];
+  eq([back.Body, back.MessageAttributes.k.StringValue], ["poison", "v"], "moved back");
 });
 process.exit(failed ? 1 : 0);

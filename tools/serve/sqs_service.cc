@@ -497,9 +497,11 @@ json SqsService::call(const std::string& action, const json& in, const SqsContex
   if (action == "ListDeadLetterSourceQueues") return dead_letter_sources(in, ctx);
   if (action == "TagQueue" || action == "UntagQueue" || action == "ListQueueTags")
     return tags(action, in, ctx);
-  if (action == "AddPermission" || action == "RemovePermission" ||
-      action == "StartMessageMoveTask" || action == "CancelMessageMoveTask" ||
-      action == "ListMessageMoveTasks") {
+  if (action == "StartMessageMoveTask" || action == "ListMessageMoveTasks" ||
+      action == "CancelMessageMoveTask") {
+    return move_task(action, in, ctx);
+  }
+  if (action == "AddPermission" || action == "RemovePermission") {
     fail("UnsupportedOperation",
          action + " is not supported by spool's SQS face (docs/sqs.md says why).");
   }
@@ -1080,6 +1082,85 @@ json SqsService::tags(const std::string& action, const json& in, const SqsContex
   save_meta(name, m);
   o->meta = m;
   return json::object();
+}
+
+json SqsService::move_task(const std::string& action, const json& in, const SqsContext& ctx) {
+  if (action == "CancelMessageMoveTask") {
+    get_str(in, "TaskHandle", true);
+    // A move runs to its end within StartMessageMoveTask: there is never one to cancel.
+    fail("ResourceNotFoundException",
+         "The task has completed: moves finish within StartMessageMoveTask.");
+  }
+  const std::string src_arn = get_str(in, "SourceArn", true);
+  const std::string src = src_arn.substr(src_arn.rfind(':') + 1);
+  if (action == "ListMessageMoveTasks") {
+    open(src);
+    const int64_t max = get_int(in, "MaxResults", 1, 10).value_or(1);
+    std::lock_guard lock(mu_);
+    json results = json::array();
+    auto it = moves_.find(src);
+    if (it != moves_.end()) {
+      for (auto r = it->second.rbegin(); r != it->second.rend() && std::ssize(results) < max; ++r) {
+        results.push_back(*r);
+      }
+    }
+    return {{"Results", results}};
+  }
+  // StartMessageMoveTask: the dead letters of SourceArn back into DestinationArn, or into
+  // the one queue that dead-letters into it.
+  auto from = open(src);
+  std::string dst_arn = get_str(in, "DestinationArn", false);
+  if (dst_arn.empty()) {
+    json sources = dead_letter_sources({{"QueueUrl", url(ctx, src)}}, ctx)["queueUrls"];
+    if (sources.size() != 1) {
+      fail("InvalidParameterValue", "The queue " + src + " is the dead-letter queue of " +
+                                        std::to_string(sources.size()) +
+                                        " queues; give DestinationArn.");
+    }
+    std::string u = sources[0].get<std::string>();
+    dst_arn = arn(ctx, u.substr(u.rfind('/') + 1));
+  }
+  auto to = open(dst_arn.substr(dst_arn.rfind(':') + 1));
+  uint64_t moved = 0;
+  for (;;) {
+    // Each batch: sent to the destination, then deleted here; a crash in between leaves
+    // copies in both (at-least-once, as every move in spool).
+    auto r = from->q->receive(100, Millis(60000), Millis(0));
+    if (!r.ok()) {
+      if (r.status().code() == Code::kEmpty) break;
+      fail_status(r.status());
+    }
+    std::vector<SendItem> items;
+    for (const auto& m : *r) {
+      SendItem item{m.payload};
+      for (const auto& [k, v] : m.attributes) {
+        if (k.rfind("spool.dead.", 0) != 0) item.attributes[k] = v;  // as spool's redrive does
+      }
+      item.group = m.group;
+      items.push_back(std::move(item));
+    }
+    if (auto sent = to->q->send_batch(std::span<const SendItem>(items)); !sent.ok()) {
+      for (const auto& m : *r) (void)from->q->nack(m.receipt);
+      fail_status(sent.status());
+    }
+    for (const auto& m : *r) (void)from->q->ack(m.receipt);
+    moved += r->size();
+  }
+  std::mt19937_64 rng(std::random_device{}());
+  char handle[40];
+  std::snprintf(handle, sizeof handle, "spool-move-%016" PRIx64, static_cast<uint64_t>(rng()));
+  json task = {{"TaskHandle", handle},
+               {"Status", "COMPLETED"},
+               {"SourceArn", src_arn},
+               {"DestinationArn", dst_arn},
+               {"ApproximateNumberOfMessagesMoved", moved},
+               {"ApproximateNumberOfMessagesToMove", moved},
+               {"StartedTimestamp", now_ms()}};
+  std::lock_guard lock(mu_);
+  auto& list = moves_[src];
+  list.push_back(task);
+  if (list.size() > 10) list.erase(list.begin());
+  return {{"TaskHandle", handle}};
 }
 
 }  // namespace spool::serve

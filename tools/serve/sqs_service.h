@@ -82,14 +82,17 @@ class SqsService {
   json change_visibility(const json& in, const SqsContext& ctx, bool batch);
   json dead_letter_sources(const json& in, const SqsContext& ctx);
   json tags(const std::string& action, const json& in, const SqsContext& ctx);
+  json move_task(const std::string& action, const json& in, const SqsContext& ctx);
 
   const std::string root_;
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;  // guards open_ and first_receive_
+  std::mutex mu_;  // guards open_, first_receive_ and moves_
   std::map<std::string, std::shared_ptr<Open>> open_;
   // ApproximateFirstReceiveTimestamp: spool keeps no first-receive time, so this process
   // remembers the ones it handed out ("queue/id" -> ms since the epoch) until the delete.
   std::map<std::string, int64_t> first_receive_;
+  // The last 10 message-move tasks of each source queue, for ListMessageMoveTasks.
+  std::map<std::string, std::vector<json>> moves_;
 };
 
 }  // namespace spool::serve

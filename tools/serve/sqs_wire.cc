@@ -83,6 +83,7 @@ std::string member_name(const std::string& action, const std::string& key) {
   if (key == "Messages") return "Message";
   if (key == "Successful") return action + "ResultEntry";
   if (key == "Failed") return "BatchResultErrorEntry";
+  if (key == "Results") return "ListMessageMoveTasksResultEntry";
   return key;
 }
 
@@ -153,6 +154,7 @@ constexpr ErrorRow kErrors[] = {
     {"SignatureDoesNotMatch", "SignatureDoesNotMatch", 403},
     {"IncompleteSignature", "IncompleteSignature", 403},
     {"RequestExpired", "RequestExpired", 403},
+    {"ResourceNotFoundException", "ResourceNotFoundException", 404},
 };
 
 }  // namespace
