@@ -11,11 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <thread>
 #include <regex>
 #include <sstream>
 
@@ -71,6 +73,17 @@ class Hostile : public test::QueueDirTest {
     for (int i = 1; i <= n; ++i) ASSERT_TRUE(q->send(prefix + std::to_string(i)).ok());
   }
   std::string index_path() const { return qdir() + "/index"; }
+  // fill(3), then segment 1 moved out and a link to it planted in its place, and the index
+  // removed (so that the next opener replays the log and meets the link). The link's target.
+  std::string fill_with_segment_link() {
+    fill(3);
+    const std::string seg = qdir() + "/segments/00000000000000000001.seg";
+    const std::string moved = dir_ / "elsewhere.seg";
+    fs::rename(seg, moved);
+    fs::create_symlink(moved, seg);
+    fs::remove(index_path());
+    return moved;
+  }
   // Opens the queue again (rebuilding a lost index) and expects `n` messages or more in it.
   void expect_at_least(uint64_t n) {
     auto q = open();
@@ -576,13 +589,8 @@ TEST_F(Hostile, APlantedSpareLinkIsNeverWrittenThrough) {
 
 // A segment that is a link (to another queue's segment, say): refused, naming the file.
 TEST_F(Hostile, APlantedSegmentLinkIsRefusedWithAClearError) {
-  fill(3);
-  const std::string seg = qdir() + "/segments/00000000000000000001.seg";
-  const std::string moved = dir_ / "elsewhere.seg";
-  fs::rename(seg, moved);
-  fs::create_symlink(moved, seg);
+  const std::string moved = fill_with_segment_link();
   const std::string before = test::slurp(moved);
-  fs::remove(index_path());
   auto q = Queue::open(qdir());
   ASSERT_FALSE(q.ok()) << "a queue whose segment is a link opened";
   EXPECT_NE(q.status().message().find("00000000000000000001.seg is a symbolic link"), std::string::npos)
@@ -638,6 +646,208 @@ TEST_F(Hostile, APlantedLinkOrFifoAtATopLevelFileIsRefusedNamingIt) {
   auto q = open();
   ASSERT_TRUE(q);
   EXPECT_EQ(q->stats()->ready, 3u);
+}
+
+// The mode and owner of `path`, and what it holds: what a link planted in a queue must not
+// change in its target.
+std::string mode_owner_content(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "gone";
+  std::string out = std::to_string(st.st_mode & 07777) + " " + std::to_string(st.st_uid) + ":" + std::to_string(st.st_gid);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path)) names.push_back(e.path().filename());
+  std::sort(names.begin(), names.end());
+  for (const auto& n : names) out += " " + n;
+  return out;
+}
+
+// issue 48: QUEUE/dlq planted as a link (by whoever may write the queue) was followed: the
+// dead-letter queue was made in, or read from, the link's target, and the target directory
+// re-moded (an empty directory became drwxrwsrwx with queue files in it; another queue's
+// messages were redriven out of it). Refused now, naming the link, and the target untouched.
+TEST_F(Hostile, APlantedDeadLetterLinkIsRefusedAndItsTargetIsUntouched) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.visibility = Millis(1);
+  o.mode = 0666;  // as a user who may write the queue would make it: the DLQ is re-moded to it
+  ASSERT_TRUE(open(o));
+  const std::string empty = dir_ / "empty", other = dir_ / "other";
+  ASSERT_EQ(::mkdir(empty.c_str(), 0700), 0);
+  {
+    auto v = test::open_queue(other, {});
+    ASSERT_TRUE(v);
+    for (const char* m : {"private1", "private2"}) ASSERT_TRUE(v->send(m).ok());
+  }
+  const std::string link = qdir() + "/dlq";
+  for (const std::string& target : {empty, other}) {
+    SCOPED_TRACE("dlq -> " + target);
+    fs::remove(link);
+    fs::create_symlink(target, link);
+    const std::string before = mode_owner_content(target);
+    {
+      auto q = open(o);
+      ASSERT_TRUE(q);
+      auto d = q->dead_letters();
+      ASSERT_FALSE(d.ok()) << "the dead-letter queue was opened through the link";
+      EXPECT_EQ(d.status().code(), Code::kCorrupt) << d.status().to_string();
+      EXPECT_NE(d.status().message().find(link + " is a symbolic link"), std::string::npos) << d.status().to_string();
+      auto moved = q->redrive(10);
+      EXPECT_FALSE(moved.ok()) << "redrove " << *moved << " through the link";
+      // A message past max_receives: its dead-lettering fails, and it stays here.
+      ASSERT_TRUE(q->send("poison").ok());
+      ASSERT_TRUE(q->receive(1).ok());
+      std::this_thread::sleep_for(5ms);
+      EXPECT_FALSE(q->receive(1).ok()) << "dead-lettered through the link";
+      EXPECT_EQ(q->stats()->ready, 1u);
+      ASSERT_TRUE(q->purge().ok());
+    }
+    EXPECT_EQ(mode_owner_content(target), before) << "the link's target changed";
+  }
+  auto v = test::open_queue(other, {});
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->stats()->ready, 2u) << "the other queue lost messages";
+}
+
+// issue 48: QUEUE/segments planted as a link to another queue's segments: opening the queue
+// replayed the other's log, and a purge (by root, say) emptied the other queue. Refused now.
+TEST_F(Hostile, APlantedSegmentsLinkIsRefusedAndTheOtherQueueKeepsItsMessages) {
+  const std::string other = dir_ / "other";
+  {
+    auto v = test::open_queue(other, {});
+    ASSERT_TRUE(v);
+    for (const char* m : {"private1", "private2", "private3"}) ASSERT_TRUE(v->send(m).ok());
+  }
+  fill(1);
+  fs::remove_all(qdir() + "/segments");
+  fs::remove(index_path());
+  fs::create_symlink(other + "/segments", qdir() + "/segments");
+  auto q = Queue::open(qdir());
+  ASSERT_FALSE(q.ok()) << "opened through the link; a purge would empty the other queue";
+  EXPECT_EQ(q.status().code(), Code::kCorrupt) << q.status().to_string();
+  EXPECT_NE(q.status().message().find(qdir() + "/segments is a symbolic link"), std::string::npos)
+      << q.status().to_string();
+  auto v = test::open_queue(other, {});
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->stats()->ready, 3u);
+}
+
+// issue 48: `spool init shared/jobs --group G --mode 0660` where jobs is a link another user
+// planted made the queue in the link's target and re-moded it (root:G 2770). A queue is
+// made only in a directory itself; an existing queue is still opened through a link.
+TEST_F(Hostile, MakingAQueueThroughALinkIsRefusedAndTheTargetKeepsItsMode) {
+  const std::string target = dir_ / "target", link = dir_ / "jobs";
+  ASSERT_EQ(::mkdir(target.c_str(), 0700), 0);
+  fs::create_symlink(target, link);
+  const std::string before = mode_owner_content(target);
+  QueueOptions o;
+  o.mode = 0660;
+  o.group = static_cast<int64_t>(::getegid());
+  auto q = Queue::open(link, o);
+  ASSERT_FALSE(q.ok()) << "made a queue through the link";
+  EXPECT_NE(q.status().message().find(link + " is a symbolic link"), std::string::npos) << q.status().to_string();
+  EXPECT_EQ(mode_owner_content(target), before);
+  // A queue that exists opens through a link its user made.
+  ASSERT_TRUE(test::open_queue(target, {}));
+  EXPECT_TRUE(Queue::open(link).ok());
+}
+
+// issue 48: two processes whose opens fail (a segment planted as a link, so each first
+// opener's rebuild fails) deadlocked: the failing opener released the gate, then its
+// destructor took the gate again (to seal the index) while still holding `lock`
+// exclusively; the other opener, holding the gate, waited for `lock`. That seal also
+// marked the index whose rebuild had failed as sound, and the next open succeeded without
+// the messages. Three openers, 20 opens each, every one failing, all within the bound.
+TEST_F(Hostile, OpenersOfAQueueThatFailsToOpenDoNotDeadlock) {
+  fill_with_segment_link();
+  std::vector<test::ChildRun> runs;
+  for (int c = 0; c < 3; ++c) {
+    runs.push_back(start_child("opener " + std::to_string(c), [&](Report& r) {
+      for (int i = 0; i < 20; ++i) {
+        auto q = Queue::open(qdir());
+        if (!r.check(!q.ok(), "opened a queue whose segment is a link")) return;
+      }
+    }));
+  }
+  // Each open takes milliseconds; a deadlock is for good.
+  for (auto& run : runs) finish_child(run, 20s);
+}
+
+// A FIFO planted as `name` in `segs` (a segments directory); the index beside it removed, so
+// that the next opener recovers the log and meets the FIFO.
+void plant_fifo(const std::string& segs, const std::string& name) {
+  ASSERT_EQ(::mkfifo((segs + "/" + name).c_str(), 0600), 0);
+  fs::remove(fs::path(segs).parent_path() / "index");
+}
+
+// issue 48: a FIFO planted as the last segment hung every opener (stats, send) in open(2),
+// waiting for a writer, while holding the gate: sends stayed blocked even after the FIFO
+// was removed. Now refused at once, naming the file.
+TEST_F(Hostile, AFifoPlantedAsASegmentIsRefusedAtOnce) {
+  fill(3);
+  plant_fifo(qdir() + "/segments", "00000000000000000009.seg");
+  in_child(
+      "opener",
+      [&](Report& r) {
+        auto t0 = std::chrono::steady_clock::now();
+        auto q = Queue::open(qdir());
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!r.check(!q.ok(), "opened a queue with a FIFO for a segment")) return;
+        r.check(q.status().message().find("00000000000000000009.seg is not a regular file") != std::string::npos,
+                q.status().to_string());
+        r.check(s < 5, "the refusal took " + std::to_string(s) + " s");
+      },
+      20s);
+  fs::remove(qdir() + "/segments/00000000000000000009.seg");
+  expect_at_least(3);
+}
+
+// issue 48: a FIFO planted in the dead-letter queue's segments: the receive that
+// dead-lettered opened the DLQ while holding this queue's index lock and hung there, and
+// every send and receive of this queue waited behind it. The DLQ is opened before the lock
+// now, and the FIFO refused: a sender meanwhile is never held up.
+TEST_F(Hostile, AFifoPlantedInTheDeadLetterQueueHoldsUpNoSend) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.visibility = Millis(1);
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    ASSERT_TRUE(q->send("first").ok());
+    ASSERT_TRUE(q->receive(1).ok());
+    std::this_thread::sleep_for(5ms);
+    (void)q->receive(1);  // dead-letters "first": the DLQ exists
+    ASSERT_EQ(q->stats()->dead, 1u);
+    ASSERT_TRUE(q->send("poison").ok());
+    ASSERT_TRUE(q->receive(1).ok());  // its one delivery
+  }
+  plant_fifo(qdir() + "/dlq/segments", "00000000000000000009.seg");
+  const std::string receiving = dir_ / "receiving";
+  auto receiver = start_child("dead-lettering receiver", [&](Report& r) {
+    auto q = Queue::open(qdir(), o);
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    std::ofstream(receiving) << "x";
+    std::this_thread::sleep_for(5ms);  // the lease runs out
+    auto got = (*q)->receive(1);  // "poison", past max_receives: to the DLQ, which fails
+    r.check(!got.ok() && got.status().message().find("is not a regular file") != std::string::npos,
+            "the receive: " + (got.ok() ? std::string("ok") : got.status().to_string()));
+  });
+  auto sender = start_child("sender", [&](Report& r) {
+    if (!r.check(test::wait_for_file(receiving, 10s), "the receiver started")) return;
+    auto q = Queue::open(qdir(), o);
+    if (!r.check(q.ok(), "open: " + q.status().to_string())) return;
+    double worst = 0;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto id = (*q)->send("more");
+      worst = std::max(worst, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (!r.check(id.ok(), "send: " + id.status().to_string())) return;
+      std::this_thread::sleep_for(10ms);
+    }
+    r.info("the slowest of 20 sends beside a dead-lettering receive: " + std::to_string(worst) + " s");
+    r.check(worst < 2, "a send took " + std::to_string(worst) + " s");
+  });
+  finish_child(sender, 20s);
+  finish_child(receiver, 20s);
 }
 
 }  // namespace

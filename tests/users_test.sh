@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Queues and more than one user (PRODUCT.md §4a, docs/security.md "Who may do what"): a
+# Queues and more than one user (docs/security.md, "Who may do what"): a
 # queue a group shares stays usable by every member whoever rebuilds its index, rolls its
 # segments or makes its dead-letter queue, whatever their umask; a user who may only read a
 # queue cannot stop its writers by locking its files. The users are real: this test creates
@@ -109,12 +109,12 @@ t_group_shared_queue_stays_usable_by_every_member() {
   ! as "$R" "$SPOOL" stats q >/dev/null 2>&1 || fail "an outsider read a 0660 queue's stats"
 }
 
-# A private queue others may read (the usual umask 022: 0644 files). The outsider R gets
+# A queue others may read (--mode 0644; a new queue is private by default, issue 43). The outsider R gets
 # stats and peek, and cannot open any file writers lock: flock(1) on them fails, so R cannot
 # stop A's sends and receives. R's lock on a segment (R may read payloads) stops nothing.
 t_a_reader_cannot_block_writers() {
   chmod 1777 "$D"
-  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644" || fail "init"
   as "$A" "$SPOOL" send q one two three >/dev/null || fail "send"
   eq "the queue directory" "$(stat -c %a q)" 755
   as "$R" "$SPOOL" stats q --json >st || fail "the reader's stats"
@@ -144,7 +144,7 @@ t_a_reader_cannot_block_writers() {
 # takes the read bits of those who may not write away again.
 t_lock_files_an_older_spool_left_readable_are_tightened() {
   chmod 1777 "$D"
-  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644" || fail "init"
   as "$A" "$SPOOL" send q x >/dev/null || fail "send"
   as "$A" timeout 20 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' 2>/dev/null ||
     fail "spool work (makes owners)"
@@ -177,10 +177,50 @@ t_bad_mode_or_group_is_refused_and_leaves_nothing() {
   expect_err 1 "Operation not permitted" as "$R" "$SPOOL" init q --group "$G" --mode 0660
 }
 
+# issue 48: links planted by a user who may write a queue, followed by root operating on it.
+# R owns a queue anyone may write (--mode 0666) and points its dlq at an empty root-owned
+# directory: root's `dlq list` and `dlq redrive` made that directory drwxrwsrwx with queue
+# files in it. R points another queue's segments at A's private queue's segments: root's
+# purge emptied A's queue. R plants `jobs` as a link to A's directory: root's `init jobs
+# --group G --mode 0660` made A's directory root:G 2770. Each is refused now, naming the
+# link, and every target keeps its mode, owner and content.
+t_planted_links_are_not_followed_by_root() {
+  chmod 1777 "$D"
+  mkdir target
+  chmod 0755 target
+  local before
+  before=$(stat -c '%a %U:%G' target)
+  as "$R" "$SPOOL" init q --mode 0666 || fail "R's init"
+  as "$R" ln -s "$D/target" q/dlq || fail "R plants the dlq link"
+  "$SPOOL" dlq q list >out 2>err && fail "root's dlq list went through the link: $(cat out)"
+  grep -qF "q/dlq is a symbolic link" err || fail "dlq list's error: $(cat err)"
+  "$SPOOL" dlq q redrive >out 2>err && fail "root's redrive went through the link"
+  grep -qF "q/dlq is a symbolic link" err || fail "redrive's error: $(cat err)"
+  eq "the dlq link's target" "$(stat -c '%a %U:%G' target) $(ls -A target | wc -l)" "$before 0"
+
+  as "$A" sh -c "umask 077; exec '$SPOOL' init private" || fail "A's init"
+  as "$A" "$SPOOL" send private one two three >/dev/null || fail "A's sends"
+  as "$R" "$SPOOL" init q2 || fail "R's second init"
+  as "$R" rm -r q2/segments q2/index || fail "R removes q2's segments"
+  as "$R" ln -s "$D/private/segments" q2/segments || fail "R plants the segments link"
+  "$SPOOL" purge q2 --yes >out 2>err && fail "root's purge went through the link: $(cat out)"
+  grep -qF "q2/segments is a symbolic link" err || fail "purge's error: $(cat err)"
+  eq "messages in A's queue" "$(as "$A" "$SPOOL" stats private --json | sed -n 's/.*"ready":\([0-9]*\).*/\1/p')" 3
+
+  as "$A" mkdir adir || fail "A's directory"
+  chmod 0700 adir
+  before=$(stat -c '%a %U:%G' adir)
+  as "$R" ln -s "$D/adir" jobs || fail "R plants jobs"
+  "$SPOOL" init jobs --group "$G" --mode 0660 >out 2>err && fail "root's init went through the link"
+  grep -qF "jobs is a symbolic link" err || fail "init's error: $(cat err)"
+  eq "A's directory" "$(stat -c '%a %U:%G' adir) $(ls -A adir | wc -l)" "$before 0"
+}
+
 TESTS=(
   t_group_shared_queue_stays_usable_by_every_member
   t_a_reader_cannot_block_writers
   t_lock_files_an_older_spool_left_readable_are_tightened
   t_bad_mode_or_group_is_refused_and_leaves_nothing
+  t_planted_links_are_not_followed_by_root
 )
 run_tests kill_bg

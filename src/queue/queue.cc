@@ -7,15 +7,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
+#include "queue/apply.h"
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
+#include "sys/no_follow.h"
 
 namespace spool {
 
@@ -44,8 +45,9 @@ uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) 
 namespace {
 
 // The mode and group a new queue was asked for (QueueOptions::mode, group), given to its
-// directory: the group first (a chown may clear set-group-ID), then the mode.
-Status share_dir(const std::string& dir, const QueueOptions& opts) {
+// directory, open at `dir_fd` (sys::open_dir): the group first (a chown may clear
+// set-group-ID), then the mode, both through the descriptor, never by path.
+Status share_dir(int dir_fd, const std::string& dir, const QueueOptions& opts) {
   if (opts.mode > 0777 || (opts.mode != 0 && (opts.mode & 0600) != 0600)) {
     char m[16];
     std::snprintf(m, sizeof m, "%04o", opts.mode);
@@ -53,14 +55,14 @@ Status share_dir(const std::string& dir, const QueueOptions& opts) {
                                               " is not a queue's file mode: it must be at most 0777 and let the "
                                               "owner read and write (0600 at least)");
   }
-  if (opts.group >= 0 && ::chown(dir.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(opts.group)) != 0) {
+  if (opts.group >= 0 && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(opts.group), 0) != 0) {
     return errno_status(errno, "give " + dir + " to group " + std::to_string(opts.group));
   }
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+  if (::fstat(dir_fd, &st) != 0) return errno_status(errno, "open queue " + dir);
   const mode_t files = opts.mode != 0 ? static_cast<mode_t>(opts.mode) : (st.st_mode & 0666);
   const mode_t want = sys::dir_mode_for(files);
-  if ((st.st_mode & 07777) != want && ::chmod(dir.c_str(), want) != 0) {
+  if ((st.st_mode & 07777) != want && sys::set_dir_owner_mode(dir_fd, static_cast<gid_t>(-1), want) != 0) {
     return errno_status(errno, "set the mode of " + dir);
   }
   return {};
@@ -82,7 +84,12 @@ bool has_foreign_files(const std::string& dir) {
 
 }  // namespace
 
-Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const QueueOptions& opts) {
+Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir, const QueueOptions& opts) {
+  return Impl::open_queue(dir, opts, false);
+}
+
+Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in, const QueueOptions& opts,
+                                                       bool nested) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
@@ -91,12 +98,33 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
+  // A link at the directory's last component is followed only to a queue that exists and
+  // that the caller named: never to a dead-letter queue (`nested`: a link planted there by
+  // whoever may write the queue would have its users, root too, read, fill and re-mode the
+  // link's target), nor to make a queue (spool init through another user's link).
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) {
+  sys::Fd dir_fd = sys::open_dir(dir, false, &st);
+  bool follow = false;
+  if (!dir_fd.ok() && errno == ELOOP && !nested) {
+    if (opts.create && ::access((dir + "/spool.conf").c_str(), F_OK) != 0) {
+      return Status(Code::kCorrupt, dir + " is a symbolic link; spool makes a queue only in a directory itself, "
+                                          "never through a link (give the link's target)");
+    }
+    follow = true;
+    dir_fd = sys::open_dir(dir, true, &st);
+  }
+  if (!dir_fd.ok()) {
     if (errno == ENOENT) return Status(Code::kNotAQueue, dir + ": no such queue");
+    if (nested) return sys::queue_dir_error(errno, "open queue", dir);
+    if (errno == ENOTDIR) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
     return errno_status(errno, "open queue " + dir);
   }
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory, so not a queue");
+  // Paths are used from here on: a link swapped in for the directory meanwhile is caught at
+  // the end (still_names).
+  const auto replaced = [&] {
+    return Status(Code::kCorrupt, dir + " was replaced while it was being opened (by a link or another "
+                                        "directory); open it again");
+  };
   impl->read_only = ::access(dir.c_str(), W_OK) != 0;
 
   // Leave nothing behind in a directory that is not a queue and will not become one.
@@ -118,8 +146,8 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       // Settings first: a refused creation must not have changed the directory.
       QueueOptions checked = opts;
       if (Status s = queue::validate(checked, ""); !s.ok()) return s;
-      if (Status s = share_dir(dir, opts); !s.ok()) return s;
-      if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open queue " + dir);
+      if (Status s = share_dir(dir_fd.get(), dir, opts); !s.ok()) return s;
+      if (::fstat(dir_fd.get(), &st) != 0) return errno_status(errno, "open queue " + dir);
     }
   }
   impl->modes = sys::modes_for(st.st_mode);
@@ -132,12 +160,24 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
       if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
     }
   }
+  // An open that fails closes `lock` first, then destroys its Impl here, still holding the
+  // gate. ~Impl's seal_if_last() then does nothing: it used to take the gate again while
+  // holding `lock` exclusively, after this released the gate, so that another opener that
+  // took the gate and waited for `lock` deadlocked with it (issue 48); and it sealed an
+  // index this open had not finished (a rebuild that failed), which the next opener then
+  // trusted, opening the queue without its messages.
   struct GateRelease {
     int fd;
+    std::unique_ptr<Impl>* failed;  // null once the Queue has it
     ~GateRelease() {
+      if (*failed) {
+        if ((*failed)->lock_fd >= 0) ::close(std::exchange((*failed)->lock_fd, -1));
+        failed->reset();
+        return;
+      }
       if (fd >= 0) ::flock(fd, LOCK_UN);
     }
-  } gate_release{impl->gate_fd};
+  } gate_release{impl->gate_fd, &impl};
 
   auto cfg = queue::read_config(dir, *impl->io);
   if (!cfg.ok() && cfg.status().code() == Code::kNotFound) {
@@ -184,6 +224,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach("", true, true); !s.ok()) return s;
     SPOOL_LOCK_OR_RETURN(held, *impl, lock_to_change());
     if (Status s = impl->rebuild(); !s.ok()) return s;
+    if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
 
@@ -235,6 +276,7 @@ Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir_in, const Queu
     if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
+  if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();
   return std::unique_ptr<Queue>(new Queue(std::move(impl)));
 }
 
@@ -272,33 +314,17 @@ Status check_attributes(const Attributes& a, const std::string& what) {
   return {};
 }
 
-uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
-
 }  // namespace
-
-void Queue::Impl::remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now) {
-  const uint64_t expires = enqueue_key(x, pos, r.t1, now) + dedup_window_ns();
-  if (expires <= now.boot) return;
-  auto ext = storage::decode_ext(r.ext);
-  if (!ext.ok() || ext->dedup_id.empty()) return;
-  // A live send reserved the room; a replay makes it here, and past the table's bound (only
-  // if the window was made longer since) the oldest ids are not remembered.
-  if (Status s = x.dedup_reserve(1, now.boot); !s.ok()) {
-    spool::log().warn("spool: {}: message {}'s dedup id is not remembered: {}", dir, r.id, s.message());
-    return;
-  }
-  x.dedup_insert(dedup_hash(ext->dedup_id), pos.pack(), expires);
-}
 
 uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
   uint64_t found = 0;
-  idx.dedup_probe(dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
+  idx.dedup_probe(queue::dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
     if (expires <= now.boot) return false;
     std::shared_ptr<storage::Segment> keep;
     const Pos at = Pos::unpack(loc);
     auto r = log->read(at, &keep);
     if (!r.ok() || r->type != RecordType::kMsg || r->ext.empty() ||
-        enqueue_key(idx, at, r->t1, now) + dedup_window_ns() <= now.boot) {
+        queue::enqueue_key(idx, at.pack(), r->t1, now) + dedup_window_ns() <= now.boot) {
       return false;
     }
     auto ext = storage::decode_ext(r->ext);
@@ -384,7 +410,6 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   const uint64_t d = ms_to_ns(opts.delay);
   uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
-  uint64_t woken = 0;
   bool spares_low = false;
   for (;;) {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
@@ -489,23 +514,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     const std::span<const Record> recs =
         n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
     if (!recs.empty()) {
-      auto res = q.append_all(recs, *tail);
-      if (!res.ok()) return res.status();
-      if (!q.park_append_path.empty()) park(q.park_append_path);
-      for (size_t k = 0; k < recs.size(); ++k) {
-        const size_t i = kept(k);
-        // Cannot fail: room was reserved above. If it did, the rebuild before the unlock
-        // makes the index from the log, which holds the messages.
-        if (Status s = q.apply(recs[k], res->at[k].pack(), now); !s.ok()) q.idx.damaged(s.message());
-        if (!dedup.empty() && !dedup[i].empty()) {
-          // The same step replay takes for this record.
-          storage::RecordView v{RecordType::kMsg, format::kFlagExt, 0, recs[k].id, now.rt, now.rt + d,
-                                payloads[i], 0, 0, exts[i]};
-          q.remember_dedup(q.idx, res->at[k], v, now);
-        }
-      }
-      h.next_id += recs.size();
-      h.sent_through.store(h.next_id - 1, std::memory_order_release);
+      if (auto res = q.commit(recs, now, *tail); !res.ok()) return res.status();
     }
     for (size_t k = 0; k < n_new; ++k) ids[kept(k)] = recs[k].id;
     if (duplicates != nullptr) duplicates->assign(payloads.size(), false);
@@ -525,17 +534,11 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
         oldest = lowest.empty() ? -1 : lowest.front();
       }
       if (oldest < 0) break;
-      if (Status s = q.expire(static_cast<uint32_t>(oldest)); !s.ok()) return s;
+      if (Status s = q.expire(static_cast<uint32_t>(oldest), now); !s.ok()) return s;
     }
     end = h.log_end;
-    woken = d == 0 ? recs.size() : 0;
     break;
   }
-  // Woken after the unlock: a consumer woken while the lock is still held runs straight
-  // into it, sleeps on the mutex and has to be woken a second time by the unlock (two
-  // context switches per message on the long-poll path). Waiters cannot miss the wake:
-  // they read wake_seq under the lock before they sleep, and it is bumped only now.
-  if (woken != 0) q.wake(woken);
   if (spares_low) q.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return {};
@@ -664,6 +667,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
     return Status(Code::kInvalidArgument, "visibility and wait must not be negative");
   }
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -730,6 +734,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   if (Status s = q.writable(); !s.ok()) return s;
   if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
+  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -846,26 +851,18 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
-  bool wake = false;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
-    auto& h = q.idx.hdr();
     Clocks now = q.clocks();
     Record rec{RecordType::kAck, f->gen, f->id, 0, 0, {}};
     if (what == Change::kNack) {
       rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
     }
     if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
-    // A fenced message has been received (its count is the receipt's, at least 1), so it
-    // is in the heap already and a nack or extend cannot remap.
-    (void)q.apply(rec, at->pack(), now);
-    if (what == Change::kAck) q.room();
-    wake = what == Change::kNack && ns == 0;
-    end = h.log_end;
+    auto res = q.commit(std::span(&rec, 1), now);
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
-  if (wake) q.wake(1);  // after the unlock: see send_core
   return q.written(end, durability);
 }
 
@@ -873,6 +870,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
+  q.open_dead_letters_early();
   uint64_t end;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
@@ -905,13 +903,9 @@ Status Queue::remove(uint64_t id, Durability durability) {
     // A plain ACK record with the message's current delivery number: replay drops the
     // message whatever its state, and a receipt of that delivery finds nothing to fence.
     Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
-    Clocks now{};
-    now.boot = sys::boot_ns();  // the ack's time, for replay after ack
-    (void)q.apply(rec, at->pack(), now);
-    q.room();
-    end = q.idx.hdr().log_end;
+    auto res = q.commit(std::span(&rec, 1), q.clocks());
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
   return q.written(end, durability);
 }
@@ -968,12 +962,10 @@ Result<uint64_t> Queue::purge() {
     auto& h = q.idx.hdr();
     Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};
     if (h.next_id == 1) return uint64_t{0};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
     n = h.count;
-    if (Status s = q.apply(rec, at->pack(), Clocks{}); !s.ok()) return s;
-    end = h.log_end;
-    q.room();
+    auto res = q.commit(std::span(&rec, 1), q.clocks());
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
   if (Status s = q.written(end); !s.ok()) return s;
   return n;

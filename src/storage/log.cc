@@ -20,6 +20,7 @@
 #include "logging.h"
 #include "sys/clock.h"
 #include "sys/mapping.h"
+#include "sys/no_follow.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14 (uapi asm-generic/mman-common.h)
@@ -31,10 +32,17 @@
 namespace spool::storage {
 namespace {
 
-// Whether the file is at least a segment header long and that header is all zeros.
+// Whether the file is at least a segment header long and that header is all zeros. Not a
+// FIFO planted under a segment's name: O_NONBLOCK so that opening it does not wait for a
+// writer (issue 48: every opener hung here, holding the gate), and then not a regular file.
 bool zero_header(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   uint8_t h[format::kSegmentHeaderSize] = {};
   const ssize_t n = ::pread(fd, h, sizeof h, 0);
   ::close(fd);
@@ -119,16 +127,20 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
     return Status(Code::kInvalidArgument, "segment size " + std::to_string(opts.segment_size) +
                                               " is more than a 32-bit process can map (less than 2 GiB)");
   }
+  bool made = false;
   if (!opts.read_only) {
-    if (::mkdir(dir.c_str(), 0777) == 0) {
-      if (opts.dir_mode != 0 && ::chmod(dir.c_str(), opts.dir_mode) != 0) return errno_status(errno, "set the mode of " + dir);
-    } else if (errno != EEXIST) {
-      return errno_status(errno, "create " + dir);
-    }
+    made = ::mkdir(dir.c_str(), 0777) == 0;
+    if (!made && errno != EEXIST) return errno_status(errno, "create " + dir);
   }
+  // Never through a link: one planted as a queue's segments directory (by whoever may write
+  // the queue) would have a purge or compaction by another user, root say, empty the
+  // queue it points at (docs/security.md, "Planted links").
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "open log directory " + dir);
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kNotAQueue, dir + ": not a directory");
+  sys::Fd dir_fd = sys::open_dir(dir, false, &st);
+  if (!dir_fd.ok()) return sys::queue_dir_error(errno, "open log directory", dir);
+  if (made && opts.dir_mode != 0 && sys::set_dir_owner_mode(dir_fd.get(), static_cast<gid_t>(-1), opts.dir_mode) != 0) {
+    return errno_status(errno, "set the mode of " + dir);
+  }
   bool mapped = false;
   if (!opts.read_only && opts.io->maps_writes()) {
     std::string fs;
@@ -167,7 +179,7 @@ void Log::warm_next_spares() {
   all.resize(std::min<size_t>(all.size(), kWarmSpares));
   for (const std::string& spare : all) {
     {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       if (std::find(warmed_.begin(), warmed_.end(), spare) != warmed_.end()) continue;
       warmed_.push_back(spare);
       if (warmed_.size() > 2 * kWarmSpares) warmed_.erase(warmed_.begin());
@@ -215,7 +227,7 @@ Result<std::vector<uint64_t>> Log::segments() const {
     uint64_t seq = 0;
     auto [end, ec] = std::from_chars(name.data(), name.data() + 20, seq);
     if (ec != std::errc() || end != name.data() + 20 || seq == 0 || seq > kMaxSegmentSeq) {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       if (warned_names_.emplace(name).second) {
         spool::log().warn("spool: {}/{}: ignored: not a segment of this log (a segment number is 1 to {})", dir_,
                           name, kMaxSegmentSeq);
@@ -253,7 +265,7 @@ void Log::remove_leftovers() {
 
 Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     if (auto it = cache_.find(seq); it != cache_.end()) return it->second;
   }
   auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only, mapped_, opts_.huge_pages);
@@ -263,12 +275,12 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
                                       std::to_string((*seg)->info().seq));
   }
   (*seg)->set_max_payload(max_payload());
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   return cache_.emplace(seq, *seg).first->second;
 }
 
 void Log::forget_below(uint64_t seq) {
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   cache_.erase(cache_.begin(), cache_.lower_bound(seq));
   cache_gen_.fetch_add(1, std::memory_order_release);
 }
@@ -335,7 +347,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
   }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
   cache_gen_.fetch_add(1, std::memory_order_release);
   return *seg;
@@ -414,7 +426,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
                       "aside to {}, the log ends before it", path, aside);
     if (!opts_.read_only) (void)opts_.io->rename(path, aside);
     {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       cache_.erase(seqs->back());
       cache_gen_.fetch_add(1, std::memory_order_release);
     }
@@ -608,7 +620,7 @@ Status Log::sync_through(Pos from, Pos to) {
 
 Status Log::sync(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     if (auto it = failed_syncs_.find(seq); it != failed_syncs_.end()) return it->second;
   }
   auto seg = segment(seq);
@@ -620,7 +632,7 @@ Status Log::sync(uint64_t seq) {
   if (int r = opts_.io->datasync((*seg)->fd()); r < 0) {
     // Never retry into a false success: the kernel may have dropped the dirty pages.
     Status s = errno_status(-r, "fdatasync " + (*seg)->path() + " (segment is now failed)");
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     failed_syncs_.emplace(seq, s);
     return s;
   }
