@@ -288,7 +288,8 @@ class Redrive(unittest.TestCase):
             m = SQS.receive_message(QueueUrl=src, VisibilityTimeout=0, AttributeNames=["ApproximateReceiveCount"])
             self.assertEqual(m["Messages"][0]["Attributes"]["ApproximateReceiveCount"], str(n))
         self.assertNotIn("Messages", SQS.receive_message(QueueUrl=src, WaitTimeSeconds=1))
-        d = SQS.receive_message(QueueUrl=dlq, MessageAttributeNames=["All"])["Messages"][0]
+        # spool dead-letters into work/dlq; the server moves it on into "failed" within 0.5 s.
+        d = SQS.receive_message(QueueUrl=dlq, MessageAttributeNames=["All"], WaitTimeSeconds=5)["Messages"][0]
         self.assertEqual(d["Body"], "poison")
         self.assertEqual(d["MessageAttributes"], {"k": {"DataType": "String", "StringValue": "v"}})
 

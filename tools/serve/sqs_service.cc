@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "serve/sigv4.h"
 
@@ -308,10 +309,15 @@ bool wanted(const std::vector<std::string>& names, const std::string& name) {
 }
 
 json meta_json(const SqsService::Meta& m) {
-  return {{"fifo", m.fifo},           {"content_dedup", m.content_dedup},
-          {"delay_s", m.delay_s},     {"wait_s", m.wait_s},
-          {"created_s", m.created_s}, {"modified_s", m.modified_s},
-          {"extra", m.extra},         {"tags", m.tags}};
+  return {{"fifo", m.fifo},
+          {"content_dedup", m.content_dedup},
+          {"delay_s", m.delay_s},
+          {"wait_s", m.wait_s},
+          {"created_s", m.created_s},
+          {"modified_s", m.modified_s},
+          {"extra", m.extra},
+          {"tags", m.tags},
+          {"dlq", m.dlq}};
 }
 
 std::string status_text(const Status& s) {
@@ -392,7 +398,14 @@ Settings parse_settings(const std::map<std::string, std::string>& attrs) {
 
 }  // namespace
 
-SqsService::SqsService(std::string root) : root_(std::move(root)) {}
+SqsService::SqsService(std::string root) : root_(std::move(root)) {
+  pump_thread_ = std::thread([this] { pump_loop(); });
+}
+
+SqsService::~SqsService() {
+  stopping_ = true;
+  pump_thread_.join();
+}
 
 std::string SqsService::url(const SqsContext& ctx, const std::string& name) const {
   return ctx.base_url + "/" + kAccount + "/" + name;
@@ -453,6 +466,7 @@ std::shared_ptr<SqsService::Open> SqsService::open(const std::string& name) {
     o->meta.modified_s = j.value("modified_s", int64_t{0});
     o->meta.extra = j.value("extra", std::map<std::string, std::string>{});
     o->meta.tags = j.value("tags", std::map<std::string, std::string>{});
+    o->meta.dlq = j.value("dlq", std::string());
   } else {
     struct stat st {};  // a queue made by the CLI or the library: its spool.conf's age
     if (::stat((dir + "/spool.conf").c_str(), &st) == 0)
@@ -556,14 +570,8 @@ json SqsService::create_queue(const json& in, const SqsContext& ctx) {
   opts.dedup_window = Millis(300000);  // SQS's FIFO deduplication interval
   auto q = Queue::open(dir, opts);
   if (!q.ok()) fail_status(q.status());
-  if (s.dlq) {
-    // spool dead-letters into DIR/dlq: there, a link to the queue the RedrivePolicy names.
-    std::error_code ec;
-    fs::create_directory_symlink("../" + *s.dlq, dir + "/dlq", ec);
-    if (ec && ec != std::errc::file_exists)
-      fail("InternalError", "link " + dir + "/dlq: " + ec.message());
-  }
   Meta m;
+  m.dlq = s.dlq.value_or("");
   m.fifo = fifo;
   m.content_dedup = s.content_dedup.value_or(false);
   m.delay_s = s.delay.value_or(0);
@@ -646,10 +654,8 @@ json SqsService::queue_attributes(const std::string& name, Open& o, const SqsCon
       {"SqsManagedSseEnabled", "false"},
   };
   if (opts.max_receives > 0) {
-    std::error_code ec;
-    fs::path target = fs::read_symlink(root_ + "/" + name + "/dlq", ec);
     // A queue made by the CLI dead-letters into its own DIR/dlq, which has no SQS name.
-    std::string dlq = ec ? name + "/dlq" : target.filename().string();
+    std::string dlq = o.meta.dlq.empty() ? name + "/dlq" : o.meta.dlq;
     a["RedrivePolicy"] =
         json({{"deadLetterTargetArn", arn(ctx, dlq)}, {"maxReceiveCount", opts.max_receives}})
             .dump();
@@ -1053,16 +1059,10 @@ json SqsService::dead_letter_sources(const json& in, const SqsContext& ctx) {
   std::string name;
   auto o = open_from(in, ctx, &name);
   json urls = json::array();
-  std::error_code ec;
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(root_, ec)) {
-    std::string n = e.path().filename().string();
-    std::error_code lec;
-    if (valid_queue_name(n) && fs::read_symlink(e.path() / "dlq", lec).string() == "../" + name &&
-        !lec)
-      names.push_back(n);
+  for (const auto& [source, target] : redrives()) {
+    if (target == name) names.push_back(source);
   }
-  std::sort(names.begin(), names.end());
   for (const auto& n : names) urls.push_back(url(ctx, n));
   return {{"queueUrls", urls}};
 }
@@ -1082,6 +1082,66 @@ json SqsService::tags(const std::string& action, const json& in, const SqsContex
   save_meta(name, m);
   o->meta = m;
   return json::object();
+}
+
+std::map<std::string, std::string> SqsService::redrives() {
+  std::map<std::string, std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root_ + "/.sqs", ec)) {
+    std::string f = e.path().filename().string();
+    if (!f.ends_with(".json")) continue;
+    std::ifstream in(e.path());
+    json j = json::parse(in, nullptr, false);
+    if (j.is_object() && j.value("dlq", std::string()) != "") {
+      out[f.substr(0, f.size() - 5)] = j["dlq"].get<std::string>();
+    }
+  }
+  return out;
+}
+
+void SqsService::pump(const std::string& source, const std::string& target) {
+  const std::string dir = root_ + "/" + source + "/dlq";
+  if (!valid_queue_name(source) || ::access((dir + "/spool.conf").c_str(), F_OK) != 0) return;
+  std::lock_guard lock(pump_mu_);
+  auto& from = pumps_[source];
+  if (!from) {
+    QueueOptions opts;
+    opts.create = false;
+    auto q = Queue::open(dir, opts);
+    if (!q.ok()) return;
+    from = std::move(*q);
+  }
+  std::shared_ptr<Open> to;
+  try {
+    to = open(target);
+  } catch (const SqsError&) {
+    return;  // the dead-letter queue was deleted: its letters wait in SOURCE/dlq
+  }
+  for (;;) {
+    // Sent, then deleted here: a crash in between leaves a copy in both (at-least-once).
+    auto r = from->receive(100, Millis(60000), Millis(0));
+    if (!r.ok()) return;
+    std::vector<SendItem> items;
+    for (const auto& m : *r) {
+      SendItem item{m.payload};
+      item.attributes = m.attributes;
+      item.group = m.group;
+      items.push_back(std::move(item));
+    }
+    if (!to->q->send_batch(std::span<const SendItem>(items)).ok()) {
+      for (const auto& m : *r) (void)from->nack(m.receipt);
+      return;
+    }
+    for (const auto& m : *r) (void)from->ack(m.receipt);
+  }
+}
+
+void SqsService::pump_loop() {
+  while (!stopping_) {
+    for (const auto& [source, target] : redrives()) pump(source, target);
+    for (int i = 0; i < 5 && !stopping_; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 json SqsService::move_task(const std::string& action, const json& in, const SqsContext& ctx) {
@@ -1109,6 +1169,9 @@ json SqsService::move_task(const std::string& action, const json& in, const SqsC
   // StartMessageMoveTask: the dead letters of SourceArn back into DestinationArn, or into
   // the one queue that dead-letters into it.
   auto from = open(src);
+  for (const auto& [source, target] : redrives()) {
+    if (target == src) pump(source, target);  // dead letters still on their way in
+  }
   std::string dst_arn = get_str(in, "DestinationArn", false);
   if (dst_arn.empty()) {
     json sources = dead_letter_sources({{"QueueUrl", url(ctx, src)}}, ctx)["queueUrls"];

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "spool/queue.h"
 
@@ -40,6 +42,7 @@ class SqsService {
  public:
   static constexpr const char* kAccount = "000000000000";
   explicit SqsService(std::string root);
+  ~SqsService();
   // Runs `action` on `in`; the output object, or the error. Thread-safe.
   json call(const std::string& action, const json& in, const SqsContext& ctx);  // throws SqsError
   // Ends the long polls under way within about a second (at shutdown).
@@ -55,6 +58,7 @@ class SqsService {
     std::map<std::string, std::string>
         extra;  // accepted attributes with no effect (Policy, Kms*, ...)
     std::map<std::string, std::string> tags;
+    std::string dlq;  // RedrivePolicy's dead-letter queue, or empty
   };
 
  private:
@@ -83,6 +87,12 @@ class SqsService {
   json dead_letter_sources(const json& in, const SqsContext& ctx);
   json tags(const std::string& action, const json& in, const SqsContext& ctx);
   json move_task(const std::string& action, const json& in, const SqsContext& ctx);
+  // Redrive to a named queue: spool dead-letters a queue's messages into its own DIR/dlq (and
+  // opens no link there), so a thread moves them on into the RedrivePolicy's queue every
+  // half second. redrives(): source -> dead-letter queue, from ROOT/.sqs.
+  std::map<std::string, std::string> redrives();
+  void pump(const std::string& source, const std::string& target);
+  void pump_loop();
 
   const std::string root_;
   std::atomic<bool> stopping_{false};
@@ -93,6 +103,9 @@ class SqsService {
   std::map<std::string, int64_t> first_receive_;
   // The last 10 message-move tasks of each source queue, for ListMessageMoveTasks.
   std::map<std::string, std::vector<json>> moves_;
+  std::mutex pump_mu_;                                   // guards pumps_ and one pump at a time
+  std::map<std::string, std::unique_ptr<Queue>> pumps_;  // SOURCE/dlq queues
+  std::thread pump_thread_;
 };
 
 }  // namespace spool::serve
