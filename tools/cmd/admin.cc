@@ -1,4 +1,5 @@
-// The commands on the queue as a whole: mount (runs spoolfs), umount, compact, verify.
+// The commands on the queue as a whole: mount (runs spoolfs), umount, compact, verify; and
+// serve (runs spool-serve).
 #include <cinttypes>
 #include <unistd.h>
 
@@ -20,29 +21,36 @@ struct AdminArgs {
   bool json = false, repair = false, root = false;
 };
 
-int run_mount(const AdminArgs& a) {
-  // spoolfs sits beside spool when installed, in ../fuse/ in a build tree, else on PATH.
+// Runs the program `exe` that sits beside spool when installed, or in `build_dir` (relative to
+// spool's directory) in a build tree, else on PATH, with `args` after its name.
+int exec_sibling(const std::string& exe_name, const std::string& build_dir, const std::vector<std::string>& args) {
   char self[4096];
   ssize_t len = ::readlink("/proc/self/exe", self, sizeof self - 1);
   std::string here = len > 0 ? std::string(self, static_cast<size_t>(len)) : "";
   here = here.substr(0, here.find_last_of('/'));
-  std::string exe = "spoolfs";
-  for (const std::string& c : {here + "/spoolfs", here + "/../fuse/spoolfs"}) {
+  std::string exe = exe_name;
+  for (const std::string& c : {here + "/" + exe_name, here + "/" + build_dir + "/" + exe_name}) {
     if (::access(c.c_str(), X_OK) == 0) {
       exe = c;
       break;
     }
   }
-  std::vector<std::string> args = {exe, a.dir, a.mountpoint};
+  std::vector<std::string> all = {exe};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv_c;
+  for (auto& s : all) argv_c.push_back(s.data());
+  argv_c.push_back(nullptr);
+  ::execvp(exe.c_str(), argv_c.data());
+  std::fprintf(stderr, "spool: cannot run %s (%s); is it installed?\n", exe_name.c_str(), std::strerror(errno));
+  return kExitError;
+}
+
+int run_mount(const AdminArgs& a) {
+  std::vector<std::string> args = {a.dir, a.mountpoint};
   if (a.root) args.push_back("--root");
   if (!a.log.empty()) args.insert(args.end(), {"--log", a.log});
   args.insert(args.end(), a.mount_args.begin(), a.mount_args.end());
-  std::vector<char*> argv_c;
-  for (auto& s : args) argv_c.push_back(s.data());
-  argv_c.push_back(nullptr);
-  ::execvp(exe.c_str(), argv_c.data());
-  std::fprintf(stderr, "spool: cannot run spoolfs (%s); is it installed?\n", std::strerror(errno));
-  return kExitError;
+  return exec_sibling("spoolfs", "../fuse", args);
 }
 
 // `spool umount MOUNTPOINT`: fusermount3 -u, which an unprivileged user may run on their
@@ -134,6 +142,16 @@ std::vector<Command> add_admin_commands(CLI::App& app) {
     verify->footer("Exit code 0 when the queue is sound (after --repair, if given), 1 when problems remain.\n"
                    "Examples: spool verify /var/spool/jobs   |   spool verify /var/spool/jobs --repair --json");
     out.push_back({verify, [a] { return run_verify(*a); }});
+  }
+  {
+    // The HTTP server is its own program, spool-serve (tools/serve/main.cc says why); every
+    // argument, --help included, goes to it.
+    auto* serve = app.add_subcommand("serve", "Serve the queues under a root over HTTP: the SQS API (runs spool-serve)");
+    serve->prefix_command();
+    serve->set_help_flag();
+    serve->footer("Example: spool serve /var/spool --sqs 127.0.0.1:9324 --credentials ~/.aws/credentials\n"
+                  "See docs/sqs.md; spool serve --help lists the options.");
+    out.push_back({serve, [serve] { return exec_sibling("spool-serve", ".", serve->remaining()); }});
   }
   return out;
 }

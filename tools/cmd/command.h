@@ -47,7 +47,7 @@ std::vector<Command> add_message_commands(CLI::App& app);  // recv ack nack exte
 Command add_dlq(CLI::App& app);
 Command add_stats(CLI::App& app);
 Command add_replay(CLI::App& app);
-std::vector<Command> add_admin_commands(CLI::App& app);  // mount umount compact verify
+std::vector<Command> add_admin_commands(CLI::App& app);  // mount umount compact verify serve
 Command add_work(CLI::App& app);
 // `spool work DIR [OPTIONS] CMD ARGS...`: spool's options end at CMD, so CMD's own options
 // (`grep -v x`) are CMD's. Puts "--" before CMD in `args` (argv as given; args[1] is
