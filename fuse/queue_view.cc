@@ -49,8 +49,7 @@ constexpr off_t kCookieDotDot = 2;
 constexpr off_t kCookieStats = 3;
 constexpr off_t kCookieStatsJson = 4;
 constexpr off_t kCookieDlq = 5;
-constexpr off_t kCookieNext = 6;
-constexpr off_t kCookieMsgBase = 6;
+constexpr off_t kCookieMsgBase = 6;  // 6 was .next's, no longer listed
 
 uint64_t payload_limit(Queue* q) {
   uint64_t max = q->options().max_payload;
@@ -86,6 +85,7 @@ struct QueueView::Handle {
   std::string data;        // kNew: the bytes written so far
   bool sent = false;       // kNew: sent by FSYNC already; RELEASE does not send again
   bool discarded = false;  // kNew: unlinked before release, or a write failed; never sent
+  int refused = EIO;       // kNew: what later writes and closes of a discarded file get
 };
 
 QueueView::Handle* QueueView::handle_of(fuse_file_info* fi) {
@@ -411,7 +411,8 @@ void QueueView::readdir(fuse_req_t req, uint64_t local, size_t size, off_t off) 
   if (has_stats() && off < kCookieStatsJson)
     buf.add(".stats.json", ino(ino::kStatsJson), S_IFREG, kCookieStatsJson);
   if (cfg_.dlq_ino != 0 && off < kCookieDlq) buf.add(".dlq", cfg_.dlq_ino, S_IFDIR, kCookieDlq);
-  if (has_next() && off < kCookieNext) buf.add(".next", ino(ino::kNext), S_IFREG, kCookieNext);
+  // .next is not listed, though it can be opened: a walk of the tree (grep -r, find -exec,
+  // an indexer) would open it and wait forever on an empty queue. It is a name you open.
   for (uint64_t id : ids) {
     if (!buf.add(std::to_string(id).c_str(), ino(ino::msg_local(id)), S_IFREG,
                  kCookieMsgBase + static_cast<off_t>(id)))
@@ -567,8 +568,9 @@ void QueueView::write(fuse_req_t req, const char* buf, size_t size, off_t off, f
     }
     return (void)fuse_reply_err(req, EFBIG);
   }
-  if (h->discarded) return (void)fuse_reply_err(req, EIO);
+  if (h->discarded) return (void)fuse_reply_err(req, h->refused);
   if (h->sent) return (void)fuse_reply_err(req, EPERM);  // already sent by fsync
+  if (int err = refuse_if_full(h, end)) return (void)fuse_reply_err(req, err);
   if (h->data.size() < end) h->data.resize(end);
   std::memcpy(h->data.data() + off, buf, size);
   fuse_reply_write(req, size);
@@ -597,6 +599,41 @@ void QueueView::fsync(fuse_req_t req, fuse_file_info* fi) {
     }
   }
   fuse_reply_err(req, errno_of(h->q->sync()));
+}
+
+// FLUSH comes with every close() of the file (and of each duplicate), before RELEASE; its
+// error is what close() returns. The message is sent only at RELEASE (queue_view.h), but a
+// queue at its max_ready / max_bytes would refuse it there, where no one hears: so a full
+// queue fails the close() now (EAGAIN), and the file is discarded, never sent later.
+void QueueView::flush(fuse_req_t req, fuse_file_info* fi) {
+  Handle* h = handle_of(fi);
+  if (h->kind != Handle::Kind::kNew) return (void)fuse_reply_err(req, 0);
+  std::lock_guard lock(h->mu);
+  if (h->sent) return (void)fuse_reply_err(req, 0);
+  if (h->discarded) return (void)fuse_reply_err(req, h->refused == EIO ? 0 : h->refused);
+  fuse_reply_err(req, refuse_if_full(h, h->data.size()));
+}
+
+// Under h->mu. If the queue has a back-pressure limit and a message of `size` bytes would not
+// fit now, discards the file (nothing will be sent) and returns EAGAIN; else 0. A queue
+// that fills between the last close and RELEASE can still refuse the send there: that
+// failure is counted (.stats) and logged (docs/filesystem.md, "Errors").
+int QueueView::refuse_if_full(Handle* h, uint64_t size) {
+  const spool::QueueOptions& o = h->q->options();
+  if (o.max_ready == 0 && o.max_bytes == 0) return 0;
+  auto st = h->q->stats();
+  if (!st.ok()) return 0;  // the send at RELEASE will say what is wrong
+  uint64_t waiting = st->ready + st->delayed + st->blocked;
+  bool full = (o.max_ready != 0 && waiting + 1 > o.max_ready) ||
+              (o.max_bytes != 0 && st->bytes + size > o.max_bytes);
+  if (!full) return 0;
+  h->discarded = true;
+  h->refused = EAGAIN;
+  send_failures_.fetch_add(1);
+  spdlog::error("spoolfs: {} not sent to {}: the queue is full ({} messages waiting, max_ready {}; "
+                "{} bytes queued, max_bytes {}); the writer was told EAGAIN",
+                h->name, cfg_.label, waiting, o.max_ready, st->bytes, o.max_bytes);
+  return EAGAIN;
 }
 
 void QueueView::release(fuse_req_t req, fuse_file_info* fi) {
@@ -801,8 +838,8 @@ int QueueView::send(Handle* h, std::string_view data) {
   auto id = h->q->send(data);
   if (!id.ok()) {
     send_failures_.fetch_add(1);
-    std::fprintf(stderr, "spoolfs: sending %s (%zu bytes) to %s failed: %s\n", h->name.c_str(),
-                 data.size(), cfg_.label.c_str(), id.status().to_string().c_str());
+    spdlog::error("spoolfs: sending {} ({} bytes) to {} failed: {}", h->name, data.size(),
+                  cfg_.label, id.status().to_string());
     return errno_of(id.status());
   }
   sent_.fetch_add(1);

@@ -21,7 +21,9 @@
 //  - every open file is direct_io and entry/attr timeouts are 0: the kernel must neither
 //    serve a cached payload nor keep dentries of messages that are gone;
 //  - a message is sent on RELEASE (one per open), never on FLUSH (one per close() of any
-//    duplicate fd, possibly before any WRITE);
+//    duplicate fd, possibly before any WRITE); a WRITE or FLUSH to a queue that is full
+//    fails with EAGAIN and discards the file, so the writer hears it (RELEASE's reply goes
+//    nowhere);
 //  - rm arrives as UNLINK(parent, name) with no file handle, so acks go by name through a
 //    map id -> receipt of the messages this view received;
 //  - readdir cookies are message ids, so entries acked between two READDIRs are neither
@@ -99,6 +101,7 @@ class QueueView {
   void read(fuse_req_t req, size_t size, off_t off, fuse_file_info* fi);
   void write(fuse_req_t req, const char* buf, size_t size, off_t off, fuse_file_info* fi);
   void fsync(fuse_req_t req, fuse_file_info* fi);
+  void flush(fuse_req_t req, fuse_file_info* fi);
   void release(fuse_req_t req, fuse_file_info* fi);
 
  private:
@@ -135,6 +138,7 @@ class QueueView {
   int listed_after(uint64_t after, std::vector<uint64_t>* ids);
   std::string receipt_of(uint64_t id);
   spool::Result<std::string> render_stats(bool json);
+  int refuse_if_full(Handle* h, uint64_t size);
   int xattr_value(uint64_t local, std::string_view name, std::string* out);
 
   void open_stats(fuse_req_t req, uint64_t local, fuse_file_info* fi);

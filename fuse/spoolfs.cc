@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,6 +28,7 @@
 #include "cli/std_fds.h"
 #include "cli/units.h"
 #include "common.h"
+#include "daemon_log.h"
 #include "dead_mount.h"
 #include "mount.h"
 #include "queue_view.h"
@@ -47,6 +49,7 @@ struct Options {
   bool foreground = false;
   bool debug = false;
   std::string fuse_opts;  // passed on to libfuse
+  std::string log_file;   // --log: the daemon's messages go here, not to syslog
 };
 
 Mount* mount_of(fuse_req_t req) {
@@ -56,7 +59,7 @@ Mount* mount_of(fuse_req_t req) {
 // The operations table: thin trampolines onto Mount, or onto the view that made an open
 // file. What is refused everywhere is refused here:
 //  - rename: `mv` would otherwise fall back to copy + unlink, silently receiving,
-//    re-sending and acking (PITFALLS §4);
+//    re-sending and acking;
 //  - link, symlink, mknod: a queue holds only messages;
 //  - rmdir: removing a queue (every message in it) by rmdir is too easy to do by accident
 //    (rm -r, a file manager); `rm -rf DIR/name` on the real directory does it on purpose.
@@ -84,9 +87,9 @@ const fuse_lowlevel_ops kOps = [] {
   o.write = [](fuse_req_t r, fuse_ino_t, const char* b, size_t s, off_t off, fuse_file_info* fi) {
     QueueView::owner(fi)->write(r, b, s, off, fi);
   };
-  // No FLUSH handler: a new file is sent on RELEASE (queue_view.h), so FLUSH has nothing
-  // to do, and once libfuse has answered one with ENOSYS the kernel sends no more (close()
-  // still returns 0): one round trip less per close().
+  // FLUSH (every close()) sends nothing, a new file is sent on RELEASE (queue_view.h), but
+  // it is where a full queue fails the writer's close() with EAGAIN.
+  o.flush = [](fuse_req_t r, fuse_ino_t, fuse_file_info* fi) { QueueView::owner(fi)->flush(r, fi); };
   o.fsync = [](fuse_req_t r, fuse_ino_t, int, fuse_file_info* fi) {
     QueueView::owner(fi)->fsync(r, fi);
   };
@@ -128,11 +131,11 @@ const fuse_lowlevel_ops kOps = [] {
 void usage(FILE* out) {
   std::fprintf(
       out,
-      "usage: spoolfs QUEUE_DIR MOUNTPOINT [-o OPT[,OPT...]] [--limit N] [-f] [-d]\n"
+      "usage: spoolfs QUEUE_DIR MOUNTPOINT [-o OPT[,OPT...]] [--limit N] [--log FILE] [-f] [-d]\n"
       "       spoolfs --root DIR MOUNTPOINT [...]\n"
       "\n"
       "Mounts the spool queue in QUEUE_DIR (it must exist: spool init QUEUE_DIR) as a\n"
-      "directory: ls lists messages, cat receives one, rm acks it, touch extends its\n"
+      "directory on MOUNTPOINT (an empty directory, else refused): ls lists messages, cat receives one, rm acks it, touch extends its\n"
       "lease, and a file written and closed in it is sent. .dlq holds the dead letters.\n"
       "Reading .next waits for a message and receives it: its id on the first line, then\n"
       "the payload (rm MOUNTPOINT/ID acks it). .stats follows changes under tail -f.\n"
@@ -146,6 +149,9 @@ void usage(FILE* out) {
       "  -o limit=N, --limit N\n"
       "                     list at most the first N messages (default 1000)\n"
       "  -o OPT             any other option is passed to FUSE (auto_unmount is always on)\n"
+      "  --log FILE, -o log=FILE\n"
+      "                     append the daemon's errors to FILE (default: syslog, as\n"
+      "                     'spoolfs', facility daemon; with -f: stderr)\n"
       "  -f                 stay in the foreground\n"
       "  -d                 FUSE debug output (implies -f)\n"
       "  -h, --help         this text;  -V, --version  the version\n"
@@ -185,6 +191,8 @@ int parse_o(const std::string& list, Options* o) {
     } else if (opt.rfind("limit=", 0) == 0) {
       if (!parse_limit(opt.substr(6), &o->mount.limit))
         return bad_usage("bad limit '" + opt.substr(6) + "'");
+    } else if (opt.rfind("log=", 0) == 0 && opt.size() > 4) {
+      o->log_file = opt.substr(4);
     } else {
       if (!o->fuse_opts.empty()) o->fuse_opts += ',';
       o->fuse_opts += opt;
@@ -214,6 +222,9 @@ int parse_args(int argc, char** argv, Options* o) {
       std::string v = a == "--limit" ? (i + 1 < argc ? argv[++i] : "") : a.substr(8);
       if (!parse_limit(v, &o->mount.limit))
         return bad_usage("--limit needs a positive number, got '" + v + "'");
+    } else if (a == "--log" || a.rfind("--log=", 0) == 0) {
+      o->log_file = a == "--log" ? (i + 1 < argc ? argv[++i] : "") : a.substr(6);
+      if (o->log_file.empty()) return bad_usage("--log needs a file name");
     } else if (a == "-o" || (a.rfind("-o", 0) == 0 && a.size() > 2)) {
       if (int rc = parse_o(a == "-o" ? (i + 1 < argc ? argv[++i] : "") : a.substr(2), o); rc >= 0)
         return rc;
@@ -239,6 +250,18 @@ int parse_args(int argc, char** argv, Options* o) {
   return -1;
 }
 
+// Whether the directory `dir` holds no entry but . and .. (true if it cannot be read).
+bool dir_is_empty(const std::string& dir) {
+  bool empty = true;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+    }
+    ::closedir(d);
+  }
+  return empty;
+}
+
 // Checks the queue before mounting, so that mistakes are reported here and not by a
 // daemon. The Queue is closed again: it must not be used across the fork of
 // fuse_daemonize. Returns false (having said why) if it cannot be mounted.
@@ -249,14 +272,7 @@ bool check_queue(const std::string& dir) {
   if (q.ok()) return true;
   if (q.status().code() == Code::kNotAQueue) {
     // spool init makes a queue only in an empty or new directory: suggest it only there.
-    bool empty = true;
-    if (DIR* d = ::opendir(dir.c_str())) {
-      while (dirent* e = ::readdir(d)) {
-        if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
-      }
-      ::closedir(d);
-    }
-    if (empty) {
+    if (dir_is_empty(dir)) {
       std::fprintf(stderr, "spoolfs: %s; spoolfs never creates a queue: create one with 'spool init %s'\n",
                    q.status().message().c_str(), dir.c_str());
     } else {
@@ -301,12 +317,25 @@ std::string fuse_opt_escaped(const std::string& opt) {
 
 // Mounts, daemonizes unless -f, and serves until unmounted. Returns the exit code.
 int serve(fuse_session* se, Mount& mount, const Options& o) {
+  // The log file is opened here, on the terminal, so a bad path is reported (and a relative
+  // one means what the user meant: fuse_daemonize moves to /).
+  int log_fd = -1;
+  if (!o.log_file.empty() && (log_fd = spoolfs::open_log_file(o.log_file)) < 0) {
+    std::fprintf(stderr, "spoolfs: cannot open log file %s: %s\n", o.log_file.c_str(), std::strerror(errno));
+    return 1;
+  }
   std::string notice, error;
   if (!spoolfs::refuse_live_mount(o.mountpoint, &error) ||
       !spoolfs::clear_dead_mount(o.mountpoint, &notice, &error)) {
     return std::fprintf(stderr, "spoolfs: %s\n", error.c_str()), 1;
   }
   if (!notice.empty()) std::fprintf(stderr, "spoolfs: %s\n", notice.c_str());
+  // Mounted over, its files would be hidden while the mount lasts (and a user would think
+  // them sent or lost): an empty directory, as the usage says.
+  if (!dir_is_empty(o.mountpoint)) {
+    return std::fprintf(stderr, "spoolfs: %s is not empty: its files would be hidden while mounted; mount on an "
+                                "empty directory\n", o.mountpoint.c_str()), 1;
+  }
   if (fuse_session_mount(se, o.mountpoint.c_str()) != 0) {
     std::fprintf(stderr,
                  "spoolfs: cannot mount on %s (see the message above; is /dev/fuse "
@@ -315,6 +344,10 @@ int serve(fuse_session* se, Mount& mount, const Options& o) {
     return 1;
   }
   fuse_daemonize(o.foreground ? 1 : 0);
+  if ((log_fd >= 0 || !o.foreground) && !spoolfs::redirect_stderr(log_fd)) {
+    // Too late for the terminal; syslog directly is all that is left.
+    ::syslog(LOG_ERR, "spoolfs: cannot set up its log (%s); its errors are lost", std::strerror(errno));
+  }
   int rc = 1;
   // Requests wait in the kernel until the loop below reads them, so none arrives before
   // the queue is open.
@@ -338,6 +371,7 @@ int serve(fuse_session* se, Mount& mount, const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spoolfs::log_to_stderr();
   // Before the queue is opened (check_queue): none of its files may become stdout or
   // stderr (cli/std_fds.h); a closed one gets /dev/null, as fuse_daemonize gives them all.
   spool::cli::StdFds closed;

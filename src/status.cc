@@ -26,7 +26,11 @@ const char* code_name(Code c) {
 
 std::string Status::to_string() const {
   if (ok()) return "ok";
-  return std::string(code_name(code_)) + ": " + message();
+  // "<code name>: <message>" once: a message that already starts with its code's name
+  // ("queue full: q has 3 messages waiting") is not prefixed again.
+  const std::string prefix = std::string(code_name(code_)) + ": ";
+  if (message().starts_with(prefix)) return message();
+  return prefix + message();
 }
 
 Status errno_status(int err, const std::string& what) {

@@ -321,7 +321,8 @@ TEST_F(AsNobody, EveryChangingCallOnAQueueTheUserMayNotWriteIsReadOnly) {
 TEST_F(AsNobody, CliOnAQueueTheUserMayNotWriteSaysReadOnly) {
   NEED_CLI();
   std::string dir = d_ / "q";
-  ASSERT_EQ(test::run_program({cli(), "init", dir}).code, 0);
+  // Others may read it (a new queue is private by default: docs/security.md).
+  ASSERT_EQ(test::run_program({cli(), "init", dir, "--mode", "0644"}).code, 0);
   ASSERT_EQ(test::run_program({cli(), "send", dir, "x"}).code, 0);
   as_nobody("cli read-only", [&](Report& r) {
     auto send = test::run_program({cli(), "send", dir, "y"});
@@ -345,7 +346,7 @@ TEST_F(AsNobody, CliOnAQueueTheUserMayNotWriteSaysReadOnly) {
 // be rebuilt: the open must fail with an error that names the index (an open that succeeds
 // fails the test), never crash. Once nobody is attached, the index is only a cache
 // (docs/durability.md) and the directory's write permission is the access control
-// (PRODUCT.md 4a): the next opener rebuilds it and the queue works, losing nothing.
+// (docs/security.md): the next opener rebuilds it and the queue works, losing nothing.
 TEST_F(AsNobody, WritableDirectoryWithAnIndexTheUserMayNotWriteIsAClearError) {
   if (std::getenv("SPOOL_KNOWN_BUG_OPEN_FAIL_SEGV") != nullptr) {
     std::printf("\n*** KNOWN BUG SPOOL_KNOWN_BUG_OPEN_FAIL_SEGV: Queue::open crashes (SIGSEGV in "

@@ -1,4 +1,4 @@
-// What the peers lack (PRODUCT.md §7): back-pressure limits, durability per call, and
+// What the peers lack (docs/semantics.md): back-pressure limits, durability per call, and
 // instant release of a dead process's leases. Deaths are real kill -9s of forked processes.
 #include <gtest/gtest.h>
 #include <sched.h>

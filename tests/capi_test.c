@@ -390,6 +390,9 @@ static void test_leases(void) {
    * nothing; its batch (payload, receipt) is still readable until freed. */
   CHECK_CODE(spool_ack(q, first[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_LEASE_LOST);
   CHECK(starts_with(spool_last_error(), "lease lost: "), "lease lost text");
+  /* Issue 43: the code's name once, not "lease lost: lease lost: ...". */
+  CHECK(strstr(spool_last_error() + strlen("lease lost: "), "lease lost:") == NULL,
+        "the code is named once: %s", spool_last_error());
   CHECK_CODE(spool_nack(q, first[0].receipt, 0), SPOOL_LEASE_LOST);
   CHECK_CODE(spool_extend(q, first[0].receipt, 1000), SPOOL_LEASE_LOST);
   CHECK(memcmp(first[0].payload, "a\0b", 3) == 0, "payload still valid after the lease");

@@ -75,7 +75,7 @@ const char* known_bug_text(const std::string& name) {
            "passed alone; cause not yet found (a stopped holder, seven parked operations, SIGCONT)";
   if (name == "FULL_DISK_DRAIN")
     return "on a full disk receive fails with kNoSpace (its LEASE record needs a new segment), so a full "
-           "queue cannot be drained (PRODUCT.md 4: space for the ack is to be reserved at send)";
+           "queue cannot be drained (docs/durability.md: space for the ack is reserved at send)";
   if (name == "COMPACT_REPAIR")
     return "an index repair (EOWNERDEAD after a lock holder died, or verify(true)) that runs while a "
            "compaction is between copying its prefix and unlinking it makes the index point at the "

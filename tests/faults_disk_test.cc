@@ -170,7 +170,7 @@ TEST_F(FullDisk, GrowingSegmentsSendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
   sends_fail_cleanly(*this, QueueOptions{}.segment_size);
 }
 
-// PRODUCT.md §4: on a full disk receive, ack and compaction keep working, so a full queue
+// docs/durability.md: on a full disk receive, ack and compaction keep working, so a full queue
 // can be drained, and then accepts sends again.
 void drain_full(FullDisk& t, uint64_t segment_size) {
   t.in_child_on_queue("drain a full disk", [&](Report& r, Queue& Q) {

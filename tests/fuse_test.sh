@@ -195,6 +195,22 @@ t_next_blocks_until_a_message_and_each_reader_gets_its_own() {
   eq "acked" "$(stat_of acked_total "$D/q")" 3
 }
 
+# Issue 43: a walk of the tree never blocks. grep -r on an empty queue used to open .next
+# and wait forever; .next is not listed (it opens by name), and the walk ends.
+t_grep_r_on_an_empty_queue_returns() {
+  new_queue "$D/q"
+  local M=$D/mnt rc=0
+  mount_fs "$D/q" "$M"
+  timeout 10 grep -r x "$M" >/dev/null 2>&1 || rc=$?
+  ((rc != 124)) || fail "grep -r on an empty queue hung (killed by timeout after 10 s)"
+  timeout 10 find "$M" -type f -exec cat {} + >/dev/null 2>&1
+  (($? != 124)) || fail "find -exec cat on an empty queue hung"
+  ls -a "$M" | grep -qx '.next' && fail ".next is listed by ls -a"
+  [[ -e $M/.next ]] || fail ".next does not open by name"
+  "$SPOOL" send "$D/q" found >/dev/null
+  timeout 10 cat "$M/.next" | grep -qx found || fail ".next by name did not deliver"
+}
+
 # An interrupted read of .next takes nothing: the message sent after it goes to the next
 # reader, and no lease is left behind.
 t_next_interrupted_read_takes_nothing() {
@@ -722,6 +738,50 @@ EOF
   eq "payload" "$(cat "$M/1")" synced
 }
 
+# Issue 43: a message written to a full queue (--max-ready) is never lost in silence: the
+# writer's write() or close() fails with EAGAIN, nothing is sent, and the daemon (mounted
+# without -f, so its stderr is /dev/null) says why in its --log file.
+sent_is() { [[ $(stat_of sent_total "$1") == "$2" ]]; }
+t_a_full_queue_fails_the_writer_and_the_log_says_why() {
+  new_queue "$D/q" --max-ready 3
+  local M=$D/mnt
+  mkdir -p "$M"
+  MNTS+=("$M")
+  "$SPOOLFS" "$D/q" "$M" --log "$D/daemon.log" 2>"$D/err" || fail "spoolfs failed: $(cat "$D/err")"
+  echo 1 >"$M/m1" && echo 2 >"$M/m2" || fail "a send with room failed"
+  wait_for 10 sent_is "$D/q" 2
+  if ((HAVE_PY)); then
+    # Opened and written while there was room; the queue fills before its close().
+    python3 - "$M" <<'EOF' || fail "see above"
+import errno, os, subprocess, sys
+m = sys.argv[1]
+fd = os.open(os.path.join(m, 'late'), os.O_WRONLY | os.O_CREAT, 0o600)
+os.write(fd, b'written while there was room')
+subprocess.check_call(['sh', '-c', 'echo 3 > "$1"', 'sh', os.path.join(m, 'm3')])
+try:
+    os.close(fd)
+    raise SystemExit('close() of a file for a full queue succeeded')
+except OSError as e:
+    assert e.errno == errno.EAGAIN, e
+EOF
+  else
+    echo 3 >"$M/m3" || fail "the third send failed"
+  fi
+  wait_for 10 sent_is "$D/q" 3
+  if echo 4 >"$M/m4" 2>"$D/echo.err"; then fail "echo to a full queue exited 0"; fi
+  grep -qi "temporarily unavailable" "$D/echo.err" || fail "echo said: $(cat "$D/echo.err")"
+  printf five >"$D/five"
+  if cp "$D/five" "$M/m5" 2>"$D/cp.err"; then fail "cp to a full queue exited 0"; fi
+  grep -qi "temporarily unavailable" "$D/cp.err" || fail "cp said: $(cat "$D/cp.err")"
+  sleep 0.3
+  eq "sent" "$(stat_of sent_total "$D/q")" 3
+  grep -q "m4 not sent to .*the queue is full" "$D/daemon.log" || fail "the log does not name m4: $(cat "$D/daemon.log")"
+  # Room again: the next write goes through.
+  "$SPOOL" recv "$D/q" >/dev/null || fail "spool recv failed"  # a leased message is not waiting
+  echo 6 >"$M/m6" || fail "a send after room was made failed"
+  wait_for 10 sent_is "$D/q" 4
+}
+
 t_daemon_mode_mounts_and_unmounts() {
   new_queue "$D/q"
   local M=$D/mnt
@@ -744,9 +804,23 @@ t_spool_mount_runs_spoolfs() {
   mountpoint -q "$M" || fail "not mounted when spool mount returned"
   for i in 1 2 3 4 5 6 7; do echo "m$i" >"$M/new$i"; done
   wait_for 10 count_is "$M" 5  # the --limit after -- reached spoolfs
-  fusermount3 -u "$M" || fail "fusermount3 -u failed"
+  "$SPOOL" umount "$M" || fail "spool umount failed"  # issue 43
+  not_mounted "$M" || fail "still mounted after spool umount"
   "$SPOOL" mount "$D/nope" "$M" 2>"$D/err2" && fail "mounted a missing queue"
   grep -q "nope" "$D/err2" || fail "the error does not name the queue: $(cat "$D/err2")"
+  # Issue 43: a non-empty mount point is refused, as the usage says (its files would hide).
+  mkdir -p "$D/full" && echo keep >"$D/full/file"
+  MNTS+=("$D/full")
+  "$SPOOL" mount "$D/q" "$D/full" 2>"$D/err3" && fail "mounted over a non-empty directory"
+  grep -q "is not empty" "$D/err3" || fail "the refusal says: $(cat "$D/err3")"
+  # --root and --log are spool mount's own flags (listed in its --help).
+  mkdir -p "$D/root" "$D/mnt-root"
+  MNTS+=("$D/mnt-root")
+  new_queue "$D/root/a"
+  "$SPOOL" mount "$D/root" "$D/mnt-root" --root --log "$D/root.log" 2>"$D/err4" ||
+    fail "spool mount --root failed: $(cat "$D/err4")"
+  eq "queues under spool mount --root" "$(queues "$D/mnt-root")" "a "
+  "$SPOOL" umount "$D/mnt-root" || fail "spool umount of the --root mount failed"
 }
 
 # Issue 24: spoolfs (and spool mount, which runs it) on a mount point that already holds a
@@ -955,6 +1029,7 @@ t_commas_in_the_queue_path_are_no_mount_options() {
 TESTS=(
   t_next_blocks_until_a_message_and_each_reader_gets_its_own
   t_next_interrupted_read_takes_nothing
+  t_grep_r_on_an_empty_queue_returns
   t_stats_follows_under_tail_and_held_counts_live_leases
   t_spool_mount_runs_spoolfs
   t_a_second_mount_on_a_live_one_is_refused
@@ -976,6 +1051,7 @@ TESTS=(
   t_four_shell_consumers_process_each_message_once
   t_fsync_sends_at_once_and_rm_discards_an_unsent_file
   t_daemon_mode_mounts_and_unmounts
+  t_a_full_queue_fails_the_writer_and_the_log_says_why
   t_root_lists_queues_and_mkdir_creates_one
   t_root_round_trip_inside_a_queue
   t_root_refusals_and_bad_names

@@ -20,13 +20,14 @@ fi
 BUILD=$(cd "$1" && pwd); SRC=$(cd "$2" && pwd); MESON=$3; SANITIZE=${4:-none}
 CXX_CMD=${SPOOL_CXX:-c++}
 CC_CMD=${SPOOL_CC:-cc}
+PY=${SPOOL_PYTHON:-python3}  # the python3 meson found (tests/meson.build), that the package is for
 export LC_ALL=C
 
 ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-install-test.XXXXXX")
 trap 'rm -rf "$ROOT"' EXIT
 STAGE=$ROOT/stage
 n=0; failed=0
-echo "1..11"
+echo "1..14"
 # check NAME CMD...: one TAP line; the command's output goes to the log shown on failure.
 check() {
   local name=$1; shift
@@ -219,6 +220,74 @@ PY
   "$PREFIX_DIR/bin/spool" recv "$q" 2>&1 | grep -q hello-from-python
 }
 check "the installed Python package (import spool) talks to the installed CLI" python_package
+
+python_where_python_looks() {
+  # Issue 43: `meson install` put the package in PREFIX/lib/python3/dist-packages, which
+  # Debian's python3 does not search: it must go where meson's python3 (the one the
+  # package is for) looks, so that `import spool` works with no PYTHONPATH.
+  local init dir
+  init=$(find "$STAGE" -path '*/spool/__init__.py' | head -n1)
+  [ -n "$init" ] || { echo "spool package not installed"; return 1; }
+  dir=$(dirname "$(dirname "$init")")
+  dir=${dir#"$STAGE"}
+  case "$dir" in /usr/*) ;; *) echo "note: prefix $dir is not under /usr: not checked"; return 0 ;; esac
+  echo "installed into $dir; $PY's sys.path:"
+  "$PY" -c 'import sys; print(sys.path); sys.exit(sys.argv[1] not in sys.path)' "$dir" || return 1
+  # The installed package knows where meson put the library (for before ldconfig).
+  grep -qF "LIBDIR = \"${LIBDIR#"$STAGE"}\"" "$STAGE$dir/spool/_install.py" || { cat "$STAGE$dir/spool/_install.py"; return 1; }
+}
+check "meson install puts the Python package on meson's python3's sys.path" python_where_python_looks
+
+pip_install() {
+  # Issue 43: `pip install ./python` into a venv (python/pyproject.toml), then the package
+  # on the staged libspool.so.0. --no-build-isolation --no-index: no network here, so the
+  # build backend (setuptools) is the system's.
+  if [ "$SANITIZE" != none ] && [ -n "$SANITIZE" ]; then echo "skipped: sanitized build"; return 0; fi
+  "$PY" -c 'import setuptools, venv, ensurepip' 2>/dev/null ||
+    { echo "SKIP: $PY lacks setuptools or venv (python3-setuptools, python3-venv: scripts/deps.sh)"; return 0; }
+  local q=$ROOT/qpip
+  cp -r "$SRC/python" "$ROOT/pysrc" && rm -rf "$ROOT/pysrc/tests" || return 1
+  grep -q "^version = \"$("$MESON" introspect "$BUILD" --projectinfo | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["version"])')\"" \
+    "$ROOT/pysrc/pyproject.toml" || { echo "pyproject.toml's version is not meson's"; return 1; }
+  "$PY" -m venv --system-site-packages "$ROOT/venv" || return 1
+  "$ROOT/venv/bin/pip" install -q --no-build-isolation --no-index "$ROOT/pysrc" || return 1
+  "$PREFIX_DIR/bin/spool" init "$q" >/dev/null || return 1
+  (cd "$ROOT" && env -u SPOOL_LIBRARY -u PYTHONPATH LD_LIBRARY_PATH="$LIBDIR" "$ROOT/venv/bin/python" - "$q" "$ROOT/venv" <<'PY') || return 1
+import sys, spool
+print("spool package:", spool.__file__)
+assert spool.__file__.startswith(sys.argv[2]), spool.__file__
+with spool.Queue(sys.argv[1]) as q:
+    q.send("hello-from-pip")
+PY
+  "$PREFIX_DIR/bin/spool" recv "$q" 2>&1 | grep -q hello-from-pip
+}
+check "pip install ./python into a venv; import spool sends through the staged libspool" pip_install
+
+library_not_found() {
+  # Issue 43: a library the dynamic linker cannot find yet. The ImportError says what to
+  # do (ldconfig), and scripts/ldconfig.sh, which meson install runs, runs ldconfig
+  # (a stand-in here that records its call) unless the install is staged (DESTDIR).
+  if [ "$SANITIZE" != none ] && [ -n "$SANITIZE" ]; then echo "skipped: sanitized build"; return 0; fi
+  mkdir -p "$ROOT/nolib/spool" "$ROOT/fakebin" || return 1
+  cp "$SRC"/python/spool/*.py "$ROOT/nolib/spool/" || return 1
+  if ! "$PY" -c 'import ctypes.util, sys; sys.exit(ctypes.util.find_library("spool") is not None)'; then
+    echo "note: this machine's ldconfig cache has a libspool: the ImportError is not checked"
+  else
+    (cd "$ROOT" && env -u SPOOL_LIBRARY -u LD_LIBRARY_PATH PYTHONPATH="$ROOT/nolib" "$PY" -c 'import spool') \
+      >/dev/null 2>"$ROOT/import.err" && { echo "import spool worked without a library"; return 1; }
+    cat "$ROOT/import.err"
+    grep -q "ImportError: .*ldconfig" "$ROOT/import.err" || return 1
+  fi
+  printf '#!/bin/sh\necho "ldconfig $*" >>"%s"\n' "$ROOT/ldconfig.calls" >"$ROOT/fakebin/ldconfig"
+  chmod +x "$ROOT/fakebin/ldconfig"
+  DESTDIR=$ROOT/x PATH="$ROOT/fakebin:$PATH" sh "$SRC/scripts/ldconfig.sh" /usr/local/lib || return 1
+  [ ! -e "$ROOT/ldconfig.calls" ] || { echo "ldconfig ran for a staged install"; return 1; }
+  env -u DESTDIR PATH="$ROOT/fakebin:$PATH" sh "$SRC/scripts/ldconfig.sh" /opt/x/lib 2>"$ROOT/ldc.err" || return 1
+  grep -qx "ldconfig " "$ROOT/ldconfig.calls" || { echo "ldconfig was not run"; return 1; }
+  grep -q "LD_LIBRARY_PATH=/opt/x/lib" "$ROOT/ldc.err" || { cat "$ROOT/ldc.err"; return 1; }
+  grep -q "scripts/ldconfig.sh" "$SRC/meson.build"
+}
+check "a library not found yet: the ImportError says ldconfig; meson install runs ldconfig" library_not_found
 
 # ---------------------------------------------------------------- 4. the installed tools
 

@@ -1,5 +1,5 @@
 // The mapped backend (records stored through a writable MAP_SHARED mapping of a preallocated
-// segment, PRODUCT.md §3): which directories get it, that fdatasync writes back the pages
+// segment, docs/durability.md): which directories get it, that fdatasync writes back the pages
 // dirtied through the mapping, and that a power cut which keeps only synced pages loses
 // nothing a sync=always call acknowledged.
 //

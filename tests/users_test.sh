@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Queues and more than one user (PRODUCT.md §4a, docs/security.md "Who may do what"): a
+# Queues and more than one user (docs/security.md, "Who may do what"): a
 # queue a group shares stays usable by every member whoever rebuilds its index, rolls its
 # segments or makes its dead-letter queue, whatever their umask; a user who may only read a
 # queue cannot stop its writers by locking its files. The users are real: this test creates
@@ -109,12 +109,12 @@ t_group_shared_queue_stays_usable_by_every_member() {
   ! as "$R" "$SPOOL" stats q >/dev/null 2>&1 || fail "an outsider read a 0660 queue's stats"
 }
 
-# A private queue others may read (the usual umask 022: 0644 files). The outsider R gets
+# A queue others may read (--mode 0644; a new queue is private by default, issue 43). The outsider R gets
 # stats and peek, and cannot open any file writers lock: flock(1) on them fails, so R cannot
 # stop A's sends and receives. R's lock on a segment (R may read payloads) stops nothing.
 t_a_reader_cannot_block_writers() {
   chmod 1777 "$D"
-  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644" || fail "init"
   as "$A" "$SPOOL" send q one two three >/dev/null || fail "send"
   eq "the queue directory" "$(stat -c %a q)" 755
   as "$R" "$SPOOL" stats q --json >st || fail "the reader's stats"
@@ -144,7 +144,7 @@ t_a_reader_cannot_block_writers() {
 # takes the read bits of those who may not write away again.
 t_lock_files_an_older_spool_left_readable_are_tightened() {
   chmod 1777 "$D"
-  as "$A" sh -c "umask 022; exec '$SPOOL' init q" || fail "init"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644" || fail "init"
   as "$A" "$SPOOL" send q x >/dev/null || fail "send"
   as "$A" timeout 20 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' 2>/dev/null ||
     fail "spool work (makes owners)"

@@ -3,7 +3,7 @@
 // is docs/cli.md.
 //
 // Exit codes: 0 success; 2 recv got no message within --wait; 3 lease lost (stale
-// receipt); 64 usage error; 75 pull --once stopped by a full queue; 1 any other error.
+// receipt); 64 usage error; 75 a full queue (try again later); 1 any other error.
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -29,9 +29,10 @@ Examples:
   spool work /var/spool/jobs -j 4 -- ./process.sh
   spool stats /var/spool/jobs --json
 
+'spool help COMMAND' (or 'spool COMMAND --help') shows a command's flags.
 Durations: 500ms, 30s, 5m, 2h, or a plain number of seconds. Sizes: 4096, 64K, 64M, 1G.
 Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 usage error,
-75 pull --once stopped by a full queue (try again later), 1 any other error. See docs/cli.md.)";
+75 queue full (try again later), 1 any other error. See docs/cli.md.)";
 
 int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
@@ -50,6 +51,23 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   commands.push_back(add_work(app));
   for (auto& c : add_nats_commands(app)) commands.push_back(std::move(c));
 
+  // `spool` alone lists the commands, as git does (on stdout; the error is still one line on
+  // stderr, and exit 64); `spool help` is `spool --help`, `spool help CMD` is `spool CMD --help`.
+  if (argc == 1) {
+    std::printf("%s", app.help().c_str());
+    std::fflush(stdout);
+    std::fprintf(stderr, "spool: a command is required (the commands are listed above; 'spool help COMMAND' shows one's flags)\n");
+    return kExitUsage;
+  }
+  std::vector<char*> help_argv;
+  if (std::strcmp(argv[1], "help") == 0 && argc <= 3) {
+    static char help_flag[] = "--help";
+    help_argv = {argv[0]};
+    if (argc == 3) help_argv.push_back(argv[2]);
+    help_argv.push_back(help_flag);
+    argc = static_cast<int>(help_argv.size());
+    argv = help_argv.data();
+  }
   // An unknown command is named (CLI11 would only say that a subcommand is required).
   bool known_command = true;
   if (argc > 1 && argv[1][0] != '-') {
@@ -75,6 +93,7 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   for (size_t i = 1; i < marked.size(); ++i) {
     if (marked[i].size() >= 2 && marked[i].front() == '[' && marked[i].back() == ']') marked[i].insert(0, 1, kMark);
   }
+  if (argc > 1 && std::strcmp(argv[1], "work") == 0) end_work_options_at_command(*app.get_subcommand("work"), marked);
   std::vector<char*> marked_argv;
   for (auto& a : marked) marked_argv.push_back(a.data());
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
@@ -83,7 +102,7 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
     }
   }
   try {
-    app.parse(argc, marked_argv.data());
+    app.parse(static_cast<int>(marked_argv.size()), marked_argv.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::string help = "spool --help";

@@ -43,7 +43,11 @@ __all__ = [
     "Queue", "Message", "SendItem", "SentId", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
     "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
     "IoError", "Corrupt", "ReadOnly", "DEFAULT_PRIORITY", "MAX_GROUP", "library_path",
+    "__version__",
 ]
+
+__version__ = "0.1.0"
+"""This package's version, the same as libspool's (meson.build) and python/pyproject.toml's."""
 
 Payload = Union[bytes, bytearray, memoryview, str]
 AttributeValue = Union[bytes, bytearray, memoryview, str]
@@ -437,6 +441,7 @@ class Queue:
         self._h: Optional[int] = None
         self._owner: Optional[Queue] = None
         self._pid = os.getpid()
+        self._dir = os.fsdecode(path)  # for repr, also once closed
         _check(_lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o), ctypes.byref(handle)))
         self._h = handle.value
 
@@ -444,6 +449,7 @@ class Queue:
     def _borrowed(cls, owner: "Queue", handle: int) -> "Queue":
         q = cls.__new__(cls)
         q._h, q._owner, q._pid = handle, owner, owner._pid
+        q._dir = os.fsdecode(_lib.spool_dir(handle))
         return q
 
     def _handle(self) -> int:
@@ -823,5 +829,15 @@ class Queue:
 
     def __repr__(self) -> str:
         state = "closed" if self._h is None else "open"
-        return f"<spool.Queue {state}>"
+        return f"<spool.Queue {self._dir!r} {state}>"
+
+    def __len__(self) -> int:
+        """The messages in the queue, not yet acked: ready, in flight, delayed and blocked
+        (not the dead letters). A snapshot: other processes change it at once."""
+        s = self.stats()
+        return s.ready + s.in_flight + s.delayed + s.blocked
+
+    def __bool__(self) -> bool:
+        # With __len__, an empty queue would be false: `if q:` means "is this a queue".
+        return True
 

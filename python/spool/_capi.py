@@ -1,8 +1,10 @@
 """ctypes declarations of libspool's C API (include/spool/spool.h).
 
 Private: use the classes of the ``spool`` package. The library is found as
-``$SPOOL_LIBRARY`` (a path), else through ``ctypes.util.find_library("spool")``, else as
-``libspool.so.0`` on the dynamic linker's search path.
+``$SPOOL_LIBRARY`` (a path), else through ``ctypes.util.find_library("spool")`` (the
+dynamic linker's cache, which ``ldconfig`` refreshes), else, for the package ``meson
+install`` wrote, in the directory meson installed the library into (``_install.LIBDIR``),
+else as ``libspool.so.0`` on the dynamic linker's search path (``LD_LIBRARY_PATH``).
 
 The library is loaded with ``ctypes.CDLL``, which releases the GIL for the whole of every
 call: a long poll (``spool_receive`` with a wait) blocks only its own thread. PyDLL would
@@ -121,7 +123,17 @@ def _find() -> str:
     path = os.environ.get("SPOOL_LIBRARY")
     if path:
         return path
-    return ctypes.util.find_library("spool") or "libspool.so.0"
+    found = ctypes.util.find_library("spool")
+    if found:
+        return found
+    try:
+        from . import _install  # type: ignore[attr-defined]  # only in what meson installed
+        beside = os.path.join(_install.LIBDIR, "libspool.so.0")
+        if os.path.exists(beside):
+            return beside
+    except ImportError:
+        pass
+    return "libspool.so.0"
 
 
 def _load() -> ctypes.CDLL:
@@ -129,9 +141,13 @@ def _load() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name)  # CDLL: the GIL is released during each call
     except OSError as e:
-        raise ImportError(
-            f"spool: cannot load the C library {name!r} ({e}); install libspool0 "
-            "(or `meson install`), or set SPOOL_LIBRARY to the path of libspool.so.0") from e
+        if os.environ.get("SPOOL_LIBRARY"):
+            advice = "SPOOL_LIBRARY names it: set it to the path of an installed libspool.so.0"
+        else:
+            advice = ("install it (`apt install libspool0`, or `meson install` from the source tree); "
+                      "if it is installed, run `sudo ldconfig` so the dynamic linker finds it, or set "
+                      "LD_LIBRARY_PATH to its directory, or SPOOL_LIBRARY to its path")
+        raise ImportError(f"spool: cannot load the C library {name!r} ({e}): {advice}") from e
     q = c_void_p
     msg_pp = POINTER(POINTER(spool_message))
     sigs = {

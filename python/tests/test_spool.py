@@ -103,8 +103,10 @@ def test_back_pressure_raises_queue_full(qdir):
     with spool.Queue(qdir, max_ready=2) as q:
         q.send("1")
         q.send("2")
-        with pytest.raises(spool.QueueFull):
+        with pytest.raises(spool.QueueFull) as e:
             q.send("3")
+        # Issue 43: "<code name>: <message>", the code named once.
+        assert str(e.value).startswith("queue full: ") and str(e.value).count("queue full") == 1, str(e.value)
         t0 = time.monotonic()
         with pytest.raises(spool.QueueFull):
             q.send("3", wait_for_room=0.2)
@@ -420,8 +422,9 @@ def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):
         time.sleep(0.25)  # the lease ends
         (second,) = q.receive(visibility=10)
         assert second.id == first.id and second.receive_count == 2
-        with pytest.raises(spool.LeaseLost, match="lease lost"):
+        with pytest.raises(spool.LeaseLost, match="lease lost") as e:
             first.ack()
+        assert str(e.value).count("lease lost") == 1, str(e.value)
         with pytest.raises(spool.LeaseLost):
             first.nack()
         with pytest.raises(spool.LeaseLost):
@@ -695,3 +698,19 @@ def test_long_poll_leaves_the_gil_to_other_threads(qdir):
         t.join(5)
         assert not t.is_alive() and [m.text for m in received] == ["wake"]
         assert time.monotonic() - sent < 2.5
+
+
+# ------------------------------------------------------------------ issue 43: what users of the peers expect
+
+def test_version_repr_and_len(qdir):
+    assert spool.__version__ == "0.1.0" and "__version__" in spool.__all__
+    with spool.Queue(qdir) as q:
+        assert repr(q) == f"<spool.Queue {str(qdir)!r} open>"
+        assert len(q) == 0 and q  # an empty queue is still true
+        q.send("a")
+        q.send("b")
+        (m,) = q.receive()
+        assert len(q) == 2  # one ready, one in flight
+        m.ack()
+        assert len(q) == 1
+    assert repr(q).endswith(" closed>")

@@ -28,7 +28,7 @@ class Io {
   // Writes all `iovcnt` buffers at `off`, resuming short writes. 0 or -errno.
   int write_all(int fd, const iovec* iov, int iovcnt, uint64_t off);
   // Makes written data durable (fdatasync). 0 or -errno. An error here is fatal for the
-  // file: the caller must not retry and assume success (see PITFALLS "fsyncgate").
+  // file: the caller must not retry and assume success (after a failed fsync the kernel may have dropped the dirty pages and marked them clean: a retry "succeeds" without the data).
   virtual int datasync(int fd) = 0;
   // Reserves [off, off+len) on disk (fallocate mode 0). 0 or -errno (ENOSPC up front).
   virtual int allocate(int fd, uint64_t off, uint64_t len);

@@ -1,5 +1,5 @@
 // io_uring backend. Each thread gets its own small ring, created on first use and
-// re-created when the pid changes: rings must not cross fork (PITFALLS §3), and a
+// re-created when the pid changes: rings must not cross fork (a child sharing its parent's ring corrupts both), and a
 // process-wide ring behind a mutex would deadlock a child forked while another thread
 // held that mutex. Each write_all call is a single WRITEV submission carrying every record
 // of a batch, which is where the batching happens; short results are resumed by

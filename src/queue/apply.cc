@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "logging.h"
 #include "spool/queue.h"
 #include "storage/log.h"
 
@@ -41,7 +42,46 @@ Status drop_through(index::SharedIndex& x, uint64_t through) REQUIRES(x) {
   return {};
 }
 
+// Raises next_id past `id`; sent_through follows it (index invariant: sent_through + 1 ==
+// next_id), stored after the log end the caller published (durability.cc reads it first).
+void raise_next_id(index::IndexHeader& h, uint64_t id) {
+  if (id < h.next_id) return;
+  h.next_id = id + 1;
+  h.sent_through.store(id, std::memory_order_release);
+}
+
+// The dedup part of a new message (not a compaction copy): its id is remembered until the
+// window ends. A live send reserved the room; a replay makes it here, and past the table's
+// bound (only if the window was made longer since) the oldest ids are not remembered.
+void remember_dedup(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x) {
+  const uint64_t expires = enqueue_key(x, at, r.t1, keys.now) + keys.dedup_window;
+  if (expires <= keys.now.boot) return;
+  auto dedup = storage::ext_entry(r.ext, format::ExtType::kDedupId);
+  if (!dedup || dedup->empty()) return;
+  if (Status s = x.dedup_reserve(1, keys.now.boot); !s.ok()) {
+    spool::log().warn("spool: message {}'s dedup id is not remembered: {}", r.id, s.message());
+    return;
+  }
+  x.dedup_insert(dedup_hash(*dedup), at, expires);
+}
+
+// A LEASE, RELEASE, ACK or DEAD of message `id` settles an unconfirmed copy of it: the entry
+// moves to the copy (`slot` >= 0) or the copy is forgotten.
+void settle_copy(index::SharedIndex& x, const Keys& keys, uint64_t id, int64_t slot) REQUIRES(x) {
+  if (keys.copies == nullptr || keys.copies->empty()) return;
+  auto it = keys.copies->find(id);
+  if (it == keys.copies->end()) return;
+  if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
+  keys.copies->erase(it);
+}
+
 }  // namespace
+
+uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, const Clocks& now) {
+  return std::min(now.boot, now.key(rebase(x.hdr(), at, t1, now)));
+}
+
+uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
 
 storage::RecordView view_of(const storage::Record& rec) {
   return storage::RecordView{rec.type, rec.flags, rec.count, rec.id, rec.t1, rec.t2, rec.payload, 0, 0, rec.ext};
@@ -49,8 +89,20 @@ storage::RecordView view_of(const storage::Record& rec) {
 
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
   auto& h = x.hdr();
+  if (r.type == RecordType::kClock) return {};
+  const uint64_t next = h.next_id;  // before this record
+  if (r.type != RecordType::kCheckpoint) raise_next_id(h, r.id);
   switch (r.type) {
     case RecordType::kMsg: {
+      const bool copy = (r.flags & format::kFlagCopy) != 0;
+      if (!copy && keys.dedup_window != 0 && !r.ext.empty()) remember_dedup(x, at, r, keys);
+      if (r.id <= h.purged_through) return {};
+      // A message the index holds already (only an id below next_id can be): a compaction
+      // copy, followed once a LEASE or RELEASE confirms it.
+      if (r.id < next && x.find(r.id) >= 0) {
+        if (copy && keys.copies != nullptr) (*keys.copies)[r.id] = at;
+        return {};
+      }
       Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
       // (A payload-only record, the common case, walks no extension.)
       std::optional<std::string_view> group;
@@ -66,7 +118,10 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority);
       if (!ins.ok()) return ins.status();
       if (group) x.group_join(*ins, r.id, XXH3_64bits(group->data(), group->size()));
-      if ((r.flags & format::kFlagCopy) == 0) ++h.sent_total;
+      // A copy gets here only when its original is not in the log: removed by the compaction
+      // whose CHECKPOINT follows (and sets the totals again), or lost to a power cut before
+      // that compaction's sync. Either way the log holds one send of it.
+      ++h.sent_total;
       h.bytes_live += r.payload.size();
       return {};
     }
@@ -75,6 +130,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       const bool lease = r.type == RecordType::kLease;
       if (!lease && (r.flags & format::kFlagNack) != 0) ++h.nacked_total;
       int64_t slot = x.find(r.id);
+      settle_copy(x, keys, r.id, slot);
       if (slot < 0) return {};
       x.entry(static_cast<uint32_t>(slot)).count = r.count;
       return lease ? x.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
@@ -87,7 +143,9 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       } else {
         ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
       }
-      if (int64_t slot = x.find(r.id); slot >= 0) {
+      const int64_t found = x.find(r.id);
+      settle_copy(x, keys, r.id, -1);
+      if (int64_t slot = found; slot >= 0) {
         if (keys.keep_acked != 0 && r.type == RecordType::kAck && (r.flags & format::kFlagExpired) == 0) {
           const Entry& e = x.entry(static_cast<uint32_t>(slot));
           x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, storage::Pos::unpack(e.loc).seq, e.len, keys.keep_acked);
@@ -120,7 +178,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       return {};
     }
     case RecordType::kClock:
-      return {};
+      break;
   }
   return {};
 }

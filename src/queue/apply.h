@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 
 #include "index/index.h"
 #include "queue/log_clock.h"
@@ -24,6 +25,13 @@ struct Keys {
   // time of the records before it (ReplayClock::time_key()).
   uint64_t keep_acked = 0;
   uint64_t acked = 0;
+  // The queue's dedup window in ns (0: none): a new message's dedup id is remembered for it.
+  uint64_t dedup_window = 0;
+  // Compaction copies of messages the index holds, by id, not yet confirmed by a LEASE or
+  // RELEASE of the message (see apply_record): replay keeps one map for the whole log, a
+  // live commit one for its records. Null: copies are not followed (only a caller that
+  // writes none may pass it).
+  std::unordered_map<uint64_t, uint64_t>* copies = nullptr;
   uint64_t lease(uint64_t at, uint64_t t2) const { return replay != nullptr ? replay->lease_key(at, t2) : now.key(t2); }
   uint64_t ready(uint64_t at, uint64_t t1, uint64_t t2) const {
     return replay != nullptr ? replay->ready_key(at, t1, t2) : now.key(t2);
@@ -31,15 +39,30 @@ struct Keys {
 };
 
 // Applies record `r`, at `at` (a packed Pos; 0 where the caller applies before its append,
-// which only a live LEASE does), to `x`, held (the index lock, or a private index): a MSG inserts a ready message (the room
-// reserved by a live caller), LEASE and RELEASE set the receive count, state and deadline,
-// ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
-// with keep_acked), PURGE drops every message up to its id, CHECKPOINT sets
-// the totals. Every total (sent, acked, expired, dead, nacked, bytes live) is counted here
-// and nowhere else. Records of messages the index does not hold change nothing but the
-// totals. CLOCK records are the ReplayClock's; which MSG records are applied at all
-// (compaction copies, ids below a purge) is replay's choice.
+// which only a live LEASE does), to `x`, held (the index lock, or a private index). Every
+// effect a record has on the index is here, for live calls and replay alike:
+// - every record but CLOCK and CHECKPOINT raises next_id past its id (and sent_through);
+// - a MSG's dedup id is remembered within the window (before the purge check: a dedup id
+//   outlives its message); a MSG at or below the purge mark is dropped; a compaction copy
+//   of a message the index holds is noted in keys.copies and moves the entry there only
+//   once a LEASE or RELEASE of that message follows (a compaction killed in its append can
+//   leave a copy without one); any other MSG inserts a ready message (a live caller
+//   reserved the room);
+// - LEASE and RELEASE set the receive count, state and deadline;
+// - ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
+//   with keep_acked); PURGE drops every message up to its id; CHECKPOINT sets the totals.
+// Every total (sent, acked, expired, dead, nacked, bytes live) is counted here and nowhere
+// else. Records of messages the index does not hold change nothing but the totals. CLOCK
+// records are the ReplayClock's. An error means the index could not take the record (no
+// room): the caller rebuilds the index from the log.
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x);
+
+// The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time after
+// now (a wall clock that went back since an earlier boot) counts as now.
+uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, const Clocks& now);
+
+// The dedup table's hash of a dedup id.
+uint64_t dedup_hash(std::string_view id);
 
 // `rec`, appended at `at`, as replay reads it (what apply_record() takes).
 storage::RecordView view_of(const storage::Record& rec);

@@ -200,10 +200,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       next = batch_start;
       continue;
     }
-    auto at = append_all(recs, *tail);
-    if (!at.ok()) return at.status();
-    // Copying took no lock-free step, so the slots are still those of the same entries.
-    for (size_t i = 0; i < slots.size(); ++i) idx.entry(slots[i]).loc = at->at[2 * i].pack();
+    // Each copy moves its entry once the LEASE or RELEASE after it is applied (apply_record).
+    if (auto at = commit(recs, now, *tail); !at.ok()) return at.status();
     res.messages_copied += slots.size();
   }
   // Everything the prefix still holds must have been copied. Live operations append every
@@ -224,10 +222,14 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   }
   crashpoint("compact.after_copy");
 
-  // 3. The copies must be on disk before any original goes, whatever the sync policy.
-  const Pos after_prefix{last + 1, 0};
+  // 3. The copies must be on disk before any original goes, whatever the sync policy. The
+  //    prefix too, before the checkpoint counts what it holds: a power cut can leave the
+  //    prefix in place (its removal not yet durable) with its unsynced tail gone, and the
+  //    checkpoint would then count sends and acks the recovered log does not hold (issue 42:
+  //    acked_total above sent_total, found by a power-loss test on ext4 and xfs). Under
+  //    `interval` the flusher has synced nearly all of it already.
   Pos end = Pos::unpack(__atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-  if (Status s = log->sync_through(after_prefix, end); !s.ok()) return s;
+  if (Status s = log->sync_through(Pos{prefix.front(), 0}, end); !s.ok()) return s;
   const Pos synced = end;
   crashpoint("compact.after_sync");
 
@@ -242,7 +244,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
                            h.nacked_total};
     std::string payload = storage::encode_checkpoint(cp);
     Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
-    auto at = append_all(std::span(&rec, 1));
+    auto at = commit(std::span(&rec, 1), clocks());
     if (!at.ok()) return at.status();
     end = at->end;
   }

@@ -3,6 +3,8 @@
 // the leases taken.
 #include "queue/queue_impl.h"
 
+#include "queue/apply.h"
+
 namespace spool {
 
 auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
@@ -42,7 +44,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   // The wall clock of the send as of now: the record's time, converted to this boot's
   // clock and back, so that a wall-clock step since moves it along.
   const Clocks c = now != nullptr ? *now : queue::read_clocks(idx.hdr());
-  const uint64_t age = c.boot - enqueue_key(idx, Pos::unpack(e.loc), r->t1, c);
+  const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
   if (age_ns != nullptr) *age_ns = age;
   m.enqueued = std::chrono::system_clock::time_point(
       std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real() - age)));
@@ -62,7 +64,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   uint64_t age = 0;
   auto msg = load(slot, mapped, &now, &age);
   if (msg.ok() && cfg.opts.retention_max_age.count() > 0 && age > ms_to_ns(cfg.opts.retention_max_age)) {
-    if (Status s = expire(slot); !s.ok()) return s;
+    if (Status s = expire(slot, now); !s.ok()) return s;
     *end = h.log_end;
     return std::optional<Message>();
   }
@@ -81,13 +83,12 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     *end = h.log_end;
     return std::optional<Message>();
   }
-  if (e.state != State::kLeased) room();  // leased ones do not count against max_ready
   e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint8_t>(owner_slot + 1) : 0;
   const uint32_t count = e.count + 1;
-  // The LEASE record log_leases() appends for it, applied now: the next message is picked
+  // The LEASE record log_leases() commits for it, applied now: the next message is picked
   // from the state this one leaves. The caller reserved heap room for every message it
   // takes, so this cannot remap; if the append fails, the index is rebuilt from the log.
-  if (Status s = apply(lease_record(id, count, now, vis), 0, now); !s.ok()) return s;
+  if (Status s = apply_before_append(lease_record(id, count, now, vis), now); !s.ok()) return s;
   msg->receive_count = count;
   msg->receipt = receipt(id, count);
   return std::optional<Message>(std::move(*msg));
@@ -128,25 +129,19 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
   crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
   Record dead{RecordType::kDead, count, id, 0, 0, {}};
-  auto at = append(std::span(&dead, 1));
-  if (!at.ok()) return at.status();
-  (void)apply(dead, at->pack(), now);
-  room();
+  if (auto res = commit(std::span(&dead, 1), now); !res.ok()) return res.status();
   spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
                     count);
   return {};
 }
 
-auto Queue::Impl::expire(uint32_t slot) -> Status {
+auto Queue::Impl::expire(uint32_t slot, const Clocks& now) -> Status {
   Entry& e = idx.entry(slot);
   const uint64_t id = idx.id_of(slot);
   Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
   const uint32_t len = e.len;
-  auto at = append(std::span(&rec, 1));
-  if (!at.ok()) return at.status();
+  if (auto res = commit(std::span(&rec, 1), now); !res.ok()) return res.status();
   spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, len);
-  (void)apply(rec, at->pack(), Clocks{});
-  room();
   return {};
 }
 
@@ -155,24 +150,23 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   std::vector<Record> recs;
   recs.reserve(taken.size());
   for (const auto& m : taken) recs.push_back(lease_record(m.id, m.receive_count, now, vis));
-  auto at = append(recs);
-  if (!at.ok()) {
-    (void)rebuild();
-    return at.status();
-  }
-  *end = idx.hdr().log_end;
+  auto res = commit(recs, now, nullptr, true);
+  if (!res.ok()) return res.status();
+  *end = res->end.pack();
   return {};
 }
 
 void Queue::Impl::open_dead_letters_early() {
-  {
-    sys::MutexLock lock(dlq_mu);
-    if (dlq) return;
-  }
+  if (dlq_open.load(std::memory_order_acquire)) return;
+  const uint64_t now = sys::boot_ns();
+  if (now < dlq_next_look.load(std::memory_order_relaxed)) return;
   // One that does not exist yet is made under the lock by the first bury(): empty, it
-  // has nothing to replay.
-  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) return;
-  (void)dead_letters();
+  // has nothing to replay. One made by another process meanwhile is found within a second.
+  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) {
+    dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
+    return;
+  }
+  if (!dead_letters().ok()) dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
 }
 
 auto Queue::Impl::dead_letters() -> Result<Queue*> {
@@ -186,6 +180,7 @@ auto Queue::Impl::dead_letters() -> Result<Queue*> {
     auto q = open_queue(dir + "/dlq", o, true);
     if (!q.ok()) return q.status();
     dlq = std::move(q).value();
+    dlq_open.store(true, std::memory_order_release);
   }
   return dlq.get();
 }

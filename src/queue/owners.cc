@@ -58,12 +58,9 @@ auto Queue::Impl::release_owned(std::span<const uint32_t> ks) -> void {
       const Entry& e = idx.entry(s);
       recs.push_back(Record{RecordType::kRelease, e.count, idx.id_of(s), now.rt, now.rt, {}});
     }
-    auto at = append_all(recs);  // if it fails, the leases simply run out as usual
-    const bool logged = at.ok();
     for (uint32_t s : victims) idx.entry(s).owner = 0;
-    // Leased: in the heap already, no remap.
-    for (size_t i = 0; logged && i < recs.size(); ++i) (void)apply(recs[i], at->at[i].pack(), now);
-    if (logged) wake(victims.size());
+    // If it fails, the leases simply run out as usual.
+    (void)commit(recs, now);
     spool::log().info("spool: {}: released {} lease(s) of a process that is gone", dir, victims.size());
   }
   for (uint32_t k : ks) {

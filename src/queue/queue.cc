@@ -7,14 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <unordered_map>
 #include <utility>
 
+#include "queue/apply.h"
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
 #include "sys/no_follow.h"
@@ -315,8 +314,6 @@ Status check_attributes(const Attributes& a, const std::string& what) {
   return {};
 }
 
-uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
-
 // kInvalidArgument for a lease or delay `d` past a year (queue::kMaxVisibilityMs): its
 // deadline in nanoseconds overflowed, so that a message leased that long could be received
 // again at once, and one delayed that long was ready at once (issue 48).
@@ -329,29 +326,15 @@ Status at_most_a_year(const char* what, Millis d) {
 
 }  // namespace
 
-void Queue::Impl::remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now) {
-  const uint64_t expires = enqueue_key(x, pos, r.t1, now) + dedup_window_ns();
-  if (expires <= now.boot) return;
-  auto ext = storage::decode_ext(r.ext);
-  if (!ext.ok() || ext->dedup_id.empty()) return;
-  // A live send reserved the room; a replay makes it here, and past the table's bound (only
-  // if the window was made longer since) the oldest ids are not remembered.
-  if (Status s = x.dedup_reserve(1, now.boot); !s.ok()) {
-    spool::log().warn("spool: {}: message {}'s dedup id is not remembered: {}", dir, r.id, s.message());
-    return;
-  }
-  x.dedup_insert(dedup_hash(ext->dedup_id), pos.pack(), expires);
-}
-
 uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
   uint64_t found = 0;
-  idx.dedup_probe(dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
+  idx.dedup_probe(queue::dedup_hash(dedup_id), [&](uint64_t loc, uint64_t expires) {
     if (expires <= now.boot) return false;
     std::shared_ptr<storage::Segment> keep;
     const Pos at = Pos::unpack(loc);
     auto r = log->read(at, &keep);
     if (!r.ok() || r->type != RecordType::kMsg || r->ext.empty() ||
-        enqueue_key(idx, at, r->t1, now) + dedup_window_ns() <= now.boot) {
+        queue::enqueue_key(idx, at.pack(), r->t1, now) + dedup_window_ns() <= now.boot) {
       return false;
     }
     auto ext = storage::decode_ext(r->ext);
@@ -438,7 +421,6 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   const uint64_t d = ms_to_ns(opts.delay);
   uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
-  uint64_t woken = 0;
   bool spares_low = false;
   for (;;) {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
@@ -543,23 +525,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     const std::span<const Record> recs =
         n_new == 1 ? std::span<const Record>(&single, 1) : std::span<const Record>(several);
     if (!recs.empty()) {
-      auto res = q.append_all(recs, *tail);
-      if (!res.ok()) return res.status();
-      if (!q.park_append_path.empty()) park(q.park_append_path);
-      for (size_t k = 0; k < recs.size(); ++k) {
-        const size_t i = kept(k);
-        // Cannot fail: room was reserved above. If it did, the rebuild before the unlock
-        // makes the index from the log, which holds the messages.
-        if (Status s = q.apply(recs[k], res->at[k].pack(), now); !s.ok()) q.idx.damaged(s.message());
-        if (!dedup.empty() && !dedup[i].empty()) {
-          // The same step replay takes for this record.
-          storage::RecordView v{RecordType::kMsg, format::kFlagExt, 0, recs[k].id, now.rt, now.rt + d,
-                                payloads[i], 0, 0, exts[i]};
-          q.remember_dedup(q.idx, res->at[k], v, now);
-        }
-      }
-      h.next_id += recs.size();
-      h.sent_through.store(h.next_id - 1, std::memory_order_release);
+      if (auto res = q.commit(recs, now, *tail); !res.ok()) return res.status();
     }
     for (size_t k = 0; k < n_new; ++k) ids[kept(k)] = recs[k].id;
     if (duplicates != nullptr) duplicates->assign(payloads.size(), false);
@@ -579,17 +545,11 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
         oldest = lowest.empty() ? -1 : lowest.front();
       }
       if (oldest < 0) break;
-      if (Status s = q.expire(static_cast<uint32_t>(oldest)); !s.ok()) return s;
+      if (Status s = q.expire(static_cast<uint32_t>(oldest), now); !s.ok()) return s;
     }
     end = h.log_end;
-    woken = d == 0 ? recs.size() : 0;
     break;
   }
-  // Woken after the unlock: a consumer woken while the lock is still held runs straight
-  // into it, sleeps on the mutex and has to be woken a second time by the unlock (two
-  // context switches per message on the long-poll path). Waiters cannot miss the wake:
-  // they read wake_seq under the lock before they sleep, and it is bumped only now.
-  if (woken != 0) q.wake(woken);
   if (spares_low) q.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return {};
@@ -904,26 +864,18 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
                      Durability durability = Durability::kQueuePolicy) {
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
-  bool wake = false;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
-    auto& h = q.idx.hdr();
     Clocks now = q.clocks();
     Record rec{RecordType::kAck, f->gen, f->id, 0, 0, {}};
     if (what == Change::kNack) {
       rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
     }
     if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
-    // A fenced message has been received (its count is the receipt's, at least 1), so it
-    // is in the heap already and a nack or extend cannot remap.
-    (void)q.apply(rec, at->pack(), now);
-    if (what == Change::kAck) q.room();
-    wake = what == Change::kNack && ns == 0;
-    end = h.log_end;
+    auto res = q.commit(std::span(&rec, 1), now);
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
-  if (wake) q.wake(1);  // after the unlock: see send_core
   return q.written(end, durability);
 }
 
@@ -964,13 +916,9 @@ Status Queue::remove(uint64_t id, Durability durability) {
     // A plain ACK record with the message's current delivery number: replay drops the
     // message whatever its state, and a receipt of that delivery finds nothing to fence.
     Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
-    Clocks now{};
-    now.boot = sys::boot_ns();  // the ack's time, for replay after ack
-    (void)q.apply(rec, at->pack(), now);
-    q.room();
-    end = q.idx.hdr().log_end;
+    auto res = q.commit(std::span(&rec, 1), q.clocks());
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
   return q.written(end, durability);
 }
@@ -1029,12 +977,10 @@ Result<uint64_t> Queue::purge() {
     auto& h = q.idx.hdr();
     Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};
     if (h.next_id == 1) return uint64_t{0};
-    auto at = q.append(std::span(&rec, 1));
-    if (!at.ok()) return at.status();
     n = h.count;
-    if (Status s = q.apply(rec, at->pack(), Clocks{}); !s.ok()) return s;
-    end = h.log_end;
-    q.room();
+    auto res = q.commit(std::span(&rec, 1), q.clocks());
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
   }
   if (Status s = q.written(end); !s.ok()) return s;
   return n;

@@ -1,15 +1,16 @@
 // Internals of Queue, declared here and defined by module: queue.cc (the API),
-// apply.cc (the one mutator: what a record does to the index, for live calls and replay),
-// recovery.cc (the lock path, replay, rebuild), write_path.cc (appends, the log clock,
-// room), durability.cc (sync, group commit, the flusher), receipts.cc, owners.cc (instant
-// release on death), delivery.cc (loading and taking messages, dead letters),
-// compact.cc (compaction) and verify.cc (fsck). Not a public header.
+// write_path.cc (commit(), the one commit path; the log clock, room), apply.cc (the one
+// mutator: what a record does to the index, for live calls and replay alike), recovery.cc
+// (the lock path, replay, rebuild), durability.cc (sync, group commit, the flusher),
+// receipts.cc, owners.cc (instant release on death), delivery.cc (loading and taking
+// messages, dead letters), compact.cc (compaction) and verify.cc (fsck). Not a public
+// header. docs/design.md is the map.
 //
-// Every state change follows one order, under the index lock: append the record to the log,
-// then update the index, then (outside the lock) sync per policy. So a process that dies at
-// any point leaves the log holding every change the index shows, and the repair after
-// EOWNERDEAD is simply "rebuild the index from the log". There is no other write path:
-// nothing is staged or deferred outside the log.
+// Every state change follows one order, under the index lock: commit() appends the records
+// to the log, then applies them to the index; then (outside the lock) the caller syncs per
+// policy. So a process that dies at any point leaves the log holding every change the index
+// shows, and the repair after EOWNERDEAD is simply "rebuild the index from the log". There
+// is no other write path: nothing is staged or deferred outside the log.
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -47,7 +48,7 @@ using index::State;
 using storage::Pos;
 using storage::Record;
 
-inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits (PITFALLS §1)
+inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits: a missed wake costs at most this
 // How often lock holders look for dead lease owners, and how long a long poll sleeps at
 // most while any process binds its leases: together they bound how late a dead worker's
 // leases come back.
@@ -181,17 +182,11 @@ struct Queue::Impl {
   Status replay(index::SharedIndex& x) REQUIRES(x);
 
   // ---- deduplication (docs/semantics.md, "Deduplication") -------------------------------
+  // (Remembering a new message's dedup id is apply_record()'s.)
 
-  // The dedup part of applying a MSG record, for live sends and replay alike: a new message
-  // (not a compaction copy) whose dedup id is still inside the window is remembered in the
-  // index's dedup table. `x` held (see replay()); a send reserved the room first.
-  void remember_dedup(index::SharedIndex& x, Pos pos, const storage::RecordView& r, const Clocks& now) REQUIRES(x);
   // The id of the message that carries `dedup_id` and was sent within the window, or 0.
   // Every hint of the table is confirmed against its record.
   uint64_t find_dedup(std::string_view dedup_id, const Clocks& now) REQUIRES(idx);
-  // The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time
-  // after now (a wall clock that went back since an earlier boot) counts as now.
-  static uint64_t enqueue_key(const index::SharedIndex& x, Pos at, uint64_t t1, const Clocks& now);
   uint64_t dedup_window_ns() const { return ms_to_ns(cfg.opts.dedup_window); }
 
   // True when the log holds records the index has not seen (the index is stale).
@@ -255,12 +250,28 @@ struct Queue::Impl {
   std::shared_ptr<storage::Segment> tail_seen GUARDED_BY(idx);  // log_tail()'s last, at
   uint64_t tail_gen GUARDED_BY(idx) = 0;                         // log->cache_generation() then
   // Appends at the log end and publishes the new end; `tail` is log_tail()'s.
-  Result<storage::AppendResult> append_all(std::span<const Record> recs, storage::Segment* tail) REQUIRES(idx);
-  Result<storage::AppendResult> append_all(std::span<const Record> recs) REQUIRES(idx);
-  Result<Pos> append(std::span<const Record> recs) REQUIRES(idx);
-  // The one mutator (queue/apply.h) for `rec`, a record of this call, written at `at` (0
-  // before its append), at `now`.
-  Status apply(const Record& rec, uint64_t at, const Clocks& now) REQUIRES(idx);
+  // The one commit path: every record any call writes goes through here. It appends
+  // `recs` at the log end (the segment's opening CLOCK record first where a roll needs one)
+  // and publishes the new end, then applies each record with apply_record() (queue/apply.h)
+  // at its position and `now`, and works out from the record types what the unlock must do
+  // (Locked): long polls to wake for messages that became receivable, senders to wake for
+  // room. `tail`: log_tail()'s segment (looked up here if null). What it returns (the
+  // records' positions and the new end) is what the caller's sync policy needs.
+  //
+  // A failed append changes nothing. A failed apply (the index had no room for a record it
+  // holds now in the log) marks the index damaged: the lock's release rebuilds it from the
+  // log, the one way every failure to apply is handled.
+  //
+  // `applied`: the records were applied before (only a receive's LEASEs, so that the next
+  // message is picked from the state each one leaves); if the append fails the index is
+  // rebuilt from the log, which undoes them.
+  Result<storage::AppendResult> commit(std::span<const Record> recs, const Clocks& now,
+                                       storage::Segment* tail = nullptr, bool applied = false) REQUIRES(idx);
+  // Applies `rec` now, before its append (commit()'s `applied`): a LEASE of a receive.
+  Status apply_before_append(const Record& rec, const Clocks& now) REQUIRES(idx);
+  // Long polls and senders for the unlock to wake (commit()); read and reset by ~Locked.
+  uint64_t wake_pending GUARDED_BY(idx) = 0;
+  bool room_pending GUARDED_BY(idx) = false;
 
   // The clocks for the records written under this hold of the lock. A CLOCK record goes
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
@@ -268,7 +279,7 @@ struct Queue::Impl {
   Clocks clocks() REQUIRES(idx);
   uint64_t boot_seen GUARDED_BY(idx) = 0;  // the boot time clocks() read last (restatement())
 
-  // PRODUCT.md §4: a full disk must not stop a queue from draining. Every queued message
+  // A full disk must not stop a queue from draining (docs/durability.md). Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
   // that drain it (LEASE, ACK), plus a checkpoint for compaction. Before a send or a
   // compaction copy writes `bytes` of records that would eat into that room, more spares
@@ -400,7 +411,7 @@ struct Queue::Impl {
 
   // Drops the message in `slot` for a retention limit: an ACK record flagged EXPIRED, so
   // the drop is durable and counted apart from consumer acks.
-  Status expire(uint32_t slot) REQUIRES(idx);
+  Status expire(uint32_t slot, const Clocks& now) REQUIRES(idx);
 
   // Logs the leases of messages just taken, in one append. If it fails the
   // index is rebuilt from the log, which undoes the leases. *end is the log end to honour
@@ -415,6 +426,11 @@ struct Queue::Impl {
   // up every send and receive of this queue meanwhile (issue 48). An error is left for
   // bury() to report, should it need the dead-letter queue.
   void open_dead_letters_early() EXCLUDES(dlq_mu, idx);
+  // Set once the DLQ is open (a receive then takes no mutex), and when a look found none,
+  // the boot time before which the next receive does not look again (a stat per receive
+  // of a queue without a DLQ cost a system call on the hot path).
+  std::atomic<bool> dlq_open{false};
+  std::atomic<uint64_t> dlq_next_look{0};
 
   // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
   // refused if it is a link (docs/security.md, "Planted links").

@@ -128,9 +128,16 @@ Queue::Impl::Locked::~Locked() {
   // A use found a damaged value in the index (and did not follow it): rebuild it from
   // the log before anyone else sees it (SharedIndex, "Damage").
   if (!impl_->idx.damage().empty()) (void)impl_->repair_damage();
-  const uint64_t promoted = impl_->idx.promotions() - promotions_;
+  // What this hold's commits made receivable, and any group member a removal let through,
+  // is woken after the unlock: a consumer woken while the lock is still held runs straight
+  // into it, sleeps on the mutex and has to be woken a second time by the unlock (two
+  // context switches per message on the long-poll path). Waiters cannot miss the wake:
+  // they read wake_seq under the lock before they sleep, and it is bumped only now.
+  const uint64_t woken = impl_->idx.promotions() - promotions_ + std::exchange(impl_->wake_pending, 0);
+  const bool room = std::exchange(impl_->room_pending, false);
   impl_->idx.hdr().mu.unlock();
-  if (promoted != 0) impl_->wake(promoted);  // after the unlock: see send_core
+  if (woken != 0) impl_->wake(woken);
+  if (room) impl_->room();
 }
 
 auto Queue::Impl::lock_to_change() -> Result<Locked> {
@@ -199,62 +206,25 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   h.purged_through = 0;
   h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
   queue::ReplayClock clock(h, queue::read_clocks(h));
-  // Compaction copies of messages already in `x`, by id: not yet followed by a LEASE or
-  // RELEASE record of that message (see kMsg below).
-  std::unordered_map<uint64_t, uint64_t> unconfirmed_copies;
-  auto confirm_copy = [&](uint64_t id, int64_t slot) {
-    if (unconfirmed_copies.empty()) return;
-    auto it = unconfirmed_copies.find(id);
-    if (it == unconfirmed_copies.end()) return;
-    if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
-    unconfirmed_copies.erase(it);
-  };
+  std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").
   const uint64_t keep_acked = ms_to_ns(cfg.opts.keep_acked);
   uint64_t latest = 0;
   Status failed;
+  // Replay is a loop of apply: every effect of a record is apply_record()'s, as for the
+  // live call that wrote it; the clock anchors are the ReplayClock's.
   auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
     if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
     if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
-    if (r.type == RecordType::kClock) return;
-    if (r.type != RecordType::kCheckpoint) h.next_id = std::max(h.next_id, r.id + 1);
-    // Which records are applied, and where the index points, is replay's part; what a
-    // record does to the state is apply_record()'s, as for the live call that wrote it.
-    switch (r.type) {
-      case RecordType::kMsg:
-        // Before the purge check: a dedup id outlives its message (docs/semantics.md).
-        if (!r.ext.empty() && (r.flags & format::kFlagCopy) == 0) remember_dedup(x, pos, r, clock.now());
-        if (r.id <= h.purged_through) return;
-        if (x.find(r.id) >= 0) {
-          // A compaction copy of a live message. The index points at it (the original's
-          // segment is about to go) only once a LEASE or RELEASE of the message follows, as
-          // compaction writes one right after each copy: a compaction killed in its append
-          // can leave a copy without, and the next compaction would remove the original with
-          // the records of the message's receives (its receive count back to 0).
-          if ((r.flags & format::kFlagCopy) != 0) unconfirmed_copies[r.id] = pos.pack();
-          return;
-        }
-        break;
-      case RecordType::kLease:
-      case RecordType::kRelease:
-        confirm_copy(r.id, x.find(r.id));
-        break;
-      case RecordType::kAck:
-      case RecordType::kDead:
-        confirm_copy(r.id, -1);
-        break;
-      default:
-        break;
-    }
-    const queue::Keys keys{&clock, clock.now(), keep_acked, latest};
+    const queue::Keys keys{&clock, clock.now(), keep_acked, latest, dedup_window_ns(), &copies};
     if (Status s = queue::apply_record(x, pos.pack(), r, keys); !s.ok()) failed = s;
   });
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;
   h.log_end = rec->end.pack();
-  h.sent_through.store(h.next_id - 1, std::memory_order_release);
+  h.sent_through.store(h.next_id - 1, std::memory_order_release);  // (next_id 1: nothing was sent)
   // Nothing is known to be durable: the next sync covers every segment compaction left
   // (a process that died may have rolled past segments it never synced; sync_to()).
   h.durable_end.store(0);
@@ -264,10 +234,6 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
                   rec->corrupt.size());
   }
   return {};
-}
-
-auto Queue::Impl::enqueue_key(const index::SharedIndex& x, Pos at, uint64_t t1, const Clocks& now) -> uint64_t {
-  return std::min(now.boot, now.key(queue::rebase(x.hdr(), at.pack(), t1, now)));
 }
 
 auto Queue::Impl::log_ahead_of_index() -> bool {

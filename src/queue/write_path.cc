@@ -27,34 +27,62 @@ auto Queue::Impl::log_tail() -> Result<storage::Segment*> {
   return tail_seen.get();
 }
 
-auto Queue::Impl::append_all(std::span<const Record> recs) -> Result<storage::AppendResult> {
-  auto tail = log_tail();
-  if (!tail.ok()) return tail.status();
-  return append_all(recs, *tail);
-}
-
-auto Queue::Impl::append_all(std::span<const Record> recs, storage::Segment* tail) -> Result<storage::AppendResult> {
+auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storage::Segment* tail, bool applied)
+    -> Result<storage::AppendResult> {
   auto& h = idx.hdr();
+  if (tail == nullptr) {
+    auto t = log_tail();
+    if (!t.ok()) return t.status();
+    tail = *t;
+  }
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
   if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
   auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, tail);
-  if (!res.ok()) return res.status();
+  if (!res.ok()) {
+    if (applied) (void)rebuild();
+    return res.status();
+  }
   h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
   h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
   __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+  // (A crash test's hook: a send parks here, its messages in the log and not in the index.)
+  if (!park_append_path.empty() && !recs.empty() && recs.front().type == RecordType::kMsg &&
+      (recs.front().flags & format::kFlagCopy) == 0) {
+    park(park_append_path);
+  }
+  std::unordered_map<uint64_t, uint64_t> copies;  // (allocates nothing unless a copy comes)
+  const queue::Keys keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), &copies};
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const Record& r = recs[i];
+    if (!applied) {
+      if (Status s = queue::apply_record(idx, res->at[i].pack(), queue::view_of(r), keys); !s.ok()) {
+        idx.damaged(s.message());  // rebuilt from the log before the unlock
+      }
+    }
+    switch (r.type) {
+      case RecordType::kMsg:
+      case RecordType::kRelease:
+        // Receivable now (no delay): one long poll each.
+        if (r.t2 <= r.t1 && (r.flags & format::kFlagCopy) == 0) ++wake_pending;
+        break;
+      case RecordType::kLease:  // a ready message leased no longer counts against max_ready
+      case RecordType::kAck:
+      case RecordType::kDead:
+      case RecordType::kPurge:
+        room_pending = true;
+        break;
+      default:
+        break;
+    }
+  }
   return res;
 }
 
-auto Queue::Impl::append(std::span<const Record> recs) -> Result<Pos> {
-  auto res = append_all(recs);
-  if (!res.ok()) return res.status();
-  return res->at.empty() ? res->end : res->at.front();
-}
-
-auto Queue::Impl::apply(const Record& rec, uint64_t at, const Clocks& now) -> Status {
-  return queue::apply_record(idx, at, queue::view_of(rec), queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked)});
+auto Queue::Impl::apply_before_append(const Record& rec, const Clocks& now) -> Status {
+  return queue::apply_record(idx, 0, queue::view_of(rec),
+                             queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), nullptr});
 }
 
 auto Queue::Impl::clocks() -> Clocks {
@@ -66,12 +94,12 @@ auto Queue::Impl::clocks() -> Clocks {
   next.rt = next.real();
   const uint64_t boot = queue::boot_hash();
   Record r = queue::anchor_record(next, boot);
-  auto at = append(std::span(&r, 1));
+  auto at = commit(std::span(&r, 1), next);
   if (!at.ok()) {
     spool::log().warn("spool: {}: cannot write a clock record: {}", dir, at.status().to_string());
     return c;
   }
-  queue::add_anchor(h, at->pack(), next.rt - next.boot);
+  queue::add_anchor(h, at->at.front().pack(), next.rt - next.boot);
   return next;
 }
 

@@ -179,7 +179,7 @@ void Log::warm_next_spares() {
   all.resize(std::min<size_t>(all.size(), kWarmSpares));
   for (const std::string& spare : all) {
     {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       if (std::find(warmed_.begin(), warmed_.end(), spare) != warmed_.end()) continue;
       warmed_.push_back(spare);
       if (warmed_.size() > 2 * kWarmSpares) warmed_.erase(warmed_.begin());
@@ -227,7 +227,7 @@ Result<std::vector<uint64_t>> Log::segments() const {
     uint64_t seq = 0;
     auto [end, ec] = std::from_chars(name.data(), name.data() + 20, seq);
     if (ec != std::errc() || end != name.data() + 20 || seq == 0 || seq > kMaxSegmentSeq) {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       if (warned_names_.emplace(name).second) {
         spool::log().warn("spool: {}/{}: ignored: not a segment of this log (a segment number is 1 to {})", dir_,
                           name, kMaxSegmentSeq);
@@ -265,7 +265,7 @@ void Log::remove_leftovers() {
 
 Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     if (auto it = cache_.find(seq); it != cache_.end()) return it->second;
   }
   auto seg = Segment::open(*opts_.io, segment_path(seq), !opts_.read_only, mapped_, opts_.huge_pages);
@@ -275,12 +275,12 @@ Result<std::shared_ptr<Segment>> Log::segment(uint64_t seq) {
                                       std::to_string((*seg)->info().seq));
   }
   (*seg)->set_max_payload(max_payload());
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   return cache_.emplace(seq, *seg).first->second;
 }
 
 void Log::forget_below(uint64_t seq) {
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   cache_.erase(cache_.begin(), cache_.lower_bound(seq));
   cache_gen_.fetch_add(1, std::memory_order_release);
 }
@@ -347,7 +347,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
   }
   if (!seg.ok()) return seg.status();
   (*seg)->set_max_payload(max_payload());
-  std::lock_guard lock(mu_);
+  sys::MutexLock lock(mu_);
   cache_[seq] = *seg;  // replaces a stale, never-published segment of the same number
   cache_gen_.fetch_add(1, std::memory_order_release);
   return *seg;
@@ -426,7 +426,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
                       "aside to {}, the log ends before it", path, aside);
     if (!opts_.read_only) (void)opts_.io->rename(path, aside);
     {
-      std::lock_guard lock(mu_);
+      sys::MutexLock lock(mu_);
       cache_.erase(seqs->back());
       cache_gen_.fetch_add(1, std::memory_order_release);
     }
@@ -620,7 +620,7 @@ Status Log::sync_through(Pos from, Pos to) {
 
 Status Log::sync(uint64_t seq) {
   {
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     if (auto it = failed_syncs_.find(seq); it != failed_syncs_.end()) return it->second;
   }
   auto seg = segment(seq);
@@ -632,7 +632,7 @@ Status Log::sync(uint64_t seq) {
   if (int r = opts_.io->datasync((*seg)->fd()); r < 0) {
     // Never retry into a false success: the kernel may have dropped the dirty pages.
     Status s = errno_status(-r, "fdatasync " + (*seg)->path() + " (segment is now failed)");
-    std::lock_guard lock(mu_);
+    sys::MutexLock lock(mu_);
     failed_syncs_.emplace(seq, s);
     return s;
   }

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -24,6 +23,8 @@
 
 #include "io/io.h"
 #include "storage/segment.h"
+#include "sys/mutex.h"
+#include "sys/thread_annotations.h"
 
 namespace spool::storage {
 
@@ -208,12 +209,12 @@ class Log {
   std::string dir_;
   LogOptions opts_;
   bool mapped_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, std::shared_ptr<Segment>> cache_;
+  mutable sys::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<Segment>> cache_ GUARDED_BY(mu_);
   std::atomic<uint64_t> cache_gen_{0};  // cache_generation(); bumped under mu_
-  std::map<uint64_t, Status> failed_syncs_;
-  mutable std::set<std::string> warned_names_;  // guarded by mu_
-  std::vector<std::string> warmed_;  // the spares warm_next_spares() read last; guarded by mu_
+  std::map<uint64_t, Status> failed_syncs_ GUARDED_BY(mu_);
+  mutable std::set<std::string> warned_names_ GUARDED_BY(mu_);
+  std::vector<std::string> warmed_ GUARDED_BY(mu_);  // the spares warm_next_spares() read last
 };
 
 }  // namespace spool::storage

@@ -193,14 +193,14 @@ Result<std::shared_ptr<Segment>> Segment::open(io::Io& io, const std::string& pa
   auto info = parse_header(h, static_cast<uint64_t>(n), path);
   if (!info.ok()) return info.status();
   seg->info_ = *info;
-  // Never map past EOF: a truncated file would SIGBUS on access (PITFALLS §2).
+  // Never map past EOF: a truncated file would SIGBUS on access to the missing pages.
   seg->info_.size = std::min<uint64_t>(seg->info_.size, static_cast<uint64_t>(st.st_size));
   // mmap takes a size_t: in a 32-bit process a longer segment would be mapped short.
   if (seg->info_.size > std::numeric_limits<size_t>::max()) {
     return Status(Code::kInvalidArgument, path + ": a segment of " + std::to_string(seg->info_.size) +
                                               " bytes is more than this process can map");
   }
-  // A store into a hole of the file would SIGBUS on a full disk (PITFALLS §2): the blocks
+  // A store into a hole of the file would SIGBUS on a full disk (the kernel cannot allocate at the fault): the blocks
   // must be allocated. Segments are created preallocated; allocating again is cheap and covers
   // one that was copied sparse. Where that fails, the mapping stays read-only and the log
   // writes this segment with pwrite, which reports ENOSPC.

@@ -1,6 +1,6 @@
 // The permissions of the files spool creates in a queue directory, derived from the
 // directory's own mode bits, so that the directory's permissions are the access control
-// (PRODUCT.md §4a, docs/security.md) whoever creates a file and whatever their umask.
+// (docs/security.md, "Who may do what") whoever creates a file and whatever their umask.
 //
 // A class (owner, group, other) that may write the directory may change the queue: it gets
 // read and write on every file. A class that may only read the directory gets read access

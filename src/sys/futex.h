@@ -1,6 +1,6 @@
 // Shared (never FUTEX_PRIVATE_FLAG) futex wait/wake on a word in a MAP_SHARED file
 // mapping: the kernel keys it by inode and offset, so it works across processes that map
-// the file at different addresses (PITFALLS §1).
+// the file at different addresses (a private futex is keyed by address: no wake would cross).
 #pragma once
 
 #include <linux/futex.h>

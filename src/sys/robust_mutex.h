@@ -1,7 +1,7 @@
 // A robust, process-shared pthread mutex living in shared memory, behind one lock path.
 //
 // Boost 1.74's interprocess_mutex is not robust and, even where Boost has robust mutexes,
-// it offers no hook to repair state when the owner died (PITFALLS §1), so this ~60-line
+// it offers no hook to repair state when the owner died, so this ~60-line
 // wrapper is written here. lock() reports kOwnerDied: the caller then holds the lock, must
 // repair the protected state, and call mark_consistent() before unlock(); if it unlocks
 // without doing so, every later lock() reports kUnrecoverable.

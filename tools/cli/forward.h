@@ -1,5 +1,4 @@
-// `spool forward`: store-and-forward from a local queue to NATS JetStream (PRODUCT.md §8,
-// docs/beyond-one-host.md). Each message is published with a de-duplication id and acked
+// `spool forward`: store-and-forward from a local queue to NATS JetStream (docs/beyond-one-host.md). Each message is published with a de-duplication id and acked
 // locally only once JetStream has confirmed it, so nothing is lost when the link, the server
 // or the forwarder dies, and a resend after a forwarder crash is dropped by the stream.
 //

@@ -33,8 +33,11 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 std::atomic<bool> g_force{false};  // a second SIGTERM/SIGINT: stop running commands too
-void on_stop(int) {
+std::atomic<int> g_signal{0};      // the first stopping signal, for the log
+void on_stop(int sig) {
   if (g_stop) g_force = true;
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig);
   g_stop = true;
 }
 
@@ -154,8 +157,12 @@ class Runner {
         });
       }
     }
+    // -v says why it exits (docs/cli.md); the other reasons are logged where they are met.
+    const char* sig = g_signal == SIGINT ? "SIGINT" : "SIGTERM";
     if (running_ > 0 && g_stop) {
-      wlog().warn("stopping; waiting for {} running command(s) (signal again to stop them)", running_.load());
+      wlog().warn("{}: stopping; waiting for {} running command(s) (signal again to stop them)", sig, running_.load());
+    } else if (g_stop) {
+      wlog().info("{} with no command running; exiting", sig);
     }
     reap(true);
     if (scaler.joinable()) {

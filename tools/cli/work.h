@@ -1,4 +1,4 @@
-// `spool work`: runs a command once per message, payload on stdin (PRODUCT.md §6).
+// `spool work`: runs a command once per message, payload on stdin (docs/cli.md, "spool work").
 #pragma once
 
 #include <optional>

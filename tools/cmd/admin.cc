@@ -1,4 +1,4 @@
-// The commands on the queue as a whole: mount (runs spoolfs), compact, verify.
+// The commands on the queue as a whole: mount (runs spoolfs), umount, compact, verify.
 #include <cinttypes>
 #include <unistd.h>
 
@@ -15,9 +15,9 @@ namespace spool::cmd {
 namespace {
 
 struct AdminArgs {
-  std::string dir, mountpoint;
+  std::string dir, mountpoint, log;
   std::vector<std::string> mount_args;
-  bool json = false, repair = false;
+  bool json = false, repair = false, root = false;
 };
 
 int run_mount(const AdminArgs& a) {
@@ -34,12 +34,25 @@ int run_mount(const AdminArgs& a) {
     }
   }
   std::vector<std::string> args = {exe, a.dir, a.mountpoint};
+  if (a.root) args.push_back("--root");
+  if (!a.log.empty()) args.insert(args.end(), {"--log", a.log});
   args.insert(args.end(), a.mount_args.begin(), a.mount_args.end());
   std::vector<char*> argv_c;
   for (auto& s : args) argv_c.push_back(s.data());
   argv_c.push_back(nullptr);
   ::execvp(exe.c_str(), argv_c.data());
   std::fprintf(stderr, "spool: cannot run spoolfs (%s); is it installed?\n", std::strerror(errno));
+  return kExitError;
+}
+
+// `spool umount MOUNTPOINT`: fusermount3 -u, which an unprivileged user may run on their
+// own mount (umount(8) would need root).
+int run_umount(const AdminArgs& a) {
+  std::vector<char*> argv_c = {const_cast<char*>("fusermount3"), const_cast<char*>("-u"),
+                               const_cast<char*>(a.mountpoint.c_str()), nullptr};
+  ::execvp("fusermount3", argv_c.data());
+  std::fprintf(stderr, "spool: cannot run fusermount3 (%s); install fuse3, or run umount %s as root\n",
+               std::strerror(errno), a.mountpoint.c_str());
   return kExitError;
 }
 
@@ -89,10 +102,20 @@ std::vector<Command> add_admin_commands(CLI::App& app) {
     auto* mount = app.add_subcommand("mount", "Mount the queue as a directory (runs spoolfs)");
     add_dir(mount, a->dir);
     mount->add_option("MOUNTPOINT", a->mountpoint, "Where to mount (an empty directory)")->required();
+    mount->add_flag("--root", a->root, "DIR is a directory of queues: each is a subdirectory of the mount");
+    mount->add_option("--log", a->log, "Append spoolfs's errors to FILE (default: syslog)");
     mount->add_option("SPOOLFS_ARGS", a->mount_args, "Further spoolfs options, after --: -o visibility=DUR, --limit N, -f, -d");
     mount->footer("Example: spool mount /var/spool/jobs ~/jobs -- -o visibility=5m\n"
-                  "Unmount with: fusermount3 -u MOUNTPOINT. See docs/filesystem.md.");
+                  "Example: spool mount /var/spool ~/queues --root\n"
+                  "Unmount with: spool umount MOUNTPOINT. See docs/filesystem.md.");
     out.push_back({mount, [a] { return run_mount(*a); }});
+  }
+  {
+    auto a = std::make_shared<AdminArgs>();
+    auto* umount = app.add_subcommand("umount", "Unmount what spool mount mounted (runs fusermount3 -u)");
+    umount->add_option("MOUNTPOINT", a->mountpoint, "The mount point")->required();
+    umount->footer("Example: spool umount ~/jobs");
+    out.push_back({umount, [a] { return run_umount(*a); }});
   }
   {
     auto a = std::make_shared<AdminArgs>();

@@ -70,7 +70,7 @@ int fail(const Status& s, const std::string& dir) {
   }
   if (s.code() == Code::kNoSpace) msg += " (free disk space, then retry)";
   std::fprintf(stderr, "spool: %s\n", msg.c_str());
-  return kExitError;
+  return s.code() == Code::kQueueFull ? kExitTryLater : kExitError;
 }
 
 std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err) {

@@ -22,6 +22,9 @@ inline constexpr int kExitError = 1;
 inline constexpr int kExitEmpty = 2;
 inline constexpr int kExitLeaseLost = 3;
 inline constexpr int kExitUsage = 64;
+// A full queue (back-pressure limits): EX_TEMPFAIL, try again later; the same on every
+// command, as pull --once has it.
+inline constexpr int kExitTryLater = 75;
 
 // A flag value found wrong after parsing: "spool: MESSAGE" on stderr, exit kExitUsage.
 struct UsageError {
@@ -44,8 +47,13 @@ std::vector<Command> add_message_commands(CLI::App& app);  // recv ack nack exte
 Command add_dlq(CLI::App& app);
 Command add_stats(CLI::App& app);
 Command add_replay(CLI::App& app);
-std::vector<Command> add_admin_commands(CLI::App& app);  // mount compact verify
+std::vector<Command> add_admin_commands(CLI::App& app);  // mount umount compact verify
 Command add_work(CLI::App& app);
+// `spool work DIR [OPTIONS] CMD ARGS...`: spool's options end at CMD, so CMD's own options
+// (`grep -v x`) are CMD's. Puts "--" before CMD in `args` (argv as given; args[1] is
+// "work") unless the user wrote one; `work` is the subcommand add_work made, whose options
+// tell which flags take a value.
+void end_work_options_at_command(CLI::App& work, std::vector<std::string>& args);
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
 
 // What the commands share.

@@ -51,6 +51,15 @@ int run_init(const InitArgs& a) {
     if (!octal || o.mode == 0) throw UsageError{"--mode " + a.mode + ": an octal file mode such as 0660 or 0640"};
   }
   if (!a.group.empty()) o.group = group_arg(a.group);
+  // Private by default (docs/security.md, "Who may do what"): a queue's payloads are its
+  // owner's unless asked otherwise, as ~/.ssh or a database's data directory, whatever the
+  // umask. Asked otherwise: --mode, --group, or a directory that already lets its group
+  // write (a shared area an administrator set up: the files then follow its mode).
+  if (a.mode.empty() && a.group.empty()) {
+    struct stat st {};
+    const bool group_dir = ::stat(a.dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_IWGRP) != 0;
+    if (!group_dir) o.mode = 0600;
+  }
   QueueOptions probe;
   probe.create = false;
   if (Queue::open(a.dir, probe).ok()) {
@@ -94,7 +103,7 @@ Command add_init(CLI::App& app) {
   init->add_option("--max-bytes", a->max_bytes, "Back-pressure: refuse sends beyond this much payload queued (default off)");
   init->add_option("--dedup-window", a->dedup_window, "How long a send's --dedup-id is remembered (default 5m, at most 7d)");
   init->add_option("--keep-acked", a->keep_acked, "Keep acked messages in the log this long, for spool replay (default off; at most 720h, 30 days)");
-  init->add_option("--mode", a->mode, "Octal mode of the queue's files, e.g. 0660 for a queue a group shares (default: from the umask)");
+  init->add_option("--mode", a->mode, "Octal mode of the queue's files, e.g. 0660 for a queue a group shares, 0644 to let others read (default 0600, or the directory's if it lets its group write)");
   init->add_option("--group", a->group, "Group (name or number) that owns the queue; every file made later, by anyone, takes it");
   init->footer("Example: spool init /var/spool/jobs --visibility 5m --sync always --max-ready 100000\n"
                "Replayable for a day after each ack: spool init /var/spool/jobs --keep-acked 24h\n"

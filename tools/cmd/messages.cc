@@ -131,6 +131,21 @@ int run_list(const MessageArgs& a, size_t max) {
   for (const auto& m : dead_infos) {
     std::printf("%s\n", a.json ? cli::info_json(m, true).dump().c_str() : cli::info_line(m, true).c_str());
   }
+  // Stopping at N is said, on stderr (stdout stays the rows): how many were not shown, from
+  // the counters (the listing and the counters are two looks, so the count may be off by
+  // what changed in between).
+  const size_t shown = infos.size() + dead_infos.size();
+  if (shown == max) {
+    if (auto st = q->stats(); st.ok()) {
+      uint64_t total = (states.ready ? st->ready : 0) + (states.in_flight ? st->in_flight : 0) +
+                       (states.delayed ? st->delayed : 0) + (states.blocked ? st->blocked : 0) + (dead ? st->dead : 0);
+      if (total > shown) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "spool: %zu of %" PRIu64 " messages shown; %" PRIu64 " more not shown (-n %" PRIu64 " shows all)\n",
+                     shown, total, total - shown, total);
+      }
+    }
+  }
   return 0;
 }
 

@@ -65,6 +65,32 @@ int run_work(const WorkArgs& a) {
 
 }  // namespace
 
+void end_work_options_at_command(CLI::App& work, std::vector<std::string>& args) {
+  bool dir_seen = false;
+  for (size_t i = 2; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") return;  // the user's own: CLI11 handles it
+    if (a.size() > 1 && a[0] == '-') {
+      // An option of spool's. A value written apart ("-j 4", "--grace 2s") is skipped with
+      // it; "-j4" and "--grace=2s" carry theirs.
+      if (a.find('=') != std::string::npos || (a[1] != '-' && a.size() > 2)) continue;
+      for (const CLI::Option* o : work.get_options()) {
+        if (!o->get_positional() && o->check_name(a) && o->get_items_expected_max() > 0) {
+          ++i;
+          break;
+        }
+      }
+      continue;
+    }
+    if (!dir_seen) {
+      dir_seen = true;  // DIR
+      continue;
+    }
+    args.insert(args.begin() + static_cast<std::ptrdiff_t>(i), "--");
+    return;
+  }
+}
+
 Command add_work(CLI::App& app) {
   auto a = std::make_shared<WorkArgs>();
   auto* work = app.add_subcommand("work", "Run CMD once per message, payload on stdin");
@@ -80,7 +106,8 @@ Command add_work(CLI::App& app) {
                  "Run 1 to -j commands: as many as the ready backlog needs to wait at most --latency");
   work->add_option("--latency", a->latency, "With --autoscale: how long the ready backlog may wait (e.g. 30s)");
   work->add_option("--rate", a->rate, "With --autoscale: messages/s one command handles (default: measured from its runs)");
-  work->add_option("CMD", a->command, "Command and arguments, after --")->required();
+  work->add_option("CMD", a->command,
+                   "Command and its arguments: spool's options end at CMD (-- before it is optional)")->required();
   work->footer("CMD gets SPOOL_QUEUE, SPOOL_MESSAGE_ID, SPOOL_RECEIVE_COUNT and SPOOL_RECEIPT in its environment.\n"
                "Exit 0 acks; non-zero nacks with exponential backoff (1s, 2s, 4s, ... 10m). CMD's stderr\n"
                "passes through; a dead letter keeps its last 512 bytes (spool.work.stderr).\n"
