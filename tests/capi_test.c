@@ -533,6 +533,41 @@ static spool_code send_with(spool_queue* q, const spool_attribute* a, size_t n) 
   return spool_send(q, "x", 1, &so, NULL);
 }
 
+/* issue 48: lengths were read before they were checked: a value_len or dedup_id_len of
+   1 MiB on a 4-byte buffer read past it (SIGSEGV), SIZE_MAX gave SPOOL_IO "internal error";
+   a delay of UINT64_MAX was "must not be negative" and durability 77 was taken as the
+   queue's. Each is SPOOL_INVALID_ARGUMENT naming the field, and nothing is sent. */
+static void test_lengths_and_values_checked_first(void) {
+  spool_queue* q = open_in_root("checked-first", NULL);
+  static const char four[4] = "abc";
+  spool_attribute a[1] = {{"k", four, 1u << 20}};
+  CHECK_CODE(send_with(q, a, 1), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "value_len 1048576") != NULL, "names the length: %s", spool_last_error());
+  a[0].value_len = SIZE_MAX;
+  CHECK_CODE(send_with(q, a, 1), SPOOL_INVALID_ARGUMENT);
+  spool_send_options so;
+  spool_send_options_init(&so);
+  so.dedup_id = four;
+  so.dedup_id_len = 1u << 20;
+  CHECK_CODE(spool_send(q, "x", 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "dedup_id_len is 1048576") != NULL, "names the length: %s", spool_last_error());
+  so.dedup_id_len = SIZE_MAX;
+  CHECK_CODE(spool_send(q, "x", 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  so.dedup_id_len = 0;
+  so.delay_ms = UINT64_MAX;
+  CHECK_CODE(spool_send(q, "x", 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "more than a year") != NULL, "delay: %s", spool_last_error());
+  so.delay_ms = 0;
+  so.durability = 77;
+  CHECK_CODE(spool_send(q, "x", 1, &so, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "durability is 77") != NULL, "durability: %s", spool_last_error());
+  CHECK_CODE(spool_ack(q, "1.1.abc", 77), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "durability is 77") != NULL, "ack's durability: %s", spool_last_error());
+  CHECK(sent_total(q) == 0, "%llu sent", (unsigned long long)sent_total(q));
+  spool_close(q);
+  printf("ok: lengths, delay and durability checked before use: clear errors, nothing sent\n");
+}
+
 static void test_attributes_round_trip(void) {
   spool_queue* q = open_in_root("attributes", NULL);
   const spool_attribute a[3] = {
@@ -1168,6 +1203,7 @@ int main(void) {
   test_delayed_send();
   test_attributes_round_trip();
   test_attribute_bounds();
+  test_lengths_and_values_checked_first();
   test_dedup();
   test_priorities();
   test_duplicate_flags();

@@ -1989,8 +1989,39 @@ t_closed_std_fds_never_reach_queue_files() {
 
 # ---------------------------------------------------------------- runner
 
+# issue 48: arguments that were taken as something else. An empty --dedup-id or --group was
+# as good as none; `show q -1` read message 18446744073709551615; a lease or a delay past a
+# year overflowed its deadline (a second receive got the leased message too, and a message
+# delayed that long was ready at once). Each is refused now, and nothing is sent or leased.
+t_out_of_range_arguments_are_refused() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 64 "$SPOOL" send q --dedup-id '' hi
+  err_has "--dedup-id must be 1 to 128 bytes"
+  expect 64 "$SPOOL" send q --group '' hi
+  err_has "--group must be 1 to 128 bytes"
+  expect 64 "$SPOOL" show q -1
+  err_has "bad count '-1' for ID"
+  expect 64 "$SPOOL" show q 0
+  expect 64 "$SPOOL" send q --delay 8761h hi
+  err_has "more than a year"
+  eq "sent by refused sends" "$(stat_of sent_total q)" 0
+  "$SPOOL" send q hi >/dev/null || fail "send"
+  expect 1 "$SPOOL" recv q --visibility 2562047h
+  err_has "visibility of 9223369200000 ms is more than a year"
+  expect 0 "$SPOOL" recv q --visibility 8760h
+  expect 2 "$SPOOL" recv q
+  # A newline in an attribute value forged a "receipt:" line on recv's stderr, which the
+  # docs' `sed -n 's/^receipt: //p'` recipe then picked up as well.
+  "$SPOOL" send q -a $'note=x\nreceipt: 9.9.forged' -a 'path=C:\dir' body >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  eq "receipts on stderr" "$(sed -n 's/^receipt: //p' "$D/err" | wc -l)" 1
+  err_has 'attribute: note=x\nreceipt: 9.9.forged'
+  err_has 'attribute: path=C:\\dir'
+}
+
 TESTS=(
   t_help_and_version
+  t_out_of_range_arguments_are_refused
   t_usage_errors_exit_64
   t_bad_durations_exit_64
   t_bad_sizes_exit_64

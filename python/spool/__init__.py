@@ -161,6 +161,14 @@ def _ms(seconds: float, what: str) -> int:
     return int(round(seconds * 1000))
 
 
+def _cstr(text: bytes, what: str) -> bytes:
+    """``text`` for a C string: ValueError for a NUL byte, where C would end it (a path
+    "q\\0/../../etc" opened q; a receipt with a NUL was read cut short)."""
+    if b"\0" in text:
+        raise ValueError(f"{what} contains a NUL byte: {text!r}")
+    return text
+
+
 def _bytes(payload: Payload, what: str = "a payload") -> bytes:
     if isinstance(payload, str):
         return payload.encode()
@@ -218,6 +226,9 @@ def _c_dedup_id(dedup_id: Union[str, bytes, None], keep: list[Any]) -> tuple[Opt
     if dedup_id is None:
         return None, 0
     d = _bytes(dedup_id, "a dedup id")
+    if not d:  # length 0 reads as no dedup id, which the caller did not ask for
+        raise InvalidArgument("invalid argument: dedup id is empty: a dedup id is 1 to 128 bytes "
+                              "(None: none)", 4)
     keep.append(d)
     return _address(d), len(d)
 
@@ -432,7 +443,7 @@ class Queue:
         self._owner: Optional[Queue] = None
         self._pid = os.getpid()
         self._dir = os.fsdecode(path)  # for repr, also once closed
-        _check(_lib.spool_open(os.fsencode(path), ctypes.byref(o), ctypes.byref(handle)))
+        _check(_lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o), ctypes.byref(handle)))
         self._h = handle.value
 
     @classmethod
@@ -668,15 +679,15 @@ class Queue:
 
     def ack(self, receipt: str, *, sync: bool = False) -> None:
         """Deletes the message the receipt names. Raises LeaseLost, NotFound, InvalidArgument."""
-        _check(_lib.spool_ack(self._handle(), receipt.encode(), 1 if sync else 0))
+        _check(_lib.spool_ack(self._handle(), _cstr(receipt.encode(), "a receipt"), 1 if sync else 0))
 
     def nack(self, receipt: str, *, delay: float = 0.0) -> None:
         """Makes the message receivable again after ``delay`` seconds. Errors as ack."""
-        _check(_lib.spool_nack(self._handle(), receipt.encode(), _ms(delay, "delay")))
+        _check(_lib.spool_nack(self._handle(), _cstr(receipt.encode(), "a receipt"), _ms(delay, "delay")))
 
     def extend(self, receipt: str, visibility: float) -> None:
         """Renews the lease to end ``visibility`` seconds from now. Errors as ack."""
-        _check(_lib.spool_extend(self._handle(), receipt.encode(), _ms(visibility, "visibility")))
+        _check(_lib.spool_extend(self._handle(), _cstr(receipt.encode(), "a receipt"), _ms(visibility, "visibility")))
 
     def remove(self, id: int, *, sync: bool = False) -> None:
         """Deletes message ``id`` without a receipt, whatever its state, as an ack would (a
@@ -825,7 +836,7 @@ class Queue:
         {"replayed": N, "missing": M} (M: acked in the window, removed by compaction)."""
         n = ctypes.c_uint64()
         missing = ctypes.c_uint64()
-        dest = os.fsencode(to) if to is not None else None
+        dest = _cstr(os.fsencode(to), "the queue path") if to is not None else None
         _check(_lib.spool_replay(self._handle(), _ms(since, "since"), _ms(until, "until"), dest,
                                  ctypes.byref(n), ctypes.byref(missing)))
         return {"replayed": n.value, "missing": missing.value}

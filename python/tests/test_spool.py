@@ -368,6 +368,24 @@ def test_group_bounds_raise_invalid_argument_and_queue_nothing(qdir):
         assert [m.group for m in q.receive(max=10)] == [b"g" * 128]
 
 
+def test_nul_bytes_and_empty_dedup_ids_are_refused(qdir, tmp_path):
+    """issue 48: a NUL in a path or a receipt ended the C string there (Queue("q\\0/../x")
+    opened q; a receipt was read cut short), and dedup_id=b"" was taken as none."""
+    with pytest.raises(ValueError, match="NUL"):
+        spool.Queue(str(qdir) + "\0/../elsewhere")
+    assert not (tmp_path / "elsewhere").exists()
+    with spool.Queue(qdir, visibility=10) as q:
+        q.send("x")
+        m = q.receive()[0]
+        for call in (q.ack, q.nack, lambda r: q.extend(r, 5)):
+            with pytest.raises(ValueError, match="NUL"):
+                call(m.receipt + "\0junk")
+        with pytest.raises(spool.InvalidArgument, match="dedup id is empty"):
+            q.send("y", dedup_id=b"")
+        q.ack(m.receipt)
+        assert q.stats().sent_total == 1
+
+
 def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
     with spool.Queue(qdir, keep_acked=3600) as q:
         assert q.keep_acked == 3600

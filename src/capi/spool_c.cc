@@ -14,6 +14,8 @@
 // stay as functions that fill 0.1.0's layout only.
 #include "spool/spool.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
@@ -93,10 +95,22 @@ spool_code null_arg(const char* fn, const char* what) {
 #define SPOOL_HAS(ptr, member) \
   ((ptr)->size >= offsetof(std::remove_reference_t<decltype(*(ptr))>, member) + sizeof((ptr)->member))
 
-spool::Millis ms(uint64_t v) { return spool::Millis(static_cast<spool::Millis::rep>(v)); }
+// Past INT64_MAX a uint64_t read as milliseconds would turn negative ("must not be
+// negative" for UINT64_MAX, issue 48): held at INT64_MAX, which the C++ API names as out of
+// range.
+spool::Millis ms(uint64_t v) {
+  return spool::Millis(static_cast<spool::Millis::rep>(std::min<uint64_t>(v, INT64_MAX)));
+}
 
 spool::Durability durability(int d) {
   return d == SPOOL_DURABILITY_SYNC ? spool::Durability::kSync : spool::Durability::kQueuePolicy;
+}
+
+// A durability a C caller gives: one of spool_durability (77 was taken as the queue's).
+bool valid_durability(int d, const std::string& fn, std::string* why) {
+  if (d == SPOOL_DURABILITY_QUEUE || d == SPOOL_DURABILITY_SYNC) return true;
+  *why = fn + ": durability is " + std::to_string(d) + ": SPOOL_DURABILITY_QUEUE (0) or SPOOL_DURABILITY_SYNC (1)";
+  return false;
 }
 
 // The sizes of the structs of 0.1.0, whose first added field starts where they ended.
@@ -141,6 +155,11 @@ bool to_attributes(const spool_attribute* attrs, size_t n, const std::string& fn
       *why = which + ".value is NULL with value_len " + std::to_string(a.value_len);
       return false;
     }
+    if (a.value_len > SPOOL_MAX_ATTRIBUTE_VALUE) {  // before reading that many (issue 48: SIGSEGV)
+      *why = which + ": the value of '" + std::string(a.key) + "' has value_len " + std::to_string(a.value_len) +
+             " bytes; at most " + std::to_string(SPOOL_MAX_ATTRIBUTE_VALUE);
+      return false;
+    }
     std::string value;
     if (a.value_len > 0) value.assign(static_cast<const char*>(a.value), a.value_len);
     if (!out->emplace(a.key, std::move(value)).second) {
@@ -156,6 +175,11 @@ bool to_dedup_id(const void* id, size_t len, const std::string& fn, const std::s
   if (len == 0) return true;
   if (id == nullptr) {
     *why = fn + ": " + owner + "dedup_id is NULL with dedup_id_len " + std::to_string(len);
+    return false;
+  }
+  if (len > SPOOL_MAX_DEDUP_ID) {  // before reading that many (issue 48: SIGSEGV)
+    *why = fn + ": " + owner + "dedup_id_len is " + std::to_string(len) + " bytes; at most " +
+           std::to_string(SPOOL_MAX_DEDUP_ID);
     return false;
   }
   out->assign(static_cast<const char*>(id), len);
@@ -257,7 +281,10 @@ bool to_send_options(const std::string& fn, const spool_send_options* o, spool::
     return false;
   }
   if (SPOOL_HAS(o, delay_ms)) out->delay = ms(o->delay_ms);
-  if (SPOOL_HAS(o, durability)) out->durability = durability(o->durability);
+  if (SPOOL_HAS(o, durability)) {
+    if (!valid_durability(o->durability, fn, why)) return false;
+    out->durability = durability(o->durability);
+  }
   if (SPOOL_HAS(o, wait_for_room_ms)) out->wait_for_room = ms(o->wait_for_room_ms);
   if (SPOOL_HAS(o, attribute_count) &&
       !to_attributes(o->attributes, o->attribute_count, fn, "opts->", &out->attributes, why))
@@ -684,6 +711,7 @@ void spool_free(void* p) { std::free(p); }
 spool_code spool_ack(spool_queue* q, const char* receipt, int durability_) {
   return guard("spool_ack", [&] {
     if (q == nullptr || receipt == nullptr) return null_arg("spool_ack", "q or receipt");
+    if (std::string why; !valid_durability(durability_, "spool_ack", &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
     spool::Status s = q->queue->ack(receipt, durability(durability_));
     return s.ok() ? SPOOL_OK : fail(s);
   });
@@ -692,6 +720,7 @@ spool_code spool_ack(spool_queue* q, const char* receipt, int durability_) {
 spool_code spool_remove(spool_queue* q, uint64_t id, int durability_) {
   return guard("spool_remove", [&] {
     if (q == nullptr) return null_arg("spool_remove", "q");
+    if (std::string why; !valid_durability(durability_, "spool_remove", &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
     spool::Status s = q->queue->remove(id, durability(durability_));
     return s.ok() ? SPOOL_OK : fail(s);
   });

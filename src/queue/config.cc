@@ -67,7 +67,6 @@ Status write_config(const std::string& dir, const Config& c, io::Io& io) {
 
 namespace {
 
-constexpr uint64_t kMaxVisibilityMs = 365ull * 24 * 3600 * 1000;        // a year
 constexpr uint64_t kMaxSyncIntervalMs = 24ull * 3600 * 1000;           // a day
 constexpr uint64_t kMaxRetentionAgeMs = 100ull * 365 * 24 * 3600 * 1000;  // a century
 // Every id remembered within the window takes a slot of a bounded table: a week is far

@@ -11,6 +11,10 @@ namespace spool::queue {
 
 inline constexpr int kConfigVersion = 1;
 
+// The longest visibility a queue stores, and the longest lease or delay a call may ask
+// for: a year. Deadlines are nanoseconds of a 64-bit clock; past this they could overflow.
+inline constexpr uint64_t kMaxVisibilityMs = 365ull * 24 * 3600 * 1000;
+
 struct Config {
   QueueOptions opts;
   uint64_t uid = 0;  // random; tags receipts so one queue's receipt is refused by another

@@ -314,6 +314,16 @@ Status check_attributes(const Attributes& a, const std::string& what) {
   return {};
 }
 
+// kInvalidArgument for a lease or delay `d` past a year (queue::kMaxVisibilityMs): its
+// deadline in nanoseconds overflowed, so that a message leased that long could be received
+// again at once, and one delayed that long was ready at once (issue 48).
+Status at_most_a_year(const char* what, Millis d) {
+  if (d.count() <= 0 || static_cast<uint64_t>(d.count()) <= queue::kMaxVisibilityMs) return {};
+  return Status(Code::kInvalidArgument, std::string(what) + " of " + std::to_string(d.count()) +
+                                            " ms is more than a year (at most " +
+                                            std::to_string(queue::kMaxVisibilityMs) + " ms)");
+}
+
 }  // namespace
 
 uint64_t Queue::Impl::find_dedup(std::string_view dedup_id, const Clocks& now) {
@@ -407,6 +417,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   if (opts.delay.count() < 0 || opts.wait_for_room.count() < 0) {
     return Status(Code::kInvalidArgument, "delay and wait_for_room must not be negative");
   }
+  if (Status s = at_most_a_year("delay", opts.delay); !s.ok()) return s;
   const uint64_t d = ms_to_ns(opts.delay);
   uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
@@ -666,6 +677,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
   if (visibility.count() < 0 || wait.count() < 0) {
     return Status(Code::kInvalidArgument, "visibility and wait must not be negative");
   }
+  if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
   if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
@@ -740,6 +752,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
+  if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   return q.receive_one(id, ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility), false);
 }
 
@@ -948,10 +961,12 @@ Status Queue::bind(std::string_view receipt) {
 
 uint64_t Queue::durable_id() { return impl_->idx.hdr().durable_id.load(std::memory_order_acquire); }
 Status Queue::nack(std::string_view receipt, Millis delay) {
+  if (Status s = at_most_a_year("nack delay", delay); !s.ok()) return s;
   return change(*impl_, receipt, Change::kNack, ms_to_ns(delay));
 }
 Status Queue::extend(std::string_view receipt, Millis visibility) {
   if (visibility.count() <= 0) return Status(Code::kInvalidArgument, "extend needs a visibility > 0");
+  if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   return change(*impl_, receipt, Change::kExtend, ms_to_ns(visibility));
 }
 

@@ -34,6 +34,30 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+std::string one_line(std::string_view s) {
+  const bool utf8 = valid_utf8(s);
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string base64(std::string_view s) {
   static constexpr char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -77,7 +101,10 @@ nlohmann::json message_json(const Message& m) {
   // Always present, so that `jq .attributes.KEY` needs no guard; a value that is not UTF-8
   // (JSON strings must be) is given in base64 under attributes_base64 instead.
   nlohmann::json attrs = nlohmann::json::object(), attrs64 = nlohmann::json::object();
-  for (const auto& [k, v] : m.attributes) {
+  // A key that is not UTF-8 (spool refuses one at send; a forged record may hold one) is
+  // escaped: dump() threw on it, after recv had leased the message (issue 48).
+  for (const auto& [key, v] : m.attributes) {
+    const std::string k = valid_utf8(key) ? key : one_line(key);
     if (valid_utf8(v)) {
       attrs[k] = v;
     } else {

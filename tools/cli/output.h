@@ -12,6 +12,11 @@ namespace spool::cli {
 
 bool valid_utf8(std::string_view s);
 std::string base64(std::string_view s);
+// `s` on one line of text: a backslash as \\, a newline as \n, a carriage return as \r,
+// other control bytes (and, where `s` is not UTF-8, every byte from 0x80) as \xNN. For
+// attribute keys and values printed as "attribute: KEY=VALUE", so that a value cannot forge
+// another line (a "receipt:" line of recv's stderr), and for a JSON key that is not UTF-8.
+std::string one_line(std::string_view s);
 // ISO 8601 UTC with milliseconds, e.g. 2026-11-29T20:40:00.123Z (sys/clock.h).
 using sys::iso_time;
 // id, receipt (if any), receive_count, enqueued_at, and payload or payload_base64.

@@ -101,11 +101,15 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
       // No receipt for a payload that did not get through (recv then returns it and fails).
       if (!stdout_ok()) return;
       std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
-      for (const auto& [k, v] : m.attributes) std::fprintf(stderr, "attribute: %s=%s\n", k.c_str(), v.c_str());
+      for (const auto& [k, v] : m.attributes) {
+        std::fprintf(stderr, "attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
+      }
     } else {
       std::printf("--- message %" PRIu64 " (received %u times, enqueued %s, %zu bytes)\n", m.id,
                   m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
-      for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
+      for (const auto& [k, v] : m.attributes) {
+        std::printf("attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
+      }
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
       std::printf("\n");
     }

@@ -17,7 +17,7 @@ struct MessageArgs {
   std::string dir, receipt, visibility, wait, delay, dur;
   std::vector<std::string> receipts, states, ids;
   size_t n = 1;
-  uint64_t id = 0;
+  std::string id;  // show's ID, checked as delete's are (CLI11 read "-1" as 18446744073709551615)
   bool json = false, durable = false, yes = false, dlq = false;
 };
 
@@ -149,13 +149,21 @@ int run_list(const MessageArgs& a, size_t max) {
   return 0;
 }
 
+// A message id given as an argument: 1 or more, digits only (a usage error otherwise).
+uint64_t id_arg(const std::string& text) {
+  const uint64_t id = count_arg("ID", text);
+  if (id == 0) throw UsageError{"bad ID '0' (message ids start at 1)"};
+  return id;
+}
+
 int run_show(const MessageArgs& a) {
+  const uint64_t id = id_arg(a.id);
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
   auto which = queue_or_dead_letters(*q, a.dlq);
   if (!which.ok()) return fail(which.status(), a.dir);
-  auto got = (*which)->show(a.id);
+  auto got = (*which)->show(id);
   if (!got.ok()) return fail(got.status(), a.dir);
   const auto& [m, info] = *got;
   const char* state = a.dlq ? "dead" : state_name(info.state);
@@ -172,7 +180,9 @@ int run_show(const MessageArgs& a) {
     std::printf("due: %s\n", cli::iso_time(info.due).c_str());
   }
   if (!a.dlq && info.holder_pid != 0) std::printf("holder_pid: %d\n", info.holder_pid);
-  for (const auto& [k, v] : m.attributes) std::printf("attribute: %s=%s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : m.attributes) {
+    std::printf("attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
+  }
   std::printf("---\n");
   std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
   std::printf("\n");
@@ -195,9 +205,7 @@ int run_delete(const MessageArgs& a) {
   // that changes nothing, not half a deletion.
   std::vector<uint64_t> ids;
   for (const auto& text : a.ids) {
-    uint64_t id = count_arg("ID", text);
-    if (id == 0) throw UsageError{"bad ID '0' (message ids start at 1)"};
-    ids.push_back(id);
+    ids.push_back(id_arg(text));
   }
   Status err;
   auto q = open_existing(a.dir, &err);

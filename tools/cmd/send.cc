@@ -16,6 +16,7 @@ struct SendArgs {
   std::string dir, delay, wait, dedup_id, batch, priority, group;
   std::vector<std::string> messages, attrs;
   bool lines = false, durable = false, json = false;
+  bool dedup_given = false, group_given = false;  // an empty value is refused, not taken as none
 };
 
 // One sent message on stdout: its id alone (what scripts capture), or with --json an object
@@ -62,6 +63,9 @@ int run_send(const SendArgs& a) {
     if (p > 255) throw UsageError{"--priority must be 0 (most urgent) to 255, not " + a.priority};
     so.priority = static_cast<uint8_t>(p);
   }
+  // Given empty, they would have been as good as absent (issue 48): a usage error instead.
+  if (a.group_given && a.group.empty()) throw UsageError{"--group must be 1 to 128 bytes, not empty"};
+  if (a.dedup_given && a.dedup_id.empty()) throw UsageError{"--dedup-id must be 1 to 128 bytes, not empty"};
   if (!a.group.empty()) so.group = a.group;
   uint64_t max_batch = 1000;
   if (!a.batch.empty()) max_batch = count_arg("--batch", a.batch);
@@ -139,13 +143,15 @@ Command add_send(CLI::App& app) {
       ->allow_extra_args(false);  // one KEY=VALUE per -a: the MESSAGE arguments are not attributes
   send->add_option("--dedup-id", a->dedup_id, "Deduplication id of the one message sent: a second send with it within the "
                                               "queue's --dedup-window queues nothing, prints the first message's id "
-                                              "and says 'duplicate: ...' on stderr");
+                                              "and says 'duplicate: ...' on stderr")
+      ->each([a](const std::string&) { a->dedup_given = true; });
   send->add_option("--priority", a->priority, "Priority of every message sent: 0 (most urgent) to 255; default 128. "
                                               "Receive takes the most urgent ready message first");
   send->add_flag("--json", a->json, "One JSON object per message sent: id, duplicate (true: a --dedup-id seen within "
                                     "the window, nothing queued)");
   send->add_option("--group", a->group, "Ordered group of every message sent (1-128 bytes): a group's messages are "
-                                        "received one at a time, in send order");
+                                        "received one at a time, in send order")
+      ->each([a](const std::string&) { a->group_given = true; });
   send->add_option("--batch", a->batch, "Messages per batch (default 1000; at most half the queue's --max-ready/--max-bytes)");
   send->footer("Exit code 1 with 'queue full' when a back-pressure limit is reached (after --wait, if given).\n"
                "Examples: spool send q 'hello'   |   tar c dir | spool send q   |   spool send q --lines < list\n"
