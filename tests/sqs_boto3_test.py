@@ -285,7 +285,10 @@ class Redrive(unittest.TestCase):
         self.assertEqual(policy, {"deadLetterTargetArn": arn, "maxReceiveCount": 2})
         SQS.send_message(QueueUrl=src, MessageBody="poison", MessageAttributes={"k": {"DataType": "String", "StringValue": "v"}})
         for n in (1, 2):
-            m = SQS.receive_message(QueueUrl=src, VisibilityTimeout=0, AttributeNames=["ApproximateReceiveCount"])
+            # VisibilityTimeout=0 is spool's shortest lease, 1 ms: a receive that comes sooner
+            # finds nothing, so each waits for it (it returns as soon as the lease ends).
+            m = SQS.receive_message(QueueUrl=src, VisibilityTimeout=0, WaitTimeSeconds=2,
+                                    AttributeNames=["ApproximateReceiveCount"])
             self.assertEqual(m["Messages"][0]["Attributes"]["ApproximateReceiveCount"], str(n))
         self.assertNotIn("Messages", SQS.receive_message(QueueUrl=src, WaitTimeSeconds=1))
         # spool dead-letters into work/dlq; the server moves it on into "failed" within 0.5 s.
