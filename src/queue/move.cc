@@ -36,6 +36,14 @@ Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) {
     return Status(Code::kInvalidArgument, "move: " + q.dir + " and " + dst.dir() + " are the same queue");
   }
   if (Status s = bind_leases(); !s.ok()) return s;
+  {
+    // The leases of a move killed just before (a rerun finishes it) are released now, not at
+    // the next reap within kReapIntervalNs: until then they are not ready, and a rerun whose
+    // messages the dead move held all of ended having moved nothing (ops_test under ASan).
+    SPOOL_LOCK_OR_RETURN(held, q, lock());
+    q.idx.hdr().next_reap_ns = 0;
+    q.reap_dead_owners();
+  }
   const uint64_t vis = ms_to_ns(q.cfg.opts.visibility);
   MoveResult res;
 
