@@ -104,10 +104,8 @@ auto Queue::Impl::start_flusher() -> void {
     // A pass follows the one before an interval after it ended, or at once when that pass
     // overran the interval (with small segments one pass syncs many files): a write is on
     // disk at most one interval plus two passes after it returned (docs/durability.md).
-    // Waiting a whole interval after an overrun lost sends that had returned 380 ms before
-    // a power cut under a 50 ms interval (issue 42). Starting every pass one interval after
-    // the last one started would bound it by one pass, but syncs more often under load:
-    // e2e_1c / e2e_2c at interval ran 10-24% slower that way (bench/compare, load 12-16).
+    // Starting every pass one interval after the last one started would bound the window by
+    // one pass, but syncs more often under load, which slows end-to-end traffic.
     auto wait = cfg.opts.sync_interval;
     while (!stopping) {
       if (wait.count() > 0) flush_cv.wait_for(lk, wait);
