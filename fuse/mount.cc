@@ -1,6 +1,7 @@
 #include "mount.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,41 +26,56 @@ constexpr off_t kCookieSlotBase = 3;
 
 }  // namespace
 
-// A queue directory holds a spool.conf, which is written once, when the queue is made. So
-// its device, inode and mtime (in ns) tell one queue from another made later under the same
-// name, even if the file system reuses the inode number.
+// A queue of a --root mount is its directory, told apart by device and inode: nothing a
+// writer of the queue does to its files (a touch of spool.conf, say) makes it another queue.
+// The slot holds the directory open (dir_fd) for as long as it serves it, so the file system
+// cannot give that inode number to a queue made later under the same name.
 struct Mount::QueueId {
   dev_t dev = 0;
   ino_t ino = 0;
-  int64_t mtime_ns = 0;
   bool operator==(const QueueId&) const = default;
 };
 
-bool Mount::read_queue_id(const std::string& dir, QueueId* id) {
-  struct stat st {};
-  if (::stat((dir + "/spool.conf").c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  *id = {st.st_dev, st.st_ino, int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
-  return true;
+// Opens DIR/name if it is a queue (a directory holding a regular spool.conf); returns its
+// descriptor (O_PATH) and identity, or -1.
+int Mount::open_queue_dir(const std::string& dir, QueueId* id) {
+  int fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  struct stat st {}, conf {};
+  if (::fstat(fd, &st) != 0 || ::fstatat(fd, "spool.conf", &conf, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(conf.st_mode)) {
+    ::close(fd);
+    return -1;
+  }
+  *id = {st.st_dev, st.st_ino};
+  return fd;
 }
 
 // A queue of the mount and its two views. Slots are never removed, so that inode numbers
 // are never reused. In a --root mount, a queue that is removed, or replaced by another under
-// the same name, makes its slot gone (its inodes answer ENOENT; open files still work) and a
-// replacement gets a new slot: the mount never serves a new queue through the old one's
-// Queue object and inodes.
+// the same name, makes its slot gone: its inodes answer ENOENT, its queue is closed once no
+// open file uses it (files already open keep working), and a replacement gets a new slot,
+// so the mount never serves a new queue through the old one's Queue object and inodes.
 struct Mount::Slot {
   size_t index = 0;
   std::string dir;
-  QueueId id;         // --root: which queue, when first seen
+  QueueId id;         // --root: which queue
   bool gone = false;  // guarded by Mount::mu_
   std::unique_ptr<QueueView> view, dlq_view;
 
-  std::mutex mu;                 // guards the fields below
-  std::unique_ptr<Queue> queue;  // opened when first needed
-  Queue* dlq = nullptr;          // owned by queue; found when first needed
+  std::mutex mu;                         // guards the fields below
+  int dir_fd = -1;                       // --root: pins the queue's directory until retired
+  bool retired = false;                  // gone, and the queue given up: never reopened
+  std::shared_ptr<Queue> queue;          // opened when first needed
+  Queue* dlq = nullptr;                  // owned by queue; found when first needed
 
-  spool::Result<Queue*> open() {
+  ~Slot() {
+    if (dir_fd >= 0) ::close(dir_fd);
+  }
+
+  spool::Result<std::shared_ptr<Queue>> open() {
     std::lock_guard lock(mu);
+    if (retired) return Status(Code::kNotFound, dir + ": the queue was removed or replaced");
     if (!queue) {
       spool::QueueOptions o;
       o.create = false;
@@ -68,32 +84,47 @@ struct Mount::Slot {
       queue = std::move(*q);
       bind(*queue);
     }
-    return queue.get();
+    return queue;
   }
 
   // Takes `q`, just created in dir, unless the slot has opened the queue already.
   void adopt(std::unique_ptr<Queue> q) {
     std::lock_guard lock(mu);
-    if (queue) return;
+    if (queue || retired) return;
     queue = std::move(q);
     bind(*queue);
   }
 
   // The dead-letter queue if it exists, else kNotFound: Queue::dead_letters() would
-  // create it, and looking at .dlq must change nothing.
-  spool::Result<Queue*> dead_letters() {
+  // create it, and looking at .dlq must change nothing. The pointer shares the ownership
+  // of the main queue, which owns it.
+  spool::Result<std::shared_ptr<Queue>> dead_letters() {
     auto q = open();
-    if (!q.ok()) return q;
+    if (!q.ok()) return q.status();
     std::lock_guard lock(mu);
     if (!dlq) {
       if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0)
         return Status(Code::kNotFound, "no dead letters yet");
       auto d = (*q)->dead_letters();
-      if (!d.ok()) return d;
+      if (!d.ok()) return d.status();
       dlq = *d;
       bind(*dlq);
     }
-    return dlq;
+    return std::shared_ptr<Queue>(*q, dlq);
+  }
+
+  // Gives the queue up after the slot went gone: waiting .next reads are answered ENOENT,
+  // and the queue and its descriptors close when the last open file using it is released.
+  // Without it, each replaced queue kept its descriptors for the life of the mount.
+  void retire() {
+    view->stop_waiting(ENOENT);
+    dlq_view->stop_waiting(ENOENT);
+    std::lock_guard lock(mu);
+    retired = true;
+    dlq = nullptr;
+    queue.reset();
+    if (dir_fd >= 0) ::close(dir_fd);
+    dir_fd = -1;
   }
 
   // Binds the leases this mount takes to the spoolfs process: if it dies, or is unmounted,
@@ -275,24 +306,36 @@ int Mount::find_queue(std::string_view name, Slot** out) {
   if (!queue_name_ok(name)) return ENOENT;
   std::string dir = cfg_.dir + "/" + std::string(name);
   QueueId id;
-  bool is_queue = read_queue_id(dir, &id);
-  std::lock_guard lock(mu_);
-  auto it = by_name_.find(name);
-  if (it != by_name_.end()) {
-    Slot* s = it->second;
-    if (is_queue && s->id == id) {
-      *out = s;
-      return 0;
+  int fd = open_queue_dir(dir, &id);
+  Slot* retired = nullptr;
+  int err = 0;
+  {
+    std::lock_guard lock(mu_);
+    auto it = by_name_.find(name);
+    if (it != by_name_.end() && fd >= 0 && it->second->id == id) {
+      *out = it->second;
+    } else {
+      if (it != by_name_.end()) {
+        retired = it->second;  // removed, or replaced by another queue
+        retired->gone = true;
+        by_name_.erase(it);
+      }
+      if (fd < 0) {
+        err = ENOENT;
+      } else if (slots_.size() >= ino::kMaxSlots) {
+        err = EMFILE;  // no view numbers left (inode.h)
+      } else {
+        Slot* s = add_slot(dir, id);
+        s->dir_fd = std::exchange(fd, -1);
+        by_name_.emplace(std::string(name), s);
+        *out = s;
+      }
     }
-    s->gone = true;  // removed, or replaced by another queue
-    by_name_.erase(it);
   }
-  if (!is_queue) return ENOENT;
-  if (slots_.size() >= ino::kMaxSlots) return EMFILE;  // no view numbers left (inode.h)
-  Slot* s = add_slot(dir, id);
-  by_name_.emplace(std::string(name), s);
-  *out = s;
-  return 0;
+  if (fd >= 0) ::close(fd);
+  // Outside mu_: retiring waits for the slot's .next reader to end.
+  if (retired) retired->retire();
+  return err;
 }
 
 void Mount::root_lookup(fuse_req_t req, std::string_view name) {

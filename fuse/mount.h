@@ -80,7 +80,7 @@ class Mount {
                     const std::function<void(QueueView&)>& on_view,
                     const std::function<void()>& on_root);
 
-  static bool read_queue_id(const std::string& dir, QueueId* id);
+  static int open_queue_dir(const std::string& dir, QueueId* id);
   Slot* add_slot(const std::string& dir, const QueueId& id);
   int find_queue(std::string_view name, Slot** out);
   int scan_root(std::vector<std::pair<size_t, std::string>>* queues);

@@ -77,8 +77,10 @@ struct QueueView::Handle {
   uint64_t base = 0;
   pid_t pid = 0;
   bool caught_up = false;
-  // kNew: where it goes (queues live as long as the mount) and how big it may grow.
-  Queue* q = nullptr;
+  // kNew: where it goes (kept open by this file even if the mount drops its queue as
+  // replaced, so that a release still sends to the queue the file was created in) and how
+  // big it may grow.
+  std::shared_ptr<Queue> q;
   uint64_t max_payload = 0;
   std::string name;        // kNew: the name it was created under
   std::mutex mu;           // kNew: guards the fields below
@@ -155,7 +157,7 @@ void QueueView::create(fuse_req_t req, std::string_view name, fuse_file_info* fi
   h->local = ino::kNewBase + next_new_.fetch_add(1);
   h->name = std::string(name);
   h->q = *q;
-  h->max_payload = payload_limit(*q);
+  h->max_payload = payload_limit(q->get());
   fuse_entry_param e{};
   {
     std::lock_guard lock(mu_);
@@ -275,13 +277,13 @@ void QueueView::extend_lease(fuse_req_t req, uint64_t local) {
   if (receipt.empty()) return (void)fuse_reply_err(req, exists(id) ? EPERM : ENOENT);
   auto q = queue();
   if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
-  Status s = (*q)->extend(receipt, lease(*q));
+  Status s = (*q)->extend(receipt, lease(q->get()));
   {
     std::lock_guard lock(mu_);
     auto it = held_.find(id);
     if (it != held_.end() && it->second.receipt == receipt) {
       if (s.ok()) {
-        it->second.lease_end = Clock::now() + lease(*q);
+        it->second.lease_end = Clock::now() + lease(q->get());
       } else {
         held_.erase(it);  // gone or taken over: this view no longer holds it
       }
@@ -321,7 +323,7 @@ void QueueView::open(fuse_req_t req, uint64_t local, fuse_file_info* fi) {
   if (!q.ok()) return (void)fuse_reply_err(req, errno_of(q.status()));
   // Lease exactly this message: kNotFound (ENOENT) if it is gone, kEmpty (EBUSY) if
   // another consumer holds it or it is delayed.
-  spool::Millis vis = lease(*q);
+  spool::Millis vis = lease(q->get());
   auto m = (*q)->receive_id(id, vis);
   if (!m.ok()) return (void)fuse_reply_err(req, errno_of(m.status()));
   hold(*m, vis);
@@ -513,7 +515,7 @@ void QueueView::read_next(fuse_req_t req, Handle* h, size_t size, off_t off) {
 spool::Result<std::vector<spool::Message>> QueueView::receive_next(size_t n, spool::Millis wait) {
   auto q = queue();
   if (!q.ok()) return q.status();
-  return (*q)->receive(n, lease(*q), wait);
+  return (*q)->receive(n, lease(q->get()), wait);
 }
 
 // Called by next_'s thread: the message becomes one this view holds (rm acks it, touch
@@ -533,7 +535,7 @@ bool QueueView::deliver_next(fuse_req_t req, Handle* h, size_t size, off_t off, 
   }
   if (taken) {
     auto q = queue();
-    hold(m, q.ok() ? lease(*q) : spool::Millis{0});
+    hold(m, q.ok() ? lease(q->get()) : spool::Millis{0});
   }
   reply_slice(req, *data, size, off);
   return taken;

@@ -58,10 +58,11 @@ class QueueView {
  public:
   enum class Kind { kQueue, kDeadLetters };
 
-  // Where the view finds its queue, each time it needs it (the source opens it once).
-  // kNotFound means there is no queue yet, which the view shows as an empty directory: a
+  // Where the view finds its queue, each time it needs it (the source opens it once). A
+  // caller keeps the queue open for as long as it holds the pointer, even if the mount
+  // drops it meanwhile (mount.h). kNotFound means there is no queue yet, which the view shows as an empty directory: a
   // dead-letter queue is created by the first dead letter, and spoolfs must not create it.
-  using Source = std::function<spool::Result<spool::Queue*>()>;
+  using Source = std::function<spool::Result<std::shared_ptr<spool::Queue>>()>;
 
   struct Config {
     Kind kind = Kind::kQueue;
@@ -123,7 +124,7 @@ class QueueView {
   };
 
   static Handle* handle_of(fuse_file_info* fi);
-  spool::Result<spool::Queue*> queue() { return source_(); }
+  spool::Result<std::shared_ptr<spool::Queue>> queue() { return source_(); }
   spool::Millis lease(spool::Queue* q) const;
   bool has_stats() const { return cfg_.kind == Kind::kQueue; }
   bool has_next() const { return cfg_.kind == Kind::kQueue; }

@@ -916,6 +916,43 @@ t_root_round_trip_inside_a_queue() {
   eq "ready in b" "$(stat_of ready "$R/b")" 0
 }
 
+# Issue 48: a --root mount told queues apart by spool.conf's mtime, so each touch of it (any
+# writer of that queue may) made a new slot that kept the old queue's descriptors: 400 touches
+# under a limit of 1,024 descriptors and every queue of the mount answered EIO. Here, with 256
+# descriptors, 400 touches each followed by a read of .stats: both queues still answer, and
+# the daemon holds no more descriptors than before. A queue replaced under its name has its
+# old queue closed.
+t_root_touching_spool_conf_leaks_no_descriptors() {
+  local R=$D/root M=$D/mnt i before after
+  mkdir -p "$R"
+  new_queue "$R/a"
+  new_queue "$R/b"
+  mount_fs "$R" "$M" --root
+  prlimit --nofile=256 --pid "$PID" || fail "prlimit failed"
+  cat "$M/a/.stats" "$M/b/.stats" >/dev/null || fail "cat .stats failed"
+  before=$(ls "/proc/$PID/fd" | wc -l)
+  for ((i = 1; i <= 400; i++)); do
+    touch -d "@$((1000000 + i))" "$R/a/spool.conf"
+    cat "$M/a/.stats" >/dev/null 2>"$D/err" || fail "touch $i: cat a/.stats: $(cat "$D/err")"
+  done
+  "$SPOOL" send "$R/a" "to a" >/dev/null && "$SPOOL" send "$R/b" "to b" >/dev/null ||
+    fail "spool send failed"
+  wait_for 10 listed "$M/a" 1
+  wait_for 10 listed "$M/b" 1
+  eq "cat a/1" "$(cat "$M/a/1")" "to a"
+  eq "cat b/1" "$(cat "$M/b/1")" "to b"
+  after=$(ls "/proc/$PID/fd" | wc -l)
+  ((after <= before + 2)) || fail "descriptors: $before before 400 touches, $after after"
+  # Replacing a queue under its name: the old one's descriptors are closed.
+  for ((i = 1; i <= 5; i++)); do
+    rm -rf "$R/b"
+    new_queue "$R/b"
+    cat "$M/b/.stats" >/dev/null 2>"$D/err" || fail "replacement $i: cat b/.stats: $(cat "$D/err")"
+  done
+  after=$(ls "/proc/$PID/fd" | wc -l)
+  ((after <= before + 2)) || fail "descriptors: $before before 5 replacements, $after after"
+}
+
 t_root_refusals_and_bad_names() {
   local R=$D/root M=$D/mnt
   mkdir -p "$R"
@@ -1054,6 +1091,7 @@ TESTS=(
   t_a_full_queue_fails_the_writer_and_the_log_says_why
   t_root_lists_queues_and_mkdir_creates_one
   t_root_round_trip_inside_a_queue
+  t_root_touching_spool_conf_leaks_no_descriptors
   t_root_refusals_and_bad_names
   t_dlq_lists_dead_letters_and_cat_then_rm_removes_one
   t_dlq_under_root_and_its_bad_names
