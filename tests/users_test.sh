@@ -20,7 +20,7 @@ skip_all() {
   exit 0
 }
 [[ $(id -u) == 0 ]] || skip_all "not root (uid $(id -u)): users cannot be created"
-for tool in useradd groupadd userdel groupdel setpriv flock; do
+for tool in useradd groupadd userdel groupdel setpriv flock /usr/bin/python3; do
   command -v $tool >/dev/null || skip_all "$tool is not installed"
 done
 export LC_ALL=C
@@ -157,6 +157,56 @@ t_lock_files_an_older_spool_left_readable_are_tightened() {
   done
 }
 
+# Issue 48: after `chmod -R a+rX q` the lock files are 0644 until the owner's next open, and a
+# reader who opens one meanwhile keeps its descriptor: `flock -x q/gate` by R stalled every
+# send of A (a timeout). A writer now fails at once, naming R's process, for gate and lock
+# alike; once R lets go, sends work again.
+t_a_readers_lock_after_chmod_is_named_not_waited_for() {
+  chmod 1777 "$D"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644" || fail "init"
+  as "$A" "$SPOOL" send q one >/dev/null || fail "send"
+  chmod -R a+rX q || fail "chmod -R a+rX"
+  local f pid rc
+  for f in gate lock; do
+    # R's holder, run without the function `as` so that $! is its pid (flock(1) would pass
+    # its lock to a child).
+    setpriv --reuid="$R" --regid="$(id -g "$R")" --init-groups -- /usr/bin/python3 -c 'import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(30)' "q/$f" &
+    pid=$!
+    BGPIDS+=("$pid")
+    sleep 0.3
+    as "$A" timeout 10 "$SPOOL" send q two >out 2>err
+    rc=$?
+    ((rc != 124)) || fail "A's send waited for R's lock on q/$f until the timeout"
+    ((rc != 0)) || fail "A's send went through while R locked q/$f"
+    grep -qF "q/$f is locked by pid " err || fail "the error does not name the holder: $(cat err)"
+    grep -qF "user $R" err || fail "the error does not name user $R: $(cat err)"
+    grep -qF "may not write the queue" err || fail "unclear error: $(cat err)"
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    chmod 0644 "q/$f"  # the next file R locks is readable again (A's open tightened it)
+  done
+  as "$A" timeout 10 "$SPOOL" send q three >/dev/null || fail "a send after R let go"
+  # OFD read locks on every byte of owners (the 128 binding slots): a binding fails saying
+  # that processes that are not spool's hold them (OFD locks name no pid), where it said
+  # that 128 processes bind their leases.
+  as "$A" timeout 20 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' 2>/dev/null ||
+    fail "spool work (makes owners)"
+  chmod 0644 q/owners
+  setpriv --reuid="$R" --regid="$(id -g "$R")" --init-groups -- /usr/bin/python3 -c '
+import fcntl, struct, sys, time
+f = open(sys.argv[1])
+for k in range(128):
+    fcntl.fcntl(f, fcntl.F_OFD_SETLK, struct.pack("hh4xqqi4x", fcntl.F_RDLCK, 0, k, 1, 0))
+time.sleep(30)' q/owners &
+  pid=$!
+  BGPIDS+=("$pid")
+  sleep 0.3
+  as "$A" "$SPOOL" send q four >/dev/null || fail "send"
+  # spool work goes on without the binding, and its warning says why.
+  as "$A" timeout 10 "$SPOOL" work q --until-empty --grace 100ms -- sh -c 'cat >/dev/null' >out 2>err
+  grep -qF "are locked by processes that are not spool's" err || fail "spool work's warning: $(cat err)"
+}
+
 # Bad --mode and --group values are refused with what is wrong, and leave nothing behind.
 t_bad_mode_or_group_is_refused_and_leaves_nothing() {
   chmod 1777 "$D"
@@ -220,6 +270,7 @@ TESTS=(
   t_group_shared_queue_stays_usable_by_every_member
   t_a_reader_cannot_block_writers
   t_lock_files_an_older_spool_left_readable_are_tightened
+  t_a_readers_lock_after_chmod_is_named_not_waited_for
   t_bad_mode_or_group_is_refused_and_leaves_nothing
   t_planted_links_are_not_followed_by_root
 )

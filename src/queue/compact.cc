@@ -20,6 +20,7 @@
 
 #include "sys/crashpoint.h"
 #include "queue/queue_impl.h"
+#include "sys/lock_holders.h"
 #include "sys/ofd_lock.h"
 
 namespace spool {
@@ -58,7 +59,12 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // Unregistered only past 256 guarded descriptors in one process: compaction still works,
   // only a fork during it would keep the lock (logged).
   if (!guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);
-  while (::flock(guard.fd.load(), wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+  if (wait) {
+    struct stat dir_st {};
+    if (::stat(dir.c_str(), &dir_st) != 0) return errno_status(errno, "stat " + dir);
+    if (Status s = sys::flock_waiting(guard.fd.load(), LOCK_EX, lock_path, dir_st); !s.ok()) return s;
+  }
+  while (!wait && ::flock(guard.fd.load(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return res;  // another process is compacting
     if (errno != EINTR) return errno_status(errno, "lock " + lock_path);
   }

@@ -23,9 +23,13 @@ auto Queue::Impl::claim_owner_slot() -> Status {
   if (Status s = open_owners(); !s.ok()) return s;
   auto& h = idx.hdr();
   int fd = owners_fd.load();
+  uint32_t unclaimed_locked = 0;  // locked by something that is not a spool process
   for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
     if (h.owner_claimed[k] != 0 && sys::ofd_held_elsewhere(fd, k)) continue;
-    if (sys::ofd_trylock(fd, k) != 0) continue;
+    if (sys::ofd_trylock(fd, k) != 0) {
+      unclaimed_locked += h.owner_claimed[k] == 0;
+      continue;
+    }
     if (h.owner_claimed[k] != 0) release_owned(std::span(&k, 1));
     h.owner_claimed[k] = 1;
     ++h.owners_claimed;
@@ -33,6 +37,14 @@ auto Queue::Impl::claim_owner_slot() -> Status {
     owner_pid = ::getpid();
     h.owner_pid[k] = owner_pid;
     return {};
+  }
+  if (unclaimed_locked > 0) {
+    // OFD locks name no process (/proc/locks shows pid -1), so none can be named here.
+    return Status(Code::kQueueFull,
+                  dir + ": no owner slot is free: " + std::to_string(unclaimed_locked) + " of the " +
+                      std::to_string(index::kOwnerSlots) +
+                      " are locked by processes that are not spool's (a reader who opened " + dir +
+                      "/owners while its mode let others read it: end it; docs/security.md)");
   }
   return Status(Code::kQueueFull, dir + ": " + std::to_string(index::kOwnerSlots) +
                                       " processes already bind their leases; this one cannot");

@@ -16,6 +16,7 @@
 #include "queue/apply.h"
 #include "queue/queue_impl.h"
 #include "sys/file_modes.h"
+#include "sys/lock_holders.h"
 #include "sys/no_follow.h"
 
 namespace spool {
@@ -156,9 +157,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   if (!impl->read_only) {
     impl->gate_fd = sys::open_state_file(dir + "/gate", impl->modes);
     if (impl->gate_fd < 0) return sys::queue_file_error(errno, "open", dir + "/gate");
-    while (::flock(impl->gate_fd, LOCK_EX) != 0) {
-      if (errno != EINTR) return errno_status(errno, "lock " + dir + "/gate");
-    }
+    if (Status s = sys::flock_waiting(impl->gate_fd, LOCK_EX, dir + "/gate", st); !s.ok()) return s;
   }
   // An open that fails closes `lock` first, then destroys its Impl here, still holding the
   // gate. ~Impl's seal_if_last() then does nothing: it used to take the gate again while
@@ -270,9 +269,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     }
     impl->idx.drop_resident();
   } else {
-    while (::flock(impl->lock_fd, LOCK_SH) != 0) {
-      if (errno != EINTR) return errno_status(errno, "lock " + dir + "/lock");
-    }
+    if (Status s = sys::flock_waiting(impl->lock_fd, LOCK_SH, dir + "/lock", st); !s.ok()) return s;
     if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");

@@ -1,7 +1,10 @@
 // Opening and recovery of a queue's index: the one lock path (which rebuilds the index
 // after a dead lock holder or damage), replay of the log into an index, and the seal the
 // last process to detach leaves (docs/durability.md, "First opener").
+#include <sys/stat.h>
+
 #include "queue/queue_impl.h"
+#include "sys/lock_holders.h"
 
 #include "queue/apply.h"
 
@@ -35,7 +38,14 @@ Queue::Impl::~Impl() {
 
 auto Queue::Impl::seal_if_last() -> void {
   if (read_only || !idx.attached() || lock_fd < 0 || gate_fd < 0 || !park_path.empty()) return;
-  if (::flock(gate_fd, LOCK_EX) != 0) return;
+  // A gate held by a process that may not write the queue: the index stays unsealed (the
+  // next opener checks it whole) rather than this close waiting for that process.
+  struct stat dir_st {};
+  if (::stat(dir.c_str(), &dir_st) != 0) return;
+  if (Status s = sys::flock_waiting(gate_fd, LOCK_EX, dir + "/gate", dir_st); !s.ok()) {
+    spool::log().warn("spool: {}: index not sealed at close: {}", dir, s.to_string());
+    return;
+  }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
     auto held = lock();
     if (held.ok()) {
