@@ -207,6 +207,36 @@ time.sleep(30)' q/owners &
   grep -qF "are locked by processes that are not spool's" err || fail "spool work's warning: $(cat err)"
 }
 
+# Issue 48: on a queue others may read, a reader who keeps segment files open keeps the disk
+# of those compaction removes (a removed file keeps its blocks while it is open). spool stats
+# names it: the segments, their bytes and the pids (root sees every process; a user, only
+# their own).
+t_stats_reports_disk_pinned_by_a_reader() {
+  chmod 1777 "$D"
+  as "$A" sh -c "umask 022; exec '$SPOOL' init q --mode 0644 --segment-size 64K" || fail "init"
+  seq 1 3000 | sed 's/$/ 0123456789012345678901234567890123456789/' >lines
+  as "$A" "$SPOOL" send q --lines <lines >/dev/null || fail "send"
+  setpriv --reuid="$R" --regid="$(id -g "$R")" --init-groups -- /usr/bin/python3 -c '
+import glob, sys, time
+held = [open(f) for f in sorted(glob.glob(sys.argv[1] + "/*.seg"))]
+time.sleep(30)' q/segments &
+  local pid=$!
+  BGPIDS+=("$pid")
+  sleep 0.3
+  as "$A" "$SPOOL" purge q --yes >/dev/null || fail "purge"
+  as "$A" "$SPOOL" compact q >/dev/null || fail "compact"
+  "$SPOOL" stats q --json >st || fail "root's stats"
+  grep -q "\"pinned_by\":\[$pid\]" st || fail "pinned_by lacks the reader's pid $pid: $(cat st)"
+  local bytes
+  bytes=$(sed -n 's/.*"pinned_removed_bytes":\([0-9]*\).*/\1/p' st)
+  ((bytes >= 65536)) || fail "pinned_removed_bytes $bytes: $(cat st)"
+  "$SPOOL" stats q | grep -q "^removed, open .* held by pid $pid" || fail "human stats: $("$SPOOL" stats q)"
+  kill "$pid"
+  wait "$pid" 2>/dev/null
+  "$SPOOL" stats q --json >st || fail "root's stats"
+  grep -q '"pinned_removed_bytes":0' st || fail "still pinned after the reader ended: $(cat st)"
+}
+
 # Bad --mode and --group values are refused with what is wrong, and leave nothing behind.
 t_bad_mode_or_group_is_refused_and_leaves_nothing() {
   chmod 1777 "$D"
@@ -271,6 +301,7 @@ TESTS=(
   t_a_reader_cannot_block_writers
   t_lock_files_an_older_spool_left_readable_are_tightened
   t_a_readers_lock_after_chmod_is_named_not_waited_for
+  t_stats_reports_disk_pinned_by_a_reader
   t_bad_mode_or_group_is_refused_and_leaves_nothing
   t_planted_links_are_not_followed_by_root
 )

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/output.h"
+#include "cli/pinned.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
@@ -19,6 +20,16 @@ struct StatsArgs {
   double rate = 0;
   bool json = false, watch = false, prom = false;
 };
+
+// "removed, open  2 segments (128.0 MiB) held by pids 12, 34 ..." for the human output.
+std::string pinned_line(const cli::Pinned& p) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "removed, open  %llu segment(s) (%.1f MiB) held by pid",
+                static_cast<unsigned long long>(p.segments), static_cast<double>(p.bytes) / (1 << 20));
+  std::string out = buf;
+  for (size_t i = 0; i < p.pids.size(); ++i) out += (i == 0 ? " " : ", ") + std::to_string(p.pids[i]);
+  return out + ": compaction cannot free that disk until they close them\n";
+}
 
 volatile sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) { g_interrupted = 1; }
@@ -41,9 +52,14 @@ int run_stats(const StatsArgs& a) {
     if (!st.ok()) return fail(st.status(), a.dir);
     auto now = std::chrono::steady_clock::now();
     double seconds = std::chrono::duration<double>(now - prev_at).count();
+    // Removed segments still open or mapped somewhere: disk compaction could not free.
+    const cli::Pinned pinned = cli::pinned_segments(a.dir);
     std::string out;
     if (a.prom) {
       out = cli::prometheus(a.dir, *st);
+      out += "# HELP spool_pinned_removed_bytes Disk held by removed segments that a process still has open.\n"
+             "# TYPE spool_pinned_removed_bytes gauge\nspool_pinned_removed_bytes{queue=\"" + a.dir +
+             "\"} " + std::to_string(pinned.bytes) + "\n";
       if (a.rate > 0) {
         out += "# HELP spool_recommended_workers Workers needed to meet the latency target.\n"
                "# TYPE spool_recommended_workers gauge\nspool_recommended_workers{queue=\"" + a.dir +
@@ -52,6 +68,10 @@ int run_stats(const StatsArgs& a) {
     } else if (a.json) {
       auto j = cli::stats_json(*st);
       j["keep_acked_ms"] = q->options().keep_acked.count();
+      j["pinned_removed_segments"] = pinned.segments;
+      j["pinned_removed_bytes"] = pinned.bytes;
+      j["pinned_by"] = pinned.pids;
+      j["pinned_unexamined_processes"] = pinned.unexamined;
       if (a.rate > 0) j["recommended_workers"] = st->workers_needed(a.rate, target_s);
       out = j.dump() + "\n";
     } else {
@@ -60,6 +80,7 @@ int run_stats(const StatsArgs& a) {
         out += "kept acked     0 (keep_acked " + std::to_string(keep.count()) + " ms)\n";
       }
       if (a.rate > 0) out += "workers needed " + std::to_string(st->workers_needed(a.rate, target_s)) + "\n";
+      if (!pinned.pids.empty()) out += pinned_line(pinned);
     }
     prev = *st;
     prev_at = now;
