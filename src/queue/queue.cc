@@ -419,6 +419,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
   uint64_t give_up = 0;  // set when the queue is first found full (a clock read saved otherwise)
   uint64_t end;
   bool spares_low = false;
+  bool compacted = false;  // a full disk made this send compact once already
   for (;;) {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
@@ -488,7 +489,23 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     const auto short_by = q.spares_short(*tail, n_new, record_bytes, largest);
     if (short_by.n != 0) {
       Queue::Impl::Locked::release(std::move(held).value());
-      if (Status s = q.make_spares(short_by); !s.ok()) return s;
+      if (Status s = q.make_spares(short_by); !s.ok()) {
+        // The disk may be full of segments only acked messages use: compaction runs in the
+        // background of the process that rolled, which a command that exits at once (spool
+        // send, recv, ack) never lets run (issue 48). Compact once, then look again.
+        if (s.code() != Code::kNoSpace || short_by.n == Queue::Impl::kNoSegmentNumbers) return s;
+        if (!compacted) {
+          compacted = true;
+          auto freed = q.compact(true, true, {});
+          if (freed.ok() && freed->segments_removed > 0) continue;
+          if (!freed.ok()) return Status(s.code(), s.message() + "; compaction failed too: " + freed.status().message());
+        }
+        const uint64_t mib = std::max(short_by.size, short_by.at_least) >> 20;
+        return Status(s.code(), s.message() + "; compaction has removed every segment it could, and the next " +
+                                    "segment (" + std::to_string(mib) + " MiB) does not fit: ack or purge " +
+                                    "messages, end readers holding removed segments (spool stats shows them), "
+                                    "free disk space or give the queue a smaller segment_size, then retry");
+      }
       continue;
     }
     spares_low = short_by.low;

@@ -68,7 +68,12 @@ int fail(const Status& s, const std::string& dir) {
     std::fprintf(stderr, "spool: %s\n", msg.c_str());
     return kExitEmpty;
   }
-  if (s.code() == Code::kNoSpace) msg += " (free disk space, then retry)";
+  // Freeing disk helps a full file system, not a log that has used every segment number
+  // (whose message says what does), nor a message that says already what to do.
+  if (s.code() == Code::kNoSpace && msg.find("every segment number") == std::string::npos &&
+      msg.find("then retry") == std::string::npos) {
+    msg += " (free disk space, then retry)";
+  }
   std::fprintf(stderr, "spool: %s\n", msg.c_str());
   return s.code() == Code::kQueueFull ? kExitTryLater : kExitError;
 }
