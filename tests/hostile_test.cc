@@ -29,6 +29,9 @@
 #include "storage/segment.h"
 #include "test_util.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace spool {
 namespace {
 
@@ -782,6 +785,142 @@ void plant_fifo(const std::string& segs, const std::string& name) {
 // issue 48: a FIFO planted as the last segment hung every opener (stats, send) in open(2),
 // waiting for a writer, while holding the gate: sends stayed blocked even after the FIFO
 // was removed. Now refused at once, naming the file.
+// Rewrites the payload of message `id`'s MSG record in the segments of queue `qdir` to
+// `payload` (of the same length, so nothing moves) and recomputes its checksum with the
+// segment's salt: a forged record that every check of the log accepts (docs/format.md).
+// Returns false if no such record was found.
+bool forge_msg_payload(const std::string& qdir, uint64_t id, const std::string& payload) {
+  for (const auto& f : fs::directory_iterator(qdir + "/segments")) {
+    if (f.path().extension() != ".seg") continue;
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string seg((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+    uint64_t salt;
+    std::memcpy(&salt, seg.data() + 16, 8);
+    for (size_t o = format::kSegmentHeaderSize; o + format::kRecordHeaderSize <= seg.size(); o += 8) {
+      uint32_t magic, len;
+      uint64_t rid;
+      std::memcpy(&magic, seg.data() + o, 4);
+      std::memcpy(&len, seg.data() + o + 4, 4);
+      std::memcpy(&rid, seg.data() + o + 16, 8);
+      if (magic != format::kRecordMagic || rid != id || seg[o + 8] != static_cast<char>(format::RecordType::kMsg)) continue;
+      if (len != payload.size()) return false;
+      std::string hashed = seg.substr(o, format::kChecksumOffset) + payload;
+      const uint64_t sum = XXH3_64bits_withSeed(hashed.data(), hashed.size(), salt);
+      io.seekp(static_cast<std::streamoff>(o + format::kChecksumOffset));
+      io.write(reinterpret_cast<const char*>(&sum), 8);
+      io.write(payload.data(), static_cast<std::streamsize>(payload.size()));
+      return io.good();
+    }
+  }
+  return false;
+}
+
+// The extension of one attribute `key` = `value` (docs/format.md, "Message extension").
+std::string one_attribute_ext(const std::string& key, const std::string& value, uint8_t type = 1) {
+  const std::string v = std::string(1, static_cast<char>(key.size())) + key + value;
+  const uint32_t ext_len = static_cast<uint32_t>(8 + 4 + v.size());
+  std::string e(8, '\0');
+  std::memcpy(e.data(), &ext_len, 4);
+  e[4] = 1;
+  const uint16_t n = static_cast<uint16_t>(v.size());
+  e += std::string(1, static_cast<char>(type)) + '\0' + std::string(reinterpret_cast<const char*>(&n), 2) + v;
+  return e;
+}
+
+// Issue 48: a forged MSG record with a valid checksum whose priority entry is 2 bytes made
+// every receive fail with "the index is rebuilt from the log, try again", forever, and the
+// messages behind it were never delivered. verify names it; a receive dead-letters it as
+// unreadable, body intact, and delivers the rest.
+TEST_F(Hostile, AForgedPriorityEntryIsDeadLetteredNotAWedge) {
+  uint64_t victim;
+  {
+    auto q = open();
+    ASSERT_TRUE(q);
+    SendOptions so;
+    so.attributes = {{"a", ""}};  // an entry of 2 bytes: key length 1, key "a"
+    auto id = q->send("victim", so);
+    ASSERT_TRUE(id.ok());
+    victim = *id;
+    ASSERT_TRUE(q->send("after 1").ok());
+    ASSERT_TRUE(q->send("after 2").ok());
+  }
+  // The same entry, typed PRIORITY: a priority of 2 bytes.
+  ASSERT_TRUE(forge_msg_payload(qdir(), victim, one_attribute_ext("a", "", 4) + "victim"));
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto rep = q->verify(false);
+  ASSERT_TRUE(rep.ok()) << rep.status().to_string();
+  std::string problems;
+  for (const auto& p : rep->problems) problems += p + "\n";
+  EXPECT_NE(problems.find("message " + std::to_string(victim)), std::string::npos) << problems;
+  EXPECT_NE(problems.find("a priority entry of 2 bytes"), std::string::npos) << problems;
+  std::vector<std::string> got;
+  for (int round = 0; round < 3 && got.size() < 2; ++round) {
+    auto r = q->receive(10);
+    ASSERT_TRUE(r.ok()) << "receive " << round << ": " << r.status().to_string();
+    for (const auto& m : *r) got.push_back(m.payload);
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"after 1", "after 2"}));
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto dead = (*dlq)->receive(10);
+  ASSERT_TRUE(dead.ok()) << dead.status().to_string();
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].payload, "victim");
+  EXPECT_EQ((*dead)[0].attributes.at("spool.dead.reason"), "unreadable");
+  EXPECT_NE((*dead)[0].attributes.at("spool.dead.error").find("priority entry of 2 bytes"), std::string::npos);
+}
+
+// Issue 48: a forged 6,000-byte attribute (a send takes at most 1,024) on a message that must
+// be dead-lettered: the dead-letter queue's send refused it, and every receive failed from
+// then on. It is dead-lettered without that attribute (counted in
+// spool.dead.dropped_attributes), and the messages behind it are delivered.
+TEST_F(Hostile, AForgedOversizeAttributeDoesNotStopItsDeadLettering) {
+  QueueOptions o;
+  o.max_receives = 1;
+  uint64_t victim;
+  const std::string body(6100, 'b');
+  {
+    auto q = open(o);
+    ASSERT_TRUE(q);
+    SendOptions so;
+    so.attributes = {{"a", ""}};
+    auto id = q->send(body, so);
+    ASSERT_TRUE(id.ok());
+    victim = *id;
+    ASSERT_TRUE(q->send("after").ok());
+  }
+  // The record keeps its length: the attribute grows by what the body loses.
+  const std::string ext = one_attribute_ext("a", std::string(6000, 'x'));
+  const std::string orig_ext = one_attribute_ext("a", "");
+  ASSERT_TRUE(forge_msg_payload(qdir(), victim, ext + body.substr(0, body.size() + orig_ext.size() - ext.size())));
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  auto first = q->receive(1, Millis(1));
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  ASSERT_EQ(first->size(), 1u);
+  EXPECT_EQ((*first)[0].id, victim);
+  std::this_thread::sleep_for(20ms);  // its lease ends; the next receive dead-letters it
+  std::vector<std::string> got;
+  for (int round = 0; round < 3 && got.empty(); ++round) {
+    auto r = q->receive(10);
+    ASSERT_TRUE(r.ok()) << "receive " << round << ": " << r.status().to_string();
+    for (const auto& m : *r) got.push_back(m.payload);
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"after"}));
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->dead, 1u);
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto dead = (*dlq)->receive(10);
+  ASSERT_TRUE(dead.ok()) << dead.status().to_string();
+  ASSERT_EQ(dead->size(), 1u);
+  EXPECT_EQ((*dead)[0].attributes.count("a"), 0u);
+  EXPECT_EQ((*dead)[0].attributes.at("spool.dead.dropped_attributes"), "1");
+  EXPECT_EQ((*dead)[0].attributes.at("spool.dead.reason"), "max_receives");
+}
+
 TEST_F(Hostile, AFifoPlantedAsASegmentIsRefusedAtOnce) {
   fill(3);
   plant_fifo(qdir() + "/segments", "00000000000000000009.seg");

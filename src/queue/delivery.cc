@@ -1,6 +1,8 @@
 // Delivery: reading a message from its record, taking it for a receive (or handing it to
 // the dead-letter queue past max_receives, or dropping it for retention), and logging
 // the leases taken.
+#include <cctype>
+
 #include "queue/queue_impl.h"
 
 #include "queue/apply.h"
@@ -68,6 +70,21 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     *end = h.log_end;
     return std::optional<Message>();
   }
+  if (!msg.ok() && idx.damage().empty()) {
+    // The index points right and the record's checksum holds, but its message cannot be
+    // used (an extension that does not decode: a forged record). A rebuild would find it
+    // again, so receives would fail on it forever (issue 48): it is dead-lettered, body
+    // as stored, with the reason; verify reports it too.
+    std::shared_ptr<storage::Segment> seg;
+    auto r = log->read(Pos::unpack(idx.entry(slot).loc), &seg);
+    if (!r.ok()) return r.status();
+    Message raw;
+    raw.id = id;
+    std::string why = msg.status().message().substr(0, format::kMaxAttrValue);
+    if (Status s = bury(slot, raw, r->payload, "unreadable", {{"spool.dead.error", why}}, now); !s.ok()) return s;
+    *end = h.log_end;
+    return std::optional<Message>();
+  }
   if (!msg.ok()) {
     // load() recorded this as damage of the index, which the rebuild from the log before
     // this call unlocks mends: the message is back if its record is intact (the index
@@ -97,7 +114,13 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
 void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add) {
   size_t total = 0;
   for (const auto& [k, v] : a) total += k.size() + v.size();
+  auto key_ok = [](const std::string& k) {
+    return !k.empty() && k.size() <= format::kMaxAttrKey && std::all_of(k.begin(), k.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    });
+  };
   for (const auto& [k, v] : add) {
+    if (!key_ok(k)) continue;
     auto it = a.find(k);
     const size_t old = it == a.end() ? 0 : it->first.size() + it->second.size();
     if (it == a.end() && a.size() >= format::kMaxAttributes) continue;
@@ -117,7 +140,11 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   // The attributes go with it, then its history; the dedup id does not (the DLQ is no new
   // send). A consumer's own attributes come first, so the history cannot crowd them out.
   SendOptions keep;
-  keep.attributes = std::move(msg.attributes);
+  // Only what a send accepts: a forged record's attributes (a 6,000-byte value, say) made
+  // the DLQ send fail, and so every receive that met the message (issue 48).
+  const size_t had = msg.attributes.size();
+  add_within_bounds(keep.attributes, {msg.attributes.begin(), msg.attributes.end()});
+  const size_t dropped = had - keep.attributes.size();
   keep.priority = msg.priority;
   keep.group = msg.group;  // so that a redrive puts it back in its group
   std::vector<std::pair<std::string, std::string>> history(extra.begin(), extra.end());
@@ -125,6 +152,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   history.emplace_back("spool.dead.original_id", std::to_string(id));
   history.emplace_back("spool.dead.receive_count", std::to_string(count));
   history.emplace_back("spool.dead.enqueued_at", sys::iso_time(msg.enqueued));
+  if (dropped != 0) history.emplace_back("spool.dead.dropped_attributes", std::to_string(dropped));
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
   crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss

@@ -74,9 +74,32 @@ Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
       problem("message " + std::to_string(id) + " points at a wrong or unreadable record");
     }
   });
-  truth.for_each_entry([&](uint32_t, uint64_t id, const Entry&) {
+  size_t unusable = 0;
+  truth.for_each_entry([&](uint32_t, uint64_t id, const Entry& te) {
     if (q.idx.find(id) < 0) problem("message " + std::to_string(id) + " is in the log but not in the index");
+    // A record whose checksum holds but whose message a receive cannot use as stored (a
+    // forged extension): the receive dead-letters it (issue 48); say so before it does.
+    std::shared_ptr<storage::Segment> keep;
+    auto rec = q.log->read(Pos::unpack(te.loc), &keep);
+    if (!rec.ok() || rec->ext.empty()) return;
+    std::string why;
+    if (auto ext = storage::decode_ext(rec->ext); !ext.ok()) {
+      why = ext.status().message() + "; a receive dead-letters it as unreadable";
+    } else {
+      for (const auto& [k, v] : ext->attributes) {
+        if (k.size() > format::kMaxAttrKey || v.size() > format::kMaxAttrValue) {
+          why = "attribute '" + k.substr(0, format::kMaxAttrKey) + "' of " + std::to_string(v.size()) +
+                " bytes is over the bounds a send accepts; a dead-lettering drops it";
+          break;
+        }
+      }
+    }
+    if (!why.empty() && ++unusable <= 20) {
+      rep.problems.push_back("log: message " + std::to_string(id) + " (" +
+                             q.log->segment_path(Pos::unpack(te.loc).seq) + "): " + why);
+    }
   });
+  if (unusable > 20) rep.problems.push_back("log: ... and " + std::to_string(unusable - 20) + " more unusable messages");
   auto counter = [&](const char* name, uint64_t have, uint64_t want) {
     if (have != want) problem(std::string(name) + " is " + std::to_string(have) + ", a recount gives " + std::to_string(want));
   };
