@@ -839,6 +839,53 @@ TEST_F(QueueProcessTest, ManyProcessesOpeningAFreshQueueAtOnceAgree) {
   EXPECT_EQ(q->check_index(), "");
 }
 
+// Issue 48: `spool work` exited on one kCorrupt ("the log end given is behind the log"),
+// though the damage is mended before the call returns and a retry succeeds. The worker is
+// stopped (SIGSTOP) while three messages are sent and the index's log end is poked behind
+// the log; resumed, its receive meets the damage once, and it goes on to run all three.
+TEST_F(QueueProcessTest, SpoolWorkRetriesAReceiveThatMetDamageInTheIndex) {
+  const char* cli = std::getenv("SPOOL_CLI");
+  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
+  { ASSERT_TRUE(open()); }
+  const std::string out = dir_ / "out", err = dir_ / "err";
+  const std::string q = qdir();
+  pid_t worker = spawn([&] {
+    int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(fd, 2);
+    ::execl(cli, cli, "work", q.c_str(), "--", "sh", "-c", ("cat >> '" + out + "'; echo >> '" + out + "'").c_str(),
+            static_cast<char*>(nullptr));
+    return 127;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // attached and waiting
+  ASSERT_EQ(::kill(worker, SIGSTOP), 0);
+  {
+    auto qq = open();
+    ASSERT_TRUE(qq);
+    for (const char* m : {"m1", "m2", "m3"}) ASSERT_TRUE(qq->send(m).ok());
+  }
+  kill_case::change_index_header(q, [](index::IndexHeader& h) {
+    h.log_end = storage::Pos{1, format::kSegmentHeaderSize}.pack();
+  });
+  ASSERT_EQ(::kill(worker, SIGCONT), 0);
+  int lines = 0, status = 0;
+  bool exited = false;
+  for (int i = 0; i < 200 && lines < 3 && !exited; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::ifstream in(out);
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    lines = static_cast<int>(std::count(all.begin(), all.end(), '\n'));
+    exited = ::waitpid(worker, &status, WNOHANG) == worker;
+  }
+  std::ifstream e(err);
+  std::string said((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(exited) << "spool work exited (status " << status << "): " << said;
+  EXPECT_EQ(lines, 3) << "messages run: " << lines << "; stderr: " << said;
+  if (!exited) {
+    ::kill(worker, SIGTERM);
+    ::waitpid(worker, &status, 0);
+  }
+}
+
 TEST_F(QueueProcessTest, ReadOnlyUserGetsStatsAndPeekButNoChanges) {
   if (::geteuid() != 0) GTEST_SKIP() << "SKIPPED: needs root to switch to an unprivileged user";
   {

@@ -110,6 +110,7 @@ class Runner {
     // late by a whole long poll.
     const Millis wait = opts_.until_empty ? std::clamp(opts_.grace, Millis(10), Millis(500)) : Millis(500);
     uint64_t taken = 0;
+    int corrupt_in_a_row = 0;
     std::thread scaler;
     if (scaler_) scaler = std::thread([this] { scale(); });
     while (!g_stop) {
@@ -138,10 +139,19 @@ class Runner {
           }
           continue;
         }
+        // Damage found in the index (kCorrupt: "... try again") is mended before the call
+        // returns, so a retry succeeds (docs/cli.md); exiting on the first one stopped every
+        // worker that met it. Damage that stays is met again: up to 5 in a row are retried.
+        if (msgs.status().code() == Code::kCorrupt && ++corrupt_in_a_row <= 5) {
+          wlog().warn("{}; retrying", msgs.status().to_string());
+          std::this_thread::sleep_for(Millis(50) * corrupt_in_a_row);
+          continue;
+        }
         wlog().error("{}", msgs.status().to_string());
         failed_ = true;
         break;
       }
+      corrupt_in_a_row = 0;
       empty_since_.reset();
       taken += msgs->size();
       reap(false);
