@@ -915,6 +915,32 @@ t_stats_watch_stops_on_sigint() {
   grep -qE '^rates +sent [1-9][0-9]*/s' "$D/out" || fail "no send rate shown: $(cat "$D/out")"
 }
 
+# Issue 48: spool stats (without --watch) caught SIGTERM and SIGINT for --watch's sake, so one
+# blocked in the open of a dead-letter queue whose gate another process holds ignored them.
+t_stats_ends_on_sigterm_while_it_waits() {
+  "$SPOOL" init q --max-receives 1 --visibility 100ms >/dev/null || fail "init"
+  "$SPOOL" send q x >/dev/null || fail "send"
+  "$SPOOL" recv q >/dev/null 2>&1 || fail "recv"
+  sleep 0.2
+  "$SPOOL" recv q >/dev/null 2>&1  # dead-letters it: q/dlq exists
+  [[ -e q/dlq/gate ]] || fail "no dead-letter queue"
+  # A writer holding the dead-letter queue's gate (bash execs sleep: the lock stays with it).
+  bg bash -c 'exec 9>>q/dlq/gate; flock -x 9; exec sleep 30'
+  sleep 0.3
+  "$SPOOL" stats q >/dev/null 2>&1 &
+  local pid=$! i
+  sleep 0.5
+  kill -0 "$pid" 2>/dev/null || fail "stats did not wait for the gate (the premise)"
+  kill -TERM "$pid"
+  for ((i = 0; i < 30; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"
+    wait "$pid" 2>/dev/null
+    fail "spool stats ignored SIGTERM while it waited"
+  fi
+  wait "$pid" 2>/dev/null || true  # killed by the signal: 143
+}
+
 t_work_1000_exactly_once() {
   "$SPOOL" init q --visibility 5s >/dev/null || fail "init"
   seq 1 1000 | "$SPOOL" send q --lines >/dev/null || fail "send"
@@ -2058,6 +2084,7 @@ TESTS=(
   t_stats_shows_holders
   t_stats_recommended_workers
   t_stats_prometheus
+  t_stats_ends_on_sigterm_while_it_waits
   t_stats_watch_stops_on_sigint
   t_work_1000_exactly_once
   t_work_payload_and_environment

@@ -166,10 +166,9 @@ nlohmann::json stats_json(const Stats& s) {
           {"holders", holders}};
 }
 
-std::string prometheus(const std::string& queue, const Stats& s) {
-  std::string q = queue;
+std::string prometheus_label(const std::string& value) {
   std::string esc;
-  for (char c : q) {
+  for (char c : value) {
     if (c == '\\' || c == '"') esc += '\\';
     if (c == '\n') {
       esc += "\\n";
@@ -177,6 +176,16 @@ std::string prometheus(const std::string& queue, const Stats& s) {
     }
     esc += c;
   }
+  return esc;
+}
+
+std::string prometheus_gauge(const std::string& queue, const char* name, const char* help, uint64_t value) {
+  return std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + "{queue=\"" +
+         prometheus_label(queue) + "\"} " + std::to_string(value) + "\n";
+}
+
+std::string prometheus(const std::string& queue, const Stats& s) {
+  const std::string esc = prometheus_label(queue);
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help, auto value,
                     const char* extra = "") {

@@ -31,6 +31,10 @@ std::string info_line(const MessageInfo& m, bool dead = false);
 std::string list_header();
 nlohmann::json stats_json(const Stats& s);
 std::string prometheus(const std::string& queue, const Stats& s);
+// `value` escaped for a Prometheus label value (backslash, double quote, newline).
+std::string prometheus_label(const std::string& value);
+// One more gauge of `queue` in the format prometheus() writes.
+std::string prometheus_gauge(const std::string& queue, const char* name, const char* help, uint64_t value);
 // With `prev`, the stats of `seconds` ago, adds a line of rates (for --watch).
 std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev = nullptr,
                         double seconds = 0);

@@ -42,8 +42,6 @@ int run_stats(const StatsArgs& a) {
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
-  ::signal(SIGINT, on_interrupt);
-  ::signal(SIGTERM, on_interrupt);
   bool tty = ::isatty(1);
   std::optional<Stats> prev;
   auto prev_at = std::chrono::steady_clock::now();
@@ -57,13 +55,13 @@ int run_stats(const StatsArgs& a) {
     std::string out;
     if (a.prom) {
       out = cli::prometheus(a.dir, *st);
-      out += "# HELP spool_pinned_removed_bytes Disk held by removed segments that a process still has open.\n"
-             "# TYPE spool_pinned_removed_bytes gauge\nspool_pinned_removed_bytes{queue=\"" + a.dir +
-             "\"} " + std::to_string(pinned.bytes) + "\n";
+      out += cli::prometheus_gauge(a.dir, "spool_pinned_removed_bytes",
+                                   "Disk held by removed segments that a process still has open or mapped.",
+                                   pinned.bytes);
       if (a.rate > 0) {
-        out += "# HELP spool_recommended_workers Workers needed to meet the latency target.\n"
-               "# TYPE spool_recommended_workers gauge\nspool_recommended_workers{queue=\"" + a.dir +
-               "\"} " + std::to_string(st->workers_needed(a.rate, target_s)) + "\n";
+        out += cli::prometheus_gauge(a.dir, "spool_recommended_workers",
+                                     "Workers needed to meet the latency target.",
+                                     st->workers_needed(a.rate, target_s));
       }
     } else if (a.json) {
       auto j = cli::stats_json(*st);
@@ -87,7 +85,19 @@ int run_stats(const StatsArgs& a) {
     if (a.watch && tty) std::fputs("\033[H\033[2J", stdout);
     std::fputs(out.c_str(), stdout);
     if (!stdout_ok()) break;  // reported by main()
-    for (int i = 0; a.watch && i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
+    // SIGINT and SIGTERM end --watch cleanly between two renderings, and only there: while
+    // stats() runs (it may wait, e.g. for a dead-letter queue another process holds), they
+    // keep their usual effect, so that a stats blocked there still ends (issue 48).
+    if (a.watch) {
+      struct sigaction on {}, old_int {}, old_term {};
+      on.sa_handler = on_interrupt;
+      ::sigemptyset(&on.sa_mask);
+      ::sigaction(SIGINT, &on, &old_int);
+      ::sigaction(SIGTERM, &on, &old_term);
+      for (int i = 0; i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
+      ::sigaction(SIGINT, &old_int, nullptr);
+      ::sigaction(SIGTERM, &old_term, nullptr);
+    }
   } while (a.watch && !g_interrupted);
   return 0;
 }
