@@ -56,7 +56,10 @@ bool tag_of(const std::string& p, uint64_t* k) {
   return p == payload_of(*k);
 }
 
-enum class Damage { kIndexBytes, kIndexTruncated, kIndexDeleted, kConfGarbage, kLockFiles, kSegmentBytes, kSegmentTruncated, kSpareGarbage, kCount };
+enum class Damage {
+  kIndexBytes, kIndexTruncated, kIndexDeleted, kConfGarbage, kLockFiles, kSegmentBytes, kSegmentTruncated, kSpareGarbage,
+  kPlantedLink, kPlantedFifo, kCount
+};
 const char* name_of(Damage d) {
   switch (d) {
     case Damage::kIndexBytes: return "index bytes";
@@ -67,6 +70,8 @@ const char* name_of(Damage d) {
     case Damage::kSegmentBytes: return "segment bytes";
     case Damage::kSegmentTruncated: return "segment truncated";
     case Damage::kSpareGarbage: return "spare garbage";
+    case Damage::kPlantedLink: return "planted link";
+    case Damage::kPlantedFifo: return "planted FIFO";
     case Damage::kCount: break;
   }
   return "?";
@@ -102,8 +107,90 @@ std::string garbage(std::mt19937_64& rng, size_t n) {
   return s;
 }
 
+// Links and FIFOs planted in a queue (issue 48), by a user who may write it: what the round
+// undoes afterwards, as the queue's owner would after reading the error that names each
+// one, and the files outside the queue that the links point at, which must come through
+// unchanged (spool never follows a link in a queue).
+struct Planted {
+  std::vector<std::string> names;                          // removed at the end of the round
+  std::vector<std::pair<std::string, std::string>> moved;  // {where it went, its place}: put back
+  std::map<std::string, std::string> targets;              // outside file -> content it must keep
+  std::string target_dir;                                  // outside directory that must stay empty
+};
+
+// The queue's file `path` (a segment, or a lock file) moved out of the queue, so that
+// something can be planted in its place; put back at the end of the round.
+void move_out(const std::string& path, const std::string& outside, Planted& p) {
+  const std::string to = outside + "/moved-" + std::to_string(p.moved.size());
+  if (::rename(path.c_str(), to.c_str()) == 0) p.moved.emplace_back(to, path);
+}
+
+// Plants a link (`fifo` false) or a FIFO at one of the places spool opens: a segment, a
+// spare, a lock file, the dead-letter queue.
+void plant(const std::string& q, bool fifo, std::mt19937_64& rng, Planted& p) {
+  const std::string outside = q + ".outside";
+  fs::create_directories(outside);
+  const std::string victim = outside + "/victim-file";
+  std::ofstream(victim, std::ios::trunc) << "not spool's";
+  p.targets[victim] = "not spool's";
+  auto put = [&](const std::string& at) {
+    const int r = fifo ? ::mkfifo(at.c_str(), 0600) : ::symlink(victim.c_str(), at.c_str());
+    if (r == 0) p.names.push_back(at);
+  };
+  const std::string lock = std::vector<std::string>{"/gate", "/lock", "/owners", "/compact.lock"}[rng() % 4];
+  // Each place in turn, so that even a scaled-down run meets most of them.
+  static int turn[2] = {0, 0};
+  switch (turn[fifo]++ % 4) {
+    case 0: {  // a segment
+      auto segs = files_in(q + "/segments", ".seg", false);
+      if (segs.empty()) return;
+      const std::string s = segs[rng() % segs.size()];
+      move_out(s, outside, p);
+      put(s);
+      return;
+    }
+    case 1:  // a spare
+      put(q + "/segments/spare-planted");
+      return;
+    case 2:  // a lock file
+      move_out(q + lock, outside, p);
+      put(q + lock);
+      return;
+    default:  // the dead-letter queue: a link to a directory, or a FIFO in its segments
+      if (fifo) {
+        fs::create_directories(q + "/dlq/segments");
+        put(q + "/dlq/segments/00000000000000000001.seg");
+      } else {
+        p.target_dir = outside + "/victim-dir";
+        fs::create_directories(p.target_dir);
+        if (::symlink(p.target_dir.c_str(), (q + "/dlq").c_str()) == 0) p.names.push_back(q + "/dlq");
+      }
+      return;
+  }
+}
+
+// Undoes plant(): what is still planted goes, and what was moved out comes back (unless
+// spool removed the planted name meanwhile, e.g. compaction unlinking a segment name).
+// Then checks that nothing outside the queue was written through a link.
+void unplant(const Planted& p, Report& r) {
+  for (const auto& n : p.names) {
+    struct stat st {};
+    if (::lstat(n.c_str(), &st) != 0) continue;
+    ::unlink(n.c_str());
+    for (const auto& [from, to] : p.moved) {
+      if (to == n) (void)::rename(from.c_str(), to.c_str());
+    }
+  }
+  for (const auto& [file, want] : p.targets) {
+    r.check(test::slurp(file) == want, file + ", a link's target outside the queue, was changed");
+  }
+  if (!p.target_dir.empty()) {
+    r.check(fs::is_empty(p.target_dir), p.target_dir + ", a link's target outside the queue, has files in it");
+  }
+}
+
 // Damages one file of the queue at `q` (as another process would, while the workers run).
-void damage(const std::string& q, Damage d, std::mt19937_64& rng) {
+void damage(const std::string& q, Damage d, std::mt19937_64& rng, Planted& planted) {
   const std::string index = q + "/index";
   switch (d) {
     case Damage::kIndexBytes: {
@@ -152,6 +239,8 @@ void damage(const std::string& q, Damage d, std::mt19937_64& rng) {
       overwrite(s, 0, garbage(rng, 256));
       return;
     }
+    case Damage::kPlantedLink: plant(q, false, rng, planted); return;
+    case Damage::kPlantedFifo: plant(q, true, rng, planted); return;
     case Damage::kCount: return;
   }
 }
@@ -231,7 +320,8 @@ void round_of_damage(const std::string& q, Damage d, uint64_t seed, Figures& fig
     workers.push_back(start_child("worker " + std::to_string(w), [&, w, s](Report& r) { worker(q, w, s, 500, r); }));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(60 + rng() % 200));
-  damage(q, d, rng);
+  Planted planted;
+  damage(q, d, rng, planted);
   std::map<std::string, long> counts;
   for (auto& w : workers) finish_child(w, 30s, &counts, false);  // a crash or a hang fails here
   if (::testing::Test::HasFailure()) return;
@@ -264,6 +354,9 @@ void round_of_damage(const std::string& q, Damage d, uint64_t seed, Figures& fig
     }
   }, 30s, &reopen, false);
   for (auto& [k, n] : reopen) fig.reopen[k] += n;
+  // Planted links and FIFOs: removed (what they replaced put back), their targets checked.
+  in_child("unplant", [&](Report& r) { unplant(planted, r); }, 30s, nullptr, true);
+  if (::testing::Test::HasFailure()) return;
   // Then from the log alone.
   ::unlink((q + "/index").c_str());
   const bool strict = !hits_segments(d);
