@@ -99,7 +99,8 @@ class Hostile : public test::QueueDirTest {
   // producer is attached, which then sends "m4" (`send_m4`: the sends and their checks);
   // afterwards every message is there, once and in order.
   void poke_log_end_under_a_producer(const std::function<storage::Pos(storage::Pos)>& poke,
-                                     const std::function<void(Report&, Queue&)>& send_m4) {
+                                     const std::function<void(Report&, Queue&)>& send_m4,
+                                     const std::function<void(test::IndexFile&)>& also = {}) {
     Steps steps;
     auto child = start_child("attached producer", [&](Report& r) {
       auto q = Queue::open(qdir());
@@ -114,6 +115,7 @@ class Hostile : public test::QueueDirTest {
       test::IndexFile f(qdir());
       ASSERT_TRUE(f.ok());
       f.hdr().log_end = poke(storage::Pos::unpack(f.hdr().log_end)).pack();
+      if (also) also(f);
     }
     steps.parent_done();
     finish_child(child, 30s);
@@ -217,6 +219,31 @@ TEST_F(Hostile, ALogEndPokedBehindTheLogOverwritesNothing) {
                                   r.check(id.ok() && *id == 4, "the send gets id 4");
                                 });
   EXPECT_EQ(all_payloads(), (std::vector<std::string>{"m1", "m2", "m3", "m4"}));
+}
+
+// The owner registry is the one part of the header the log cannot rebuild. A count of
+// claimed slots poked out of range used to survive every rebuild: each later locked call
+// found it, reported the index damaged and replayed the whole log, for as long as any
+// process stayed attached (issue 48). A rebuild derives the count from the slots again.
+TEST_F(Hostile, AClaimedOwnerCountPokedOutOfRangeIsMendedByOneRebuild) {
+  fill(3);
+  poke_log_end_under_a_producer(
+      [](storage::Pos p) { return p; },  // the log end stays; the poke below is the damage
+      [](Report& r, Queue& q) {
+        auto id = q.send("m4");
+        if (!id.ok()) {
+          r.check(id.status().code() == Code::kCorrupt, "a refused send says the index is damaged");
+          id = q.send("m4");
+        }
+        r.check(id.ok() && *id == 4, "the send gets id 4: " + id.status().to_string());
+        for (int i = 5; i <= 8; ++i) {
+          auto next = q.send("m" + std::to_string(i));
+          r.check(next.ok(), "send " + std::to_string(i) + " after one rebuild: " + next.status().to_string());
+        }
+        r.check(q.check_index().empty(), "the index checks clean: " + q.check_index());
+      },
+      [](test::IndexFile& f) { f.hdr().owners_claimed = 0x7fffffff; });
+  EXPECT_EQ(all_payloads(), (std::vector<std::string>{"m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"}));
 }
 
 // A log end poked off the 8-byte record boundary: appends there were stored misaligned,

@@ -278,58 +278,9 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
 
 Result<CompactResult> Queue::compact(const Progress& progress) { return impl_->compact(true, true, progress); }
 
-auto Queue::Impl::maybe_compact(uint64_t end) -> void {
-  uint64_t seq = Pos::unpack(end).seq;
-  // A load first: the exchange is a locked instruction, and a send's segment is mostly the
-  // one seen before.
-  if (seq <= seen_seq.load(std::memory_order_relaxed) || seq <= seen_seq.exchange(seq)) return;
-  if (!seen_seq_initialised.exchange(true)) return;  // the first write only sets the mark
-  sys::MutexLock lock(compact_mu);
-  if (compact_stopping) return;
-  compact_wanted = true;
-  wake_background();
-}
-
-auto Queue::Impl::spares_low() -> void {
-  if (top_up_asked.exchange(true)) return;
-  sys::MutexLock lock(compact_mu);
-  if (!compact_stopping) wake_background();
-}
-
-auto Queue::Impl::wake_background() -> void {
-  if (!compactor.joinable()) {
-    compactor = std::thread([this] {
-      sys::MutexLock lk(compact_mu);
-      for (;;) {
-        compact_cv.wait(lk, [this]() REQUIRES(compact_mu) {
-          return compact_wanted || top_up_asked.load() || compact_stopping;
-        });
-        if (compact_stopping) return;
-        const bool compacting = compact_wanted;
-        compact_wanted = false;
-        top_up_asked.store(false);
-        lk.unlock();
-        top_up_spares();
-        if (compacting) {
-          auto r = compact(false, false);
-          if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
-        }
-        lk.lock();
-      }
-    });
-  }
-  compact_cv.notify_all();
-}
-
-auto Queue::Impl::stop_compactor() -> void {
-  std::thread running;  // maybe_compact() starts none once compact_stopping is set
-  {
-    sys::MutexLock lock(compact_mu);
-    compact_stopping = true;
-    running = std::move(compactor);
-  }
-  compact_cv.notify_all();
-  if (running.joinable()) running.join();
+auto Queue::Impl::compact_by_policy() -> void {
+  auto r = compact(false, false);
+  if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
 }
 
 }  // namespace spool

@@ -100,7 +100,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     *end = h.log_end;
     return std::optional<Message>();
   }
-  e.owner = bind_all.load(std::memory_order_relaxed) ? static_cast<uint8_t>(owner_slot + 1) : 0;
+  e.owner = owners.new_lease_tag(idx);
   const uint32_t count = e.count + 1;
   // The LEASE record log_leases() commits for it, applied now: the next message is picked
   // from the state this one leaves. The caller reserved heap room for every message it
@@ -135,7 +135,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   const Entry& e = idx.entry(slot);
   const uint64_t id = idx.id_of(slot);
   const uint32_t count = e.count;
-  auto dead_q = dead_letters();
+  auto dead_q = dlq.get();
   if (!dead_q.ok()) return dead_q.status();
   // The attributes go with it, then its history; the dedup id does not (the DLQ is no new
   // send). A consumer's own attributes come first, so the history cannot crowd them out.
@@ -184,33 +184,13 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   return {};
 }
 
-void Queue::Impl::open_dead_letters_early() {
-  if (dlq_open.load(std::memory_order_acquire)) return;
-  const uint64_t now = sys::boot_ns();
-  if (now < dlq_next_look.load(std::memory_order_relaxed)) return;
-  // One that does not exist yet is made under the lock by the first bury(): empty, it
-  // has nothing to replay. One made by another process meanwhile is found within a second.
-  if (::access((dir + "/dlq/spool.conf").c_str(), F_OK) != 0) {
-    dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
-    return;
-  }
-  if (!dead_letters().ok()) dlq_next_look.store(now + 1'000'000'000, std::memory_order_relaxed);
-}
-
-auto Queue::Impl::dead_letters() -> Result<Queue*> {
-  sys::MutexLock lock(dlq_mu);
-  if (!dlq) {
-    QueueOptions o = cfg.opts;
-    o.max_receives = 0;
-    o.create = !read_only;
-    o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
-    o.io = io;
-    auto q = open_queue(dir + "/dlq", o, true);
-    if (!q.ok()) return q.status();
-    dlq = std::move(q).value();
-    dlq_open.store(true, std::memory_order_release);
-  }
-  return dlq.get();
+auto Queue::Impl::open_dead_letter_queue() -> Result<std::unique_ptr<Queue>> {
+  QueueOptions o = cfg.opts;
+  o.max_receives = 0;
+  o.create = !read_only;
+  o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
+  o.io = io;
+  return open_queue(dir + "/dlq", o, true);
 }
 
 }  // namespace spool

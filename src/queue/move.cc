@@ -41,8 +41,7 @@ Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) {
     // the next reap within kReapIntervalNs: until then they are not ready, and a rerun whose
     // messages the dead move held all of ended having moved nothing (ops_test under ASan).
     SPOOL_LOCK_OR_RETURN(held, q, lock());
-    q.idx.hdr().next_reap_ns = 0;
-    q.reap_dead_owners();
+    q.reap_dead_owners(true);
   }
   const uint64_t vis = ms_to_ns(q.cfg.opts.visibility);
   MoveResult res;

@@ -208,6 +208,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   auto log = storage::Log::open(dir + "/segments", lo);
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
+  impl->syncer = std::make_unique<queue::Syncer>(impl->dir, impl->cfg.opts, impl->idx, *impl->log);
 
   if (kTestHooks) {
     if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
@@ -564,7 +565,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     end = h.log_end;
     break;
   }
-  if (spares_low) q.spares_low();
+  if (spares_low) q.background.spares_low();
   if (Status s = q.written(end, opts.durability); !s.ok()) return s;
   return {};
 }
@@ -693,7 +694,7 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
   }
   if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
-  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
+  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -772,7 +773,7 @@ Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
-  if (q.cfg.opts.max_receives != 0) q.open_dead_letters_early();
+  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -911,7 +912,7 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
   Impl& q = *impl_;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
-  q.open_dead_letters_early();
+  q.dlq.open_early();
   uint64_t end;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
@@ -956,7 +957,7 @@ Status Queue::bind_leases() {
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
-  q.bind_all = true;
+  q.owners.bind_all();
   return {};
 }
 
@@ -969,7 +970,7 @@ Status Queue::bind(std::string_view receipt) {
   if (e.state != State::kLeased) {
     return Status(Code::kLeaseLost, "message " + std::to_string(f->id) + " is not leased (it was nacked)");
   }
-  e.owner = static_cast<uint8_t>(q.owner_slot + 1);
+  e.owner = q.owners.tag(q.idx);
   return {};
 }
 
@@ -1114,7 +1115,7 @@ Result<Stats> Queue::stats() {
   }
   struct stat dst {};
   if (::stat((q.dir + "/dlq/spool.conf").c_str(), &dst) == 0) {
-    auto dlq = q.dead_letters();
+    auto dlq = q.dlq.get();
     if (dlq.ok()) {
       auto ds = (*dlq)->stats();
       if (ds.ok()) st.dead = ds->ready + ds->in_flight + ds->delayed;
@@ -1125,10 +1126,10 @@ Result<Stats> Queue::stats() {
 
 Status Queue::sync() {
   if (impl_->read_only) return {};
-  return impl_->sync_to(__atomic_load_n(&impl_->idx.hdr().log_end, __ATOMIC_ACQUIRE));
+  return impl_->syncer->sync_to(__atomic_load_n(&impl_->idx.hdr().log_end, __ATOMIC_ACQUIRE));
 }
 
-Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
+Result<Queue*> Queue::dead_letters() { return impl_->dlq.get(); }
 
 // One received dead letter back into `q` as a new message, whose history starts afresh:
 // the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between

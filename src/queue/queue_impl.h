@@ -28,7 +28,11 @@
 #include <unordered_map>
 #include "index/index.h"
 #include "logging.h"
+#include "queue/background.h"
 #include "queue/config.h"
+#include "queue/dead_letter_link.h"
+#include "queue/lease_owners.h"
+#include "queue/syncer.h"
 #include "sys/crashpoint.h"
 #include "spool/queue.h"
 #include "storage/log.h"
@@ -49,14 +53,9 @@ using storage::Pos;
 using storage::Record;
 
 inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits: a missed wake costs at most this
-// How often lock holders look for dead lease owners, and how long a long poll sleeps at
-// most while any process binds its leases: together they bound how late a dead worker's
-// leases come back.
-inline constexpr uint64_t kReapIntervalNs = 200'000'000;
+// How long a long poll sleeps at most while any process binds its leases: with
+// queue::kReapIntervalNs, how late a dead worker's leases come back at most.
 inline constexpr uint64_t kBoundWaitSliceNs = 250'000'000;
-// How long a caller waiting for another's sync sleeps at most before it looks whether
-// that leader died (a kill -9 mid-fdatasync costs the others this much).
-inline constexpr uint64_t kSyncWaitSliceNs = 20'000'000;
 
 inline uint64_t ms_to_ns(Millis m) {
   return m.count() <= 0 ? 0 : static_cast<uint64_t>(m.count()) * 1'000'000ull;
@@ -90,23 +89,15 @@ struct Queue::Impl {
   bool parked GUARDED_BY(idx) = false;
   std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 
-  sys::Mutex dlq_mu;
-  std::unique_ptr<Queue> dlq GUARDED_BY(dlq_mu);
-
-  std::thread flusher GUARDED_BY(flush_mu);
-  std::atomic<bool> flusher_started{false};  // set once, when `flusher` starts
-  sys::Mutex flush_mu;
-  std::condition_variable_any flush_cv;
-  bool stopping GUARDED_BY(flush_mu) = false;
-  std::atomic<bool> flush_failed{false};
-  Status flush_status GUARDED_BY(flush_mu);
-
-  // Instant release on death (bind_leases): this Queue's owner slot and the descriptor that
-  // holds its liveness lock (or that probes others'; -1 in a fork child).
-  std::atomic<int> owners_fd{-1};
-  int owner_slot GUARDED_BY(idx) = -1;
-  pid_t owner_pid = 0;
-  std::atomic<bool> bind_all{false};
+  // ---- the parts: each owns its state (its own lock where it has one) -------------------
+  // Group commit and the `interval` flusher; made once the log is open (open_queue).
+  std::unique_ptr<queue::Syncer> syncer;
+  // Spares and compaction off every caller's path.
+  queue::Background background{[this] { top_up_spares(); }, [this] { compact_by_policy(); }};
+  // Instant release on death (bind_leases).
+  queue::LeaseOwners owners{dir, modes};
+  // DIR/dlq.
+  queue::DeadLetterLink dlq{dir, [this] { return open_dead_letter_queue(); }};
 
   ~Impl();
 
@@ -194,33 +185,9 @@ struct Queue::Impl {
 
   // ---- durability ----------------------------------------------------------------------
 
-  // Group commit. One caller at a time (the leader, holding sync_mu) syncs everything
-  // published so far; the others sleep on durable_seq, are all woken at once when it is
-  // done, and return if that sync covered them, or else one of them leads the next (not
-  // queued on sync_mu, which hands it over one wake-up at a time: that chain of wake-ups
-  // costs as much as the fdatasync; docs/performance.md).
-  Status sync_to(uint64_t end);
-
-  // A leader's wait before it syncs (group commit's "commit delay"). Callers the last sync
-  // did not cover are asleep here again within microseconds; those it covered are on their
-  // way back with their next write, and on two cores that takes tens of microseconds
-  // against an fdatasync's hundreds. Waiting until as many callers wait as did when this
-  // handle's last sync ended (at most a quarter of that sync's time) lets one fdatasync
-  // take them all. A leader whose last sync saw nobody waiting does not wait; callers that
-  // arrive at random rather than in a loop may pay the whole budget on most syncs (the
-  // price of any commit delay).
-  void gather();
-  uint32_t lead_crowd = 0;    // callers waiting when this handle's last sync as leader ended
-  uint64_t lead_sync_ns = 0;  // and how long that sync took
-
-  static void raise(std::atomic<uint64_t>& a, uint64_t v);
-
-  // After a write returned by the lock holder: honour the sync policy (or sync now).
+  // After a write returned by the lock holder: tells the background part (a roll asks for
+  // a top-up and a compaction), then honours the sync policy (or syncs now).
   Status written(uint64_t end, Durability d = Durability::kQueuePolicy);
-
-  // Bounds the loss window of "interval" when writes stop: a thread that syncs what this
-  // process wrote once the interval has passed.
-  void start_flusher();
 
   // ---- helpers -------------------------------------------------------------------------
 
@@ -332,18 +299,17 @@ struct Queue::Impl {
 
   // ---- lease owners (instant release on death) ------------------------------------------
 
-  Status open_owners();
-
   // Claims an owner slot for this Queue: a free one, or one whose owner died (its leftover
   // leases are released first).
   Status claim_owner_slot() REQUIRES(idx);
 
-  // Returns the leases bound to the owner slots `ks` to ready now and frees the slots.
+  // Returns the leases bound to the owner slots `ks` to ready now (RELEASE records).
   // Leases that already ran out only lose their tag.
-  void release_owned(std::span<const uint32_t> ks) REQUIRES(idx);
+  void release_leases_of(std::span<const uint32_t> ks) REQUIRES(idx);
 
-  // Every kReapIntervalNs, release the leases of binders that died.
-  void reap_dead_owners() REQUIRES(idx);
+  // Every queue::kReapIntervalNs (or now, with `force`), releases the leases of binders
+  // that died and frees their slots.
+  void reap_dead_owners(bool force = false) REQUIRES(idx);
 
   // A Queue closed by its process releases its bound leases like a death would.
   void release_own_slot();
@@ -366,24 +332,8 @@ struct Queue::Impl {
   // waits for a running compaction with `wait`, else returns at once.
   Result<CompactResult> compact(bool everything, bool wait, const Progress& progress = {});
 
-  // Called after a write that may have rolled the log. A roll asks the process's background
-  // thread to top up the spares and compact by policy, so no send or ack waits for either.
-  void maybe_compact(uint64_t end);
-  // Asks the background thread for top_up_spares() alone (a send that found the spares low).
-  void spares_low();
-  void stop_compactor();
-  std::atomic<uint64_t> seen_seq{0};
-  std::atomic<bool> seen_seq_initialised{false};
-  sys::Mutex compact_mu;
-  std::thread compactor GUARDED_BY(compact_mu);
-  std::condition_variable_any compact_cv;
-  bool compact_wanted GUARDED_BY(compact_mu) = false;
-  // A top-up is asked for and not yet started (checked without compact_mu by every send
-  // that finds the spares low, so that only the first of them takes the mutex).
-  std::atomic<bool> top_up_asked{false};
-  // Starts the background thread if it is not running, and wakes it.
-  void wake_background() REQUIRES(compact_mu);
-  bool compact_stopping GUARDED_BY(compact_mu) = false;
+  // The background part's compaction (after a roll): by policy, its failure logged.
+  void compact_by_policy();
   // What the last automatic compaction that found nothing to remove saw: the messages
   // removed from the queue so far and the segment its dedup ids and kept acks pinned. Until either
   // changes, a prefix can only have become worth compacting through control records alone
@@ -419,18 +369,8 @@ struct Queue::Impl {
   Status log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end)
       REQUIRES(idx);
 
-  Result<Queue*> dead_letters() EXCLUDES(dlq_mu);
-
-  // Opens the dead-letter queue, if it exists, before a call that may dead-letter takes the
-  // index lock: opened by bury() under the lock, its replay (or a file planted in it) held
-  // up every send and receive of this queue meanwhile (issue 48). An error is left for
-  // bury() to report, should it need the dead-letter queue.
-  void open_dead_letters_early() EXCLUDES(dlq_mu, idx);
-  // Set once the DLQ is open (a receive then takes no mutex), and when a look found none,
-  // the boot time before which the next receive does not look again (a stat per receive
-  // of a queue without a DLQ cost a system call on the hot path).
-  std::atomic<bool> dlq_open{false};
-  std::atomic<uint64_t> dlq_next_look{0};
+  // Opens (or makes, where writable) DIR/dlq with this queue's options (dlq's opener).
+  Result<std::unique_ptr<Queue>> open_dead_letter_queue();
 
   // Queue::open; `nested` for the dead-letter queue inside a queue, whose directory is
   // refused if it is a link (docs/security.md, "Planted links").

@@ -16,24 +16,18 @@ constexpr long kLockSliceNs = 100'000'000;  // how often a waiter for the index 
 }  // namespace
 
 Queue::Impl::~Impl() {
+  dlq.close();
   release_own_slot();
-  stop_compactor();
-  if (flusher.joinable()) {
-    {
-      sys::MutexLock lock(flush_mu);
-      stopping = true;
+  background.stop();
+  if (syncer) {
+    syncer->stop();
+    if (idx.attached() && idx.check_file().ok() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
+      (void)syncer->sync_to(idx.hdr().log_end);
     }
-    flush_cv.notify_all();
-    flusher.join();
-  }
-  if (log && idx.attached() && idx.check_file().ok() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
-    (void)sync_to(idx.hdr().log_end);
   }
   seal_if_last();
   if (lock_fd >= 0) ::close(lock_fd);
   if (gate_fd >= 0) ::close(gate_fd);
-  sys::forget_in_fork_child(&owners_fd);
-  if (int fd = owners_fd.exchange(-1); fd >= 0) ::close(fd);
 }
 
 auto Queue::Impl::seal_if_last() -> void {
@@ -196,6 +190,7 @@ auto Queue::Impl::rebuild() -> Status {
   auto spares = log->count_spares(&spare_bytes);
   idx.hdr().spares = spares.ok() ? *spares : 0;
   idx.hdr().spare_bytes = spares.ok() ? spare_bytes : 0;
+  queue::LeaseOwners::mend(idx);  // the registry is not the log's: made consistent, not rebuilt
   for (const Owned& o : owned) {
     int64_t slot = idx.find(o.id);
     if (slot < 0) continue;

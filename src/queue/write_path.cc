@@ -184,6 +184,11 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
   return {};
 }
 
+auto Queue::Impl::written(uint64_t end, Durability d) -> Status {
+  background.written(end);
+  return syncer->written(end, d);
+}
+
 auto Queue::Impl::top_up_spares() -> void {
   SpareShort s;
   {
