@@ -26,6 +26,7 @@
 #include "index/index.h"
 #include "spool/queue.h"
 #include "storage/log.h"
+#include "storage/segment.h"
 #include "proc_util.h"
 #include "test_util.h"
 
@@ -884,6 +885,32 @@ TEST_F(QueueProcessTest, SpoolWorkRetriesAReceiveThatMetDamageInTheIndex) {
     ::kill(worker, SIGTERM);
     ::waitpid(worker, &status, 0);
   }
+}
+
+// Issue 48: the CLI ended the "used every segment number" error with "(free disk space, then
+// retry)", which does not help there. The queue is given a segment at the next-to-last
+// number; `spool send` fills it, fails, and its error says what does help.
+TEST_F(QueueProcessTest, TheLastSegmentNumberErrorDoesNotSayFreeDiskSpace) {
+  const char* cli = std::getenv("SPOOL_CLI");
+  ASSERT_NE(cli, nullptr) << "SPOOL_CLI must name the spool binary (meson sets it)";
+  QueueOptions o;
+  o.segment_size = format::kMinSegmentSize;
+  { ASSERT_TRUE(open(o)); }
+  {
+    storage::LogOptions lo;
+    lo.segment_size = o.segment_size;
+    auto log = storage::Log::open(qdir() + "/segments", lo);
+    ASSERT_TRUE(log.ok());
+    const uint64_t seq = storage::kMaxSegmentSeq - 1;
+    ASSERT_TRUE(storage::Segment::create((*log)->io(), (*log)->segment_path(seq), seq, 1, lo.segment_size).ok());
+  }
+  std::filesystem::remove(qdir() + "/index");
+  std::string lines;
+  for (int i = 0; i < 200; ++i) lines += "p" + std::to_string(i) + std::string(100, 'x') + "\n";
+  auto r = test::run_program({cli, "send", qdir(), "--lines", "--batch", "1"}, lines, "", {});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("every segment number"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("free disk space"), std::string::npos) << r.err;
 }
 
 TEST_F(QueueProcessTest, ReadOnlyUserGetsStatsAndPeekButNoChanges) {

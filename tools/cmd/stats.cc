@@ -42,6 +42,13 @@ int run_stats(const StatsArgs& a) {
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
+  // Only --watch catches SIGINT and SIGTERM, to end after a whole rendering; a single
+  // stats keeps their usual effect, so that one blocked (e.g. opening a dead-letter queue
+  // another process holds) still ends (issue 48).
+  if (a.watch) {
+    ::signal(SIGINT, on_interrupt);
+    ::signal(SIGTERM, on_interrupt);
+  }
   bool tty = ::isatty(1);
   std::optional<Stats> prev;
   auto prev_at = std::chrono::steady_clock::now();
@@ -85,19 +92,7 @@ int run_stats(const StatsArgs& a) {
     if (a.watch && tty) std::fputs("\033[H\033[2J", stdout);
     std::fputs(out.c_str(), stdout);
     if (!stdout_ok()) break;  // reported by main()
-    // SIGINT and SIGTERM end --watch cleanly between two renderings, and only there: while
-    // stats() runs (it may wait, e.g. for a dead-letter queue another process holds), they
-    // keep their usual effect, so that a stats blocked there still ends (issue 48).
-    if (a.watch) {
-      struct sigaction on {}, old_int {}, old_term {};
-      on.sa_handler = on_interrupt;
-      ::sigemptyset(&on.sa_mask);
-      ::sigaction(SIGINT, &on, &old_int);
-      ::sigaction(SIGTERM, &on, &old_term);
-      for (int i = 0; i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
-      ::sigaction(SIGINT, &old_int, nullptr);
-      ::sigaction(SIGTERM, &old_term, nullptr);
-    }
+    for (int i = 0; a.watch && i < 10 && !g_interrupted; ++i) std::this_thread::sleep_for(Millis(100));
   } while (a.watch && !g_interrupted);
   return 0;
 }
