@@ -106,7 +106,9 @@ std::string describe(const std::vector<LockHolder>& holders) {
 Status flock_waiting(int fd, int op, const std::string& path, const struct stat& queue_dir) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto next_look = start;  // the first look at the holders is at once
+  // The first look at the holders after 100 ms: most waits (another opener, a closing
+  // writer) end sooner, and a look reads /proc/locks whole.
+  auto next_look = start + std::chrono::milliseconds(100);
   bool warned = false;
   auto pause = std::chrono::microseconds(200);
   while (::flock(fd, op | LOCK_NB) != 0) {
