@@ -48,7 +48,7 @@ function fmtRoom(q) {
 }
 
 // Lines of `series` ({values, cls}) on one scale from 0, as an SVG of w×h pixels.
-function chart(series, w, h, pad) {
+function chart(series, w, h, pad, spanS) {
   const ns = 'http://www.w3.org/2000/svg';
   const svg = document.createElementNS(ns, 'svg');
   svg.setAttribute('width', w);
@@ -65,6 +65,13 @@ function chart(series, w, h, pad) {
     label.setAttribute('fill', '#6a7385');
     label.textContent = `max ${max < 10 ? +max.toFixed(1) : Math.round(max)}`;
     svg.append(label);
+    if (spanS > 0) {
+      const span = label.cloneNode();
+      span.setAttribute('x', w - 4);
+      span.setAttribute('text-anchor', 'end');
+      span.textContent = `${fmtAge(spanS)} to now`;
+      svg.append(span);
+    }
   }
   if (n < 2) return svg;
   const top = max > 0 ? max : 1;
@@ -194,6 +201,10 @@ function kvRows(table, rows) {
   table.replaceChildren(...rows.map(([k, v]) => el('tr', {}, el('td', { text: k }), el('td', { class: 'num', text: String(v) }))));
 }
 function listRows(table, head, rows) {
+  if (rows.length === 0) {
+    table.replaceChildren(el('tr', {}, el('td', { class: 'dim', text: 'none' })));
+    return;
+  }
   table.replaceChildren(el('tr', {}, ...head.map((h) => el('th', { text: h }))),
     ...rows.map((r) => el('tr', {}, ...r.map((c) => (c instanceof Node ? el('td', {}, c) : el('td', { text: String(c) }))))));
 }
@@ -205,23 +216,25 @@ function payloadText(p) {
 function renderDetail(j) {
   $('d-name').textContent = j.name;
   $('d-dir').textContent = j.dir;
-  const h = j.history || { send: [], ack: [], nack: [], dead_lettered: [], ready: [], in_flight: [], dead: [] };
+  const h = j.history || { t: [], send: [], ack: [], nack: [], dead_lettered: [], ready: [], in_flight: [], dead: [] };
+  const span = h.t.length > 1 ? (h.t[h.t.length - 1] - h.t[0]) / 1000 : 0;
   $('d-rates').replaceChildren(chart([
     { values: h.send, color: css('--send') }, { values: h.ack, color: css('--ack') },
-    { values: h.nack, color: css('--nack') }, { values: h.dead_lettered, color: css('--dead') }], 520, 140, 6));
+    { values: h.nack, color: css('--nack') }, { values: h.dead_lettered, color: css('--dead') }], 520, 140, 6, span));
   $('d-depth').replaceChildren(chart([
     { values: h.ready, color: css('--ready') }, { values: h.in_flight, color: css('--inflight') },
-    { values: h.dead, color: css('--dead') }], 520, 140, 6));
+    { values: h.dead, color: css('--dead') }], 520, 140, 6, span));
   const r = j.rates || {};
   kvRows($('d-stats'), j.ready === undefined ? [['error', j.error || 'not read yet']] : [
     ['state', j.paused ? 'paused' : 'run'], ['ready', j.ready], ['in flight', j.in_flight], ['delayed', j.delayed],
     ['blocked', j.blocked], ['dead', j.dead], ['oldest ready', fmtAge(j.oldest_ready_age_s)],
-    ['sent total', j.sent_total], ['acked total', j.acked_total], ['nacked total', j.nacked_total],
-    ['dead-lettered total', j.dead_lettered_total], ['expired total', j.expired_total],
-    ['send/s', fmtRate(r.send)], ['ack/s', fmtRate(r.ack)], ['nack/s', fmtRate(r.nack)],
-    ['dead-lettered/s', fmtRate(r.dead_lettered)],
     ['payload', fmtBytes(j.bytes || 0)], ['disk', fmtBytes(j.disk_bytes || 0)], ['room', fmtRoom(j)],
     ['filesystem free', j.headroom ? fmtBytes(j.headroom.fs_free) : '-']]);
+  kvRows($('d-totals'), j.ready === undefined ? [] : [
+    ['sent', j.sent_total], ['acked', j.acked_total], ['nacked', j.nacked_total],
+    ['dead-lettered', j.dead_lettered_total], ['expired', j.expired_total],
+    ['send/s', fmtRate(r.send)], ['ack/s', fmtRate(r.ack)], ['nack/s', fmtRate(r.nack)],
+    ['dead-lettered/s', fmtRate(r.dead_lettered)]]);
   const o = j.options || {};
   kvRows($('d-options'), [['visibility', fmtAge((o.visibility_ms || 0) / 1000)], ['max receives', o.max_receives ?? '-'],
     ['max ready', o.max_ready || 'none'], ['max bytes', o.max_bytes ? fmtBytes(o.max_bytes) : 'none'],
@@ -233,8 +246,9 @@ function renderDetail(j) {
     l.id, l.receive_count, fmtAge(l.ends_in_s), l.holder_pid || '-',
     el('button', { type: 'button', title: 'end this lease now: the message is ready again', onclick: () => act('release', { id: l.id }), ...(canAct ? {} : { disabled: '' }) }, 'release')]));
   const dl = j.dead_letters || { by_reason: {}, letters: [] };
-  kvRows($('d-reasons'), Object.entries(dl.by_reason).map(([k, v]) => [k, v]).concat(
-    dl.count > dl.scanned ? [[`(of the first ${dl.scanned} of ${dl.count})`, '']] : []));
+  const reasons = Object.entries(dl.by_reason);
+  if (reasons.length === 0) listRows($('d-reasons'), [], []);
+  else kvRows($('d-reasons'), reasons.concat(dl.count > dl.scanned ? [[`(of the first ${dl.scanned} of ${dl.count})`, '']] : []));
   listRows($('d-dead'), ['id', 'reason', 'receives', 'sent', j.payloads ? 'payload' : 'attributes'], dl.letters.map((x) => [
     x.id, x.reason, x.receive_count, x.enqueued_at,
     j.payloads ? el('span', { class: 'payload', text: payloadText(x.payload) })
