@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes the pictures of docs/operations.md: five queues under a root with some load for a
 # minute, then the dashboard (spool serve --http) through headless chromium --screenshot
-# into docs/img/dashboard.png, and spool top through tmux capture-pane on stdout.
+# into docs/img/dashboard.png, and spool top through tmux capture-pane on stdout (then a
+# part of /metrics).
 #
 #   bash docs/img/make_screens.sh build/tools/spool build/tools/spool-serve
 #
@@ -45,11 +46,18 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 PIDS+=($!)
 # A minute of samples for the charts.
 sleep 40
+curl -s "http://127.0.0.1:$PORT/metrics" >"$T/metrics.txt"
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir="$T/profile" \
   --virtual-time-budget=4000 --window-size=1200,900 --screenshot="$OUT/dashboard.png" \
   "http://127.0.0.1:$PORT/dashboard/#queue=jobs" 2>/dev/null
-tmux -S "$T/tmux" -f /dev/null new-session -d -x 124 -y 12 "TERM=xterm \"$SPOOL\" top demo --interval 500ms"
+tmux -S "$T/tmux" -f /dev/null new-session -d -x 124 -y 40 "TERM=xterm \"$SPOOL\" top demo --interval 500ms"
 sleep 2
 tmux -S "$T/tmux" send-keys s
 sleep 1.5
-tmux -S "$T/tmux" capture-pane -p
+tmux -S "$T/tmux" capture-pane -p | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}'
+echo "--- the detail pane of mail"
+tmux -S "$T/tmux" send-keys Down Down Enter
+sleep 1.5
+tmux -S "$T/tmux" capture-pane -p | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}'
+echo "--- /metrics"
+grep -E '^(# (HELP|TYPE) spool_(messages|sent_total) |spool_messages\{queue="(jobs|mail)"|spool_sent_total)' "$T/metrics.txt"

@@ -159,6 +159,61 @@ SurveyedQueue* Survey::find(const std::string& name) const {
   return nullptr;
 }
 
+Detail read_detail(Queue& q, const Stats& st, size_t max_leases, size_t max_dead, size_t dead_kept) {
+  Detail d;
+  if (st.in_flight > 0) {
+    if (auto ls = q.list(max_leases, StateFilter::only(MessageState::kInFlight)); ls.ok()) {
+      d.leases = std::move(*ls);
+      for (const MessageInfo& m : d.leases) ++d.leases_by_holder[m.holder_pid];
+    }
+  }
+  if (st.dead == 0) return d;
+  auto dlq = q.dead_letters();
+  if (!dlq.ok()) return d;
+  auto ls = (*dlq)->list(max_dead);
+  if (!ls.ok()) return d;
+  for (const MessageInfo& m : *ls) {
+    auto shown = (*dlq)->show(m.id);
+    if (!shown.ok()) continue;  // redriven or moved meanwhile
+    ++d.dead_read;
+    DeadLetter x;
+    x.id = m.id;
+    for (auto& [k, v] : shown->first.attributes) {
+      if (k == "spool.dead.reason") {
+        x.reason = v;
+      } else if (k == "spool.dead.original_id") {
+        x.original_id = v;
+      } else if (k == "spool.dead.receive_count") {
+        x.receive_count = v;
+      } else if (k == "spool.dead.enqueued_at") {
+        x.enqueued_at = v;
+      } else if (k.rfind("spool.dead.", 0) != 0) {
+        x.other.emplace(k, v);
+      }
+    }
+    if (x.reason.empty()) x.reason = "unknown";
+    ++d.dead_by_reason[x.reason];
+    if (d.dead.size() < dead_kept) {
+      x.payload = std::move(shown->first.payload);
+      d.dead.push_back(std::move(x));
+    }
+  }
+  return d;
+}
+
+std::string ascii_sparkline(const std::vector<double>& values, size_t width) {
+  static const char kRamp[] = " .:-=+*#%@";
+  const size_t from = values.size() > width ? values.size() - width : 0;
+  double max = 0;
+  for (size_t i = from; i < values.size(); ++i) max = std::max(max, values[i]);
+  std::string out;
+  for (size_t i = from; i < values.size(); ++i) {
+    const double f = max > 0 ? values[i] / max : 0;
+    out += kRamp[values[i] > 0 ? 1 + static_cast<size_t>(f * (sizeof kRamp - 3)) : 0];
+  }
+  return out;
+}
+
 std::string human_bytes(uint64_t b) {
   const char* units = "BKMGTP";
   double v = static_cast<double>(b);

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -84,6 +85,31 @@ class Survey {
   std::vector<std::unique_ptr<SurveyedQueue>> rows_;
   std::chrono::steady_clock::time_point discovered_;
 };
+
+// What the detail views (top's pane, the dashboard's) show of a queue beyond its stats: its
+// leases and its dead letters grouped by reason. Reads at most `max_leases` leases and
+// `max_dead` dead letters (each one's attributes: show() per dead letter), keeping the
+// first `dead_kept` of those; nothing is read for a count that stats `st` says is 0 (so the
+// dead-letter queue is not created by looking).
+struct DeadLetter {
+  uint64_t id = 0;  // in the dead-letter queue
+  std::string reason;  // spool.dead.reason, "unknown" without one
+  std::string original_id, receive_count, enqueued_at;  // spool.dead.*
+  Attributes other;  // the attributes that are not spool.dead.*
+  std::string payload;
+};
+struct Detail {
+  std::vector<MessageInfo> leases;                // in flight, by id
+  std::map<int32_t, uint64_t> leases_by_holder;   // pid (0: unbound) -> leases
+  uint64_t dead_read = 0;                         // dead letters read
+  std::map<std::string, uint64_t> dead_by_reason;  // over those read
+  std::vector<DeadLetter> dead;                   // the first dead_kept
+};
+Detail read_detail(Queue& q, const Stats& st, size_t max_leases, size_t max_dead, size_t dead_kept);
+
+// A sparkline of `values` in `width` characters of " .:-=+*#%@" (the last `width` values;
+// scaled from 0 to their largest), for terminals without line drawing.
+std::string ascii_sparkline(const std::vector<double>& values, size_t width);
 
 // 1.5K, 3.0M, 120B; and an age as 4.7s, 3m, 2.0h, 1.5d ("-" for none).
 std::string human_bytes(uint64_t b);

@@ -114,6 +114,9 @@ class Top {
 
  private:
   void draw();
+  // The detail pane's second part: each rate's sparkline, the leases by holder, the dead
+  // letters by reason.
+  static std::string detail_text(const Row& r);
   void act(int key);
   // Asks a yes/no question on the bottom line; true for y.
   bool confirm(const std::string& question);
@@ -160,15 +163,75 @@ void Top::draw() {
     int y = 2 + list_h;
     mvhline(y++, 0, '-', w);  // (not ACS_HLINE: terminals without line drawing show it as 'q')
     std::string text = r.error.empty() ? cli::human_stats(r.dir, r.st, nullptr, 0) : r.dir + ": " + r.error + "\n";
-    char rates[192];
-    std::snprintf(rates, sizeof rates, "rates          send %.0f/s, ack %.0f/s, nack %.0f/s, dead-lettered %.0f/s\n",
-                  r.rates.send, r.rates.ack, r.rates.nack, r.rates.dead_lettered);
-    text += rates;
+    const std::string more = r.q && r.error.empty() ? detail_text(r) : "";
+    // The rates, leases and dead letters in a column of their own where the screen is wide
+    // enough, else below the figures.
+    const int col = w >= 120 ? 58 : 0;
+    if (col == 0) text += more;
     std::istringstream in(text);
-    for (std::string l; y < h - 1 && std::getline(in, l);) mvprintw(y++, 0, "%.*s", w, l.c_str());
+    std::string first;  // "queue  DIR": the whole width, above the columns
+    if (std::getline(in, first) && y < h - 1) mvprintw(y++, 0, "%.*s", w, first.c_str());
+    const int top = y;
+    for (std::string l; y < h - 1 && std::getline(in, l);) mvprintw(y++, 0, "%.*s", col > 0 ? col - 2 : w, l.c_str());
+    if (col > 0) {
+      std::istringstream in2(more);
+      y = top;
+      for (std::string l; y < h - 1 && std::getline(in2, l);) mvprintw(y++, col, "%.*s", w - col, l.c_str());
+    }
   }
   if (!note_.empty()) mvprintw(h - 1, 0, "%.*s", w, note_.c_str());
   refresh();
+}
+
+std::string Top::detail_text(const Row& r) {
+  std::string out;
+  char buf[256];
+  const size_t width = 40;
+  auto spark = [&](const char* name, double now, auto pick) {
+    std::vector<double> v;
+    for (const cli::Sample& x : r.history) v.push_back(pick(x));
+    std::snprintf(buf, sizeof buf, "%-8s %6.0f/s |%-*s|\n", name, now, static_cast<int>(width),
+                  cli::ascii_sparkline(v, width).c_str());
+    out += buf;
+  };
+  spark("send", r.rates.send, [](const cli::Sample& x) { return x.rates.send; });
+  spark("ack", r.rates.ack, [](const cli::Sample& x) { return x.rates.ack; });
+  spark("nack", r.rates.nack, [](const cli::Sample& x) { return x.rates.nack; });
+  spark("dead", r.rates.dead_lettered, [](const cli::Sample& x) { return x.rates.dead_lettered; });
+  std::vector<double> ready;
+  for (const cli::Sample& x : r.history) ready.push_back(static_cast<double>(x.ready));
+  std::snprintf(buf, sizeof buf, "%-8s %8" PRIu64 " |%-*s|\n", "ready", r.st.ready, static_cast<int>(width),
+                cli::ascii_sparkline(ready, width).c_str());
+  out += buf;
+  const cli::Detail d = cli::read_detail(*r.q, r.st, 1000, 200, 5);
+  if (!d.leases.empty()) {
+    const auto now = std::chrono::system_clock::now();
+    out += "leases by holder (pid: leases, the next to end in)\n";
+    for (const auto& [pid, n] : d.leases_by_holder) {
+      double soonest = 1e18;
+      for (const MessageInfo& m : d.leases) {
+        if (m.holder_pid == pid) soonest = std::min(soonest, std::chrono::duration<double>(m.due - now).count());
+      }
+      std::snprintf(buf, sizeof buf, "  %-8s %6" PRIu64 "  %s%s\n", pid == 0 ? "unbound" : std::to_string(pid).c_str(), n,
+                    human_age(soonest).c_str(), d.leases.size() >= 1000 ? " (of the first 1000 leases)" : "");
+      out += buf;
+    }
+  }
+  if (d.dead_read > 0) {
+    out += "dead letters by reason";
+    out += d.dead_read < r.st.dead ? " (of the first " + std::to_string(d.dead_read) + ")\n" : "\n";
+    for (const auto& [reason, n] : d.dead_by_reason) {
+      std::snprintf(buf, sizeof buf, "  %-14s %6" PRIu64 "\n", reason.c_str(), n);
+      out += buf;
+    }
+    out += "first dead letters (id, reason, deliveries, sent)\n";
+    for (const cli::DeadLetter& x : d.dead) {
+      std::snprintf(buf, sizeof buf, "  %-6" PRIu64 " %-13s %3s  %s\n", x.id, x.reason.c_str(), x.receive_count.c_str(),
+                    x.enqueued_at.c_str());
+      out += buf;
+    }
+  }
+  return out;
 }
 
 bool Top::confirm(const std::string& question) {

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <map>
 
 #include "cli/output.h"
 #include "serve/dash_assets.h"
@@ -108,13 +107,6 @@ json preview(const std::string& payload) {
     j["binary"] = true;
   }
   return j;
-}
-
-std::string attribute(const Attributes& a, const std::string& key) {
-  for (const auto& [k, v] : a) {
-    if (k == key) return v;
-  }
-  return {};
 }
 
 bool same_site(const std::string& origin, const std::string& host) {
@@ -262,55 +254,33 @@ void DashPart::detail(const httplib::Request& req, httplib::Response& res) {
                   {"max_ready", o.max_ready},              {"max_bytes", o.max_bytes},
                   {"retention_max_age_ms", o.retention_max_age.count()},
                   {"dedup_window_ms", o.dedup_window.count()}};
-  // The leases, with their holder's pid where bound (spool work binds), by holder too.
-  json leases = json::array();
-  std::map<int32_t, json> holders;
-  if (st.in_flight > 0) {
-    if (auto ls = q->list(kLeasesShown, StateFilter::only(MessageState::kInFlight)); ls.ok()) {
-      const auto now = std::chrono::system_clock::now();
-      for (const MessageInfo& m : *ls) {
-        json x = cli::info_json(m);
-        x["ends_in_s"] = std::chrono::duration<double>(m.due - now).count();
-        leases.push_back(std::move(x));
-        json& h = holders[m.holder_pid];
-        h["pid"] = m.holder_pid;
-        h["leases"] = h.value("leases", 0) + 1;
-      }
-    }
-  }
-  j["leases"] = std::move(leases);
-  j["lease_holders"] = json::array();
-  for (auto& [pid, h] : holders) j["lease_holders"].push_back(std::move(h));
   // Payloads only to whoever holds the token: the queue's files may be readable by fewer
   // users than can reach this address.
   const bool payloads = token_ok(req);
   j["payloads"] = payloads;
-  json dead{{"count", st.dead}, {"by_reason", json::object()}, {"letters", json::array()}, {"scanned", 0}};
-  if (st.dead > 0) {
-    if (auto d = q->dead_letters(); d.ok()) {
-      if (auto ls = (*d)->list(kDeadScanned); ls.ok()) {
-        dead["scanned"] = ls->size();
-        for (const MessageInfo& m : *ls) {
-          auto shown = (*d)->show(m.id);
-          if (!shown.ok()) continue;
-          const Message& msg = shown->first;
-          const std::string reason = attribute(msg.attributes, "spool.dead.reason");
-          const std::string key = reason.empty() ? "unknown" : reason;
-          dead["by_reason"][key] = dead["by_reason"].value(key, 0) + 1;
-          if (dead["letters"].size() >= kDeadShown) continue;
-          json x{{"id", m.id}, {"reason", key}, {"original_id", attribute(msg.attributes, "spool.dead.original_id")},
-                 {"receive_count", attribute(msg.attributes, "spool.dead.receive_count")},
-                 {"enqueued_at", attribute(msg.attributes, "spool.dead.enqueued_at")}};
-          json other = json::object();
-          for (const auto& [k, v] : msg.attributes) {
-            if (k.rfind("spool.dead.", 0) != 0 && cli::valid_utf8(k) && cli::valid_utf8(v)) other[k] = v;
-          }
-          x["attributes"] = std::move(other);
-          if (payloads) x["payload"] = preview(msg.payload);
-          dead["letters"].push_back(std::move(x));
-        }
-      }
+  const cli::Detail d = cli::read_detail(*q, st, kLeasesShown, kDeadScanned, kDeadShown);
+  // The leases, with their holder's pid where bound (spool work binds), by holder too.
+  json leases = json::array();
+  const auto now = std::chrono::system_clock::now();
+  for (const MessageInfo& m : d.leases) {
+    json x = cli::info_json(m);
+    x["ends_in_s"] = std::chrono::duration<double>(m.due - now).count();
+    leases.push_back(std::move(x));
+  }
+  j["leases"] = std::move(leases);
+  j["lease_holders"] = json::array();
+  for (const auto& [pid, n] : d.leases_by_holder) j["lease_holders"].push_back({{"pid", pid}, {"leases", n}});
+  json dead{{"count", st.dead}, {"by_reason", d.dead_by_reason}, {"letters", json::array()}, {"scanned", d.dead_read}};
+  for (const cli::DeadLetter& x : d.dead) {
+    json letter{{"id", x.id}, {"reason", x.reason}, {"original_id", x.original_id}, {"receive_count", x.receive_count},
+           {"enqueued_at", x.enqueued_at}};
+    json other = json::object();
+    for (const auto& [k, v] : x.other) {
+      if (cli::valid_utf8(k) && cli::valid_utf8(v)) other[k] = v;
     }
+    letter["attributes"] = std::move(other);
+    if (payloads) letter["payload"] = preview(x.payload);
+    dead["letters"].push_back(std::move(letter));
   }
   j["dead_letters"] = std::move(dead);
   if (payloads) {
