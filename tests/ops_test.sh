@@ -247,6 +247,13 @@ t_top_in_tmux() {
   # The detail pane of the selected queue.
   tmux -S "$sock" send-keys Enter
   wait_for 10 shows "^queue +$D/roots/alpha"
+  # Its second column: a sparkline of each rate and of ready (alpha's: 25, flat).
+  wait_for 10 shows 'send +0/s \|'
+  wait_for 10 shows 'ready +25 \|[@ ]*@ *\|'
+  # beta's: its three leases (taken by spool recv, bound to no process).
+  tmux -S "$sock" send-keys Enter Down Enter
+  wait_for 10 shows "^queue +$D/roots/beta"
+  wait_for 10 shows 'unbound +3 +[0-9.]+[mh]'
   tmux -S "$sock" send-keys q
   wait_for 10 shows '^top exited 0$'
   cp screen.txt "$ROOT/top-screen.txt"

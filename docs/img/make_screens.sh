@@ -34,12 +34,12 @@ consume() {  # QUEUE VERB: receive one message and ack or nack it
   echo "\"$SPOOL\" recv $1 >/dev/null 2>r.\$\$ && \"$SPOOL\" $2 $1 \$(sed -n 's/^receipt: //p' r.\$\$)"
 }
 # jobs: sent faster than it is handled, so it backs up.
-loop 120 "seq 1 4 | \"$SPOOL\" send demo/jobs --lines >/dev/null; sleep 0.1"
-loop 120 "$(consume demo/jobs ack); sleep 0.08"
+loop 150 "seq 1 4 | \"$SPOOL\" send demo/jobs --lines >/dev/null; sleep 0.1"
+loop 150 "$(consume demo/jobs ack); sleep 0.08"
 # billing: steady.
-loop 120 "\"$SPOOL\" send demo/billing invoice >/dev/null; $(consume demo/billing ack); sleep 0.1"
+loop 150 "\"$SPOOL\" send demo/billing invoice >/dev/null; $(consume demo/billing ack); sleep 0.1"
 # mail: every delivery fails (nack) and the second one dead-letters it.
-loop 120 "\"$SPOOL\" send demo/mail 'to: ops@example.com' >/dev/null; $(consume demo/mail nack); sleep 0.3"
+loop 150 "\"$SPOOL\" send demo/mail 'to: ops@example.com' >/dev/null; $(consume demo/mail nack); sleep 0.3"
 sleep 70
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$SERVE" demo --http 127.0.0.1:$PORT &
@@ -50,14 +50,14 @@ curl -s "http://127.0.0.1:$PORT/metrics" >"$T/metrics.txt"
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir="$T/profile" \
   --virtual-time-budget=4000 --window-size=1200,900 --screenshot="$OUT/dashboard.png" \
   "http://127.0.0.1:$PORT/dashboard/#queue=jobs" 2>/dev/null
-tmux -S "$T/tmux" -f /dev/null new-session -d -x 124 -y 40 "TERM=xterm \"$SPOOL\" top demo --interval 500ms"
+tmux -S "$T/tmux" -f /dev/null new-session -d -x 124 -y 30 "TERM=xterm \"$SPOOL\" top demo --interval 500ms"
 sleep 2
 tmux -S "$T/tmux" send-keys s
 sleep 1.5
 tmux -S "$T/tmux" capture-pane -p | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}'
 echo "--- the detail pane of mail"
 tmux -S "$T/tmux" send-keys Down Down Enter
-sleep 1.5
+sleep 15  # samples for the sparklines
 tmux -S "$T/tmux" capture-pane -p | sed -e :a -e '/^\n*$/{$d;N;ba' -e '}'
 echo "--- /metrics"
 grep -E '^(# (HELP|TYPE) spool_(messages|sent_total) |spool_messages\{queue="(jobs|mail)"|spool_sent_total)' "$T/metrics.txt"
