@@ -1,7 +1,6 @@
 #include "serve/dash_part.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -47,9 +46,10 @@ json rates_json(const cli::Rates& r) {
   return {{"send", r.send}, {"ack", r.ack}, {"nack", r.nack}, {"dead_lettered", r.dead_lettered}, {"expired", r.expired}};
 }
 
-// What the list shows of a queue (the columns of spool top) and, with `history` > 0, that
-// many of its last samples for the charts.
-json row_json(const cli::SurveyedQueue& r, size_t history) {
+// What the list shows of a queue (the columns of spool top) and its last `history` samples
+// for the charts: with `all_series`, every rate and count (the detail); else the send and
+// ack rates only (the list's sparklines, so that a list of 1,000 queues stays small).
+json row_json(const cli::SurveyedQueue& r, size_t history, bool all_series) {
   json j{{"name", r.name}, {"dir", r.dir}};
   if (!r.error.empty()) j["error"] = r.error;
   if (!r.have) return j;
@@ -74,24 +74,24 @@ json row_json(const cli::SurveyedQueue& r, size_t history) {
                    {"max_bytes", r.room.max_bytes}, {"bytes_left", r.room.bytes_left},
                    {"fs_size", r.room.fs_size},     {"fs_free", r.room.fs_free},
                    {"tightest", what},              {"tightest_left", left}};
-  if (history > 0) {
-    json h{{"t", json::array()}, {"send", json::array()}, {"ack", json::array()}, {"nack", json::array()},
-           {"dead_lettered", json::array()}, {"ready", json::array()}, {"in_flight", json::array()},
-           {"dead", json::array()}};
-    const size_t from = r.history.size() > history ? r.history.size() - history : 0;
-    for (size_t i = from; i < r.history.size(); ++i) {
-      const cli::Sample& x = r.history[i];
-      h["t"].push_back(std::chrono::duration_cast<std::chrono::milliseconds>(x.at.time_since_epoch()).count());
-      h["send"].push_back(x.rates.send);
-      h["ack"].push_back(x.rates.ack);
-      h["nack"].push_back(x.rates.nack);
-      h["dead_lettered"].push_back(x.rates.dead_lettered);
-      h["ready"].push_back(x.ready);
-      h["in_flight"].push_back(x.in_flight);
-      h["dead"].push_back(x.dead);
-    }
-    j["history"] = std::move(h);
+  json h{{"send", json::array()}, {"ack", json::array()}};
+  if (all_series) {
+    for (const char* k : {"t", "nack", "dead_lettered", "ready", "in_flight", "dead"}) h[k] = json::array();
   }
+  const size_t from = r.history.size() > history ? r.history.size() - history : 0;
+  for (size_t i = from; i < r.history.size(); ++i) {
+    const cli::Sample& x = r.history[i];
+    h["send"].push_back(x.rates.send);
+    h["ack"].push_back(x.rates.ack);
+    if (!all_series) continue;
+    h["t"].push_back(std::chrono::duration_cast<std::chrono::milliseconds>(x.at.time_since_epoch()).count());
+    h["nack"].push_back(x.rates.nack);
+    h["dead_lettered"].push_back(x.rates.dead_lettered);
+    h["ready"].push_back(x.ready);
+    h["in_flight"].push_back(x.in_flight);
+    h["dead"].push_back(x.dead);
+  }
+  j["history"] = std::move(h);
   return j;
 }
 
@@ -225,7 +225,7 @@ void DashPart::mount(httplib::Server& http) {
 void DashPart::queues(const httplib::Request&, httplib::Response& res) {
   json list = json::array();
   sys::MutexLock l(mu_);
-  for (const auto& r : survey_.queues()) list.push_back(row_json(*r, kListHistory));
+  for (const auto& r : survey_.queues()) list.push_back(row_json(*r, kListHistory, false));
   l.unlock();
   reply(res, 200,
         json{{"now", cli::iso_time(std::chrono::system_clock::now())},
@@ -243,7 +243,7 @@ void DashPart::detail(const httplib::Request& req, httplib::Response& res) {
     l.unlock();
     return reply_error(res, 404, "no queue '" + name + "' under the roots");
   }
-  json j = row_json(*r, cli::Survey::kHistory);
+  json j = row_json(*r, cli::Survey::kHistory, true);
   std::shared_ptr<Queue> q = r->q;
   const Stats st = r->st;
   l.unlock();
