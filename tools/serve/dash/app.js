@@ -6,6 +6,7 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
+const kMaxRows = 200;
 const state = {
   data: null, sort: 'name', filter: '', selected: null, detail: null, failures: 0,
   token: sessionStorage.getItem('spool-token') || '',
@@ -90,7 +91,13 @@ function chart(series, w, h, pad, spanS) {
   }
   return svg;
 }
-const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+// The colours of the stylesheet's variables, read once (getComputedStyle forces a style
+// recalculation, which once per chart made a long list slow).
+const colours = {};
+const css = (name) => {
+  if (!(name in colours)) colours[name] = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  return colours[name];
+};
 
 const sortKeys = {
   name: (q) => q.name, state: (q) => (q.error ? 2 : q.paused ? 1 : 0), ready: (q) => q.ready || 0,
@@ -114,7 +121,9 @@ function renderList() {
   $('summary').textContent = `${d.queues.length} queues, ${backlog} ready${paused ? `, ${paused} paused` : ''}` +
     ` · ${new Date(d.now).toLocaleTimeString()}`;
   const body = el('tbody');
-  for (const q of queues) {
+  // At most kMaxRows lines are drawn (each has a chart): with more queues, the first ones in
+  // the chosen order, and a line that says how many more there are.
+  for (const q of queues.slice(0, kMaxRows)) {
     const tr = el('tr', { 'data-queue': q.name, onclick: () => select(q.name) });
     if (q.name === state.selected) tr.classList.add('selected');
     tr.append(el('td', { class: 'c-name', text: q.name }));
@@ -139,6 +148,10 @@ function renderList() {
     tr.append(el('td', { class: 'c-chart' }, h ? chart([
       { values: h.send, color: css('--send') }, { values: h.ack, color: css('--ack') }], 160, 22) : null));
     body.append(tr);
+  }
+  if (queues.length > kMaxRows) {
+    body.append(el('tr', {}, el('td', { class: 'dim', colspan: '13',
+      text: `and ${queues.length - kMaxRows} more: sort or filter to see them` })));
   }
   $('queues').replaceChild(body, $('queues').tBodies[0]);
   $('empty').hidden = d.queues.length > 0;
