@@ -68,9 +68,12 @@ t_json_api_matches_stats() {
   # A queue with --max-ready 200 and 199 waiting has 0.5% of that limit left: its tightest.
   "$SPOOL" init roots/capped --max-ready 200 && seq 1 199 | "$SPOOL" send roots/capped --lines >/dev/null || fail "capped"
   serve
-  # Two refreshes (1 s apart) give gamma its rates.
-  sleep 2.5
+  # Refreshes (1 s apart) while gamma's load sends at least twice: its rates.
   curl -sf "$URL/api/v1/queues" >q.json || fail "GET /api/v1/queues"
+  local sent0
+  sent0=$(field q.json "q('team/gamma')['sent_total']")
+  sleep 2.5
+  wait_for 20 eval "curl -sf \"\$URL/api/v1/queues\" >q.json && (( \$(field q.json \"q('team/gamma')['sent_total']\") >= sent0 + 2 ))"
   eq "queues" "$(field q.json '[x["name"] for x in d["queues"]]')" '["alpha", "beta", "capped", "delta", "team/gamma"]'
   eq "actions without a token" "$(field q.json 'd["actions"]')" false
   local name
@@ -89,10 +92,11 @@ EOF
   done
   eq "beta in flight" "$(field q.json "q('beta')['in_flight']")" 3
   eq "gamma delayed" "$(field q.json "q('team/gamma')['delayed']")" 1
-  # gamma's send rate: a send every ~50-100 ms plus the spool calls around it.
-  python3 -c "import sys; r=float(sys.argv[1]); sys.exit(0 if 1 <= r <= 30 else 1)" \
-    "$(field q.json "q('team/gamma')['rates']['send']")" || fail "gamma's send rate: $(field q.json "q('team/gamma')['rates']")"
-  [[ $(field q.json "len(q('team/gamma')['history']['send'])") -ge 2 ]] || fail "gamma has no history"
+  # gamma's send rate: a send every 50 ms plus the spool calls around it (slower under a
+  # sanitizer), seen in some refresh; the idle queues' are 0.
+  python3 -c "import sys; h=[float(x) for x in sys.argv[1].strip('[]').split(',')]; sys.exit(0 if len(h) >= 2 and 0 < max(h) <= 30 else 1)" \
+    "$(field q.json "q('team/gamma')['history']['send']")" || fail "gamma's send rates: $(field q.json "q('team/gamma')['history']")"
+  eq "alpha's rates" "$(field q.json "q('alpha')['rates']")" '{"ack": 0.0, "dead_lettered": 0.0, "expired": 0.0, "nack": 0.0, "send": 0.0}'
   # Headroom: the filesystem's free space as df sees it (within 1 GiB: others write too).
   local free
   free=$(df -B1 --output=avail roots | tail -1 | tr -d ' ')
@@ -263,7 +267,7 @@ t_browser_renders_queues() {
   timeout 60 "$chrome" "${flags[@]}" --virtual-time-budget=4000 --dump-dom "$URL/dashboard/#queue=delta" >dom.html 2>chrome.err ||
     fail "chromium --dump-dom: $(tail -3 chrome.err)"
   python3 - dom.html <<'EOF' || fail "the page does not show the queues: $(head -c 3000 dom.html)"
-import sys
+import re, sys
 from html.parser import HTMLParser
 
 class Rows(HTMLParser):
@@ -301,7 +305,7 @@ for name, (state, ready, inflight, delayed, dead) in want.items():
     if got != (state, ready, inflight, delayed, dead):
         print(f"{name}: got {got}, want {(state, ready, inflight, delayed, dead)}"); ok = False
 g = p.rows.get("team/gamma")
-if not g or g["c-delayed"] != "1" or not g["c-send"] or g["c-send"] in ("-", "0"):
+if not g or g["c-delayed"] != "1" or not re.fullmatch(r"[0-9.]+", g["c-send"]) or "polyline" not in open(sys.argv[1]).read():
     print(f"team/gamma: {g}"); ok = False
 if "4 queues" not in p.ids.get("summary", ""):
     print(f"summary: {p.ids.get('summary')}"); ok = False
