@@ -198,20 +198,7 @@ t_top_in_tmux() {
     echo "SKIP: tmux is not installed (scripts/deps.sh --test installs it)"
     exit 77
   fi
-  mkdir roots
-  "$SPOOL" init roots/alpha && "$SPOOL" init roots/beta && mkdir roots/team && "$SPOOL" init roots/team/gamma ||
-    fail "init"
-  seq 1 25 | "$SPOOL" send roots/alpha --lines >/dev/null || fail "send"
-  seq 1 7 | "$SPOOL" send roots/beta --lines >/dev/null || fail "send"
-  "$SPOOL" recv roots/beta -n 3 --visibility 1h >/dev/null 2>&1 || fail "recv"
-  "$SPOOL" send roots/team/gamma --delay 1h later >/dev/null || fail "send"
-  # delta: one dead letter (max_receives 1, its lease ran out, received again).
-  "$SPOOL" init roots/delta --max-receives 1 && "$SPOOL" send roots/delta doomed >/dev/null || fail "delta"
-  "$SPOOL" recv roots/delta --visibility 1ms >/dev/null 2>&1 && sleep 0.1 || fail "recv delta"
-  "$SPOOL" recv roots/delta >/dev/null 2>&1
-  [[ $(stat_of dead roots/delta) == 1 ]] || fail "delta has no dead letter"
-  # A small load on gamma: a message sent and acked every 50 ms.
-  bg bash -c "while :; do \"$SPOOL\" send roots/team/gamma x >/dev/null; \"$SPOOL\" recv roots/team/gamma >/dev/null 2>r && \"$SPOOL\" ack roots/team/gamma \$(sed -n 's/^receipt: //p' r); sleep 0.05; done"
+  make_demo_queues
   # Without a terminal: --once prints the table; bad roots are refused.
   expect 0 "$SPOOL" top roots --once
   grep -qE '^team/gamma +run ' "$D/out" || fail "top --once: $(cat "$D/out")"
@@ -260,6 +247,13 @@ t_top_in_tmux() {
   # The detail pane of the selected queue.
   tmux -S "$sock" send-keys Enter
   wait_for 10 shows "^queue +$D/roots/alpha"
+  # Its second column: a sparkline of each rate and of ready (alpha's: 25, flat).
+  wait_for 10 shows 'send +0/s \|'
+  wait_for 10 shows 'ready +25 \|[@ ]*@ *\|'
+  # beta's: its three leases (taken by spool recv, bound to no process).
+  tmux -S "$sock" send-keys Enter Down Enter
+  wait_for 10 shows "^queue +$D/roots/beta"
+  wait_for 10 shows 'unbound +3 +[0-9.]+[mh]'
   tmux -S "$sock" send-keys q
   wait_for 10 shows '^top exited 0$'
   cp screen.txt "$ROOT/top-screen.txt"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The harness of the TAP shell tests (cli, users, forward, pull and fuse), which
+# The harness of the TAP shell tests (cli, users, ops, dash, forward, pull and fuse), which
 # source it:
 #   source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 # Not a test itself. Output is TAP: "1..N", then "ok N - name" or "not ok N - name" followed
@@ -74,6 +74,25 @@ kill_bg() {
   local p
   for p in "${BGPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
+}
+
+# make_demo_queues: the queues the spool top and dashboard tests show (with $SPOOL, in the
+# test's directory): under ./roots, alpha (25 ready), beta (7, 3 of them leased for an hour),
+# team/gamma (a message delayed an hour, and a load of a send and an ack every 50 ms, in the
+# background: bg), delta (one dead letter: max_receives 1, its lease ran out, received again).
+make_demo_queues() {
+  mkdir roots
+  "$SPOOL" init roots/alpha && "$SPOOL" init roots/beta && mkdir roots/team && "$SPOOL" init roots/team/gamma ||
+    fail "init"
+  seq 1 25 | "$SPOOL" send roots/alpha --lines >/dev/null || fail "send"
+  seq 1 7 | "$SPOOL" send roots/beta --lines >/dev/null || fail "send"
+  "$SPOOL" recv roots/beta -n 3 --visibility 1h >/dev/null 2>&1 || fail "recv"
+  "$SPOOL" send roots/team/gamma --delay 1h later >/dev/null || fail "send"
+  "$SPOOL" init roots/delta --max-receives 1 && "$SPOOL" send roots/delta doomed >/dev/null || fail "delta"
+  "$SPOOL" recv roots/delta --visibility 1ms >/dev/null 2>&1 && sleep 0.1 || fail "recv delta"
+  "$SPOOL" recv roots/delta >/dev/null 2>&1
+  [[ $(stat_of dead roots/delta) == 1 ]] || fail "delta has no dead letter"
+  bg bash -c "while :; do \"$SPOOL\" send roots/team/gamma x >/dev/null; \"$SPOOL\" recv roots/team/gamma >/dev/null 2>r && \"$SPOOL\" ack roots/team/gamma \$(sed -n 's/^receipt: //p' r); sleep 0.05; done"
 }
 
 # run_tests TEARDOWN: runs the functions named in TESTS (t_NAME, reported as NAME), each in

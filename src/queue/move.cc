@@ -28,8 +28,10 @@ std::string move_dedup_id(uint64_t uid, uint64_t id) {
 
 }  // namespace
 
-Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) {
-  Impl& q = *impl_;
+Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) { return impl_->move_to(dst, opts); }
+
+Result<Queue::MoveResult> Queue::Impl::move_to(Queue& dst, const MoveOptions& opts) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = dst.impl_->writable(); !s.ok()) return s;
   if (dst.impl_->cfg.uid == q.cfg.uid) {
@@ -64,7 +66,7 @@ Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) {
     if (Status s = dst.sync(); !s.ok()) return s;
     crashpoint("move.after_sync");
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (Status s = ack(batch[i].receipt); !s.ok()) {
+      if (Status s = change(batch[i].receipt, Change::kAck, 0); !s.ok()) {
         return Status(s.code(), "move: message " + std::to_string(batch[i].id) + " is in " + dst.dir() +
                                     " but could not be acked in " + q.dir + " (a rerun acks it): " + s.message());
       }

@@ -25,7 +25,7 @@ namespace spool {
 
 Queue::Queue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Queue::~Queue() {
-  if (impl_ && impl_->opened_by != ::getpid()) {
+  if (impl_ && impl_->inherited()) {
     // A fork child destroying the copy it inherited (returning from main does that). Its
     // threads exist only in the parent: joining them, or destroying a condition variable
     // they waited on, waits forever; and its descriptors share the parent's locks. The
@@ -33,8 +33,8 @@ Queue::~Queue() {
     (void)impl_.release();
   }
 }
-const std::string& Queue::dir() const { return impl_->dir; }
-const QueueOptions& Queue::options() const { return impl_->cfg.opts; }
+const std::string& Queue::dir() const { return impl_->path(); }
+const QueueOptions& Queue::options() const { return impl_->options(); }
 
 uint64_t Stats::workers_needed(double rate_per_worker, double latency_target_s) const {
   if (ready == 0) return 0;
@@ -354,8 +354,8 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
 // `states`, lowest first. Queued messages (never received, not delayed: all
 // ready) are in id order from the cursor on, so only the first `max` of them are read; the
 // heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
-static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter states, uint64_t now)
-    REQUIRES(q.idx) {
+std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now) {
+  Impl& q = *this;
   if (max == 0) return {};
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
@@ -400,9 +400,8 @@ static std::vector<uint32_t> lowest_ids(Queue::Impl& q, size_t max, StateFilter 
 // extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
 // `duplicates`, if not null, gets one flag per payload. Each message's id goes into `ids`,
 // one per payload.
-static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloads, std::span<const std::string> exts,
-                        std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids,
-                        std::vector<bool>* duplicates = nullptr) {
+Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids, std::vector<bool>* duplicates) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return {};
   for (auto p : payloads) {
@@ -556,7 +555,7 @@ static Status send_core(Queue::Impl& q, std::span<const std::string_view> payloa
     while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes) {
       int64_t oldest = q.idx.next(now.boot);
       if (oldest >= 0 && q.idx.due_size() != 0) {
-        auto lowest = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now.boot);
+        auto lowest = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now.boot);
         oldest = lowest.empty() ? -1 : lowest.front();
       }
       if (oldest < 0) break;
@@ -600,12 +599,10 @@ static Result<std::string> checked_ext(const Fields& f, const std::string& what)
 }
 
 // send_core() into a vector of ids.
-static Result<std::vector<uint64_t>> send_ids(Queue::Impl& q, std::span<const std::string_view> payloads,
-                                              std::span<const std::string> exts,
-                                              std::span<const std::string_view> dedup, const SendOptions& opts,
-                                              std::vector<bool>* duplicates = nullptr) {
+Result<std::vector<uint64_t>> Queue::Impl::send_ids(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::vector<bool>* duplicates) {
+  Impl& q = *this;
   std::vector<uint64_t> ids(payloads.size());
-  if (Status s = send_core(q, payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
+  if (Status s = q.send_core(payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
   return ids;
 }
 
@@ -624,7 +621,7 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts) 
 Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, bool* duplicate) {
   uint64_t id = 0;  // one message: no vector of ids
   if (payload_only(opts) && opts.dedup_id.empty()) {  // no extension, no dedup id: no allocation
-    if (Status s = send_core(*impl_, std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
+    if (Status s = impl_->send_core(std::span(&payload, 1), {}, {}, opts, std::span(&id, 1)); !s.ok()) return s;
     if (duplicate != nullptr) *duplicate = false;
     return id;
   }
@@ -632,7 +629,7 @@ Result<uint64_t> Queue::send(std::string_view payload, const SendOptions& opts, 
   if (!ext.ok()) return ext.status();
   const std::string_view dedup = opts.dedup_id;
   std::vector<bool> dup;
-  if (Status s = send_core(*impl_, std::span(&payload, 1), std::span(&*ext, 1),
+  if (Status s = impl_->send_core(std::span(&payload, 1), std::span(&*ext, 1),
                            std::span(&dedup, dedup.empty() ? 0 : 1), opts, std::span(&id, 1),
                            duplicate != nullptr ? &dup : nullptr);
       !s.ok()) {
@@ -649,11 +646,11 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const std::string_view
                                           "be duplicates); give each message its own with SendItem");
   }
   if (payload_only(opts)) {
-    return send_ids(*impl_, payloads, {}, {}, opts);  // payload-only: no cost
+    return impl_->send_ids(payloads, {}, {}, opts);  // payload-only: no cost
   }
   auto ext = checked_ext(opts, "");
   if (!ext.ok()) return ext.status();
-  return send_ids(*impl_, payloads, std::vector<std::string>(payloads.size(), *ext), {}, opts);
+  return impl_->send_ids(payloads, std::vector<std::string>(payloads.size(), *ext), {}, opts);
 }
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts) {
@@ -680,13 +677,13 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     exts.push_back(std::move(*ext));
     dedup.push_back(items[i].dedup_id);
   }
-  return send_ids(*impl_, payloads, exts, dedup, opts, duplicates);
+  return impl_->send_ids(payloads, exts, dedup, opts, duplicates);
 }
 
 // receive() and receive_views(): with `mapped`, payloads are left in the segments and their
 // views returned there, one per message.
-static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Millis visibility, Millis wait,
-                                                 std::vector<Queue::Impl::Mapped>* mapped) {
+Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibility, Millis wait, std::vector<Queue::Impl::Mapped>* mapped) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (max == 0) return Status(Code::kInvalidArgument, "receive of 0 messages");
   if (visibility.count() < 0 || wait.count() < 0) {
@@ -746,12 +743,12 @@ static Result<std::vector<Message>> receive_impl(Queue::Impl& q, size_t max, Mil
 }
 
 Result<std::vector<Message>> Queue::receive(size_t max, Millis visibility, Millis wait) {
-  return receive_impl(*impl_, max, visibility, wait, nullptr);
+  return impl_->receive_impl(max, visibility, wait, nullptr);
 }
 
 Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibility, Millis wait) {
   std::vector<Impl::Mapped> mapped;
-  auto msgs = receive_impl(*impl_, max, visibility, wait, &mapped);
+  auto msgs = impl_->receive_impl(max, visibility, wait, &mapped);
   if (!msgs.ok()) return msgs.status();
   std::vector<MessageView> out;
   out.reserve(msgs->size());
@@ -763,8 +760,10 @@ Result<std::vector<MessageView>> Queue::receive_views(size_t max, Millis visibil
   return out;
 }
 
-Result<Message> Queue::receive_id(uint64_t id, Millis visibility) {
-  Impl& q = *impl_;
+Result<Message> Queue::receive_id(uint64_t id, Millis visibility) { return impl_->receive_id(id, visibility); }
+
+Result<Message> Queue::Impl::receive_id(uint64_t id, Millis visibility) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (visibility.count() < 0) return Status(Code::kInvalidArgument, "visibility must not be negative");
   if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
@@ -844,7 +843,8 @@ static int bound_owner(const index::IndexHeader& h, const Entry& e) {
 }
 
 // Where the message in `slot` stands at `now`.
-static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQUIRES(q.idx) {
+MessageInfo Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
+  Impl& q = *this;
   const Entry& e = q.idx.entry(slot);
   const uint64_t key = q.idx.key(slot);
   MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
@@ -858,12 +858,14 @@ static MessageInfo info_of(Queue::Impl& q, uint32_t slot, const Clocks& now) REQ
   return m;
 }
 
-Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) {
-  Impl& q = *impl_;
+Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) { return impl_->list(max, states); }
+
+Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states) {
+  Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
-  for (uint32_t slot : lowest_ids(q, max, states, now.boot)) out.push_back(info_of(q, slot, now));
+  for (uint32_t slot : q.lowest_ids(max, states, now.boot)) out.push_back(q.info_of(slot, now));
   return out;
 }
 
@@ -874,23 +876,21 @@ static Status not_in_queue(uint64_t id) {
                                      "dead-lettered or purged)");
 }
 
-Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) {
-  Impl& q = *impl_;
+Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) { return impl_->show(id); }
+
+Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
+  Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
   if (slot < 0) return not_in_queue(id);
   const Clocks now = queue::read_clocks(q.idx.hdr());
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
   if (!m.ok()) return m.status();
-  return std::make_pair(std::move(*m), info_of(q, static_cast<uint32_t>(slot), now));
+  return std::make_pair(std::move(*m), q.info_of(static_cast<uint32_t>(slot), now));
 }
 
-namespace {
-enum class Change { kAck, kNack, kExtend };
-}
-
-static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint64_t ns,
-                     Durability durability = Durability::kQueuePolicy) {
+Status Queue::Impl::change(std::string_view receipt, Change what, uint64_t ns, Durability durability) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
@@ -908,8 +908,10 @@ static Status change(Queue::Impl& q, std::string_view receipt, Change what, uint
   return q.written(end, durability);
 }
 
-Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
-  Impl& q = *impl_;
+Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) { return impl_->dead_letter(receipt, extra); }
+
+Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extra) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
   q.dlq.open_early();
@@ -931,11 +933,13 @@ Status Queue::dead_letter(std::string_view receipt, const Attributes& extra) {
 }
 
 Status Queue::ack(std::string_view receipt, Durability durability) {
-  return change(*impl_, receipt, Change::kAck, 0, durability);
+  return impl_->change(receipt, Impl::Change::kAck, 0, durability);
 }
 
-Status Queue::remove(uint64_t id, Durability durability) {
-  Impl& q = *impl_;
+Status Queue::remove(uint64_t id, Durability durability) { return impl_->remove(id, durability); }
+
+Status Queue::Impl::remove(uint64_t id, Durability durability) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
@@ -952,8 +956,10 @@ Status Queue::remove(uint64_t id, Durability durability) {
   return q.written(end, durability);
 }
 
-Status Queue::bind_leases() {
-  Impl& q = *impl_;
+Status Queue::bind_leases() { return impl_->bind_leases(); }
+
+Status Queue::Impl::bind_leases() {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
@@ -961,8 +967,10 @@ Status Queue::bind_leases() {
   return {};
 }
 
-Status Queue::bind(std::string_view receipt) {
-  Impl& q = *impl_;
+Status Queue::bind(std::string_view receipt) { return impl_->bind(receipt); }
+
+Status Queue::Impl::bind(std::string_view receipt) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
@@ -974,22 +982,25 @@ Status Queue::bind(std::string_view receipt) {
   return {};
 }
 
-uint64_t Queue::durable_id() { return impl_->idx.hdr().durable_id.load(std::memory_order_acquire); }
+uint64_t Queue::durable_id() { return impl_->durable_id(); }
+uint64_t Queue::Impl::durable_id() { return idx.hdr().durable_id.load(std::memory_order_acquire); }
 Status Queue::nack(std::string_view receipt, Millis delay) {
   if (Status s = at_most_a_year("nack delay", delay); !s.ok()) return s;
-  return change(*impl_, receipt, Change::kNack, ms_to_ns(delay));
+  return impl_->change(receipt, Impl::Change::kNack, ms_to_ns(delay));
 }
 Status Queue::extend(std::string_view receipt, Millis visibility) {
   if (visibility.count() <= 0) return Status(Code::kInvalidArgument, "extend needs a visibility > 0");
   if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
-  return change(*impl_, receipt, Change::kExtend, ms_to_ns(visibility));
+  return impl_->change(receipt, Impl::Change::kExtend, ms_to_ns(visibility));
 }
 
-Result<std::vector<Message>> Queue::peek(size_t max) {
-  Impl& q = *impl_;
+Result<std::vector<Message>> Queue::peek(size_t max) { return impl_->peek(max); }
+
+Result<std::vector<Message>> Queue::Impl::peek(size_t max) {
+  Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   std::vector<Message> out;
-  for (uint32_t slot : lowest_ids(q, max, StateFilter{}, 0)) {
+  for (uint32_t slot : q.lowest_ids(max, StateFilter{}, 0)) {
     auto m = q.load(slot);
     if (!m.ok()) return m.status();
     out.push_back(std::move(*m));
@@ -997,8 +1008,10 @@ Result<std::vector<Message>> Queue::peek(size_t max) {
   return out;
 }
 
-Result<uint64_t> Queue::purge() {
-  Impl& q = *impl_;
+Result<uint64_t> Queue::purge() { return impl_->purge(); }
+
+Result<uint64_t> Queue::Impl::purge() {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t n, end;
   {
@@ -1017,7 +1030,8 @@ Result<uint64_t> Queue::purge() {
 
 // pause() and resume(): a PAUSE record, applied, synced whatever the sync policy (an
 // operator's action that returned holds across a power cut).
-static Status set_paused(Queue::Impl& q, bool on) {
+Status Queue::Impl::set_paused(bool on) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
@@ -1032,11 +1046,13 @@ static Status set_paused(Queue::Impl& q, bool on) {
   return q.written(end, Durability::kSync);
 }
 
-Status Queue::pause() { return set_paused(*impl_, true); }
-Status Queue::resume() { return set_paused(*impl_, false); }
+Status Queue::pause() { return impl_->set_paused(true); }
+Status Queue::resume() { return impl_->set_paused(false); }
 
-Status Queue::release(uint64_t id) {
-  Impl& q = *impl_;
+Status Queue::release(uint64_t id) { return impl_->release(id); }
+
+Status Queue::Impl::release(uint64_t id) {
+  Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
   {
@@ -1058,8 +1074,10 @@ Status Queue::release(uint64_t id) {
   return q.written(end);
 }
 
-Result<Stats> Queue::stats() {
-  Impl& q = *impl_;
+Result<Stats> Queue::stats() { return impl_->stats(); }
+
+Result<Stats> Queue::Impl::stats() {
+  Impl& q = *this;
   Stats st;
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock());
@@ -1069,7 +1087,7 @@ Result<Stats> Queue::stats() {
     // redelivered: not the backlog).
     st.ready = h.queued + q.idx.due_size();
     st.blocked = h.blocked;
-    auto head = lowest_ids(q, 1, StateFilter::only(MessageState::kReady), now);
+    auto head = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
     std::array<uint64_t, index::kOwnerSlots> bound{};
     for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
@@ -1115,21 +1133,23 @@ Result<Stats> Queue::stats() {
   }
   struct stat dst {};
   if (::stat((q.dir + "/dlq/spool.conf").c_str(), &dst) == 0) {
-    auto dlq = q.dlq.get();
-    if (dlq.ok()) {
-      auto ds = (*dlq)->stats();
+    auto dead_q = q.dlq.get();
+    if (dead_q.ok()) {
+      auto ds = (*dead_q)->stats();
       if (ds.ok()) st.dead = ds->ready + ds->in_flight + ds->delayed;
     }
   }
   return st;
 }
 
-Status Queue::sync() {
-  if (impl_->read_only) return {};
-  return impl_->syncer->sync_to(__atomic_load_n(&impl_->idx.hdr().log_end, __ATOMIC_ACQUIRE));
+Status Queue::sync() { return impl_->sync(); }
+
+Status Queue::Impl::sync() {
+  if (read_only) return {};
+  return syncer->sync_to(__atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE));
 }
 
-Result<Queue*> Queue::dead_letters() { return impl_->dlq.get(); }
+Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 
 // One received dead letter back into `q` as a new message, whose history starts afresh:
 // the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between
@@ -1176,11 +1196,13 @@ Result<uint64_t> Queue::redrive_id(uint64_t dead_id) {
   return redrive_one(*this, **dlq, *m);
 }
 
-std::string Queue::check_index() {
-  auto held = impl_->lock();
+std::string Queue::check_index() { return impl_->check_index(); }
+
+std::string Queue::Impl::check_index() {
+  auto held = lock();
   if (!held.ok()) return held.status().to_string();
-  impl_->holds(*held);
-  return impl_->idx.check_invariants();
+  holds(*held);
+  return idx.check_invariants();
 }
 
 }  // namespace spool

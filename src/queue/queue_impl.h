@@ -1,10 +1,12 @@
-// Internals of Queue, declared here and defined by module: queue.cc (the API),
-// write_path.cc (commit(), the one commit path; the log clock, room), apply.cc (the one
-// mutator: what a record does to the index, for live calls and replay alike), recovery.cc
-// (the lock path, replay, rebuild), durability.cc (sync, group commit, the flusher),
-// receipts.cc, owners.cc (instant release on death), delivery.cc (loading and taking
-// messages, dead letters), compact.cc (compaction) and verify.cc (fsck). Not a public
-// header. docs/design.md is the map.
+// The store behind Queue (Queue::Impl), declared here and defined by module: queue.cc (the
+// operations behind the API), write_path.cc (commit(), the one commit path; the log clock,
+// room), apply.cc (the one mutator: what a record does to the index, for live calls and
+// replay alike), recovery.cc (the lock path, replay, rebuild), receipts.cc, owners.cc (the
+// records of instant release on death), delivery.cc (loading and taking messages, dead
+// letters), compact.cc (compaction), move.cc, replay.cc and verify.cc. Its parts own their
+// state: syncer.h (durability), background.h (spares, compaction's thread),
+// lease_owners.h (the owner registry), dead_letter_link.h (DIR/dlq). Its own fields are
+// private. Not a public header. docs/design.md is the map.
 //
 // Every state change follows one order, under the index lock: commit() appends the records
 // to the log, then applies them to the index; then (outside the lock) the caller syncs per
@@ -28,6 +30,7 @@
 #include <unordered_map>
 #include "index/index.h"
 #include "logging.h"
+#include "queue/apply.h"
 #include "queue/background.h"
 #include "queue/config.h"
 #include "queue/dead_letter_link.h"
@@ -67,38 +70,10 @@ using queue::Clocks;
 // the history spool adds (dead letters, replays).
 void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, std::string>>& add);
 
+// The store behind a Queue: public operations, private state. Its member functions are
+// defined by module (the list above); what each part owns is in that part's header.
 struct Queue::Impl {
-  std::string dir;
-  queue::Config cfg;
-  bool read_only = false;
-  std::shared_ptr<io::Io> io;  // every file operation of this queue (QueueOptions::io)
-  std::unique_ptr<storage::Log> log;
-  index::SharedIndex idx;
-  // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
-  sys::FileModes modes;
-  std::atomic<bool> told_lost{false};  // the lost index was logged
-  int gate_fd = -1;
-  int lock_fd = -1;
-  pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
-  // Test hooks (crash tests): park inside the critical section, right after taking the
-  // lock or right after a send's log append, until the named file is removed.
-  // SPOOL_TEST_PARK_IN_LOCK parks in the first lock() after open only (a send may lock more
-  // than once); SPOOL_TEST_PARK_IN_EVERY_LOCK in each, to stop a compaction at every step.
-  std::string park_path;
-  bool park_every = false;
-  bool parked GUARDED_BY(idx) = false;
-  std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
-
-  // ---- the parts: each owns its state (its own lock where it has one) -------------------
-  // Group commit and the `interval` flusher; made once the log is open (open_queue).
-  std::unique_ptr<queue::Syncer> syncer;
-  // Spares and compaction off every caller's path.
-  queue::Background background{[this] { top_up_spares(); }, [this] { compact_by_policy(); }};
-  // Instant release on death (bind_leases).
-  queue::LeaseOwners owners{dir, modes};
-  // DIR/dlq.
-  queue::DeadLetterLink dlq{dir, [this] { return open_dead_letter_queue(); }};
-
+ public:
   ~Impl();
 
   // The last process to detach seals the index (docs/durability.md, "First opener"). The
@@ -214,8 +189,6 @@ struct Queue::Impl {
   // a bad end marks the index damaged. A writer takes it once for the room it needs
   // (spares_short) and for its append; it stays held (tail_seen) while the lock is.
   Result<storage::Segment*> log_tail() REQUIRES(idx);
-  std::shared_ptr<storage::Segment> tail_seen GUARDED_BY(idx);  // log_tail()'s last, at
-  uint64_t tail_gen GUARDED_BY(idx) = 0;                         // log->cache_generation() then
   // Appends at the log end and publishes the new end; `tail` is log_tail()'s.
   // The one commit path: every record any call writes goes through here. It appends
   // `recs` at the log end (the segment's opening CLOCK record first where a roll needs one)
@@ -236,15 +209,14 @@ struct Queue::Impl {
                                        storage::Segment* tail = nullptr, bool applied = false) REQUIRES(idx);
   // Applies `rec` now, before its append (commit()'s `applied`): a LEASE of a receive.
   Status apply_before_append(const Record& rec, const Clocks& now) REQUIRES(idx);
-  // Long polls and senders for the unlock to wake (commit()); read and reset by ~Locked.
-  uint64_t wake_pending GUARDED_BY(idx) = 0;
-  bool room_pending GUARDED_BY(idx) = false;
+  // What apply_record() needs for a live call at `now` (replay makes its own, from the log's
+  // clock); `copies`: commit()'s compaction copies not yet confirmed, or null.
+  queue::Keys live_keys(const Clocks& now, std::unordered_map<uint64_t, uint64_t>* copies) const;
 
   // The clocks for the records written under this hold of the lock. A CLOCK record goes
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
   // clock keeps its offset: exact for this boot still, only further from the wall clock.
   Clocks clocks() REQUIRES(idx);
-  uint64_t boot_seen GUARDED_BY(idx) = 0;  // the boot time clocks() read last (restatement())
 
   // A full disk must not stop a queue from draining (docs/durability.md). Every queued message
   // keeps room, in the active segment and in spare segments, for the two control records
@@ -334,16 +306,6 @@ struct Queue::Impl {
 
   // The background part's compaction (after a roll): by policy, its failure logged.
   void compact_by_policy();
-  // What the last automatic compaction that found nothing to remove saw: the messages
-  // removed from the queue so far and the segment its dedup ids and kept acks pinned. Until either
-  // changes, a prefix can only have become worth compacting through control records alone
-  // (leases that expire unacked), so the next ones skip their scan of every live message
-  // under the index lock, but for every kFruitlessScanEvery-th.
-  static constexpr uint32_t kFruitlessScanEvery = 16;
-  std::atomic<uint64_t> fruitless_removed{UINT64_MAX};
-  std::atomic<uint64_t> fruitless_pinned{UINT64_MAX};
-  std::atomic<uint32_t> fruitless_skips{0};
-  uint64_t forgotten_through GUARDED_BY(idx) = 0;  // segments <= this dropped from the log's cache
 
   // Takes the receivable message in `slot`. A message past max_receives goes to
   // the dead-letter queue (nullopt); one whose record cannot be read is kCorrupt (the index
@@ -379,6 +341,104 @@ struct Queue::Impl {
   // receive_id(): message `id` leased for `vis` ns. A paused queue delivers nothing
   // (kEmpty) unless `even_paused` (a move: the operator's own action).
   Result<Message> receive_one(uint64_t id, uint64_t vis, bool even_paused);
+
+  // ---- the operations behind Queue's calls (queue.cc, move.cc, replay.cc, verify.cc) -----
+  // Each checks its arguments, takes the lock, builds its records and commits them; Queue's
+  // methods forward here. Documented in spool/queue.h.
+  enum class Change { kAck, kNack, kExtend };
+  // The lowest `max` ids of messages in `states` (list, peek, stats' oldest ready).
+  std::vector<uint32_t> lowest_ids(size_t max, StateFilter states, uint64_t now) REQUIRES(idx);
+  // Every send: `payloads[i]` with extension `exts[i]` (none if empty) and dedup id
+  // `dedup[i]` (none if empty) gets `ids[i]`; `duplicates`, if given, says which were
+  // already sent within the dedup window.
+  Status send_core(std::span<const std::string_view> payloads, std::span<const std::string> exts,
+                   std::span<const std::string_view> dedup, const SendOptions& opts,
+                   std::span<uint64_t> ids, std::vector<bool>* duplicates = nullptr);
+  Result<std::vector<uint64_t>> send_ids(std::span<const std::string_view> payloads,
+                                         std::span<const std::string> exts,
+                                         std::span<const std::string_view> dedup,
+                                         const SendOptions& opts,
+                                         std::vector<bool>* duplicates = nullptr);
+  // receive() and receive_views(): with `mapped`, payloads are left in the segments.
+  Result<std::vector<Message>> receive_impl(size_t max, Millis visibility, Millis wait,
+                                            std::vector<Mapped>* mapped);
+  Result<Message> receive_id(uint64_t id, Millis visibility);
+  MessageInfo info_of(uint32_t slot, const Clocks& now) REQUIRES(idx);
+  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states);
+  Result<std::pair<Message, MessageInfo>> show(uint64_t id);
+  Status change(std::string_view receipt, Change what, uint64_t ns,
+                Durability durability = Durability::kQueuePolicy);
+  Status dead_letter(std::string_view receipt, const Attributes& extra);
+  Status remove(uint64_t id, Durability durability);
+  Status bind_leases();
+  Status bind(std::string_view receipt);
+  Result<std::vector<Message>> peek(size_t max);
+  Result<uint64_t> purge();
+  Status set_paused(bool on);
+  Status release(uint64_t id);
+  Result<Stats> stats();
+  Result<MoveResult> move_to(Queue& dst, const MoveOptions& opts);
+  Result<ReplayResult> replay(Queue& self, const ReplayOptions& o);  // self: the Queue this is of
+  Result<VerifyReport> verify(bool repair, const Progress& progress);
+  const std::string& path() const { return dir; }
+  const QueueOptions& options() const { return cfg.opts; }
+  // A fork child's inherited copy (~Queue leaves it alone).
+  bool inherited() const { return opened_by != ::getpid(); }
+  uint64_t durable_id();
+  Status sync();
+  Result<Queue*> dead_letters() { return dlq.get(); }
+  std::string check_index();
+
+ private:
+  // The state the store owns: what the queue is, the log, the shared index, the files that
+  // guard the first opener; the parts (each owns its own state); and what the lock holder
+  // carries between the steps of one hold (the tail segment, the unlock's wakes, the clock).
+  std::string dir;
+  queue::Config cfg;
+  bool read_only = false;
+  std::shared_ptr<io::Io> io;  // every file operation of this queue (QueueOptions::io)
+  std::unique_ptr<storage::Log> log;
+  index::SharedIndex idx;
+  // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
+  sys::FileModes modes;
+  std::atomic<bool> told_lost{false};  // the lost index was logged
+  int gate_fd = -1;
+  int lock_fd = -1;
+  pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
+  // Test hooks (crash tests): park inside the critical section, right after taking the
+  // lock or right after a send's log append, until the named file is removed.
+  // SPOOL_TEST_PARK_IN_LOCK parks in the first lock() after open only (a send may lock more
+  // than once); SPOOL_TEST_PARK_IN_EVERY_LOCK in each, to stop a compaction at every step.
+  std::string park_path;
+  bool park_every = false;
+  bool parked GUARDED_BY(idx) = false;
+  std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
+
+  // ---- the parts: each owns its state (its own lock where it has one) -------------------
+  // Group commit and the `interval` flusher; made once the log is open (open_queue).
+  std::unique_ptr<queue::Syncer> syncer;
+  // Spares and compaction off every caller's path.
+  queue::Background background{[this] { top_up_spares(); }, [this] { compact_by_policy(); }};
+  // Instant release on death (bind_leases).
+  queue::LeaseOwners owners{dir, modes};
+  // DIR/dlq.
+  queue::DeadLetterLink dlq{dir, [this] { return open_dead_letter_queue(); }};
+  std::shared_ptr<storage::Segment> tail_seen GUARDED_BY(idx);  // log_tail()'s last, at
+  uint64_t tail_gen GUARDED_BY(idx) = 0;                         // log->cache_generation() then
+  // Long polls and senders for the unlock to wake (commit()); read and reset by ~Locked.
+  uint64_t wake_pending GUARDED_BY(idx) = 0;
+  bool room_pending GUARDED_BY(idx) = false;
+  uint64_t boot_seen GUARDED_BY(idx) = 0;  // the boot time clocks() read last (restatement())
+  // What the last automatic compaction that found nothing to remove saw: the messages
+  // removed from the queue so far and the segment its dedup ids and kept acks pinned. Until either
+  // changes, a prefix can only have become worth compacting through control records alone
+  // (leases that expire unacked), so the next ones skip their scan of every live message
+  // under the index lock, but for every kFruitlessScanEvery-th.
+  static constexpr uint32_t kFruitlessScanEvery = 16;
+  std::atomic<uint64_t> fruitless_removed{UINT64_MAX};
+  std::atomic<uint64_t> fruitless_pinned{UINT64_MAX};
+  std::atomic<uint32_t> fruitless_skips{0};
+  uint64_t forgotten_through GUARDED_BY(idx) = 0;  // segments <= this dropped from the log's cache
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the

@@ -31,15 +31,17 @@ struct Acked {
 
 }  // namespace
 
-Result<ReplayResult> Queue::replay(const ReplayOptions& o) {
-  Impl& q = *impl_;
+Result<ReplayResult> Queue::replay(const ReplayOptions& o) { return impl_->replay(*this, o); }
+
+Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
+  Impl& q = *this;
   if (o.since.count() <= 0 || o.until.count() < 0 || o.until >= o.since) {
     return Status(Code::kInvalidArgument, "replay: the window must have since > until >= 0 (since " +
                                               std::to_string(o.since.count()) + " ms, until " +
                                               std::to_string(o.until.count()) + " ms)");
   }
   std::unique_ptr<Queue> other;
-  Queue* target = this;
+  Queue* target = &self;  // (the facade: replay sends through the public API)
   if (!o.to.empty()) {
     QueueOptions qo;
     qo.create = false;

@@ -4,8 +4,10 @@
 
 namespace spool {
 
-Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) {
-  Impl& q = *impl_;
+Result<VerifyReport> Queue::verify(bool repair, const Progress& progress) { return impl_->verify(repair, progress); }
+
+Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) {
+  Impl& q = *this;
   VerifyReport rep;
   auto seqs = q.log->segments();
   if (!seqs.ok()) return seqs.status();

@@ -53,7 +53,7 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
     park(park_append_path);
   }
   std::unordered_map<uint64_t, uint64_t> copies;  // (allocates nothing unless a copy comes)
-  const queue::Keys keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), &copies};
+  const queue::Keys keys = live_keys(now, &copies);
   for (size_t i = 0; i < recs.size(); ++i) {
     const Record& r = recs[i];
     if (!applied) {
@@ -71,7 +71,11 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
         // A resume: every long poll, all of which slept through the pause.
         if (r.count == 0) wake_pending += INT32_MAX;
         break;
-      case RecordType::kLease:  // a ready message leased no longer counts against max_ready
+      case RecordType::kLease:
+        // A receive's (the LEASEs applied before their append): a ready message leased no
+        // longer counts against max_ready. An extend's or a compaction copy's changes no count.
+        if (applied) room_pending = true;
+        break;
       case RecordType::kAck:
       case RecordType::kDead:
       case RecordType::kPurge:
@@ -84,9 +88,12 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   return res;
 }
 
+auto Queue::Impl::live_keys(const Clocks& now, std::unordered_map<uint64_t, uint64_t>* copies) const -> queue::Keys {
+  return queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), copies};
+}
+
 auto Queue::Impl::apply_before_append(const Record& rec, const Clocks& now) -> Status {
-  return queue::apply_record(idx, 0, queue::view_of(rec),
-                             queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), nullptr});
+  return queue::apply_record(idx, 0, queue::view_of(rec), live_keys(now, nullptr));
 }
 
 auto Queue::Impl::clocks() -> Clocks {

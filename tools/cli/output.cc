@@ -184,44 +184,61 @@ std::string prometheus_gauge(const std::string& queue, const char* name, const c
          prometheus_label(queue) + "\"} " + std::to_string(value) + "\n";
 }
 
-std::string prometheus(const std::string& queue, const Stats& s) {
-  const std::string esc = prometheus_label(queue);
+std::string prometheus(const std::vector<std::pair<std::string, const Stats*>>& queues) {
+  std::vector<std::string> labels;  // queue="NAME", escaped as the format wants
+  for (const auto& [queue, s] : queues) labels.push_back("queue=\"" + prometheus_label(queue) + "\"");
   std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help, auto value,
-                    const char* extra = "") {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
-      << name << "{queue=\"" << esc << "\"" << extra << "} " << value << "\n";
+  // One family: its HELP and TYPE once (the format allows no second), then a series per queue.
+  auto metric = [&](const char* name, const char* type, const char* help, auto value_of) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    for (size_t i = 0; i < queues.size(); ++i) o << name << "{" << labels[i] << "} " << value_of(*queues[i].second) << "\n";
   };
   o << "# HELP spool_messages Messages in the queue by state.\n# TYPE spool_messages gauge\n";
-  for (auto [state, v] : {std::pair{"ready", s.ready}, {"in_flight", s.in_flight},
-                          {"delayed", s.delayed}, {"blocked", s.blocked}, {"dead", s.dead}}) {
-    o << "spool_messages{queue=\"" << esc << "\",state=\"" << state << "\"} " << v << "\n";
+  for (size_t i = 0; i < queues.size(); ++i) {
+    const Stats& s = *queues[i].second;
+    for (auto [state, v] : {std::pair{"ready", s.ready}, {"in_flight", s.in_flight},
+                            {"delayed", s.delayed}, {"blocked", s.blocked}, {"dead", s.dead}}) {
+      o << "spool_messages{" << labels[i] << ",state=\"" << state << "\"} " << v << "\n";
+    }
   }
-  metric("spool_oldest_ready_age_seconds", "gauge", "Age of the oldest ready message.", s.oldest_ready_age_s);
-  metric("spool_sent_total", "counter", "Messages sent.", s.sent_total);
-  metric("spool_acked_total", "counter", "Messages acked.", s.acked_total);
+  metric("spool_oldest_ready_age_seconds", "gauge", "Age of the oldest ready message.",
+         [](const Stats& s) { return s.oldest_ready_age_s; });
+  metric("spool_sent_total", "counter", "Messages sent.", [](const Stats& s) { return s.sent_total; });
+  metric("spool_acked_total", "counter", "Messages acked.", [](const Stats& s) { return s.acked_total; });
   metric("spool_nacked_total", "counter", "Nacks (messages returned to the queue by a consumer).",
-         s.nacked_total);
-  metric("spool_expired_total", "counter", "Messages dropped by a retention limit.", s.expired_total);
+         [](const Stats& s) { return s.nacked_total; });
+  metric("spool_expired_total", "counter", "Messages dropped by a retention limit.",
+         [](const Stats& s) { return s.expired_total; });
   metric("spool_dead_lettered_total", "counter", "Messages moved to the dead-letter queue.",
-         s.dead_lettered_total);
-  metric("spool_bytes", "gauge", "Payload bytes of the messages in the queue.", s.bytes);
-  metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.", s.bytes_on_disk);
-  metric("spool_segments", "gauge", "Segment files.", s.segments);
-  metric("spool_dedup_ids", "gauge", "Deduplication ids remembered (sent within the dedup window).", s.dedup_ids);
-  metric("spool_kept_acked", "gauge", "Acked messages kept for replay (acked within keep_acked).", s.kept_acked);
+         [](const Stats& s) { return s.dead_lettered_total; });
+  metric("spool_bytes", "gauge", "Payload bytes of the messages in the queue.", [](const Stats& s) { return s.bytes; });
+  metric("spool_disk_bytes", "gauge", "Bytes of disk the queue's segments occupy.",
+         [](const Stats& s) { return s.bytes_on_disk; });
+  metric("spool_segments", "gauge", "Segment files.", [](const Stats& s) { return s.segments; });
+  metric("spool_dedup_ids", "gauge", "Deduplication ids remembered (sent within the dedup window).",
+         [](const Stats& s) { return s.dedup_ids; });
+  metric("spool_kept_acked", "gauge", "Acked messages kept for replay (acked within keep_acked).",
+         [](const Stats& s) { return s.kept_acked; });
   metric("spool_kept_acked_bytes", "gauge", "Payload bytes of the acked messages kept for replay.",
-         s.kept_acked_bytes);
+         [](const Stats& s) { return s.kept_acked_bytes; });
   metric("spool_paused", "gauge", "1 while the queue is paused (spool pause): it delivers nothing.",
-         s.paused ? 1 : 0);
-  if (!s.holders.empty()) {
+         [](const Stats& s) { return s.paused ? 1 : 0; });
+  bool holders = false;
+  for (const auto& q : queues) holders = holders || !q.second->holders.empty();
+  if (holders) {
     o << "# HELP spool_holder_in_flight Unexpired leases bound to a live process (bind_leases, spool work), by pid.\n"
          "# TYPE spool_holder_in_flight gauge\n";
-    for (const auto& h : s.holders) {
-      o << "spool_holder_in_flight{queue=\"" << esc << "\",pid=\"" << h.pid << "\"} " << h.in_flight << "\n";
+    for (size_t i = 0; i < queues.size(); ++i) {
+      for (const auto& h : queues[i].second->holders) {
+        o << "spool_holder_in_flight{" << labels[i] << ",pid=\"" << h.pid << "\"} " << h.in_flight << "\n";
+      }
     }
   }
   return o.str();
+}
+
+std::string prometheus(const std::string& queue, const Stats& s) {
+  return prometheus({{queue, &s}});
 }
 
 std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev, double seconds) {

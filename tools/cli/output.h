@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "spool/queue.h"
 #include "sys/clock.h"
@@ -30,6 +32,10 @@ nlohmann::json info_json(const MessageInfo& m, bool dead = false);
 std::string info_line(const MessageInfo& m, bool dead = false);
 std::string list_header();
 nlohmann::json stats_json(const Stats& s);
+// The Prometheus text exposition format of some queues' stats, each series labelled
+// queue="NAME" (the dashboard's /metrics); each family's HELP and TYPE come once, as the
+// format requires. The one-queue form is `spool stats --prometheus`.
+std::string prometheus(const std::vector<std::pair<std::string, const Stats*>>& queues);
 std::string prometheus(const std::string& queue, const Stats& s);
 // `value` escaped for a Prometheus label value (backslash, double quote, newline).
 std::string prometheus_label(const std::string& value);

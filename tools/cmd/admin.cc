@@ -146,11 +146,12 @@ std::vector<Command> add_admin_commands(CLI::App& app) {
   {
     // The HTTP server is its own program, spool-serve (tools/serve/main.cc says why); every
     // argument, --help included, goes to it.
-    auto* serve = app.add_subcommand("serve", "Serve the queues under a root over HTTP: the SQS API (runs spool-serve)");
+    auto* serve = app.add_subcommand("serve", "Serve queues over HTTP: the SQS API and a dashboard with /metrics (runs spool-serve)");
     serve->prefix_command();
     serve->set_help_flag();
-    serve->footer("Example: spool serve /var/spool --sqs 127.0.0.1:9324 --credentials ~/.aws/credentials\n"
-                  "See docs/sqs.md; spool serve --help lists the options.");
+    serve->footer("Examples: spool serve /var/spool --sqs 127.0.0.1:9324 --credentials ~/.aws/credentials\n"
+                  "          spool serve /var/spool --http 127.0.0.1:9330 --token-file ~/.spool-token\n"
+                  "See docs/sqs.md and docs/operations.md; spool serve --help lists the options.");
     out.push_back({serve, [serve] { return exec_sibling("spool-serve", ".", serve->remaining()); }});
   }
   return out;

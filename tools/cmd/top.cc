@@ -1,13 +1,10 @@
 // spool top: one live screen of every queue under some roots (docs/operations.md).
 //
-// Each refresh reads each queue's stats() (counters in the index header, the heap of
-// leased and delayed messages, the segment files' sizes): never the backlog, so a queue of
-// 10M ready messages costs what one of 10 does. Rates are the counters' differences between
-// two refreshes, so sends and acks pay nothing for them. ncurses (Debian's libncurses) draws
+// The queues, their figures and rates come from cli/survey.h, which the dashboard of
+// `spool serve --http` shares: a refresh never scans the backlog. ncurses (Debian's libncurses) draws
 // the screen: it is on every system with a terminal, and handles the terminal types and
 // resizes that hand-written escape codes would get wrong.
 #include <curses.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,16 +14,19 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <sstream>
 
 #include "cli/output.h"
+#include "cli/survey.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using cli::human_age;
+using cli::human_bytes;
+using Row = cli::SurveyedQueue;
 
 struct TopArgs {
   std::vector<std::string> roots;
@@ -35,138 +35,20 @@ struct TopArgs {
   bool once = false;
 };
 
-// A queue on screen, and what the last two refreshes read of it.
-struct Row {
-  std::string name;  // as shown: relative to its root
-  std::string dir;
-  std::unique_ptr<Queue> q;
-  std::string error;  // the queue could not be opened or read
-  Stats st;
-  bool have = false, have_prev = false;
-  uint64_t prev_sent = 0, prev_acked = 0;
-  Clock::time_point prev_at, at;
-  double send_rate = 0, ack_rate = 0;
-};
-
-bool is_queue(const std::string& dir) {
-  struct stat st {};
-  return ::stat((dir + "/spool.conf").c_str(), &st) == 0;
-}
-
-// The queues under `dir`, `depth` levels down at most; a queue's own subdirectories (its
-// dead-letter queue) are not searched: they show as its dead column.
-void find_queues(const std::string& dir, const std::string& name, int depth, std::vector<std::pair<std::string, std::string>>& out) {
-  if (is_queue(dir)) {
-    out.emplace_back(dir, name);
-    return;
-  }
-  if (depth <= 0) return;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> subs;
-  while (dirent* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n == "." || n == ".." || (e->d_type != DT_DIR && e->d_type != DT_UNKNOWN && e->d_type != DT_LNK)) continue;
-    subs.push_back(n);
-  }
-  ::closedir(d);
-  std::sort(subs.begin(), subs.end());
-  for (const auto& n : subs) find_queues(dir + "/" + n, name.empty() ? n : name + "/" + n, depth - 1, out);
-}
-
-std::string human_bytes(uint64_t b) {
-  const char* units = "BKMGTP";
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 5) v /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f%c" : "%.1f%c", v, units[u]);
-  return buf;
-}
-
-std::string human_age(double s) {
-  char buf[32];
-  if (s <= 0) return "-";
-  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", s);
-  else if (s < 3600) std::snprintf(buf, sizeof buf, "%.0fm", s / 60);
-  else if (s < 86400) std::snprintf(buf, sizeof buf, "%.1fh", s / 3600);
-  else std::snprintf(buf, sizeof buf, "%.1fd", s / 86400);
-  return buf;
-}
-
 enum SortKey { kByName, kByReady, kByInFlight, kByDead, kBySend, kByAck, kByAge, kByDisk, kSortKeys };
 const char* kSortNames[kSortKeys] = {"name", "ready", "in flight", "dead", "send/s", "ack/s", "oldest", "disk"};
 
 class Top {
  public:
-  Top(const TopArgs& a, Millis interval) : a_(a), interval_(interval) {}
+  Top(const TopArgs& a, Millis interval) : survey_(a.roots, a.depth), interval_(interval) {}
 
-  // Finds the queues under the roots (again: new ones appear, removed ones go).
-  void discover() {
-    std::vector<std::pair<std::string, std::string>> found;
-    for (const auto& root : a_.roots) {
-      std::vector<std::pair<std::string, std::string>> here;
-      find_queues(root, "", a_.depth, here);
-      for (auto& [dir, name] : here) {
-        // One root: names relative to it; several: prefixed with the root.
-        std::string shown = name.empty() ? root : (a_.roots.size() > 1 ? root + "/" + name : name);
-        found.emplace_back(dir, shown);
-      }
-    }
-    std::map<std::string, std::unique_ptr<Row>> old;
-    for (auto& r : rows_) old.emplace(r->dir, std::move(r));
-    rows_.clear();
-    for (auto& [dir, name] : found) {
-      auto it = old.find(dir);
-      if (it != old.end()) {
-        rows_.push_back(std::move(it->second));
-        continue;
-      }
-      auto r = std::make_unique<Row>();
-      r->dir = dir;
-      r->name = name;
-      rows_.push_back(std::move(r));
-    }
-    discovered_ = Clock::now();
-  }
-
-  // Reads every queue's counters.
-  void sample() {
-    if (Clock::now() - discovered_ > std::chrono::seconds(5)) discover();
-    for (auto& r : rows_) {
-      if (!r->q) {
-        Status err;
-        r->q = open_existing(r->dir, &err);
-        if (!r->q) {
-          r->error = err.message();
-          continue;
-        }
-      }
-      auto st = r->q->stats();
-      if (!st.ok()) {
-        r->error = st.status().message();
-        continue;
-      }
-      r->error.clear();
-      const auto now = Clock::now();
-      if (r->have) {
-        const double secs = std::chrono::duration<double>(now - r->at).count();
-        if (secs > 0) {
-          r->send_rate = st->sent_total >= r->st.sent_total ? static_cast<double>(st->sent_total - r->st.sent_total) / secs : 0;
-          r->ack_rate = st->acked_total >= r->st.acked_total ? static_cast<double>(st->acked_total - r->st.acked_total) / secs : 0;
-          r->have_prev = true;
-        }
-      }
-      r->st = *st;
-      r->at = now;
-      r->have = true;
-    }
-  }
+  void discover() { survey_.discover(); }
+  void sample() { survey_.sample(); }
 
   // The rows shown, filtered and sorted.
   std::vector<Row*> shown() const {
     std::vector<Row*> v;
-    for (const auto& r : rows_) {
+    for (const auto& r : survey_.queues()) {
       if (filter_.empty() || r->name.find(filter_) != std::string::npos) v.push_back(r.get());
     }
     auto key = [&](const Row* r) -> double {
@@ -174,8 +56,8 @@ class Top {
         case kByReady: return static_cast<double>(r->st.ready);
         case kByInFlight: return static_cast<double>(r->st.in_flight);
         case kByDead: return static_cast<double>(r->st.dead);
-        case kBySend: return r->send_rate;
-        case kByAck: return r->ack_rate;
+        case kBySend: return r->rates.send;
+        case kByAck: return r->rates.ack;
         case kByAge: return r->st.oldest_ready_age_s;
         case kByDisk: return static_cast<double>(r->st.bytes_on_disk);
         default: return 0;
@@ -191,8 +73,8 @@ class Top {
 
   static std::string header() {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-28s %-6s %9s %9s %8s %8s %9s %9s %8s %8s", "QUEUE", "STATE", "READY", "INFLIGHT",
-                  "DELAYED", "DEAD", "SEND/s", "ACK/s", "OLDEST", "DISK");
+    std::snprintf(buf, sizeof buf, "%-28s %-6s %9s %9s %8s %8s %9s %9s %8s %8s %9s", "QUEUE", "STATE", "READY", "INFLIGHT",
+                  "DELAYED", "DEAD", "SEND/s", "ACK/s", "OLDEST", "DISK", "ROOM");
     return buf;
   }
 
@@ -205,13 +87,17 @@ class Top {
     }
     const Stats& s = r.st;
     char send[32] = "-", ack[32] = "-";
-    if (r.have_prev) {
-      std::snprintf(send, sizeof send, "%.0f", r.send_rate);
-      std::snprintf(ack, sizeof ack, "%.0f", r.ack_rate);
+    if (r.have_rates) {
+      std::snprintf(send, sizeof send, "%.0f", r.rates.send);
+      std::snprintf(ack, sizeof ack, "%.0f", r.rates.ack);
     }
-    std::snprintf(buf, sizeof buf, "%-28s %-6s %9" PRIu64 " %9" PRIu64 " %8" PRIu64 " %8" PRIu64 " %9s %9s %8s %8s",
+    // The tightest of max_ready, max_bytes and the filesystem, as the part of it left.
+    const auto [left, what] = r.room.tightest();
+    char room[32] = "-";
+    if (*what != '\0') std::snprintf(room, sizeof room, "%.0f%% %s", left * 100, what);
+    std::snprintf(buf, sizeof buf, "%-28s %-6s %9" PRIu64 " %9" PRIu64 " %8" PRIu64 " %8" PRIu64 " %9s %9s %8s %8s %9s",
                   name.c_str(), s.paused ? "paused" : "run", s.ready, s.in_flight, s.delayed, s.dead, send, ack,
-                  human_age(s.oldest_ready_age_s).c_str(), human_bytes(s.bytes_on_disk).c_str());
+                  human_age(s.oldest_ready_age_s).c_str(), human_bytes(s.bytes_on_disk).c_str(), room);
     return buf;
   }
 
@@ -228,6 +114,9 @@ class Top {
 
  private:
   void draw();
+  // The detail pane's second part: each rate's sparkline, the leases by holder, the dead
+  // letters by reason.
+  static std::string detail_text(const Row& r);
   void act(int key);
   // Asks a yes/no question on the bottom line; true for y.
   bool confirm(const std::string& question);
@@ -238,10 +127,8 @@ class Top {
     return v[sel_];
   }
 
-  const TopArgs& a_;
+  cli::Survey survey_;
   Millis interval_;
-  std::vector<std::unique_ptr<Row>> rows_;
-  Clock::time_point discovered_;
   std::string filter_, note_;
   SortKey sort_ = kByName;
   size_t sel_ = 0, first_ = 0;
@@ -276,14 +163,75 @@ void Top::draw() {
     int y = 2 + list_h;
     mvhline(y++, 0, '-', w);  // (not ACS_HLINE: terminals without line drawing show it as 'q')
     std::string text = r.error.empty() ? cli::human_stats(r.dir, r.st, nullptr, 0) : r.dir + ": " + r.error + "\n";
-    char rates[128];
-    std::snprintf(rates, sizeof rates, "rates          send %.0f/s, ack %.0f/s\n", r.send_rate, r.ack_rate);
-    text += rates;
+    const std::string more = r.q && r.error.empty() ? detail_text(r) : "";
+    // The rates, leases and dead letters in a column of their own where the screen is wide
+    // enough, else below the figures.
+    const int col = w >= 120 ? 58 : 0;
+    if (col == 0) text += more;
     std::istringstream in(text);
-    for (std::string l; y < h - 1 && std::getline(in, l);) mvprintw(y++, 0, "%.*s", w, l.c_str());
+    std::string first;  // "queue  DIR": the whole width, above the columns
+    if (std::getline(in, first) && y < h - 1) mvprintw(y++, 0, "%.*s", w, first.c_str());
+    const int top = y;
+    for (std::string l; y < h - 1 && std::getline(in, l);) mvprintw(y++, 0, "%.*s", col > 0 ? col - 2 : w, l.c_str());
+    if (col > 0) {
+      std::istringstream in2(more);
+      y = top;
+      for (std::string l; y < h - 1 && std::getline(in2, l);) mvprintw(y++, col, "%.*s", w - col, l.c_str());
+    }
   }
   if (!note_.empty()) mvprintw(h - 1, 0, "%.*s", w, note_.c_str());
   refresh();
+}
+
+std::string Top::detail_text(const Row& r) {
+  std::string out;
+  char buf[256];
+  const size_t width = 40;
+  auto spark = [&](const char* name, double now, auto pick) {
+    std::vector<double> v;
+    for (const cli::Sample& x : r.history) v.push_back(pick(x));
+    std::snprintf(buf, sizeof buf, "%-8s %6.0f/s |%-*s|\n", name, now, static_cast<int>(width),
+                  cli::ascii_sparkline(v, width).c_str());
+    out += buf;
+  };
+  spark("send", r.rates.send, [](const cli::Sample& x) { return x.rates.send; });
+  spark("ack", r.rates.ack, [](const cli::Sample& x) { return x.rates.ack; });
+  spark("nack", r.rates.nack, [](const cli::Sample& x) { return x.rates.nack; });
+  spark("dead", r.rates.dead_lettered, [](const cli::Sample& x) { return x.rates.dead_lettered; });
+  std::vector<double> ready;
+  for (const cli::Sample& x : r.history) ready.push_back(static_cast<double>(x.ready));
+  std::snprintf(buf, sizeof buf, "%-8s %8" PRIu64 " |%-*s|\n", "ready", r.st.ready, static_cast<int>(width),
+                cli::ascii_sparkline(ready, width).c_str());
+  out += buf;
+  const cli::Detail d = cli::read_detail(*r.q, r.st, 1000, 200, 5);
+  if (!d.leases.empty()) {
+    const auto now = std::chrono::system_clock::now();
+    out += "leases by holder (pid: leases, the next to end in)\n";
+    for (const auto& [pid, n] : d.leases_by_holder) {
+      double soonest = 1e18;
+      for (const MessageInfo& m : d.leases) {
+        if (m.holder_pid == pid) soonest = std::min(soonest, std::chrono::duration<double>(m.due - now).count());
+      }
+      std::snprintf(buf, sizeof buf, "  %-8s %6" PRIu64 "  %s%s\n", pid == 0 ? "unbound" : std::to_string(pid).c_str(), n,
+                    human_age(soonest).c_str(), d.leases.size() >= 1000 ? " (of the first 1000 leases)" : "");
+      out += buf;
+    }
+  }
+  if (d.dead_read > 0) {
+    out += "dead letters by reason";
+    out += d.dead_read < r.st.dead ? " (of the first " + std::to_string(d.dead_read) + ")\n" : "\n";
+    for (const auto& [reason, n] : d.dead_by_reason) {
+      std::snprintf(buf, sizeof buf, "  %-14s %6" PRIu64 "\n", reason.c_str(), n);
+      out += buf;
+    }
+    out += "first dead letters (id, reason, deliveries, sent)\n";
+    for (const cli::DeadLetter& x : d.dead) {
+      std::snprintf(buf, sizeof buf, "  %-6" PRIu64 " %-13s %3s  %s\n", x.id, x.reason.c_str(), x.receive_count.c_str(),
+                    x.enqueued_at.c_str());
+      out += buf;
+    }
+  }
+  return out;
 }
 
 bool Top::confirm(const std::string& question) {

@@ -1,4 +1,5 @@
-// spool-serve: `spool serve ROOT --sqs ADDR` (docs/sqs.md). Its own executable, which
+// spool-serve: `spool serve ROOT... [--sqs ADDR] [--http ADDR]` (docs/sqs.md,
+// docs/operations.md). Its own executable, which
 // `spool serve` runs, so that the core `spool` binary does not link an HTTP server and
 // OpenSSL: a host that only runs workers and shell pipelines needs neither.
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "cli/std_fds.h"
+#include "serve/dash_part.h"
 #include "serve/server.h"
 #include "serve/sqs_part.h"
 
@@ -45,16 +47,25 @@ bool loopback(const std::string& host) {
 int main(int argc, char** argv) {
   spool::cli::StdFds closed;
   if (!spool::cli::ensure_std_fds(&closed)) return 1;
-  CLI::App app{"spool serve: the SQS API (and later a dashboard) over a spool root; docs/sqs.md"};
-  std::string root, sqs, credentials, region = "us-east-1";
+  CLI::App app{"spool serve: the SQS API and a dashboard of the queues under some roots; docs/sqs.md, docs/operations.md"};
+  std::vector<std::string> roots;
+  std::string sqs, http, token_file, credentials, region = "us-east-1";
   bool no_auth = false;
-  int verbose = 0;
+  int verbose = 0, depth = 3;
   size_t threads = 256;
-  app.add_option("ROOT", root,
-                 "directory whose sub-directories are the queues (queue NAME is ROOT/NAME)")
+  app.add_option("ROOT", roots,
+                 "directory whose sub-directories are the queues (SQS: queue NAME is ROOT/NAME; the "
+                 "dashboard: every queue up to --depth levels under each ROOT)")
       ->required();
-  app.add_option("--sqs", sqs, "serve the SQS API on HOST:PORT (loopback unless told otherwise)")
-      ->required();
+  app.add_option("--sqs", sqs, "serve the SQS API on HOST:PORT (loopback unless told otherwise)");
+  app.add_option("--http", http,
+                 "serve the dashboard, its JSON API and /metrics on HOST:PORT (loopback unless told "
+                 "otherwise; may be the --sqs address)");
+  app.add_option("--token-file", token_file,
+                 "the dashboard's actions (pause, resume, purge, redrive, move, release) need the "
+                 "token in this file; without it the dashboard is read-only");
+  app.add_option("--depth", depth, "how many directory levels under a ROOT the dashboard searches for queues")
+      ->check(CLI::Range(0, 16));
   app.add_option("--credentials", credentials,
                  "the keys requests are signed with, in the ~/.aws/credentials format");
   app.add_flag("--no-auth", no_auth, "accept unsigned requests (loopback addresses only)");
@@ -73,54 +84,36 @@ int main(int argc, char** argv) {
                     : verbose == 1 ? spdlog::level::info
                                    : spdlog::level::warn);
 
-  std::string host;
-  int port = 0;
-  if (!parse_addr(sqs, &host, &port)) {
-    std::fprintf(stderr,
-                 "spool serve: bad address '%s' for --sqs (use HOST:PORT, [IPv6]:PORT or PORT)\n",
-                 sqs.c_str());
+  if (sqs.empty() && http.empty()) {
+    std::fprintf(stderr, "spool serve: give --sqs ADDR (the SQS API), --http ADDR (the dashboard), or both\n");
     return kExitUsage;
   }
-  struct stat st {};
-  if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    std::fprintf(stderr, "spool serve: %s: not a directory (make it first: mkdir -p %s)\n",
-                 root.c_str(), root.c_str());
-    return 1;
-  }
-  spool::serve::SqsOptions so;
-  so.root = root;
-  so.region = region;
-  if (no_auth == !credentials.empty()) {
-    std::fprintf(stderr,
-                 "spool serve: give --credentials FILE (the keys clients sign with), or --no-auth "
-                 "on a loopback address\n");
-    return kExitUsage;
-  }
-  if (no_auth) {
-    if (!loopback(host)) {
-      std::fprintf(stderr,
-                   "spool serve: --no-auth is refused on %s: anyone who reaches it could read and "
-                   "delete every "
-                   "queue; it is allowed on loopback addresses only (127.0.0.1, ::1)\n",
-                   host.c_str());
-      return kExitUsage;
-    }
-    std::fprintf(stderr,
-                 "spool serve: WARNING: --no-auth: requests to %s:%d are NOT authenticated; every "
-                 "local user "
-                 "and process can read, send and delete messages in every queue under %s\n",
-                 host.c_str(), port, root.c_str());
-    so.no_auth = true;
-  } else {
-    auto keys = spool::serve::read_credentials(credentials);
-    if (!keys.ok()) {
-      std::fprintf(stderr, "spool serve: %s\n", keys.status().message().c_str());
+  for (const auto& root : roots) {
+    struct stat st {};
+    if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      std::fprintf(stderr, "spool serve: %s: not a directory (make it first: mkdir -p %s)\n", root.c_str(),
+                   root.c_str());
       return 1;
     }
-    so.keys = std::move(*keys);
   }
-
-  // Signals go to a watcher thread that stops the server (handlers then finish).
+  std::string host, http_host;
+  int port = 0, http_port = 0;
+  if (!http.empty() && !parse_addr(http, &http_host, &http_port)) {
+    std::fprintf(stderr,
+                 "spool serve: bad address '%s' for --http (use HOST:PORT, [IPv6]:PORT or PORT)\n",
+                 http.c_str());
+    return kExitUsage;
+  }
+  if (http.empty() && !token_file.empty()) {
+    std::fprintf(stderr, "spool serve: --token-file is for the dashboard: give --http ADDR too\n");
+    return kExitUsage;
+  }
+  if (sqs.empty() && (no_auth || !credentials.empty())) {
+    std::fprintf(stderr, "spool serve: --credentials and --no-auth are for the SQS API: give --sqs ADDR too\n");
+    return kExitUsage;
+  }
+  // Signals go to a watcher thread that stops the server (handlers then finish); blocked
+  // before any thread starts (the dashboard's refresh thread), so that every thread inherits it.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
@@ -128,10 +121,83 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
+  std::unique_ptr<spool::serve::SqsPart> sqs_part;
+  if (!sqs.empty()) {
+    if (roots.size() != 1) {
+      std::fprintf(stderr, "spool serve: the SQS API serves one ROOT (its queues are ROOT/NAME); %zu given\n",
+                   roots.size());
+      return kExitUsage;
+    }
+    if (!parse_addr(sqs, &host, &port)) {
+      std::fprintf(stderr,
+                   "spool serve: bad address '%s' for --sqs (use HOST:PORT, [IPv6]:PORT or PORT)\n",
+                   sqs.c_str());
+      return kExitUsage;
+    }
+    spool::serve::SqsOptions so;
+    so.root = roots[0];
+    so.region = region;
+    if (no_auth == !credentials.empty()) {
+      std::fprintf(stderr,
+                   "spool serve: give --credentials FILE (the keys clients sign with), or --no-auth "
+                   "on a loopback address\n");
+      return kExitUsage;
+    }
+    if (no_auth) {
+      if (!loopback(host)) {
+        std::fprintf(stderr,
+                     "spool serve: --no-auth is refused on %s: anyone who reaches it could read and "
+                     "delete every "
+                     "queue; it is allowed on loopback addresses only (127.0.0.1, ::1)\n",
+                     host.c_str());
+        return kExitUsage;
+      }
+      std::fprintf(stderr,
+                   "spool serve: WARNING: --no-auth: requests to %s:%d are NOT authenticated; every "
+                   "local user "
+                   "and process can read, send and delete messages in every queue under %s\n",
+                   host.c_str(), port, roots[0].c_str());
+      so.no_auth = true;
+    } else {
+      auto keys = spool::serve::read_credentials(credentials);
+      if (!keys.ok()) {
+        std::fprintf(stderr, "spool serve: %s\n", keys.status().message().c_str());
+        return 1;
+      }
+      so.keys = std::move(*keys);
+    }
+    sqs_part = std::make_unique<spool::serve::SqsPart>(std::move(so));
+  }
+  std::unique_ptr<spool::serve::DashPart> dash_part;
+  if (!http.empty()) {
+    spool::serve::DashOptions dopts;
+    dopts.roots = roots;
+    dopts.depth = depth;
+    dopts.loopback = loopback(http_host);
+    if (!dopts.loopback) {
+      std::fprintf(stderr,
+                   "spool serve: WARNING: the dashboard on %s:%d shows the queues under the roots to anyone "
+                   "who can reach that address, and a token sent to it travels unencrypted\n",
+                   http_host.c_str(), http_port);
+    }
+    if (!token_file.empty()) {
+      auto token = spool::serve::read_token(token_file);
+      if (!token.ok()) {
+        std::fprintf(stderr, "spool serve: %s\n", token.status().message().c_str());
+        return 1;
+      }
+      dopts.token = std::move(*token);
+    }
+    dash_part = std::make_unique<spool::serve::DashPart>(std::move(dopts));
+  }
+
   spool::serve::ListenOptions lo;
   lo.threads = threads;
   spool::serve::Server server(lo);
-  server.add(std::make_unique<spool::serve::SqsPart>(std::move(so)), host, port);
+  // The SQS face first: on a shared address, httplib takes the first route that matches, and
+  // SQS answers at "/" (the dashboard's page is at /dashboard/ as well).
+  if (sqs_part) server.add(std::move(sqs_part), host, port);
+  if (dash_part) server.add(std::move(dash_part), http_host, http_port);
   if (spool::Status s = server.bind(); !s.ok()) {
     std::fprintf(stderr, "spool serve: %s\n", s.message().c_str());
     return 1;
