@@ -1046,6 +1046,31 @@ t_work_verbose_says_why_it_exits_when_idle() {
   grep -q "the queue has been empty for 0.2s; exiting" "$D/empty.err" || fail "work -v --until-empty said: $(cat "$D/empty.err")"
 }
 
+# Issue 43: `spool work` ends with a summary (how many messages, how fast, and what became of
+# them), and on a terminal keeps a live line of progress; not on a pipe or a file.
+t_work_prints_a_summary_and_a_live_line_on_a_terminal() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  "$SPOOL" send q 1 2 3 4 5 6 >/dev/null || fail "send"
+  timeout 30 "$SPOOL" work q --until-empty --grace 200ms -- sh -c 'read x; [ "$x" != 3 ]' \
+    2>"$D/err" || fail "work failed: $(cat "$D/err")"
+  grep -qE '^spool work: 6 messages in [0-9.]+s, [0-9.e+]+/s: 5 acked, 0 failed \(to retry\), 1 dead-lettered$' "$D/err" ||
+    fail "no summary: $(cat "$D/err")"
+  grep -q $'\r' "$D/err" && fail "a live line on a file: $(cat -A "$D/err")"
+  # a failure that is retried later
+  "$SPOOL" init r >/dev/null && "$SPOOL" send r x >/dev/null || fail "init r"
+  timeout 30 "$SPOOL" work r --max-messages 1 -- false 2>"$D/err"
+  grep -qE '^spool work: 1 message in .*: 0 acked, 1 failed \(to retry\), 0 dead-lettered$' "$D/err" ||
+    fail "no summary of a retry: $(cat "$D/err")"
+  # On a terminal (script(1) gives one): the line is redrawn in place while commands run.
+  command -v script >/dev/null || fail "script(1) (util-linux) is needed to give spool a terminal"
+  "$SPOOL" send q 1 2 3 4 >/dev/null || fail "send"
+  script -qec "timeout 30 $SPOOL work q -j 2 --until-empty --grace 500ms -- sh -c 'sleep 0.4'" /dev/null >tty.out ||
+    fail "work under script: $(cat -A tty.out)"
+  grep -qaF $'\r\033[Kspool work: 0 messages in ' tty.out || fail "no live line: $(cat -A tty.out)"
+  grep -qaE '; 2 running' tty.out || fail "the live line does not show the running commands: $(cat -A tty.out)"
+  grep -qaE 'spool work: 4 messages in [0-9.]+s, [0-9.e+]+/s: 4 acked' tty.out || fail "no summary: $(cat -A tty.out)"
+}
+
 # Issue 43: list stops at -n N (default 100) and says, on stderr, how many it did not show.
 t_list_says_how_many_were_not_shown() {
   "$SPOOL" init q >/dev/null || fail "init"
@@ -2039,6 +2064,7 @@ TESTS=(
   t_man_page_and_cli_md_name_every_command_and_flag
   t_spool_alone_and_spool_help_list_the_commands
   t_work_verbose_says_why_it_exits_when_idle
+  t_work_prints_a_summary_and_a_live_line_on_a_terminal
   t_list_says_how_many_were_not_shown
   t_a_new_queue_is_private_by_default
   t_too_large_exit_1
