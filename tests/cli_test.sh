@@ -915,6 +915,37 @@ t_stats_watch_stops_on_sigint() {
   grep -qE '^rates +sent [1-9][0-9]*/s' "$D/out" || fail "no send rate shown: $(cat "$D/out")"
 }
 
+# Issue 43: stats of several queues in one call; what the directory takes as du counts it
+# (the dead-letter queue and the index included), by part; --watch says when each refresh
+# was taken; sizes in units that fit ("5 B", not "0.0 MiB").
+t_stats_several_queues_du_and_watch_time() {
+  "$SPOOL" init q --max-receives 1 >/dev/null && "$SPOOL" init r >/dev/null || fail "init"
+  "$SPOOL" send q hello >/dev/null && "$SPOOL" send r a b >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --max-messages 1 -- false 2>/dev/null  # one dead letter: q/dlq exists
+  expect 0 "$SPOOL" stats q --json
+  eq "dir_bytes is what du -sB1 counts" "$(jget dir_bytes)" "$(du -sB1 q | cut -f1)"
+  eq "dlq_bytes is what du -sB1 counts of q/dlq" "$(jget dlq_bytes)" "$(du -sB1 q/dlq | cut -f1)"
+  eq "index_bytes" "$(jget index_bytes)" "$(du -B1 q/index | cut -f1)"
+  expect 0 "$SPOOL" stats r
+  out_has "payload        2 B"
+  grep -qE "^on disk        [0-9.]+ KiB in all, as du counts: segments [0-9.]+ KiB, index [0-9.]+ KiB, dead-letter queue 0 B, other " "$D/out" ||
+    fail "no on-disk line: $(cat "$D/out")"
+  # several queues: each in turn; one that is not a queue is reported, the others still shown
+  expect 1 "$SPOOL" stats q nothere r --json
+  eq "objects" "$(wc -l <"$D/out")" 2
+  eq "first" "$(jget queue)" q
+  eq "second" "$(sed -n 2p "$D/out" | sed -n 's/.*"queue":"\([^"]*\)".*/\1/p')" r
+  err_has "nothere"
+  expect 0 "$SPOOL" stats q r
+  eq "queue lines" "$(grep -c '^queue ' "$D/out")" 2
+  expect 64 "$SPOOL" stats q r --prometheus
+  # --watch: a time line above each refresh (JSON: a time field)
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q r --watch
+  grep -qE '^time           20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$' "$D/out" || fail "no time line: $(cat "$D/out")"
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q --watch --json
+  grep -q '"time":"20' "$D/out" || fail "no time field: $(cat "$D/out")"
+}
+
 t_work_1000_exactly_once() {
   "$SPOOL" init q --visibility 5s >/dev/null || fail "init"
   seq 1 1000 | "$SPOOL" send q --lines >/dev/null || fail "send"
@@ -2085,6 +2116,7 @@ TESTS=(
   t_stats_recommended_workers
   t_stats_prometheus
   t_stats_watch_stops_on_sigint
+  t_stats_several_queues_du_and_watch_time
   t_work_1000_exactly_once
   t_work_payload_and_environment
   t_work_failure_nacks_with_backoff
