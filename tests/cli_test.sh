@@ -662,6 +662,11 @@ t_purge() {
   expect 0 "$SPOOL" send q after
   expect 0 "$SPOOL" recv q
   eq "message sent after purge" "$(cat "$D/out")" after
+  # issue 43: --json, as dlq purge --json
+  "$SPOOL" send q x y >/dev/null || fail "send"
+  expect 0 "$SPOOL" purge q --yes --json
+  eq "purge --json" "$(cat "$D/out")" '{"purged":3}'
+  [[ ! -s $D/err ]] || fail "purge --json said on stderr: $(cat "$D/err")"
 }
 
 t_dlq_list_and_redrive() {
@@ -1077,6 +1082,22 @@ t_work_verbose_says_why_it_exits_when_idle() {
   grep -q "the queue has been empty for 0.2s; exiting" "$D/empty.err" || fail "work -v --until-empty said: $(cat "$D/empty.err")"
 }
 
+# Issue 43: --help says what a flag takes (DUR, SIZE, N...), not CLI11's TEXT or UINT.
+t_help_names_what_flags_take() {
+  local c bad=""
+  expect 0 "$SPOOL" help send
+  out_has "--delay DUR"
+  out_has "--priority N"
+  expect 0 "$SPOOL" help init
+  out_has "--segment-size SIZE"
+  for c in $("$SPOOL" help | awk '/^Subcommands:/ {on=1; next} on && /^  [a-z]/ {print $1} on && /^[^ ]/ {exit}'); do
+    [[ $c == serve ]] && continue  # spool-serve's own help
+    bad+=$("$SPOOL" help "$c" | awk -v c="$c" '/^Options:/ {on=1; next} on && /^[^ ]/ {exit}
+      on && /^  -/ && $2 ~ /^(TEXT|UINT|INT|FLOAT)( |$|:UINT)/ {print c ": " $1 " " $2 "; "}')
+  done
+  [[ -z $bad ]] || fail "flags still shown with CLI11's type names: $bad"
+}
+
 # Issue 43: `spool work` ends with a summary (how many messages, how fast, and what became of
 # them), and on a terminal keeps a live line of progress; not on a pipe or a file.
 t_work_prints_a_summary_and_a_live_line_on_a_terminal() {
@@ -1430,7 +1451,7 @@ t_work_verbose_and_dead_letter_warning() {
   "$SPOOL" send q good >/dev/null || fail "send"
   timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' 2>"$D/err"
   eq "exit code" "$?" 0
-  grep -q "acked" "$D/err" && fail "an acked message was logged without -v: $(cat "$D/err")"
+  grep -q "; acked" "$D/err" && fail "an acked message was logged without -v: $(cat "$D/err")"
   grep -q "dead-letter queue" "$D/err" || fail "no dead-letter warning without -v: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
 }
@@ -2095,6 +2116,7 @@ TESTS=(
   t_man_page_and_cli_md_name_every_command_and_flag
   t_spool_alone_and_spool_help_list_the_commands
   t_work_verbose_says_why_it_exits_when_idle
+  t_help_names_what_flags_take
   t_work_prints_a_summary_and_a_live_line_on_a_terminal
   t_list_says_how_many_were_not_shown
   t_a_new_queue_is_private_by_default
