@@ -135,7 +135,7 @@ def spool_consumer(path, sync, n, start, produced, done):
 def run_spool(tmp: str, n: int, sync: str) -> Result:
     import spool
     path = os.path.join(tmp, "spool-q")
-    spool.Queue(path, sync=sync).close()
+    spool.Queue.create(path, sync=sync).close()
     seconds, shares, dups, _ = run_processes(spool_producer, spool_consumer, (path, sync), n)
     with spool.Queue(path) as q:
         st = q.stats()

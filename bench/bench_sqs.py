@@ -92,7 +92,7 @@ def bench_library(build, n, clients, tmp):
     os.environ.setdefault("SPOOL_LIBRARY", os.path.join(build, "libspool.so.0"))
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import spool
-    q = spool.Queue(os.path.join(tmp, "lib"))
+    q = spool.Queue.create(os.path.join(tmp, "lib"))
     body = b"x" * 100
     per = n // clients
 

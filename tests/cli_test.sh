@@ -662,6 +662,11 @@ t_purge() {
   expect 0 "$SPOOL" send q after
   expect 0 "$SPOOL" recv q
   eq "message sent after purge" "$(cat "$D/out")" after
+  # issue 43: --json, as dlq purge --json
+  "$SPOOL" send q x y >/dev/null || fail "send"
+  expect 0 "$SPOOL" purge q --yes --json
+  eq "purge --json" "$(cat "$D/out")" '{"purged":3}'
+  [[ ! -s $D/err ]] || fail "purge --json said on stderr: $(cat "$D/err")"
 }
 
 t_dlq_list_and_redrive() {
@@ -941,6 +946,37 @@ t_stats_ends_on_sigterm_while_it_waits() {
   wait "$pid" 2>/dev/null || true  # killed by the signal: 143
 }
 
+# Issue 43: stats of several queues in one call; what the directory takes as du counts it
+# (the dead-letter queue and the index included), by part; --watch says when each refresh
+# was taken; sizes in units that fit ("5 B", not "0.0 MiB").
+t_stats_several_queues_du_and_watch_time() {
+  "$SPOOL" init q --max-receives 1 >/dev/null && "$SPOOL" init r >/dev/null || fail "init"
+  "$SPOOL" send q hello >/dev/null && "$SPOOL" send r a b >/dev/null || fail "send"
+  timeout 20 "$SPOOL" work q --max-messages 1 -- false 2>/dev/null  # one dead letter: q/dlq exists
+  expect 0 "$SPOOL" stats q --json
+  eq "dir_bytes is what du -sB1 counts" "$(jget dir_bytes)" "$(du -sB1 q | cut -f1)"
+  eq "dlq_bytes is what du -sB1 counts of q/dlq" "$(jget dlq_bytes)" "$(du -sB1 q/dlq | cut -f1)"
+  eq "index_bytes" "$(jget index_bytes)" "$(du -B1 q/index | cut -f1)"
+  expect 0 "$SPOOL" stats r
+  out_has "payload        2 B"
+  grep -qE "^on disk        [0-9.]+ KiB in all, as du counts: segments [0-9.]+ KiB, index [0-9.]+ KiB, dead-letter queue 0 B, other " "$D/out" ||
+    fail "no on-disk line: $(cat "$D/out")"
+  # several queues: each in turn; one that is not a queue is reported, the others still shown
+  expect 1 "$SPOOL" stats q nothere r --json
+  eq "objects" "$(wc -l <"$D/out")" 2
+  eq "first" "$(jget queue)" q
+  eq "second" "$(sed -n 2p "$D/out" | sed -n 's/.*"queue":"\([^"]*\)".*/\1/p')" r
+  err_has "nothere"
+  expect 0 "$SPOOL" stats q r
+  eq "queue lines" "$(grep -c '^queue ' "$D/out")" 2
+  expect 64 "$SPOOL" stats q r --prometheus
+  # --watch: a time line above each refresh (JSON: a time field)
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q r --watch
+  grep -qE '^time           20[0-9]{2}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$' "$D/out" || fail "no time line: $(cat "$D/out")"
+  expect 0 timeout --preserve-status -k 5 -s INT 1.5 "$SPOOL" stats q --watch --json
+  grep -q '"time":"20' "$D/out" || fail "no time field: $(cat "$D/out")"
+}
+
 t_work_1000_exactly_once() {
   "$SPOOL" init q --visibility 5s >/dev/null || fail "init"
   seq 1 1000 | "$SPOOL" send q --lines >/dev/null || fail "send"
@@ -1070,6 +1106,47 @@ t_work_verbose_says_why_it_exits_when_idle() {
   grep -q "SIGTERM with no command running; exiting" "$D/idle.err" || fail "work -v stopped while idle said: $(cat "$D/idle.err")"
   timeout 20 "$SPOOL" work q -v --until-empty --grace 200ms -- true 2>"$D/empty.err" || fail "work --until-empty failed"
   grep -q "the queue has been empty for 0.2s; exiting" "$D/empty.err" || fail "work -v --until-empty said: $(cat "$D/empty.err")"
+}
+
+# Issue 43: --help says what a flag takes (DUR, SIZE, N...), not CLI11's TEXT or UINT.
+t_help_names_what_flags_take() {
+  local c bad=""
+  expect 0 "$SPOOL" help send
+  out_has "--delay DUR"
+  out_has "--priority N"
+  expect 0 "$SPOOL" help init
+  out_has "--segment-size SIZE"
+  for c in $("$SPOOL" help | awk '/^Subcommands:/ {on=1; next} on && /^  [a-z]/ {print $1} on && /^[^ ]/ {exit}'); do
+    [[ $c == serve ]] && continue  # spool-serve's own help
+    bad+=$("$SPOOL" help "$c" | awk -v c="$c" '/^Options:/ {on=1; next} on && /^[^ ]/ {exit}
+      on && /^  -/ && $2 ~ /^(TEXT|UINT|INT|FLOAT)( |$|:UINT)/ {print c ": " $1 " " $2 "; "}')
+  done
+  [[ -z $bad ]] || fail "flags still shown with CLI11's type names: $bad"
+}
+
+# Issue 43: `spool work` ends with a summary (how many messages, how fast, and what became of
+# them), and on a terminal keeps a live line of progress; not on a pipe or a file.
+t_work_prints_a_summary_and_a_live_line_on_a_terminal() {
+  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  "$SPOOL" send q 1 2 3 4 5 6 >/dev/null || fail "send"
+  timeout 30 "$SPOOL" work q --until-empty --grace 200ms -- sh -c 'read x; [ "$x" != 3 ]' \
+    2>"$D/err" || fail "work failed: $(cat "$D/err")"
+  grep -qE '^spool work: 6 messages in [0-9.]+s, [0-9.e+]+/s: 5 acked, 0 failed \(to retry\), 1 dead-lettered$' "$D/err" ||
+    fail "no summary: $(cat "$D/err")"
+  grep -q $'\r' "$D/err" && fail "a live line on a file: $(cat -A "$D/err")"
+  # a failure that is retried later
+  "$SPOOL" init r >/dev/null && "$SPOOL" send r x >/dev/null || fail "init r"
+  timeout 30 "$SPOOL" work r --max-messages 1 -- false 2>"$D/err"
+  grep -qE '^spool work: 1 message in .*: 0 acked, 1 failed \(to retry\), 0 dead-lettered$' "$D/err" ||
+    fail "no summary of a retry: $(cat "$D/err")"
+  # On a terminal (script(1) gives one): the line is redrawn in place while commands run.
+  command -v script >/dev/null || fail "script(1) (util-linux) is needed to give spool a terminal"
+  "$SPOOL" send q 1 2 3 4 >/dev/null || fail "send"
+  script -qec "timeout 30 $SPOOL work q -j 2 --until-empty --grace 500ms -- sh -c 'sleep 0.4'" /dev/null >tty.out ||
+    fail "work under script: $(cat -A tty.out)"
+  grep -qaF $'\r\033[Kspool work: 0 messages in ' tty.out || fail "no live line: $(cat -A tty.out)"
+  grep -qaE '; 2 running' tty.out || fail "the live line does not show the running commands: $(cat -A tty.out)"
+  grep -qaE 'spool work: 4 messages in [0-9.]+s, [0-9.e+]+/s: 4 acked' tty.out || fail "no summary: $(cat -A tty.out)"
 }
 
 # Issue 43: list stops at -n N (default 100) and says, on stderr, how many it did not show.
@@ -1400,7 +1477,7 @@ t_work_verbose_and_dead_letter_warning() {
   "$SPOOL" send q good >/dev/null || fail "send"
   timeout 20 "$SPOOL" work q --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' 2>"$D/err"
   eq "exit code" "$?" 0
-  grep -q "acked" "$D/err" && fail "an acked message was logged without -v: $(cat "$D/err")"
+  grep -q "; acked" "$D/err" && fail "an acked message was logged without -v: $(cat "$D/err")"
   grep -q "dead-letter queue" "$D/err" || fail "no dead-letter warning without -v: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
 }
@@ -2065,6 +2142,8 @@ TESTS=(
   t_man_page_and_cli_md_name_every_command_and_flag
   t_spool_alone_and_spool_help_list_the_commands
   t_work_verbose_says_why_it_exits_when_idle
+  t_help_names_what_flags_take
+  t_work_prints_a_summary_and_a_live_line_on_a_terminal
   t_list_says_how_many_were_not_shown
   t_a_new_queue_is_private_by_default
   t_too_large_exit_1
@@ -2086,6 +2165,7 @@ TESTS=(
   t_stats_prometheus
   t_stats_ends_on_sigterm_while_it_waits
   t_stats_watch_stops_on_sigint
+  t_stats_several_queues_du_and_watch_time
   t_work_1000_exactly_once
   t_work_payload_and_environment
   t_work_failure_nacks_with_backoff

@@ -141,6 +141,39 @@ t_forwarder_killed_and_restarted() {
   exactly_once 10000
 }
 
+# Issue 43: a message's attributes travel as headers of the same names (a value with a
+# control byte base64, under Spool-B64-KEY), and spool pull makes attributes of them again.
+t_attributes_survive_forward_then_pull() {
+  "$SPOOL" init q && "$SPOOL" init p || fail "init"
+  start_server
+  "$SPOOL" send q -a trace=7f3a -a tenant=acme -a "multi=line one"$'\n'"line two" hello >/dev/null || fail "send"
+  forward --once || fail "forward --once: $(cat "$D/fwd.err")"
+  timeout 60 "$SPOOL" pull p --nats "$URL" --stream JOBS --consumer down --once 2>"$D/pull.err" ||
+    fail "pull --once: $(cat "$D/pull.err")"
+  "$SPOOL" recv p --json >"$D/got" || fail "recv"
+  grep -q '"payload":"hello"' "$D/got" || fail "payload: $(cat "$D/got")"
+  local want
+  for want in '"trace":"7f3a"' '"tenant":"acme"' '"multi":"line one\nline two"' '"Spool-Id":"1"'; do
+    grep -qF "$want" "$D/got" || fail "attribute $want did not arrive: $(cat "$D/got")"
+  done
+  grep -q 'Spool-B64' "$D/got" && fail "the base64 header arrived as is: $(cat "$D/got")"
+  return 0
+}
+
+# Issue 43: forward --once with the server out of reach gives up after --give-up (it waited
+# for ever), with an error, and the messages stay in the queue.
+t_once_gives_up_when_unreachable() {
+  "$SPOOL" init q || fail "init"
+  send_range q 1 10
+  local start=$SECONDS
+  timeout 30 "$SPOOL" forward q --nats "nats://127.0.0.1:$PORT" --subject jobs --stream JOBS --once --give-up 2s \
+    2>"$D/fwd.err"
+  eq "exit code" "$?" 1
+  ((SECONDS - start <= 6)) || fail "gave up after $((SECONDS - start)) s"
+  grep -q "giving up after 2s (--give-up)" "$D/fwd.err" || fail "no error: $(cat "$D/fwd.err")"
+  eq "still ready" "$(qstat ready)" 10
+}
+
 t_server_down_at_start() {
   "$SPOOL" init q || fail "init"
   send_range q 1 1000
@@ -412,6 +445,8 @@ t_tls_ca_and_client_certificate() {
 }
 
 TESTS=(
+  t_attributes_survive_forward_then_pull
+  t_once_gives_up_when_unreachable
   t_forward_10000_exactly_once
   t_resend_is_deduplicated
   t_server_killed_and_restarted

@@ -76,9 +76,13 @@ layout() {
            "$PREFIX_DIR/share/man/man3/libspool.3" "$PREFIX_DIR/share/man/man3/spool.h.3" \
            "$PREFIX_DIR/include/spool/queue.h" "$PREFIX_DIR/include/spool/lease_keeper.h" \
            "$PREFIX_DIR/include/spool/lease_manager.h" \
-           "$PREFIX_DIR/include/spool/status.h" "$PREFIX_DIR/include/spool/spool.h"; do
+           "$PREFIX_DIR/include/spool/status.h" "$PREFIX_DIR/include/spool/spool.h" \
+           "$PREFIX_DIR/share/bash-completion/completions/spool" \
+           "$PREFIX_DIR/lib/systemd/system/spool-work@.service"; do
     [ -e "$f" ] || { echo "missing: $f"; return 1; }
   done
+  # zsh's directory depends on the prefix (dist/meson.build)
+  ls "$PREFIX_DIR"/share/zsh/*/_spool >/dev/null || return 1
   if [ -x "$BUILD/fuse/spoolfs" ]; then
     for f in "$PREFIX_DIR/bin/spoolfs" "$PREFIX_DIR/share/man/man1/spoolfs.1"; do
       [ -e "$f" ] || { echo "missing: $f"; return 1; }
@@ -90,7 +94,7 @@ layout() {
     { readelf -d "$LIBDIR/libspool.so.0"; return 1; }
   echo "prefix $PREFIX_DIR, libdir $LIBDIR"
 }
-check "headers, libspool.so.0 (soname), libspool.a, spool.pc, binaries, man pages" layout
+check "headers, libspool.so.0 (soname), libspool.a, spool.pc, binaries, man pages, completion, unit" layout
 
 # ---------------------------------------------------------------- 2. the exported symbols
 

@@ -103,6 +103,7 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
       opt->transform([](std::string v) { return !v.empty() && v[0] == kMark ? v.substr(1) : v; });
     }
   }
+  name_flag_values(app);
   try {
     app.parse(static_cast<int>(marked_argv.size()), marked_argv.data());
   } catch (const CLI::ParseError& e) {

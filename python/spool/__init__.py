@@ -8,7 +8,7 @@ compiler. Semantics: docs/semantics.md; this binding: docs/python.md.
 
     import spool
 
-    with spool.Queue("/var/spool/jobs") as q:
+    with spool.Queue.create("/var/spool/jobs") as q:   # spool.Queue(path) opens an existing one
         q.send("resize photo 17")
         for msg in q.messages(idle_timeout=5):   # the lease is renewed while you work
             handle(msg.payload)                  # acked when the body finishes
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Optional, Union
 
@@ -76,7 +77,7 @@ class Error(Exception):
 
     @property
     def code_name(self) -> str:
-        return _lib.spool_code_name(self.code).decode()
+        return str(_lib.spool_code_name(self.code).decode())
 
 
 class Empty(Error):
@@ -250,6 +251,8 @@ def _c_group(group: Union[str, bytes, None], keep: list[Any]) -> tuple[Optional[
 
 
 _SYNC = {"always": 0, "interval": 1, "never": 2}
+_POLL_SLICE_MS = 500
+"""The longest one C call of a long poll waits: how late a Ctrl-C can be."""
 
 
 # ------------------------------------------------------------------------- values
@@ -381,10 +384,14 @@ class Message:
 # ------------------------------------------------------------------------- the queue
 
 class Queue:
-    """A queue directory, opened (and created, unless ``create=False``).
+    """A queue directory, opened. ``Queue(path)`` opens an existing queue and raises
+    NotAQueue if there is none (a misspelled path is an error, not a new empty queue, as
+    with the CLI, where ``spool init`` creates); ``Queue(path, create=True)`` or
+    :meth:`Queue.create` creates it when the directory holds none.
 
-    Settings marked [stored] are fixed when the queue is created; opening an existing
-    queue ignores them. None means the library's default. Durations are in seconds.
+    Settings marked [stored] are fixed when the queue is created: they may be given only
+    with ``create=True`` (ValueError otherwise), and opening a queue that already exists
+    ignores them. None means the library's default. Durations are in seconds.
 
     :param visibility: [stored] default lease of receive (30 s)
     :param max_receives: [stored] deliveries before a message is dead-lettered (10; 0: never)
@@ -401,19 +408,31 @@ class Queue:
         sent (300 s; 0.001 s to 7 days)
     :param keep_acked: [stored] replay after ack: keep acked messages in the log this many
         seconds after their ack, for :meth:`replay` (0: off, the default; at most 30 days)
-    :param create: create the queue if the directory holds none (True)
+    :param create: create the queue if the directory holds none (False: NotAQueue)
 
     Raises NotAQueue, Incompatible, ReadOnly, IoError. Use as a context manager, or call
     :meth:`close`.
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, visibility: Optional[float] = None,
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, visibility: Optional[float] = None,
                  max_receives: Optional[int] = None, sync: Optional[str] = None,
                  sync_interval: Optional[float] = None, segment_size: Optional[int] = None,
                  max_payload: Optional[int] = None, retention_max_age: Optional[float] = None,
                  retention_max_bytes: Optional[int] = None, max_ready: Optional[int] = None,
                  max_bytes: Optional[int] = None, dedup_window: Optional[float] = None,
-                 keep_acked: Optional[float] = None, create: bool = True) -> None:
+                 keep_acked: Optional[float] = None, create: bool = False) -> None:
+        if not create:
+            given = [name for name, value in (
+                ("visibility", visibility), ("max_receives", max_receives), ("sync", sync),
+                ("sync_interval", sync_interval), ("segment_size", segment_size),
+                ("max_payload", max_payload), ("retention_max_age", retention_max_age),
+                ("retention_max_bytes", retention_max_bytes), ("max_ready", max_ready),
+                ("max_bytes", max_bytes), ("dedup_window", dedup_window),
+                ("keep_acked", keep_acked)) if value is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: stored when a queue is created; pass "
+                                 "create=True (or use Queue.create) to create the queue with "
+                                 "them (an existing queue keeps its own)")
         o = _capi.spool_options()
         _lib.spool_options_init_size(ctypes.byref(o), ctypes.sizeof(o))
         if visibility is not None:
@@ -443,8 +462,21 @@ class Queue:
         self._owner: Optional[Queue] = None
         self._pid = os.getpid()
         self._dir = os.fsdecode(path)  # for repr, also once closed
-        _check(_lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o), ctypes.byref(handle)))
+        code = _lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o),
+                               ctypes.byref(handle))
+        if code == NotAQueue.code and not create and not os.path.exists(path):
+            raise NotAQueue((_lib.spool_last_error() or b"").decode(errors="replace") +
+                            "; to create it: spool.Queue.create(path), Queue(path, "
+                            "create=True) or spool init PATH", code)
+        _check(code)
         self._h = handle.value
+
+    @classmethod
+    def create(cls, path: Union[str, "os.PathLike[str]"], **settings: Any) -> "Queue":
+        """Opens the queue in ``path``, creating it (and the directory) if there is none:
+        ``Queue(path, create=True, **settings)``. The [stored] settings apply only to a new
+        queue; an existing one keeps its own."""
+        return cls(path, create=True, **settings)
 
     @classmethod
     def _borrowed(cls, owner: "Queue", handle: int) -> "Queue":
@@ -492,21 +524,21 @@ class Queue:
         """The queue's stored default lease, in seconds."""
         o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
         _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
-        return o.visibility_ms / 1000
+        return float(o.visibility_ms) / 1000
 
     @property
     def dedup_window(self) -> float:
         """The queue's stored dedup window, in seconds."""
         o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
         _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
-        return o.dedup_window_ms / 1000
+        return float(o.dedup_window_ms) / 1000
 
     @property
     def keep_acked(self) -> float:
         """The queue's stored keep_acked (replay after ack), in seconds; 0: off."""
         o = _capi.spool_options(size=ctypes.sizeof(_capi.spool_options))
         _check(_lib.spool_get_options(self._handle(), ctypes.byref(o)))
-        return o.keep_acked_ms / 1000
+        return float(o.keep_acked_ms) / 1000
 
     # -- sending
 
@@ -653,10 +685,19 @@ class Queue:
             raise ValueError("visibility must be at least 1 ms (None: the queue's default)")
         ptr = ctypes.POINTER(_capi.spool_message)()
         n = ctypes.c_size_t()
-        code = _lib.spool_receive(self._handle(), max, vis, _ms(wait, "wait"), ctypes.byref(ptr),
-                                  ctypes.byref(n))
-        if code == Empty.code:
-            return []
+        # A long poll waits in slices of at most _POLL_SLICE seconds: Python runs signal
+        # handlers only between calls, so a Ctrl-C (KeyboardInterrupt) comes within a slice
+        # instead of at the end of the wait. A send still wakes the slice under way at once.
+        left = _ms(wait, "wait")
+        deadline = time.monotonic() + left / 1000
+        while True:
+            code = _lib.spool_receive(self._handle(), max, vis, min(left, _POLL_SLICE_MS),
+                                      ctypes.byref(ptr), ctypes.byref(n))
+            if code != Empty.code:
+                break
+            left = int((deadline - time.monotonic()) * 1000)
+            if left <= 0:
+                return []
         _check(code)
         return self._batch(ptr, n.value)
 
@@ -820,6 +861,7 @@ class Queue:
         """The dead-letter queue (dir/dlq), a Queue that closes with this one."""
         h = ctypes.c_void_p()
         _check(_lib.spool_dead_letters(self._handle(), ctypes.byref(h)))
+        assert h.value is not None  # set by a call that succeeded
         return Queue._borrowed(self, h.value)
 
     def redrive(self, max: int = 1 << 30) -> int:
@@ -829,7 +871,7 @@ class Queue:
         return n.value
 
     def replay(self, since: float, until: float = 0,
-               to: Optional[Union[str, os.PathLike]] = None) -> dict[str, int]:
+               to: Optional[Union[str, "os.PathLike[str]"]] = None) -> dict[str, int]:
         """Replay after ack: sends the messages acked between ``since`` and ``until`` seconds
         ago again as new messages (into this queue, or the existing queue ``to``), each with
         its attributes plus spool.replay.original_id and spool.replay.acked_at. Returns

@@ -47,7 +47,7 @@ def wait_until(cond, timeout: float, what: str) -> None:
 # ------------------------------------------------------------------ basics and errors
 
 def test_send_receive_ack_bytes_and_str(qdir):
-    with spool.Queue(qdir, visibility=10) as q:
+    with spool.Queue.create(qdir, visibility=10) as q:
         before = time.time()
         a = q.send(b"\x00binary\xff")
         b = q.send("héllo")
@@ -71,7 +71,7 @@ def test_send_receive_ack_bytes_and_str(qdir):
 
 
 def test_pause_resume_and_release_from_python(qdir):
-    with spool.Queue(qdir, visibility=3600) as q:
+    with spool.Queue.create(qdir, visibility=3600) as q:
         q.send("a")
         q.pause()
         assert q.stats().paused
@@ -94,8 +94,8 @@ def test_errors_are_exceptions_per_code(qdir, tmp_path):
     assert e.value.code == 7 and e.value.code_name == "not a queue"
     assert "file" in str(e.value) and isinstance(e.value, spool.Error)
     with pytest.raises(spool.NotAQueue):
-        spool.Queue(str(tmp_path / "absent"), create=False)
-    with spool.Queue(qdir, max_payload=100) as q:
+        spool.Queue(str(tmp_path / "absent"))
+    with spool.Queue.create(qdir, max_payload=100) as q:
         with pytest.raises(spool.TooLarge, match="too large"):
             q.send(b"x" * 101)
         with pytest.raises(spool.InvalidArgument):
@@ -116,7 +116,7 @@ def test_errors_are_exceptions_per_code(qdir, tmp_path):
 
 
 def test_back_pressure_raises_queue_full(qdir):
-    with spool.Queue(qdir, max_ready=2) as q:
+    with spool.Queue.create(qdir, max_ready=2) as q:
         q.send("1")
         q.send("2")
         with pytest.raises(spool.QueueFull) as e:
@@ -132,7 +132,7 @@ def test_back_pressure_raises_queue_full(qdir):
 # ------------------------------------------------------------------ attributes and dedup (issue 26)
 
 def test_attributes_round_trip_as_bytes_values(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         a = q.send("with", attributes={"trace": "abc", "bin": b"\x00\xff", "empty": "",
                                        "k.v-1_X": "héllo"})
         b = q.send("plain")
@@ -159,7 +159,7 @@ def test_attributes_round_trip_as_bytes_values(qdir):
 
 
 def test_attribute_bounds_raise_invalid_argument_naming_the_problem(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("16 is fine", attributes={f"k{i}": "v" for i in range(16)})
         sent = q.stats().sent_total
         with pytest.raises(spool.InvalidArgument, match=r"17.*at most 16"):
@@ -187,7 +187,7 @@ def test_attribute_bounds_raise_invalid_argument_naming_the_problem(qdir):
 
 
 def test_dedup_same_id_once_different_ids_twice(qdir):
-    with spool.Queue(qdir, dedup_window=60) as q:
+    with spool.Queue.create(qdir, dedup_window=60) as q:
         assert q.dedup_window == 60
         a = q.send("first", dedup_id="order-1")
         assert q.send("again", dedup_id="order-1") == a
@@ -215,7 +215,7 @@ def test_dedup_same_id_once_different_ids_twice(qdir):
 
 
 def test_sent_id_tells_whether_a_send_was_a_duplicate(qdir):
-    with spool.Queue(qdir, dedup_window=60) as q:
+    with spool.Queue.create(qdir, dedup_window=60) as q:
         plain = q.send("plain")
         assert isinstance(plain, int) and isinstance(plain, spool.SentId)
         assert plain.duplicate is False
@@ -243,7 +243,7 @@ def test_sent_id_tells_whether_a_send_was_a_duplicate(qdir):
 
 
 def test_dedup_id_is_forgotten_after_the_window(qdir):
-    with spool.Queue(qdir, dedup_window=2.0) as q:  # two sends fit on a loaded machine
+    with spool.Queue.create(qdir, dedup_window=2.0) as q:  # two sends fit on a loaded machine
         a = q.send("1", dedup_id="w")
         assert q.send("2", dedup_id="w") == a
         time.sleep(2.3)
@@ -253,7 +253,7 @@ def test_dedup_id_is_forgotten_after_the_window(qdir):
 
 
 def test_priorities_order_receives_and_are_reported(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("low", priority=200)
         q.send("plain")
         q.send("urgent", priority=0)
@@ -297,7 +297,7 @@ def test_priorities_order_receives_and_are_reported(qdir):
 
 
 def test_groups_are_received_one_at_a_time_in_send_order(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("a1", group="A")
         q.send_batch(["a2", "a3"], group="A")
         q.send_batch([spool.SendItem("b1", group=b"B\x00\xff"), spool.SendItem("a4"),
@@ -351,7 +351,7 @@ def test_groups_are_received_one_at_a_time_in_send_order(qdir):
 
 
 def test_group_bounds_raise_invalid_argument_and_queue_nothing(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("128 is fine", group="g" * spool.MAX_GROUP)
         sent = q.stats().sent_total
         with pytest.raises(spool.InvalidArgument, match=r"group_len is 129: a group key is 1 to 128"):
@@ -374,7 +374,7 @@ def test_nul_bytes_and_empty_dedup_ids_are_refused(qdir, tmp_path):
     with pytest.raises(ValueError, match="NUL"):
         spool.Queue(str(qdir) + "\0/../elsewhere")
     assert not (tmp_path / "elsewhere").exists()
-    with spool.Queue(qdir, visibility=10) as q:
+    with spool.Queue.create(qdir, visibility=10) as q:
         q.send("x")
         m = q.receive()[0]
         for call in (q.ack, q.nack, lambda r: q.extend(r, 5)):
@@ -387,7 +387,7 @@ def test_nul_bytes_and_empty_dedup_ids_are_refused(qdir, tmp_path):
 
 
 def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
-    with spool.Queue(qdir, keep_acked=3600) as q:
+    with spool.Queue.create(qdir, keep_acked=3600) as q:
         assert q.keep_acked == 3600
         a = q.send("again", attributes={"tenant": "acme"})
         q.send("left alone")
@@ -402,7 +402,7 @@ def test_replay_after_ack_sends_acked_messages_again(qdir, tmp_path):
         attrs = got["again"].text_attributes
         assert attrs["tenant"] == "acme" and attrs["spool.replay.original_id"] == str(a)
         assert attrs["spool.replay.acked_at"].endswith("Z")
-        with spool.Queue(tmp_path / "other") as other:
+        with spool.Queue.create(tmp_path / "other") as other:
             assert q.replay(since=3600, to=tmp_path / "other")["replayed"] == 1
             assert [m.text for m in other.receive(max=10)] == ["again"]
         with pytest.raises(spool.InvalidArgument):
@@ -421,7 +421,7 @@ def test_caller_of_the_shorter_0_1_0_send_options_struct(qdir):
     legacy(ctypes.byref(so))
     assert so.size == full.attributes.offset == 32
     assert so.attribute_count == so.dedup_id_len == 2**64 - 1  # not written
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         ids = []
         for _ in range(2):
             out = ctypes.c_uint64()
@@ -432,7 +432,7 @@ def test_caller_of_the_shorter_0_1_0_send_options_struct(qdir):
 
 
 def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("job")
         (first,) = q.receive(visibility=0.1)
         time.sleep(0.25)  # the lease ends
@@ -452,7 +452,7 @@ def test_stale_ack_raises_lease_lost_and_changes_nothing(qdir):
 
 
 def test_remove_deletes_a_message_by_id_and_its_receipt_is_then_not_found(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         first, second = q.send("leased"), q.send("ready")
         (m,) = q.receive(visibility=60)
         assert m.id == first
@@ -467,7 +467,7 @@ def test_remove_deletes_a_message_by_id_and_its_receipt_is_then_not_found(qdir):
 
 
 def test_nack_delay_dead_letters_redrive_peek(qdir):
-    with spool.Queue(qdir, max_receives=2) as q:
+    with spool.Queue.create(qdir, max_receives=2) as q:
         i = q.send("poison")
         assert [m.payload for m in q.peek()] == [b"poison"]
         (m,) = q.receive()
@@ -496,7 +496,7 @@ N_COMPETING = 2000
 def _competing_worker(qdir: str, out, ready) -> None:
     # The child opens the queue itself (a Queue must not cross fork).
     seen = []
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         ready.wait(60)  # every worker is there before the first message is sent
         while True:
             msgs = q.receive(max=8, visibility=30, wait=0.3)
@@ -518,12 +518,12 @@ def test_competing_workers_ack_every_message_once(qdir):
     # were still starting could drain all 2,000 before they came (seen under load).
     ready = ctx.Barrier(4 + 1)
     workers = [ctx.Process(target=_competing_worker, args=(qdir, out, ready)) for _ in range(4)]
-    with spool.Queue(qdir):
+    with spool.Queue(qdir, create=True):
         pass  # created before the workers start
     for w in workers:
         w.start()
     ready.wait(60)
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         for start in range(0, N_COMPETING, 100):
             q.send_batch(str(i) for i in range(start, start + 100))
     results = [out.get(timeout=120) for _ in workers]
@@ -534,13 +534,13 @@ def test_competing_workers_ack_every_message_once(qdir):
     assert sorted(counts) == list(range(N_COMPETING))
     assert set(counts.values()) == {1}, [i for i, c in counts.items() if c != 1][:10]
     assert sum(1 for r in results if r) >= 2, [len(r) for r in results]
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         st = q.stats()
         assert st.acked_total == N_COMPETING and st.sent_total == N_COMPETING
 
 
 def test_queue_from_parent_refuses_use_in_forked_child(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -567,7 +567,7 @@ WORKER_THAT_HANGS = """
 
 @pytest.mark.parametrize("renew", ["renew", "plain"])
 def test_kill9_of_a_worker_holding_a_lease_gives_the_message_back(qdir, renew):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         mid = q.send("work")
         # With renew, the lease is 30 s but bound to the worker (keeper): back at once.
         # Without, a 1 s lease that nobody renews: back when it runs out.
@@ -592,7 +592,7 @@ def test_kill9_of_a_worker_holding_a_lease_gives_the_message_back(qdir, renew):
 
 
 def test_messages_renews_the_lease_while_the_body_runs(qdir):
-    with spool.Queue(qdir) as q, spool.Queue(qdir) as other:
+    with spool.Queue(qdir, create=True) as q, spool.Queue(qdir) as other:
         q.send("slow")
         for msg in q.messages(visibility=0.3, wait=0.1, idle_timeout=0.3):
             time.sleep(1.0)  # over three leases long
@@ -601,7 +601,7 @@ def test_messages_renews_the_lease_while_the_body_runs(qdir):
 
 
 def test_messages_nacks_what_an_exception_leaves(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         q.send("boom")
         with pytest.raises(RuntimeError):
             for msg in q.messages(visibility=30, wait=0.1):
@@ -616,7 +616,7 @@ def test_messages_nacks_what_an_exception_leaves(qdir):
 def test_cli_producer_python_consumer(qdir, spool_cli):
     n = 3000
     subprocess.run([spool_cli, "init", qdir], check=True, stdout=subprocess.DEVNULL)
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         producer = subprocess.Popen([spool_cli, "send", qdir, "--lines"], stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL)
         producer.stdin.write("".join(f"line-{i}\n" for i in range(n)).encode())
@@ -677,7 +677,7 @@ def test_c_worker_python_worker_and_cli_on_one_queue_at_once(qdir, spool_cli, c_
     want = [f"cli-{i}" for i in range(n)] + [f"py-{i}" for i in range(n)]
     assert collections.Counter(every) == collections.Counter(want)  # each exactly once
     assert lines[c_out] and lines[py_out], {p: len(v) for p, v in lines.items()}
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         st = q.stats()
         assert (st.acked_total, st.ready, st.in_flight) == (2 * n, 0, 0)
 
@@ -685,7 +685,7 @@ def test_c_worker_python_worker_and_cli_on_one_queue_at_once(qdir, spool_cli, c_
 # ------------------------------------------------------------------ the GIL
 
 def test_long_poll_leaves_the_gil_to_other_threads(qdir):
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         received = []
         entered = threading.Event()
 
@@ -720,7 +720,7 @@ def test_long_poll_leaves_the_gil_to_other_threads(qdir):
 
 def test_version_repr_and_len(qdir):
     assert spool.__version__ == "0.1.0" and "__version__" in spool.__all__
-    with spool.Queue(qdir) as q:
+    with spool.Queue(qdir, create=True) as q:
         assert repr(q) == f"<spool.Queue {str(qdir)!r} open>"
         assert len(q) == 0 and q  # an empty queue is still true
         q.send("a")
@@ -730,3 +730,51 @@ def test_version_repr_and_len(qdir):
         m.ack()
         assert len(q) == 1
     assert repr(q).endswith(" closed>")
+
+
+def test_a_misspelled_path_is_an_error_not_a_new_queue(tmp_path):
+    """issue 43: Queue(path) created an empty queue wherever it was pointed, so a typo
+    gave a worker that waited forever on a queue nobody sends to."""
+    with spool.Queue.create(tmp_path / "jobs") as q:
+        q.send("work")
+    with pytest.raises(spool.NotAQueue, match="Queue.create") as e:
+        spool.Queue(tmp_path / "jbos")
+    assert "jbos" in str(e.value)
+    assert not (tmp_path / "jbos").exists(), "the failed open left a directory behind"
+    with spool.Queue(tmp_path / "jobs") as q:  # an existing queue opens without create
+        assert q.stats().ready == 1
+    # Stored settings are only meaningful when creating: refused, not silently ignored.
+    with pytest.raises(ValueError, match="visibility.*create=True"):
+        spool.Queue(tmp_path / "jobs", visibility=5)
+    with spool.Queue(tmp_path / "new", create=True, visibility=5) as q:
+        assert q.visibility == 5
+
+
+def test_ctrl_c_ends_a_long_poll_within_a_second(qdir):
+    """issue 43: a receive(wait=60) ignored Ctrl-C until the wait ended (Python runs signal
+    handlers only between C calls)."""
+    spool.Queue.create(qdir).close()
+    child = run_python("""
+        import sys, time, spool
+        q = spool.Queue(sys.argv[1])
+        print("polling", flush=True)
+        start = time.monotonic()
+        try:
+            q.receive(wait=60)
+        except KeyboardInterrupt:
+            print(f"interrupted after {time.monotonic() - start:.2f}", flush=True)
+            sys.exit(3)
+        print("the poll ended without the interrupt", flush=True)
+    """, qdir, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "polling"
+        time.sleep(0.7)  # well inside the poll
+        sent = time.monotonic()
+        child.send_signal(signal.SIGINT)
+        assert child.wait(10) == 3, child.stdout.read()
+        assert time.monotonic() - sent < 1.5, f"took {time.monotonic() - sent:.2f} s"
+        assert child.stdout.read().startswith("interrupted")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

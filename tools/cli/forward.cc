@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -50,12 +51,16 @@ CLI::App* add_forward_command(CLI::App& app, std::string& dir, ForwardArgs& a) {
   c->add_option("--ack-timeout", a.ack_timeout, "Wait this long for a PubAck before retrying (default 5s)")
       ->check(CLI::Validator(check_positive_duration, "DURATION"));
   c->add_flag("--once", a.once, "Exit when the queue is empty (nothing ready, delayed or leased)");
+  c->add_option("--give-up", a.give_up,
+                "With --once: exit 1 once NATS has been out of reach this long, at start or later (default 30s)")
+      ->check(CLI::Validator(check_positive_duration, "DURATION"));
   c->footer(
       "At-least-once: a message is acked locally only after JetStream confirmed it; a failed or\n"
       "timed-out publish returns it to the queue with backoff. Each message carries Nats-Msg-Id\n"
       "<queue uid>-<id>, so the stream drops a resend after a forwarder crash, and the headers\n"
       "Spool-Id, Spool-Enqueued-At and Spool-Receive-Count.\n"
-      "While the server is unreachable (also at start) it warns once and keeps retrying.\n"
+      "While the server is unreachable (also at start) it warns once and keeps retrying; with\n"
+      "--once, for at most --give-up (then exit 1, what was not confirmed back in the queue).\n"
       "SIGTERM/SIGINT: stop receiving, wait for outstanding PubAcks (up to --ack-timeout), return\n"
       "the rest to the queue, exit 0. See docs/beyond-one-host.md.\n"
       "Credentials: --creds-file, or the environment; a URL's user:password@ shows in ps\n"
@@ -115,7 +120,7 @@ constexpr int64_t kDuplicateWindowNs = 120ll * 1000 * 1000 * 1000;
 class Forwarder {
  public:
   Forwarder(Queue& q, const ForwardArgs& a, Credentials creds, std::string identity, Millis ack_timeout)
-      : q_(q), args_(a), creds_(std::move(creds)),
+      : q_(q), args_(a), give_up_(*parse_duration(a.give_up)), creds_(std::move(creds)),
         warnings_("spool forward", creds_.secrets), url_(redact_url(a.nats.url)), identity_(std::move(identity)),
         ack_timeout_(ack_timeout),
         // Longer than a publish can be outstanding (the PubAck timeout turns it into a retry),
@@ -137,10 +142,16 @@ class Forwarder {
                            "when they run out\n", s.to_string().c_str());
     }
     if (int rc = connect(); rc >= 0) return rc;
+    const auto setup_start = Clock::now();
     for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
       Setup st = prepare_stream();
       if (st == Setup::kOk) break;
       if (st == Setup::kFatal) return 1;
+      if (args_.once && Clock::now() - setup_start >= give_up_) {
+        std::fprintf(stderr, "spool forward: the stream at %s is still not ready after %.3gs; giving up (--once, "
+                             "--give-up)\n", url_.c_str(), static_cast<double>(give_up_.count()) / 1000);
+        return 1;
+      }
       if (!sleep_unless(g_stop, pause)) return summary(0);
     }
     std::fprintf(stderr, "spool forward: forwarding %s to stream %s (subject %s) at %s\n", q_.dir().c_str(),
@@ -186,7 +197,7 @@ class Forwarder {
   int connect() {
     NatsCallbacks cb{on_disconnected, on_reconnected, on_async_error, this};
     int rc = connect_nats(args_.nats, creds_, warnings_, "spool forward " + q_.dir(), cb,
-                          "(the queue keeps accepting messages)", g_stop, &nc_);
+                          "(the queue keeps accepting messages)", g_stop, &nc_, args_.once ? give_up_ : Millis(0));
     if (rc == 0) return summary(0);
     if (rc < 0) connected_ = true;
     return rc;
@@ -280,6 +291,15 @@ class Forwarder {
         // After a failure, probe with one message at a time until a publish succeeds, so an
         // outage or a missing stream costs few deliveries (each counts toward max_receives).
         size_t limit = failures_ > 0 ? 1 : args_.window;
+        if (connected_) {
+          lost_since_.reset();
+        } else if (!lost_since_) {
+          lost_since_ = now;
+        } else if (args_.once && now - *lost_since_ >= give_up_) {
+          std::fprintf(stderr, "spool forward: NATS at %s out of reach for %.3gs; giving up (--once, --give-up)\n",
+                       url_.c_str(), static_cast<double>(give_up_.count()) / 1000);
+          return 1;
+        }
         if (!connected_ || now < pause_until_ || inflight_.size() >= limit) {
           cv_.wait_for(lock, Millis(100));
           continue;
@@ -309,6 +329,17 @@ class Forwarder {
     natsMsg* msg = nullptr;
     natsStatus s = natsMsg_Create(&msg, args_.subject.c_str(), nullptr, m.payload.data(),
                                   static_cast<int>(m.payload.size()));
+    // The message's attributes as headers of the same names (attribute keys are valid header
+    // names); a value a header cannot carry (a control byte: CR or LF would end the header
+    // line) goes base64 under Spool-B64-KEY, which spool pull decodes back to KEY.
+    for (const auto& [key, value] : m.attributes) {
+      if (s != NATS_OK) break;
+      const bool text = std::none_of(value.begin(), value.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+      });
+      s = text ? natsMsgHeader_Set(msg, key.c_str(), value.c_str())
+               : natsMsgHeader_Set(msg, (kBase64Header + key).c_str(), base64(value).c_str());
+    }
     if (s == NATS_OK) s = natsMsgHeader_Set(msg, "Spool-Id", id.c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(msg, "Spool-Enqueued-At", iso_time(m.enqueued).c_str());
     if (s == NATS_OK) s = natsMsgHeader_Set(msg, "Spool-Receive-Count", count.c_str());
@@ -453,6 +484,7 @@ class Forwarder {
 
   Queue& q_;
   const ForwardArgs& args_;
+  const Millis give_up_;  // --give-up: with --once, how long NATS may stay out of reach
   const Credentials creds_;
   Warnings warnings_;
   const std::string url_;  // args_.nats.url as shown: redact_url()
@@ -470,6 +502,7 @@ class Forwarder {
   // Keyed by the library's message: the PubAck callback hands it back.
   std::unordered_map<natsMsg*, Inflight> inflight_;
   uint32_t failures_ = 0;  // publishes failed in a row (capped)
+  std::optional<Clock::time_point> lost_since_;  // forward() only: when the connection was lost
   Clock::time_point pause_until_;
 
   std::atomic<uint64_t> forwarded_{0}, duplicates_{0}, retries_{0};

@@ -25,6 +25,9 @@ struct ForwardArgs {
   std::string ack_timeout = "5s";  // --ack-timeout: wait this long for a PubAck, then retry
   size_t window = 256;             // -j: publishes awaiting their PubAck at once
   bool once = false;               // --once: exit when the queue has nothing left to forward
+  // --give-up DUR (with --once only): exit 1 once NATS has been out of reach this long
+  // (at start, or disconnected later); without --once forward waits for it for ever.
+  std::string give_up = "30s";
 };
 
 // Adds the `forward` subcommand and its flags to `app` (DIR goes to `dir`). Flag values that

@@ -350,7 +350,8 @@ int options_failed(natsOptions* opts, Warnings& w, const std::string& what, nats
 }  // namespace
 
 int connect_nats(const NatsArgs& a, const Credentials& creds, Warnings& w, const std::string& client_name, const NatsCallbacks& cb,
-                 const std::string& waiting_note, const std::atomic<bool>& stop, natsConnection** nc) {
+                 const std::string& waiting_note, const std::atomic<bool>& stop, natsConnection** nc,
+                 Millis give_up) {
   const char* who = w.who().c_str();
   const std::string url = redact_url(a.url);
   if (std::string why = check_url(a.url); !why.empty()) {
@@ -400,6 +401,7 @@ int connect_nats(const NatsArgs& a, const Credentials& creds, Warnings& w, const
     }
   }
   bool warned = false;
+  const auto started = std::chrono::steady_clock::now();
   for (Millis pause(250);; pause = std::min(pause * 2, Millis(5000))) {
     s = natsConnection_Connect(nc, opts);
     if (s == NATS_OK) break;
@@ -419,12 +421,22 @@ int connect_nats(const NatsArgs& a, const Credentials& creds, Warnings& w, const
       natsOptions_Destroy(opts);
       return 1;
     }
+    const auto waited = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - started);
+    if (give_up.count() > 0 && waited >= give_up) {
+      std::fprintf(stderr, "%s: cannot reach NATS at %s (%s); giving up after %.3gs (--give-up)\n", who, url.c_str(),
+                   w.nats_text(s).c_str(), static_cast<double>(give_up.count()) / 1000);
+      natsOptions_Destroy(opts);
+      return 1;
+    }
     if (!warned) {
-      std::fprintf(stderr, "%s: cannot reach NATS at %s (%s); retrying until it is up %s\n", who, url.c_str(),
-                   w.nats_text(s).c_str(), waiting_note.c_str());
+      std::fprintf(stderr, "%s: cannot reach NATS at %s (%s); retrying %s %s\n", who, url.c_str(),
+                   w.nats_text(s).c_str(),
+                   give_up.count() > 0 ? ("for up to " + std::to_string(give_up.count()) + " ms").c_str()
+                                       : "until it is up",
+                   waiting_note.c_str());
       warned = true;
     }
-    if (!sleep_unless(stop, pause)) {
+    if (!sleep_unless(stop, give_up.count() > 0 ? std::min(pause, give_up - waited) : pause)) {
       natsOptions_Destroy(opts);
       return 0;
     }

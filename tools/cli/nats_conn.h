@@ -27,6 +27,10 @@ class App;
 
 namespace spool::cli {
 
+// The header that carries an attribute whose value a header cannot (a control byte), base64:
+// spool forward sends attribute KEY as Spool-B64-KEY, spool pull makes KEY of it again.
+inline const std::string kBase64Header = "Spool-B64-";
+
 struct NatsArgs {
   std::string url;  // --nats: nats://HOST:PORT, or several joined by commas
   // Credentials: --creds-file, or the environment (SPOOL_NATS_USER + SPOOL_NATS_PASSWORD, or
@@ -115,9 +119,11 @@ struct NatsCallbacks {
 // connected. While the server is unreachable it warns once ("cannot reach NATS at URL (...);
 // retrying until it is up `waiting_note`") and retries with backoff up to 5 s until `stop`.
 // Returns -1 when connected (*nc set), 0 when `stop` came first, 1 on an error (one line
-// printed: a bad URL, refused credentials, TLS).
+// printed: a bad URL, refused credentials, TLS) or, with `give_up` above 0, once the server
+// has been unreachable that long ("...; giving up after DUR").
 int connect_nats(const NatsArgs& a, const Credentials& creds, Warnings& w, const std::string& client_name,
-                 const NatsCallbacks& cb, const std::string& waiting_note, const std::atomic<bool>& stop, natsConnection** nc);
+                 const NatsCallbacks& cb, const std::string& waiting_note, const std::atomic<bool>& stop, natsConnection** nc,
+                 Millis give_up = Millis(0));
 
 // How a failed JetStream set-up call ends: retried (the server or link is away: warned,
 // rate-limited), or fatal (one line printed; "JetStream is not enabled" for no responders).

@@ -1,8 +1,14 @@
 #include "cli/output.h"
 
+#include "cli/units.h"
+
+#include <sys/stat.h>
+
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
+#include <set>
 #include <sstream>
 
 namespace spool::cli {
@@ -76,6 +82,26 @@ std::string base64(std::string_view s) {
     out += i + 1 < s.size() ? kAlphabet[(v >> 6) & 63] : '=';
     out += '=';
   }
+  return out;
+}
+
+std::optional<std::string> unbase64(std::string_view s) {
+  while (!s.empty() && s.back() == '=') s.remove_suffix(1);
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    int v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26
+            : c >= '0' && c <= '9' ? c - '0' + 52 : c == '+' ? 62 : c == '/' ? 63 : -1;
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  if (bits >= 6) return std::nullopt;  // a lone sixth of a byte: truncated
   return out;
 }
 
@@ -241,7 +267,31 @@ std::string prometheus(const std::string& queue, const Stats& s) {
   return prometheus({{queue, &s}});
 }
 
-std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev, double seconds) {
+DiskUse disk_use(const std::string& dir) {
+  DiskUse u;
+  std::set<std::pair<dev_t, ino_t>> seen;  // a hard-linked file counts once, as du counts it
+  auto add = [&](const std::string& path, uint64_t* part) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) return;
+    const uint64_t bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+    u.total += bytes;
+    if (part != nullptr) *part += bytes;
+  };
+  add(dir, nullptr);
+  std::error_code ec;
+  namespace fs = std::filesystem;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const fs::path rel = it->path().lexically_relative(dir);
+    const std::string top = rel.empty() ? std::string() : rel.begin()->string();
+    uint64_t* part = top == "segments" ? &u.segments : top == "index" ? &u.index : top == "dlq" ? &u.dlq : nullptr;
+    add(it->path().string(), part);
+  }
+  return u;
+}
+
+std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev, double seconds,
+                        const DiskUse* disk) {
   char buf[1536];
   std::snprintf(buf, sizeof buf,
                 "queue          %s\n"
@@ -256,18 +306,23 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
                 "nacked total   %" PRIu64 "\n"
                 "expired total  %" PRIu64 "\n"
                 "dead-lettered  %" PRIu64 "\n"
-                "payload        %.1f MiB\n"
-                "segments       %" PRIu64 " (%.1f MiB on disk)\n"
+                "payload        %s\n"
+                "segments       %" PRIu64 " (%s)\n"
                 "dedup ids      %" PRIu64 "\n",
                 queue.c_str(), s.ready, s.in_flight, s.delayed, s.blocked, s.dead, s.oldest_ready_age_s,
                 s.sent_total, s.acked_total, s.nacked_total, s.expired_total, s.dead_lettered_total,
-                static_cast<double>(s.bytes) / (1 << 20), s.segments,
-                static_cast<double>(s.bytes_on_disk) / (1 << 20), s.dedup_ids);
+                format_size(s.bytes).c_str(), s.segments, format_size(s.bytes_on_disk).c_str(), s.dedup_ids);
   std::string out = buf;
+  if (disk != nullptr) {
+    out += "on disk        " + format_size(disk->total) + " in all, as du counts: segments " +
+           format_size(disk->segments) + ", index " + format_size(disk->index) + ", dead-letter queue " +
+           format_size(disk->dlq) + ", other " +
+           format_size(disk->total - disk->segments - disk->index - disk->dlq) + "\n";
+  }
   if (s.paused) out += "paused         yes: delivers nothing until spool resume\n";
   if (s.kept_acked != 0) {
-    std::snprintf(buf, sizeof buf, "kept acked     %" PRIu64 " (%.1f MiB of payload, for replay)\n", s.kept_acked,
-                  static_cast<double>(s.kept_acked_bytes) / (1 << 20));
+    std::snprintf(buf, sizeof buf, "kept acked     %" PRIu64 " (%s of payload, for replay)\n", s.kept_acked,
+                  format_size(s.kept_acked_bytes).c_str());
     out += buf;
   }
   if (!s.holders.empty()) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -14,6 +15,8 @@ namespace spool::cli {
 
 bool valid_utf8(std::string_view s);
 std::string base64(std::string_view s);
+// The bytes of standard base64 `s` (padding optional); nullopt if `s` is not base64.
+std::optional<std::string> unbase64(std::string_view s);
 // `s` on one line of text: a backslash as \\, a newline as \n, a carriage return as \r,
 // other control bytes (and, where `s` is not UTF-8, every byte from 0x80) as \xNN. For
 // attribute keys and values printed as "attribute: KEY=VALUE", so that a value cannot forge
@@ -41,8 +44,20 @@ std::string prometheus(const std::string& queue, const Stats& s);
 std::string prometheus_label(const std::string& value);
 // One more gauge of `queue` in the format prometheus() writes.
 std::string prometheus_gauge(const std::string& queue, const char* name, const char* help, uint64_t value);
-// With `prev`, the stats of `seconds` ago, adds a line of rates (for --watch).
+
+// The disk a queue directory takes, counted as du(1) counts it: the blocks allocated to
+// every file and directory under it (each inode once; symbolic links not followed), so the
+// dead-letter queue (DIR/dlq) is in `total` too. By part: the segment files, the index, the
+// dead-letter queue; `total` less those three is the rest (spool.conf, lock files, the
+// directories themselves).
+struct DiskUse {
+  uint64_t total = 0, segments = 0, index = 0, dlq = 0;
+};
+DiskUse disk_use(const std::string& dir);
+
+// With `prev`, the stats of `seconds` ago, adds a line of rates (for --watch); with `disk`,
+// a line of what the directory takes on disk.
 std::string human_stats(const std::string& queue, const Stats& s, const Stats* prev = nullptr,
-                        double seconds = 0);
+                        double seconds = 0, const DiskUse* disk = nullptr);
 
 }  // namespace spool::cli

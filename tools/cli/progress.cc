@@ -30,4 +30,25 @@ void ProgressBar::update(uint64_t done, uint64_t total) {
   drawn_ = true;
 }
 
+LiveLine::LiveLine() : LiveLine(::isatty(2) == 1) {}
+LiveLine::LiveLine(bool enabled) : enabled_(enabled) {}
+LiveLine::~LiveLine() { clear(); }
+
+void LiveLine::show(const std::string& text) {
+  if (!enabled_) return;
+  std::lock_guard lock(mu_);
+  std::fprintf(stderr, "\r\033[K%s", text.c_str());
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void LiveLine::clear() {
+  if (!enabled_) return;
+  std::lock_guard lock(mu_);
+  if (!drawn_) return;
+  std::fputs("\r\033[K", stderr);
+  std::fflush(stderr);
+  drawn_ = false;
+}
+
 }  // namespace spool::cli

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace spool::cli {
@@ -24,6 +25,28 @@ class ProgressBar {
   bool enabled_;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point last_{};
+};
+
+// One line of live status on stderr (`spool work`'s progress), drawn only when stderr is a
+// terminal: each show() replaces the line; clear() removes it, so that a log line written
+// next starts at the left margin. Thread-safe.
+class LiveLine {
+ public:
+  // `enabled` defaults to isatty(stderr).
+  LiveLine();
+  explicit LiveLine(bool enabled);
+  ~LiveLine();  // clears the line
+  LiveLine(const LiveLine&) = delete;
+  LiveLine& operator=(const LiveLine&) = delete;
+
+  bool enabled() const { return enabled_; }
+  void show(const std::string& text);
+  void clear();
+
+ private:
+  const bool enabled_;
+  std::mutex mu_;
+  bool drawn_ = false;  // guarded by mu_
 };
 
 }  // namespace spool::cli

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cli/output.h"
 #include "cli/units.h"
 #include "sys/crashpoint.h"
 
@@ -139,6 +140,13 @@ Attributes to_attributes(natsMsg* m, const std::string& stream, uint64_t seq, si
     if (natsMsgHeader_Values(m, k.c_str(), &values, &nv) == NATS_OK) {
       for (int i = 0; i < nv; ++i) v += (i > 0 ? ", " : "") + std::string(values[i]);
       std::free(static_cast<void*>(values));
+    }
+    // An attribute spool forward sent base64 (its value holds a control byte): KEY again.
+    if (k.size() > kBase64Header.size() && k.compare(0, kBase64Header.size(), kBase64Header) == 0) {
+      if (auto raw = unbase64(v)) {
+        if (!put(k.substr(kBase64Header.size()), *raw, kDroppedKeyBytes)) ++*dropped;
+        continue;
+      }
     }
     // Room for the marker is kept while any header is left to place.
     if (!put(k, v, kDroppedKeyBytes)) ++*dropped;

@@ -1,6 +1,7 @@
 #include "cli/units.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace spool::cli {
@@ -46,6 +47,20 @@ std::optional<uint64_t> parse_size(const std::string& text) {
   double bytes = p->first * scale;
   if (bytes > 1e18 || bytes != std::floor(bytes)) return std::nullopt;
   return static_cast<uint64_t>(bytes);
+}
+
+std::string format_size(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes) / 1024;
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < sizeof kUnits / sizeof kUnits[0]) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
 }
 
 }  // namespace spool::cli

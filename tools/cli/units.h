@@ -12,5 +12,7 @@ namespace spool::cli {
 
 std::optional<Millis> parse_duration(const std::string& text);
 std::optional<uint64_t> parse_size(const std::string& text);
+// A byte count for people: "19 B", "4.0 KiB", "64.0 MiB", "1.5 GiB" (powers of 1024).
+std::string format_size(uint64_t bytes);
 
 }  // namespace spool::cli

@@ -19,9 +19,10 @@
 #include <mutex>
 #include <thread>
 
-#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "cli/progress.h"
 #include "cli/stderr_tee.h"
 #include "cli/supervisor.h"
 #include "spool/lease_keeper.h"
@@ -59,12 +60,29 @@ std::string resolve(const std::string& name) {
   return "";
 }
 
+// The live progress line while run() runs on a terminal (nullptr otherwise).
+std::atomic<LiveLine*> g_live{nullptr};
+
+// stderr for the log: the live progress line is cleared first, so that each log line starts
+// at the left margin (the next redraw puts the progress line back below it).
+class LogSink final : public spdlog::sinks::base_sink<std::mutex> {
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    formatter_->format(msg, line);
+    if (LiveLine* live = g_live.load()) live->clear();
+    std::fwrite(line.data(), 1, line.size(), stderr);
+    std::fflush(stderr);
+  }
+  void flush_() override { std::fflush(stderr); }
+};
+
 // spool work's log, on stderr, every line starting "spool work: ". Warnings (a command
 // failed, a message goes to the dead-letter queue) by default; -v adds one info line per
 // message and the reasons it stops. Payloads never reach it.
 spdlog::logger& wlog() {
   static spdlog::logger* const logger = [] {
-    auto* l = new spdlog::logger("spool work", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+    auto* l = new spdlog::logger("spool work", std::make_shared<LogSink>());
     l->set_pattern("spool work: %v");
     l->set_level(spdlog::level::warn);
     return l;
@@ -113,6 +131,12 @@ class Runner {
     int corrupt_in_a_row = 0;
     std::thread scaler;
     if (scaler_) scaler = std::thread([this] { scale(); });
+    LiveLine live;
+    std::thread progress;
+    if (live.enabled()) {
+      g_live = &live;
+      progress = std::thread([this, &live] { draw_progress(live); });
+    }
     while (!g_stop) {
       size_t cap;
       {
@@ -175,18 +199,45 @@ class Runner {
       wlog().info("{} with no command running; exiting", sig);
     }
     reap(true);
-    if (scaler.joinable()) {
-      {
-        std::lock_guard lock(mu_);
-        scaler_stop_ = true;
-      }
-      cv_.notify_all();
-      scaler.join();
+    {
+      std::lock_guard lock(mu_);
+      scaler_stop_ = true;
     }
+    cv_.notify_all();
+    if (scaler.joinable()) scaler.join();
+    if (progress.joinable()) progress.join();
+    g_live = nullptr;
+    live.clear();
+    if (taken > 0) std::fprintf(stderr, "spool work: %s\n", summary(true).c_str());
     return failed_ ? 1 : 0;
   }
 
  private:
+  // What was done so far: "12 messages in 3.2s, 3.7/s: 10 acked, 1 failed (to retry), 1
+  // dead-lettered" at the end (`final`); the live line adds what runs now.
+  std::string summary(bool final) const {
+    const uint64_t ok = acked_, retry = retried_, dead = dead_, lost = unsettled_;
+    const uint64_t done = ok + retry + dead + lost;
+    const double secs = seconds_since(start_);
+    const double rate = secs > 0 ? static_cast<double>(done) / secs : 0;
+    std::string text = fmt::format("{} {} in {:.1f}s, {:.3g}/s: {} acked, {} failed (to retry), {} dead-lettered",
+                                   done, done == 1 ? "message" : "messages", secs, rate, ok, retry, dead);
+    if (lost > 0) text += fmt::format(", {} not settled (ack or nack failed)", lost);
+    if (!final) text += fmt::format("; {} running", running_.load());
+    return text;
+  }
+
+  // The live line on a terminal, redrawn four times a second until run() ends.
+  void draw_progress(LiveLine& live) {
+    std::unique_lock lock(mu_);
+    while (!scaler_stop_) {
+      lock.unlock();
+      live.show("spool work: " + summary(false));
+      lock.lock();
+      cv_.wait_for(lock, Millis(250), [&] { return scaler_stop_; });
+    }
+  }
+
   // Commands started at most at once now: the autoscaler's target, or -j.
   size_t limit() const { return scaler_ ? scaler_->target() : opts_.jobs; }
 
@@ -256,8 +307,10 @@ class Runner {
       if (!s.ok()) {
         wlog().warn("message {}: command exited with status 0 after {:.3f}s, but the ack failed: {}", m.id, took,
                     s.to_string());
+        ++unsettled_;
       } else {
         wlog().info("message {}: command exited with status 0 after {:.3f}s; acked", m.id, took);
+        ++acked_;
       }
       return;
     }
@@ -273,14 +326,22 @@ class Runner {
       Attributes extra{{"spool.work.exit_status", std::to_string(status)}, {"spool.work.failure", why.substr(0, 1024)}};
       if (!err_tail.empty()) extra["spool.work.stderr"] = err_tail;
       Status s = q_.dead_letter(m.receipt, extra);
-      if (s.ok()) return;
+      if (s.ok()) {
+        ++dead_;
+        return;
+      }
       // A nack instead: the next receive moves it to the dead-letter queue without them.
       wlog().warn("message {}: dead-lettering failed: {}", m.id, s.to_string());
     }
     Millis delay = last ? Millis(0) : backoff(m.receive_count);
     if (!last) wlog().warn("message {}: {} after {:.3f}s; retry in {}s", m.id, why, took, delay.count() / 1000);
     Status s = q_.nack(m.receipt, delay);
-    if (!s.ok()) wlog().warn("message {}: nack failed: {}", m.id, s.to_string());
+    if (!s.ok()) {
+      wlog().warn("message {}: nack failed: {}", m.id, s.to_string());
+      ++unsettled_;
+    } else {
+      ++retried_;
+    }
   }
 
   // Runs the command for `m`; its exit status (0 = success) and, if not 0, why. The
@@ -429,9 +490,12 @@ class Runner {
   std::list<Job> jobs_;
   bool failed_ = false;
   std::optional<Autoscaler> scaler_;  // with --autoscale
-  bool scaler_stop_ = false;          // guarded by mu_
+  bool scaler_stop_ = false;          // guarded by mu_: run() ends; the scaler and progress threads stop
   bool scaled_once_ = false;          // guarded by mu_: the autoscaler has evaluated once
   std::optional<std::chrono::steady_clock::time_point> empty_since_;  // receive loop only
+  // The outcomes so far, for the summary at exit and the live line.
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::atomic<uint64_t> acked_{0}, retried_{0}, dead_{0}, unsettled_{0};
 };
 
 }  // namespace

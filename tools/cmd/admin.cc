@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/progress.h"
+#include "cli/units.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
@@ -75,8 +76,9 @@ int run_compact(const AdminArgs& a) {
     std::printf("{\"segments_removed\":%" PRIu64 ",\"messages_copied\":%" PRIu64 ",\"bytes_freed\":%" PRIu64 "}\n",
                 r->segments_removed, r->messages_copied, r->bytes_freed);
   } else {
-    std::printf("removed %" PRIu64 " segments (%.1f MiB), copied %" PRIu64 " live messages\n", r->segments_removed,
-                static_cast<double>(r->bytes_freed) / (1 << 20), r->messages_copied);
+    std::printf("removed %" PRIu64 " %s (%s), copied %" PRIu64 " live %s\n", r->segments_removed,
+                r->segments_removed == 1 ? "segment" : "segments", cli::format_size(r->bytes_freed).c_str(),
+                r->messages_copied, r->messages_copied == 1 ? "message" : "messages");
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
+#include <map>
 
 #include "cli/output.h"
 #include "cli/units.h"
@@ -14,6 +15,28 @@
 namespace spool::cmd {
 
 void add_dir(CLI::App* sub, std::string& dir) { sub->add_option("DIR", dir, "Queue directory")->required(); }
+
+void name_flag_values(CLI::App& app) {
+  // By flag name: the same name takes the same kind of value in every command.
+  static const std::map<std::string, std::string> kKinds = {
+      {"ack-timeout", "DUR"}, {"ack-wait", "DUR"}, {"dedup-window", "DUR"}, {"delay", "DUR"},
+      {"give-up", "DUR"}, {"grace", "DUR"}, {"interval", "DUR"}, {"keep-acked", "DUR"},
+      {"latency", "DUR"}, {"max-runtime", "DUR"}, {"retention-max-age", "DUR"}, {"since", "DUR"},
+      {"sync-interval", "DUR"}, {"target", "DUR"}, {"until", "DUR"}, {"visibility", "DUR"},
+      {"wait", "DUR"},
+      {"max-bytes", "SIZE"}, {"max-payload", "SIZE"}, {"retention-max-bytes", "SIZE"}, {"segment-size", "SIZE"},
+      {"batch", "N"}, {"depth", "N"}, {"j", "N"}, {"max", "N"}, {"max-messages", "N"}, {"max-ready", "N"},
+      {"max-receives", "N"}, {"n", "N"}, {"priority", "N"}, {"rate", "N"},
+      {"id", "ID"}, {"attribute", "KEY=VALUE"}, {"mode", "MODE"}, {"group", "GROUP"}, {"dedup-id", "ID"},
+      {"log", "FILE"}, {"to", "DIR"}, {"nats", "URL"}, {"stream", "NAME"}};
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    for (auto* opt : sub->get_options([](CLI::Option* o) { return o->get_items_expected_max() > 0; })) {
+      std::string name = opt->get_single_name();
+      auto it = kKinds.find(name);
+      if (it != kKinds.end()) opt->type_name(it->second);
+    }
+  }
+}
 
 Millis duration_arg(const std::string& flag, const std::string& text) {
   auto d = cli::parse_duration(text);

@@ -60,6 +60,9 @@ Command add_top(CLI::App& app);
 
 // What the commands share.
 void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every command takes
+// Names what each flag of every command takes, for --help: DUR (a duration), SIZE, N (a
+// count or number), ID, in place of CLI11's TEXT, UINT or FLOAT.
+void name_flag_values(CLI::App& app);
 // Flag values: a bad one throws UsageError naming the flag and the accepted forms.
 Millis duration_arg(const std::string& flag, const std::string& text);
 uint64_t size_arg(const std::string& flag, const std::string& text);

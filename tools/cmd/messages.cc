@@ -196,7 +196,11 @@ int run_purge(const MessageArgs& a) {
   if (!q) return fail(err, a.dir);
   auto count = q->purge();
   if (!count.ok()) return fail(count.status(), a.dir);
-  std::fprintf(stderr, "purged %" PRIu64 " messages\n", *count);
+  if (a.json) {
+    std::printf("{\"purged\":%" PRIu64 "}\n", *count);  // as dlq purge --json
+  } else {
+    std::fprintf(stderr, "purged %" PRIu64 " %s\n", *count, *count == 1 ? "message" : "messages");
+  }
   return 0;
 }
 
@@ -300,6 +304,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
   {
     auto [purge, a] = add("purge", "Delete every message", run_purge);
     purge->add_flag("--yes", a->yes, "Confirm");
+    purge->add_flag("--json", a->json, "Print {\"purged\":N} on stdout instead of the line on stderr");
     purge->footer("Deletes every message (not the dead letters). Example: spool purge /var/spool/jobs --yes");
   }
   {
