@@ -91,6 +91,7 @@ Snapshot snapshot(const std::string& qdir, const std::set<std::string>& dedup_id
               {"purged_through", h.purged_through}, {"sent_total", h.sent_total},
               {"acked_total", h.acked_total}, {"dead_total", h.dead_total},
               {"expired_total", h.expired_total}, {"nacked_total", h.nacked_total},
+              {"received_total", h.received_total}, {"redelivered_total", h.redelivered_total},
               {"bytes_live", h.bytes_live}, {"log_end", h.log_end},
               {"sent_through", h.sent_through.load()}, {"paused", h.paused}};
   // The kept-acked buckets by their sums: an ACK record stores no time, so replay files it

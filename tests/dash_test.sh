@@ -96,7 +96,7 @@ EOF
   # sanitizer), seen in some refresh; the idle queues' are 0.
   python3 -c "import sys; h=[float(x) for x in sys.argv[1].strip('[]').split(',')]; sys.exit(0 if len(h) >= 2 and 0 < max(h) <= 30 else 1)" \
     "$(field q.json "q('team/gamma')['history']['send']")" || fail "gamma's send rates: $(field q.json "q('team/gamma')['history']")"
-  eq "alpha's rates" "$(field q.json "q('alpha')['rates']")" '{"ack": 0.0, "dead_lettered": 0.0, "expired": 0.0, "nack": 0.0, "send": 0.0}'
+  eq "alpha's rates" "$(field q.json "q('alpha')['rates']")" '{"ack": 0.0, "dead_lettered": 0.0, "expired": 0.0, "nack": 0.0, "receive": 0.0, "redeliver": 0.0, "send": 0.0}'
   # Headroom: the filesystem's free space as df sees it (within 1 GiB: others write too).
   local free
   free=$(df -B1 --output=avail roots | tail -1 | tr -d ' ')
@@ -126,7 +126,10 @@ t_metrics_match_stats_prometheus() {
     "$SPOOL" stats "roots/$name" --prometheus >one.txt || fail "stats --prometheus"
     # The same series, labelled with the name under the root instead of the path (the age of
     # the oldest message moves on between the two reads).
-    sed "s|queue=\"roots/$name\"|queue=\"$name\"|" one.txt | grep -v '^spool_oldest_ready_age_seconds' | while read -r line; do
+    # (spool_pinned_removed_bytes is spool stats' own: it reads /proc, which /metrics does not
+    # scan for every queue at every scrape; docs/operations.md.)
+    sed "s|queue=\"roots/$name\"|queue=\"$name\"|" one.txt |
+      grep -v -e '^spool_oldest_ready_age_seconds' -e 'spool_pinned_removed_bytes' | while read -r line; do
       grep -qxF -- "$line" metrics.txt || { echo "missing: $line"; exit 1; }
     done || fail "/metrics lacks lines of spool stats roots/$name --prometheus"
   done

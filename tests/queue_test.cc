@@ -843,10 +843,14 @@ TEST_F(QueueTest, EveryKindOfRecordLeavesTheIndexThatAReplayOfTheLogMakes) {
     EXPECT_EQ(rebuilt->acked_total, live_now->acked_total);
     EXPECT_EQ(rebuilt->dead_lettered_total, live_now->dead_lettered_total);
     EXPECT_EQ(rebuilt->nacked_total, live_now->nacked_total);
+    EXPECT_EQ(rebuilt->received_total, live_now->received_total);
+    EXPECT_EQ(rebuilt->redelivered_total, live_now->redelivered_total);
     EXPECT_EQ(rebuilt->bytes, live_now->bytes);
     EXPECT_EQ(rebuilt->next_id, live_now->next_id);
   };
   compare("after sends, receives, nacks, an extend, acks, a remove and a dead letter");
+  EXPECT_EQ(q->stats()->received_total, 9u);  // 1 to 4, then 6 to 10 (2 went to the DLQ untaken)
+  EXPECT_EQ(q->stats()->redelivered_total, 0u);
   EXPECT_EQ(q->stats()->acked_total, 2u);  // the ack and the remove
   EXPECT_EQ(q->stats()->nacked_total, 2u);
   EXPECT_EQ(q->stats()->in_flight, 6u);  // 3 (extended) and 6 to 10
@@ -856,6 +860,50 @@ TEST_F(QueueTest, EveryKindOfRecordLeavesTheIndexThatAReplayOfTheLogMakes) {
   ASSERT_TRUE(q->compact().ok());
   compare("after a purge, sends and a compaction");
   EXPECT_EQ(q->stats()->ready, 3u);
+}
+
+
+// Deliveries and redeliveries are counted by the LEASEs that raise a receive count (an
+// extend's does not), survive a rebuild from the log and a compaction (the CHECKPOINT
+// carries them), and never go backwards.
+TEST_F(QueueTest, ReceivedAndRedeliveredTotalsCountDeliveriesAndSurviveRebuildAndCompaction) {
+  QueueOptions o;
+  o.segment_size = 64 << 10;
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->send("a").ok());
+  ASSERT_TRUE(q->send("b").ok());
+  auto got = q->receive(2, Millis(60'000));
+  ASSERT_TRUE(got.ok() && got->size() == 2);
+  ASSERT_TRUE(q->extend((*got)[0].receipt, Millis(120'000)).ok());
+  ASSERT_TRUE(q->nack((*got)[1].receipt).ok());
+  auto again = q->receive(1, Millis(60'000));
+  ASSERT_TRUE(again.ok() && again->size() == 1 && (*again)[0].receive_count == 2u);
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->received_total, 3u);
+  EXPECT_EQ(st->redelivered_total, 1u);
+  ASSERT_TRUE(q->ack((*got)[0].receipt).ok());
+  ASSERT_TRUE(q->ack((*again)[0].receipt).ok());
+  // Enough traffic to roll segments, then a compaction that removes the records above.
+  const std::string big(8000, 'x');
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(q->send(big).ok());
+    auto m = q->receive(1, Millis(60'000));
+    ASSERT_TRUE(m.ok() && m->size() == 1);
+    ASSERT_TRUE(q->ack((*m)[0].receipt).ok());
+  }
+  auto c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg")) << "segment 1 was compacted";
+  q.reset();
+  ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);
+  q = open(o);
+  ASSERT_TRUE(q);
+  st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->received_total, 43u) << "the checkpoint carried the deliveries of the removed segments";
+  EXPECT_EQ(st->redelivered_total, 1u);
 }
 
 }  // namespace spool

@@ -197,6 +197,8 @@ struct Stats {
   uint64_t dead_lettered_total = 0;
   uint64_t expired_total = 0;  // dropped by a retention limit
   uint64_t nacked_total = 0;   // nacks (each returned a message to the queue)
+  uint64_t received_total = 0;     // deliveries (each receive of a message counts once)
+  uint64_t redelivered_total = 0;  // of them, deliveries of a message received before
   uint64_t bytes = 0;          // payload bytes of the messages in the queue (leased included)
   uint64_t bytes_on_disk = 0;
   uint64_t segments = 0;

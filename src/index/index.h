@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 20;
+inline constexpr uint32_t kIndexVersion = 21;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -225,6 +225,8 @@ struct alignas(64) IndexHeader {
   uint64_t dead_total;
   uint64_t expired_total;  // dropped by a retention limit
   uint64_t nacked_total;
+  uint64_t received_total;     // deliveries: LEASEs that raised a receive count
+  uint64_t redelivered_total;  // of them, to a count above 1
   uint64_t bytes_live;
   uint64_t compacted_through;  // every segment <= this was removed by compaction
   uint64_t spares;             // spare segment files (Log::make_spare) on disk

@@ -132,7 +132,12 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       int64_t slot = x.find(r.id);
       settle_copy(x, keys, r.id, slot);
       if (slot < 0) return {};
-      x.entry(static_cast<uint32_t>(slot)).count = r.count;
+      Entry& e = x.entry(static_cast<uint32_t>(slot));
+      if (lease && r.count > e.count) {  // a delivery (an extend keeps the count; a copy's LEASE too)
+        ++h.received_total;
+        if (r.count > 1) ++h.redelivered_total;
+      }
+      e.count = r.count;
       return lease ? x.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
                    : x.set(static_cast<uint32_t>(slot), State::kReady, keys.ready(at, r.t1, r.t2));
     }
@@ -168,6 +173,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       h.dead_total = cp->dead_total;
       h.expired_total = cp->expired_total;
       h.nacked_total = cp->nacked_total;
+      h.received_total = cp->received_total;
+      h.redelivered_total = cp->redelivered_total;
       h.next_id = std::max(h.next_id, cp->next_id);
       if (cp->paused >= 0) h.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
       if (cp->purged_through > h.purged_through) {

@@ -247,7 +247,8 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (Status s = prefix_left(); !s.ok()) return s;
     storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
                            h.next_id,        h.purged_through, h.expired_total,
-                           h.nacked_total,   h.paused != 0 ? 1 : 0};
+                           h.nacked_total,   h.paused != 0 ? 1 : 0, h.received_total,
+                           h.redelivered_total};
     std::string payload = storage::encode_checkpoint(cp);
     Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
     auto at = commit(std::span(&rec, 1), clocks());

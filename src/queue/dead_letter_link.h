@@ -37,7 +37,7 @@ class DeadLetterLink {
   sys::Mutex mu_;
   std::unique_ptr<Queue> dlq_ GUARDED_BY(mu_);
   std::atomic<bool> is_open_{false};     // set once dlq_ is open: a receive then takes no mutex
-  std::atomic<uint64_t> next_look_{0};   // boot time before which open_early() does not look
+  std::atomic<uint64_t> next_look_{0};   // coarse-clock time before which open_early() does not look
 };
 
 }  // namespace spool::queue

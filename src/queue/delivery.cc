@@ -45,7 +45,10 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   m.receive_count = e.count;
   // The wall clock of the send as of now: the record's time, converted to this boot's
   // clock and back, so that a wall-clock step since moves it along.
-  const Clocks c = now != nullptr ? *now : queue::read_clocks(idx.hdr());
+  // The caller's Clocks by reference: its real() is read once per lock hold, not per message.
+  Clocks own;
+  if (now == nullptr) own = queue::read_clocks(idx.hdr());
+  const Clocks& c = now != nullptr ? *now : own;
   const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
   if (age_ns != nullptr) *age_ns = age;
   m.enqueued = std::chrono::system_clock::time_point(

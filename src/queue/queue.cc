@@ -1118,6 +1118,8 @@ Result<Stats> Queue::Impl::stats() {
     st.dead_lettered_total = h.dead_total;
     st.expired_total = h.expired_total;
     st.nacked_total = h.nacked_total;
+    st.received_total = h.received_total;
+    st.redelivered_total = h.redelivered_total;
     st.bytes = h.bytes_live;
     st.next_id = h.next_id;
     st.paused = h.paused != 0;

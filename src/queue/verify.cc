@@ -112,6 +112,8 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   counter("dead-lettered total", h.dead_total, t.dead_total);
   counter("expired total", h.expired_total, t.expired_total);
   counter("nacked total", h.nacked_total, t.nacked_total);
+  counter("received total", h.received_total, t.received_total);
+  counter("redelivered total", h.redelivered_total, t.redelivered_total);
   if (h.next_id < t.next_id) problem("next id " + std::to_string(h.next_id) + " would reuse ids up to " + std::to_string(t.next_id - 1));
   if (index_problems > 20) rep.problems.push_back("index: ... and " + std::to_string(index_problems - 20) + " more");
 

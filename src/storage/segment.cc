@@ -394,7 +394,7 @@ uint8_t ext_priority(std::string_view ext) {
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {
-  std::string out(64, '\0');
+  std::string out(80, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   store<uint64_t>(p, c.sent_total);
   store<uint64_t>(p + 8, c.acked_total);
@@ -404,6 +404,8 @@ std::string encode_checkpoint(const Checkpoint& c) {
   store<uint64_t>(p + 40, c.expired_total);
   store<uint64_t>(p + 48, c.nacked_total);
   store<uint64_t>(p + 56, c.paused > 0 ? 1 : 0);
+  store<uint64_t>(p + 64, c.received_total);
+  store<uint64_t>(p + 72, c.redelivered_total);
   return out;
 }
 
@@ -414,7 +416,9 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
                     load<uint64_t>(p + 24), load<uint64_t>(p + 32),
                     payload.size() >= 48 ? load<uint64_t>(p + 40) : 0,
                     payload.size() >= 56 ? load<uint64_t>(p + 48) : 0,
-                    payload.size() >= 64 ? static_cast<int>(load<uint64_t>(p + 56) != 0) : -1};
+                    payload.size() >= 64 ? static_cast<int>(load<uint64_t>(p + 56) != 0) : -1,
+                    payload.size() >= 72 ? load<uint64_t>(p + 64) : 0,
+                    payload.size() >= 80 ? load<uint64_t>(p + 72) : 0};
 }
 
 void store_records(uint8_t* dst, const uint8_t* src, uint64_t len) {

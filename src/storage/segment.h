@@ -182,6 +182,10 @@ struct Checkpoint {
   // 1 while the queue is paused (Queue::pause); -1 in checkpoints written before pausing
   // existed, which leave the state as the records before them set it.
   int paused = -1;
+  // Deliveries (LEASEs that raised a message's receive count) and, of them, redeliveries
+  // (a count above 1); absent (0) in checkpoints written before they were counted.
+  uint64_t received_total = 0;
+  uint64_t redelivered_total = 0;
 };
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);

@@ -182,6 +182,8 @@ nlohmann::json stats_json(const Stats& s) {
           {"dead_lettered_total", s.dead_lettered_total},
           {"expired_total", s.expired_total},
           {"nacked_total", s.nacked_total},
+          {"received_total", s.received_total},
+          {"redelivered_total", s.redelivered_total},
           {"bytes", s.bytes},
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments},
@@ -233,6 +235,10 @@ std::string prometheus(const std::vector<std::pair<std::string, const Stats*>>& 
   metric("spool_acked_total", "counter", "Messages acked.", [](const Stats& s) { return s.acked_total; });
   metric("spool_nacked_total", "counter", "Nacks (messages returned to the queue by a consumer).",
          [](const Stats& s) { return s.nacked_total; });
+  metric("spool_received_total", "counter", "Deliveries (each receive of a message counts once).",
+         [](const Stats& s) { return s.received_total; });
+  metric("spool_redelivered_total", "counter", "Deliveries of a message received before (a lease that ran out, a nack).",
+         [](const Stats& s) { return s.redelivered_total; });
   metric("spool_expired_total", "counter", "Messages dropped by a retention limit.",
          [](const Stats& s) { return s.expired_total; });
   metric("spool_dead_lettered_total", "counter", "Messages moved to the dead-letter queue.",

@@ -138,6 +138,8 @@ void Survey::sample(SurveyedQueue& r) {
     }
     const Stats& p = r.st;
     r.rates.send = per_second(st->sent_total, p.sent_total, secs);
+    r.rates.receive = per_second(st->received_total, p.received_total, secs);
+    r.rates.redeliver = per_second(st->redelivered_total, p.redelivered_total, secs);
     r.rates.ack = per_second(st->acked_total, p.acked_total, secs);
     r.rates.nack = per_second(st->nacked_total, p.nacked_total, secs);
     r.rates.dead_lettered = per_second(st->dead_lettered_total, p.dead_lettered_total, secs);

@@ -28,7 +28,7 @@ std::vector<std::pair<std::string, std::string>> find_queues(const std::vector<s
 
 // Per second, between two refreshes.
 struct Rates {
-  double send = 0, ack = 0, nack = 0, dead_lettered = 0, expired = 0;
+  double send = 0, receive = 0, redeliver = 0, ack = 0, nack = 0, dead_lettered = 0, expired = 0;
 };
 
 // Room left before a send is refused: the queue's back-pressure limits (max_ready counts

@@ -195,6 +195,8 @@ std::string Top::detail_text(const Row& r) {
     out += buf;
   };
   spark("send", r.rates.send, [](const cli::Sample& x) { return x.rates.send; });
+  spark("receive", r.rates.receive, [](const cli::Sample& x) { return x.rates.receive; });
+  spark("redeliv", r.rates.redeliver, [](const cli::Sample& x) { return x.rates.redeliver; });
   spark("ack", r.rates.ack, [](const cli::Sample& x) { return x.rates.ack; });
   spark("nack", r.rates.nack, [](const cli::Sample& x) { return x.rates.nack; });
   spark("dead", r.rates.dead_lettered, [](const cli::Sample& x) { return x.rates.dead_lettered; });

@@ -43,7 +43,10 @@ int http_status(Code c) {
 }
 
 json rates_json(const cli::Rates& r) {
-  return {{"send", r.send}, {"ack", r.ack}, {"nack", r.nack}, {"dead_lettered", r.dead_lettered}, {"expired", r.expired}};
+  return {{"send", r.send},         {"receive", r.receive},
+          {"redeliver", r.redeliver}, {"ack", r.ack},
+          {"nack", r.nack},         {"dead_lettered", r.dead_lettered},
+          {"expired", r.expired}};
 }
 
 // What the list shows of a queue (the columns of spool top) and its last `history` samples
@@ -64,6 +67,8 @@ json row_json(const cli::SurveyedQueue& r, size_t history, bool all_series) {
   j["sent_total"] = s.sent_total;
   j["acked_total"] = s.acked_total;
   j["nacked_total"] = s.nacked_total;
+  j["received_total"] = s.received_total;
+  j["redelivered_total"] = s.redelivered_total;
   j["dead_lettered_total"] = s.dead_lettered_total;
   j["expired_total"] = s.expired_total;
   j["bytes"] = s.bytes;
@@ -76,7 +81,9 @@ json row_json(const cli::SurveyedQueue& r, size_t history, bool all_series) {
                    {"tightest", what},              {"tightest_left", left}};
   json h{{"send", json::array()}, {"ack", json::array()}};
   if (all_series) {
-    for (const char* k : {"t", "nack", "dead_lettered", "ready", "in_flight", "dead"}) h[k] = json::array();
+    for (const char* k : {"t", "receive", "redeliver", "nack", "dead_lettered", "ready", "in_flight", "dead"}) {
+      h[k] = json::array();
+    }
   }
   const size_t from = r.history.size() > history ? r.history.size() - history : 0;
   for (size_t i = from; i < r.history.size(); ++i) {
@@ -85,6 +92,8 @@ json row_json(const cli::SurveyedQueue& r, size_t history, bool all_series) {
     h["ack"].push_back(x.rates.ack);
     if (!all_series) continue;
     h["t"].push_back(std::chrono::duration_cast<std::chrono::milliseconds>(x.at.time_since_epoch()).count());
+    h["receive"].push_back(x.rates.receive);
+    h["redeliver"].push_back(x.rates.redeliver);
     h["nack"].push_back(x.rates.nack);
     h["dead_lettered"].push_back(x.rates.dead_lettered);
     h["ready"].push_back(x.ready);

@@ -244,9 +244,11 @@ function renderDetail(j) {
     ['payload', fmtBytes(j.bytes || 0)], ['disk', fmtBytes(j.disk_bytes || 0)], ['room', fmtRoom(j)],
     ['filesystem free', j.headroom ? fmtBytes(j.headroom.fs_free) : '-']]);
   kvRows($('d-totals'), j.ready === undefined ? [] : [
-    ['sent', j.sent_total], ['acked', j.acked_total], ['nacked', j.nacked_total],
+    ['sent', j.sent_total], ['received', j.received_total], ['redelivered', j.redelivered_total],
+    ['acked', j.acked_total], ['nacked', j.nacked_total],
     ['dead-lettered', j.dead_lettered_total], ['expired', j.expired_total],
-    ['send/s', fmtRate(r.send)], ['ack/s', fmtRate(r.ack)], ['nack/s', fmtRate(r.nack)],
+    ['send/s', fmtRate(r.send)], ['receive/s', fmtRate(r.receive)], ['redeliver/s', fmtRate(r.redeliver)],
+    ['ack/s', fmtRate(r.ack)], ['nack/s', fmtRate(r.nack)],
     ['dead-lettered/s', fmtRate(r.dead_lettered)]]);
   const o = j.options || {};
   kvRows($('d-options'), [['visibility', fmtAge((o.visibility_ms || 0) / 1000)], ['max receives', o.max_receives ?? '-'],
