@@ -2014,6 +2014,19 @@ t_progress_bar_only_on_a_terminal() {
   grep -q 'verify \[#' tty.out || fail "no progress bar: $(cat -v tty.out)"
 }
 
+# Issue 43: on a terminal the receipt starts a line of its own ("helloreceipt: ..." before);
+# into a pipe the payload stays byte for byte, nothing added.
+t_recv_receipt_on_its_own_line_on_a_terminal() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  printf 'hello' | "$SPOOL" send q >/dev/null || fail "send"
+  printf 'there' | "$SPOOL" send q >/dev/null || fail "send"
+  script -qec "$SPOOL recv q" /dev/null >tty.out || fail "recv under script"
+  grep -qa $'^hello\r$' tty.out || fail "the payload has no line of its own: $(cat -v tty.out)"
+  grep -qa '^receipt: ' tty.out || fail "the receipt does not start a line: $(cat -v tty.out)"
+  "$SPOOL" recv q >payload 2>/dev/null || fail "recv into a file"
+  eq "a payload into a file, byte for byte" "$(od -An -c payload | tr -d ' ')" "there"
+}
+
 t_work_sigkill_releases_leases_at_once() {
   "$SPOOL" init q --visibility 60s >/dev/null || fail "init"
   "$SPOOL" send q job >/dev/null || fail "send"
@@ -2134,6 +2147,7 @@ TESTS=(
   t_send_recv_ack_text
   t_recv_wait_long_poll
   t_empty_spool_io_is_the_default_backend
+  t_recv_receipt_on_its_own_line_on_a_terminal
   t_binary_roundtrip_plain
   t_binary_roundtrip_json_base64
   t_send_lines

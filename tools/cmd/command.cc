@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
@@ -126,6 +127,10 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
       std::printf("%s\n", cli::message_json(m).dump().c_str());
     } else if (receipts) {
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
+      // On a terminal the receipt that follows on stderr starts a line of its own: a payload
+      // without a final newline ran into it ("helloreceipt: ..."). Only there: into a pipe
+      // or a file the payload goes byte for byte.
+      if (::isatty(1) && ::isatty(2) && (m.payload.empty() || m.payload.back() != '\n')) std::fputc('\n', stdout);
       // No receipt for a payload that did not get through (recv then returns it and fails).
       if (!stdout_ok()) return;
       std::fprintf(stderr, "receipt: %s\n", m.receipt.c_str());
