@@ -8,8 +8,8 @@ namespace spool::queue {
 
 void DeadLetterLink::open_early() {
   if (is_open_.load(std::memory_order_acquire)) return;
-  // The coarse clock: a once-a-second throttle needs no precise one (each receive of a
-  // queue with max_receives and no DLQ read CLOCK_BOOTTIME here: 2-3% of an e2e consumer).
+  // The coarse clock: a once-a-second throttle needs no precise one, and every receive of a
+  // queue with max_receives and no DLQ comes here.
   const uint64_t now = sys::coarse_ns();
   if (now < next_look_.load(std::memory_order_relaxed)) return;
   // One that does not exist yet is made under the lock by the first dead letter: empty, it

@@ -1,7 +1,7 @@
 // The dead-letter part of a queue handle: its dead-letter queue (DIR/dlq), opened once and
 // kept open. It is opened before a call that may dead-letter takes the index lock
-// (open_early()): opened by a dead-lettering receive under the lock, its replay (or a file
-// planted in it) held up every send and receive of this queue meanwhile.
+// (open_early()): opened under the lock, its replay (or a file planted in it) would hold up
+// every send and receive of this queue meanwhile.
 #pragma once
 
 #include <atomic>

@@ -6,8 +6,8 @@
 //
 // The registry is the one part of the index the log cannot rebuild; it is checked, not
 // trusted: a slot counts as held only while its byte is locked, and mend() derives the
-// count from the slots after damage (a count read from a damaged header survived every
-// rebuild before, and made every later lock report the index damaged).
+// count from the slots after damage (kept, a damaged count would make every later lock
+// report the index damaged and replay the log).
 //
 // Every function that takes `x` runs with its index lock held (REQUIRES(x)); the slot
 // this handle holds is read and written only then.
