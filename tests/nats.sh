@@ -24,7 +24,10 @@ nats_test_args() {
 
 # stop PID WHAT: SIGTERM, then fails unless it exits 0 within 15 s.
 stop() {
-  kill -TERM "$1" || fail "$2 is not running"
+  if ! kill -TERM "$1" 2>/dev/null; then
+    wait "$1"
+    fail "$2 is not running (it exited with $?); the end of the test's stderr files: $(tail -n 5 "$D"/*.err 2>/dev/null)"
+  fi
   local i
   for ((i = 0; i < 150; i++)); do
     alive "$1" || break

@@ -402,7 +402,7 @@ class Puller {
         }
       } else if (jerr == JSConsumerNameExistErr || jerr == JSConsumerExistingActiveErr) {
         return Setup::kRetry;  // another puller created it just now: look it up again
-      } else if (jerr == JSStreamNotFoundErr && !first && !args_.once) {
+      } else if (gone(s, jerr) && !first && !args_.once) {
         return Setup::kRetry;  // deleted again just now
       } else {
         return classify(s, "cannot create consumer " + args_.consumer + " on stream " + stream);
@@ -423,6 +423,9 @@ class Puller {
     so.Stream = stream.c_str();
     so.Consumer = args_.consumer.c_str();  // bind to it, as it is
     s = js_PullSubscribe(&sub_, js_, filter_.c_str(), args_.consumer.c_str(), nullptr, &so, &jerr);
+    // Deleted again between the look-up above and this bind (an operator deleting it twice,
+    // a script that retries `nats consumer rm`): set up again, as after any deletion.
+    if (s != NATS_OK && !first && !args_.once && gone(s, jerr)) return Setup::kRetry;
     if (s != NATS_OK) return classify(s, "cannot subscribe to consumer " + args_.consumer);
     return Setup::kOk;
   }
@@ -524,13 +527,18 @@ class Puller {
   // gone (it, or its stream, was deleted: said on stderr). kSome also when the server cannot
   // be asked.
   enum class Pending { kNone, kSome, kGone };
+
+  // Whether a JetStream call failed because the consumer or its stream does not exist. The
+  // library says NATS_NOT_FOUND for a missing consumer (10014), NATS_ERR for a missing stream.
+  static bool gone(natsStatus s, jsErrCode jerr) {
+    return s == NATS_NOT_FOUND || (s != NATS_OK && (jerr == JSConsumerNotFoundErr || jerr == JSStreamNotFoundErr));
+  }
   Pending pending() {
     natsConnection_FlushTimeout(nc_, 2000);  // our acks first, so that they are not counted
     jsConsumerInfo* ci = nullptr;
     jsErrCode jerr = static_cast<jsErrCode>(0);
     natsStatus s = js_GetConsumerInfo(&ci, js_, args_.stream.c_str(), args_.consumer.c_str(), nullptr, &jerr);
-    // The library says NATS_NOT_FOUND for a missing consumer (10014), NATS_ERR for a missing stream.
-    if (s == NATS_NOT_FOUND || (s != NATS_OK && (jerr == JSConsumerNotFoundErr || jerr == JSStreamNotFoundErr))) {
+    if (gone(s, jerr)) {
       const std::string what = jerr == JSStreamNotFoundErr
                                    ? "stream " + args_.stream + " is gone (deleted?), and consumer " + args_.consumer +
                                          " with it; setting them up again"
