@@ -77,7 +77,7 @@ TEST_F(ClockStep, TheInterposedWallClockMoves) {
 // for: conversions take real() - boot as the offset between the clocks.
 TEST_F(ClockStep, TheWallClockOfClocksIsThatOfTheMomentTheyWereRead) {
   auto h = std::make_unique<index::IndexHeader>();
-  h->clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
+  h->cache.clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
   // The read is bracketed by two wall clock reads, so that however long this thread is
   // kept off the CPU around it (a loaded machine), the moment of the read lies between.
   const uint64_t wall_before = sys::real_ns();

@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 21;
+inline constexpr uint32_t kIndexVersion = 22;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -192,67 +192,37 @@ struct KeptBucket {
   uint64_t bytes;
 };
 
-struct alignas(64) IndexHeader {
+// The header page holds four kinds of state, each a part of its own with its own writers
+// (docs/design.md, "Truth, cache, coordination, registry"):
+//  - the cache, which a replay of the log rebuilds (a damaged or foreign index is simply
+//    made again): `layout`, the shape of the index's own tables, written by SharedIndex's
+//    operations; and `cache`, the queue's state derived from the records, written by
+//    queue::apply_record() and nowhere else, but for the two things only the writer of
+//    records knows (`log_end`, published by the store's commit after an append, and the
+//    clock anchors of the CLOCK records it writes) and a rebuild, which empties it first;
+//  - `coord`, coordination between the attached processes: the locks, the futex words
+//    and the durable marks; never rebuilt from the log, and never sealed (they change
+//    without the index lock);
+//  - `registry`, the lease owners' slots: liveness, which no log records (a rebuild keeps
+//    it: queue/lease_owners.h);
+//  - `disk`, bookkeeping of files and background work (spares, what compaction removed,
+//    when dead owners are next looked for), which a rebuild recounts from the directory.
+// `ident` says whose index this is. The parts under the index lock (layout, cache, disk,
+// registry) are contiguous, so that seal() checksums them in one range.
+struct IndexIdentity {
   uint64_t magic;
   uint64_t format;    // format_word(): refuses builds with another ABI
   char boot_id[40];   // boot that built this index; another boot means rebuild
   uint64_t file_bytes;
-  // Written by the last process to detach: XXH3 of the fields guarded by mu and of the
+  // Written by the last process to detach: XXH3 of the parts guarded by the lock and of the
   // region, so the next first opener can tell a cleanly closed index from one damaged
   // since (seal(), unseal()). 0 while any process is attached.
   uint64_t seal;
+};
+
+struct IndexCoordination {
   alignas(64) sys::RobustMutex mu;       // the index lock
   alignas(64) sys::RobustMutex sync_mu;  // group commit: one flusher at a time
-  // Guarded by mu:
-  alignas(64) uint64_t capacity;  // window slots
-  uint64_t win_offset;            // message id sits in window slot (id + win_offset) % capacity
-  uint64_t heap_cap;
-  uint64_t ovf_cap;
-  uint64_t region_gen;
-  uint64_t count;      // live messages
-  uint64_t ovf_count;  // of them in the overflow table
-  uint64_t queued;     // of them in state kQueued
-  uint64_t heap_size;  // timer heap items
-  uint64_t due_size;   // due heap items
-  uint64_t low_id;     // the window's first id
-  uint64_t cursor;     // no queued message has a lower id
-  uint64_t leased;
-  uint64_t next_id;
-  uint64_t log_end;  // storage::Pos::pack() of where the next record goes
-  uint64_t purged_through;
-  uint64_t sent_total;
-  uint64_t acked_total;
-  uint64_t dead_total;
-  uint64_t expired_total;  // dropped by a retention limit
-  uint64_t nacked_total;
-  uint64_t received_total;     // deliveries: LEASEs that raised a receive count
-  uint64_t redelivered_total;  // of them, to a count above 1
-  uint64_t bytes_live;
-  uint64_t compacted_through;  // every segment <= this was removed by compaction
-  uint64_t spares;             // spare segment files (Log::make_spare) on disk
-  uint64_t spare_bytes;        // their sizes, summed
-  uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
-  uint64_t dedup_cap;     // dedup table slots (0: none yet)
-  uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
-  uint64_t kept_width;    // KeptBucket width in ns (0: none noted yet)
-  KeptBucket kept[kKeptBuckets];
-  uint64_t group_cap;   // group table slots (0: none yet)
-  uint64_t group_used;  // occupied group table slots (groups and members)
-  uint64_t blocked;     // entries in state kBlocked
-  uint64_t rebuilds;    // reset()s so far: a compaction tells whether one came between its holds
-  uint64_t paused;      // 1: receives deliver nothing (a PAUSE record, Queue::pause)
-  // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
-  // clock_n), and where the first of them is.
-  uint32_t clock_n;
-  uint64_t clock_first;
-
-  ClockAnchor clock[kClockAnchors];
-  uint32_t owners_claimed;         // number of claimed owner slots
-  uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
-  int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
-  // 1 while resize() moves entries: a holder killed then leaves a region laid out for
-  // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
-  uint32_t resizing;
   // Lock-free:
   alignas(64) std::atomic<uint32_t> wake_seq;  // futex word: bumped when something became receivable
   std::atomic<uint32_t> waiters;
@@ -266,6 +236,79 @@ struct alignas(64) IndexHeader {
   std::atomic<uint32_t> durable_waiters;
 };
 
+// Guarded by the index lock; written by SharedIndex only.
+struct IndexLayout {
+  uint64_t capacity;    // window slots
+  uint64_t win_offset;  // message id sits in window slot (id + win_offset) % capacity
+  uint64_t heap_cap;
+  uint64_t ovf_cap;
+  uint64_t region_gen;
+  uint64_t count;      // live messages
+  uint64_t ovf_count;  // of them in the overflow table
+  uint64_t queued;     // of them in state kQueued
+  uint64_t heap_size;  // timer heap items
+  uint64_t due_size;   // due heap items
+  uint64_t low_id;     // the window's first id
+  uint64_t cursor;     // no queued message has a lower id
+  uint64_t leased;
+  uint64_t dedup_cap;   // dedup table slots (0: none yet)
+  uint64_t dedup_used;  // occupied dedup slots, expired ones included until a sweep
+  uint64_t group_cap;   // group table slots (0: none yet)
+  uint64_t group_used;  // occupied group table slots (groups and members)
+  uint64_t blocked;     // entries in state kBlocked
+  // 1 while resize() moves entries: a holder killed then leaves a region laid out for
+  // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
+  uint32_t resizing;
+};
+
+// Guarded by the index lock; written by queue::apply_record() (see above for the rest).
+struct QueueCache {
+  uint64_t next_id;
+  uint64_t log_end;  // storage::Pos::pack() of where the next record goes
+  uint64_t purged_through;
+  uint64_t sent_total;
+  uint64_t acked_total;
+  uint64_t dead_total;
+  uint64_t expired_total;  // dropped by a retention limit
+  uint64_t nacked_total;
+  uint64_t received_total;     // deliveries: LEASEs that raised a receive count
+  uint64_t redelivered_total;  // of them, to a count above 1
+  uint64_t bytes_live;
+  uint64_t paused;      // 1: receives deliver nothing (a PAUSE record, Queue::pause)
+  uint64_t kept_width;  // KeptBucket width in ns (0: none noted yet)
+  KeptBucket kept[kKeptBuckets];
+  // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
+  // clock_n), and where the first of them is.
+  uint32_t clock_n;
+  uint64_t clock_first;
+  ClockAnchor clock[kClockAnchors];
+};
+
+// Guarded by the index lock; written by queue::LeaseOwners and kept by a rebuild.
+struct OwnerRegistry {
+  uint32_t owners_claimed;             // number of claimed owner slots
+  uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
+  int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
+};
+
+// Guarded by the index lock; recounted by a rebuild.
+struct DiskBookkeeping {
+  uint64_t compacted_through;  // every segment <= this was removed by compaction
+  uint64_t spares;             // spare segment files (Log::make_spare) on disk
+  uint64_t spare_bytes;        // their sizes, summed
+  uint64_t next_reap_ns;       // boot time of the next check for dead lease owners
+  uint64_t rebuilds;           // reset()s so far: a compaction tells whether one came between its holds
+};
+
+struct alignas(64) IndexHeader {
+  IndexIdentity ident;
+  IndexCoordination coord;
+  alignas(64) IndexLayout layout;
+  QueueCache cache;
+  DiskBookkeeping disk;
+  OwnerRegistry registry;
+};
+
 // Every process that maps the index shares these words, also across builds for other
 // targets on one machine (format_word() refuses a different layout, not a different
 // atomicity). On a 32-bit target (armhf: ARMv7, LDREXD/STREXD) the 64-bit atomics must still
@@ -276,13 +319,17 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "the shared index need
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4);
 static_assert(alignof(uint64_t) == 8, "the index layout assumes 8-aligned 64-bit fields (not i386's 4)");
-static_assert(offsetof(IndexHeader, durable_end) % 64 == 0 && offsetof(IndexHeader, wake_seq) % 64 == 0 &&
-              offsetof(IndexHeader, room_seq) % 64 == 0 && offsetof(IndexHeader, durable_seq) % 4 == 0);
+static_assert(offsetof(IndexCoordination, durable_end) % 64 == 0 && offsetof(IndexCoordination, wake_seq) % 64 == 0 &&
+              offsetof(IndexCoordination, room_seq) % 64 == 0 && offsetof(IndexCoordination, durable_seq) % 4 == 0 &&
+              offsetof(IndexHeader, coord) % 64 == 0);
 // The region's arrays sit at multiples of their element sizes from a page boundary, so
 // their 64-bit fields are 8-aligned too.
 static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry) == 8 && alignof(DedupSlot) == 8 &&
               alignof(GroupSlot) == 8);
 
+static_assert(offsetof(IndexHeader, cache) == offsetof(IndexHeader, layout) + sizeof(IndexLayout) &&
+                  offsetof(IndexHeader, registry) + sizeof(OwnerRegistry) <= sizeof(IndexHeader),
+              "seal() checksums layout..registry as one range");
 // The header page; the region follows.
 inline constexpr uint64_t kHeaderBytes = 4096;
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);
@@ -291,7 +338,7 @@ static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 uint64_t format_word();
 
 // A capability for the thread-safety analysis (sys/thread_annotations.h): holding it means
-// holding hdr().mu, the index lock, or having an index no other thread or process can reach
+// holding hdr().coord.mu, the index lock, or having an index no other thread or process can reach
 // (one attach()ed anonymous, or about to be renamed into place). Its own operations are not
 // annotated: tests and tools drive it directly; Queue::Impl states what needs it.
 class CAPABILITY("index lock") SharedIndex {
@@ -313,7 +360,7 @@ class CAPABILITY("index lock") SharedIndex {
   // are in bounds (a rebuild reads the old entries' lease owners only then).
   bool reusable() const;
 
-  // Tells the analysis this thread holds the index: hdr().mu's lock() or try_lock() returned
+  // Tells the analysis this thread holds the index: hdr().coord.mu's lock() or try_lock() returned
   // kOk or kOwnerDied, or the index is private (see above). Checks nothing.
   void assert_held() const ASSERT_CAPABILITY(this) {}
 
@@ -384,14 +431,14 @@ class CAPABILITY("index lock") SharedIndex {
   // ready now; keys are due_key()s) and the queued messages from the cursor on (in id
   // order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
-  uint64_t heap_size() const { return hdr_->heap_size; }
+  uint64_t heap_size() const { return hdr_->layout.heap_size; }
   const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
-  uint64_t due_size() const { return std::min(hdr_->due_size, hcap_); }
+  uint64_t due_size() const { return std::min(hdr_->layout.due_size, hcap_); }
   template <class F>
   void for_each_queued(F&& f) {
-    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
+    uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
     // (From the cursor, which check_header() keeps at or above low_id.)
-    for (uint64_t id = std::max(hdr_->cursor, hdr_->low_id), left = hdr_->queued; id < end && left != 0; ++id) {
+    for (uint64_t id = std::max(hdr_->layout.cursor, hdr_->layout.low_id), left = hdr_->layout.queued; id < end && left != 0; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
@@ -403,8 +450,8 @@ class CAPABILITY("index lock") SharedIndex {
   void for_each_entry(F&& f) {
     for (uint64_t s = 0; s < ocap_; ++s)
       if (ovf_[s].id != 0) f(static_cast<uint32_t>(wcap_ + s), ovf_[s].id, ovf_[s].e);
-    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
-    for (uint64_t id = hdr_->low_id; id < end; ++id) {
+    uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
+    for (uint64_t id = hdr_->layout.low_id; id < end; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
     }
@@ -418,7 +465,7 @@ class CAPABILITY("index lock") SharedIndex {
     uint64_t low_id, end, win_offset, wcap, gen;
   };
   WindowView window_view() const {
-    return {hdr_->low_id, std::min(hdr_->next_id, hdr_->low_id + wcap_), hdr_->win_offset, wcap_, mapped_gen_};
+    return {hdr_->layout.low_id, std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_), hdr_->layout.win_offset, wcap_, mapped_gen_};
   }
   bool same_geometry(const WindowView& v) const { return mapped_current() && v.gen == mapped_gen_; }
   // f(id, entry) for each live entry of the window in id order; false if the file could not
@@ -496,7 +543,7 @@ class CAPABILITY("index lock") SharedIndex {
   // Every blocked message (O(group table)); f(slot, id).
   template <class F>
   void for_each_blocked(F&& f) {
-    if (hdr_->blocked == 0) return;
+    if (hdr_->layout.blocked == 0) return;
     for (uint64_t s = 0; s < gcap_; ++s) {
       const uint64_t id = grp_[s].key;
       if (id == 0 || (id & kGroupTag) != 0) continue;
@@ -586,7 +633,7 @@ class CAPABILITY("index lock") SharedIndex {
   static Heap heap_of(uint32_t pos) { return (pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer; }
   HeapItem& item(Heap w, uint64_t i) { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   const HeapItem& item(Heap w, uint64_t i) const { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
-  uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size; }
+  uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->layout.heap_size : hdr_->layout.due_size; }
   void push(Heap w, uint32_t slot, uint64_t id, uint64_t key);
   void remove(HeapAt at);  // the last item fills the hole
   void move_item(Heap w, uint64_t to, const HeapItem& it);
@@ -596,7 +643,7 @@ class CAPABILITY("index lock") SharedIndex {
     return a.key < b.key || (a.key == b.key && a.id < b.id);
   }
 
-  uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
+  uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->layout.win_offset) % wcap_); }
   // `len` bytes of the region from `off`: pread, or a copy of the anonymous index's memory.
   bool read_region(uint64_t off, uint64_t len, void* out) const;
   Entry& bad_slot(uint32_t slot);
