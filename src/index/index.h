@@ -339,8 +339,9 @@ uint64_t format_word();
 
 // A capability for the thread-safety analysis (sys/thread_annotations.h): holding it means
 // holding hdr().coord.mu, the index lock, or having an index no other thread or process can reach
-// (one attach()ed anonymous, or about to be renamed into place). Its own operations are not
-// annotated: tests and tools drive it directly; Queue::Impl states what needs it.
+// (one attach()ed anonymous, or about to be renamed into place). The operations that read
+// or change messages need it (REQUIRES); a test or tool that drives a private index says
+// so once with assert_held().
 class CAPABILITY("index lock") SharedIndex {
  public:
   SharedIndex() = default;
@@ -383,45 +384,45 @@ class CAPABILITY("index lock") SharedIndex {
   // Empties the region but the dedup table (counts to zero, the window starting at
   // next_id); the caller then replays the log or has purged everything (a dedup id outlives
   // its message). Lock held.
-  Status reset();
+  Status reset() REQUIRES(this);
 
   // The operations below need the lock. A slot names a live message until the next
   // insert, erase or set(); insert, set and reserve may grow (remap) the region, which
   // invalidates every Entry reference.
-  int64_t find(uint64_t id) const;  // slot or -1
-  uint64_t id_of(uint32_t slot) const;
+  int64_t find(uint64_t id) const REQUIRES(this);  // slot or -1
+  uint64_t id_of(uint32_t slot) const REQUIRES(this);
   // An out-of-range slot (damage) gives a scratch entry and records the damage.
-  Entry& entry(uint32_t slot) {
+  Entry& entry(uint32_t slot) REQUIRES(this) {
     if (slot < wcap_) return win_[slot];
     if (slot - wcap_ < ocap_) return ovf_[slot - wcap_].e;
     return bad_slot(slot);
   }
   // When the message can next be received (a queued one's key is rounded down to 1 us).
-  uint64_t key(uint32_t slot) const;
+  uint64_t key(uint32_t slot) const REQUIRES(this);
   // Adds message `id` (not present): queued if `key` <= `now` and `priority` is the
   // default, else ready at `key`.
   Result<uint32_t> insert(uint64_t id, const Entry& e, uint64_t key, uint64_t now,
-                          uint8_t priority = kDefaultPriority);
+                          uint8_t priority = kDefaultPriority) REQUIRES(this);
   // Makes room now so that inserting the ids next_id .. next_id + more - 1 (ready at a later
   // time when `delayed`) cannot fail.
-  Status reserve(uint64_t more, bool delayed);
+  Status reserve(uint64_t more, bool delayed) REQUIRES(this);
   // Gives the message in `slot` state kReady or kLeased and the time it can next be
   // received (its item goes to the timer heap; a queued message gets one). Cannot remap.
-  Status set(uint32_t slot, State state, uint64_t key);
-  void erase(uint32_t slot);
+  Status set(uint32_t slot, State state, uint64_t key) REQUIRES(this);
+  void erase(uint32_t slot) REQUIRES(this);
   // The message to deliver next if one can be received at `now`: the lower of the queue
   // head and the due heap's top, after moving the timer items due at `now` into the due
   // heap; -1 if none. Moves the cursor.
-  int64_t next(uint64_t now);
+  int64_t next(uint64_t now) REQUIRES(this);
   // The earliest time anything can be received (UINT64_MAX: nothing is queued).
-  uint64_t next_key();
+  uint64_t next_key() REQUIRES(this);
   // Grows the heaps' array now so that `more` messages can leave the queue without a remap.
-  Status reserve_heap(uint64_t more);
+  Status reserve_heap(uint64_t more) REQUIRES(this);
   // Once a big backlog has drained, lays the region out again at a fraction of its size and
   // punches the freed tail out of the file, if that frees at least `min_gain` bytes; else
   // does nothing. Remaps, so no slot may be held. The file keeps its size
   // (docs/durability.md, "The shared index").
-  Status shrink(uint64_t min_gain = kShrinkMinBytes);
+  Status shrink(uint64_t min_gain = kShrinkMinBytes) REQUIRES(this);
   // Punches the file's blocks past the region out (best effort). shrink() does it for what
   // it frees; a rebuild does it too, for the tail a process killed inside a shrink left
   // allocated (resized, not yet punched), which no later shrink would free.
@@ -511,9 +512,9 @@ class CAPABILITY("index lock") SharedIndex {
       if (ded_[s].hash == hash && f(ded_[s].loc, ded_[s].expires)) return;
     }
   }
-  Status dedup_reserve(uint64_t more, uint64_t now);
+  Status dedup_reserve(uint64_t more, uint64_t now) REQUIRES(this);
   void dedup_clear();  // forgets every id: a replay rebuilds them
-  void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires);
+  void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires) REQUIRES(this);
   uint64_t dedup_oldest_seq(uint64_t now) const;
   // Unexpired remembered ids, for stats (O(table)).
   uint64_t dedup_live(uint64_t now) const;
@@ -522,7 +523,7 @@ class CAPABILITY("index lock") SharedIndex {
   // `keep` ns (0: does nothing). kept_oldest_seq(): the lowest segment a bucket still inside
   // the window at `now` names (UINT64_MAX: none). kept_live(): the acks and bytes of those
   // buckets. kept_clear(): forgets them all (a replay notes them again).
-  void kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep);
+  void kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep) REQUIRES(this);
   uint64_t kept_oldest_seq(uint64_t now, uint64_t keep) const;
   void kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const;
   void kept_clear();
@@ -535,14 +536,14 @@ class CAPABILITY("index lock") SharedIndex {
   // blocked. Cannot fail after group_reserve(2) and reserve_heap(1). erase() of a member
   // unlinks it and, for the first, makes the next one receivable (promotions() counts that,
   // in this process, so that a caller knows to wake a long poll).
-  Status group_reserve(uint64_t more);
-  void group_join(uint32_t slot, uint64_t id, uint64_t hash);
+  Status group_reserve(uint64_t more) REQUIRES(this);
+  void group_join(uint32_t slot, uint64_t id, uint64_t hash) REQUIRES(this);
   uint64_t promotions() const { return promotions_; }
   // The first member of the group of blocked message `id` (0: none, or `id` is not blocked).
   uint64_t group_first(uint64_t id) const;
   // Every blocked message (O(group table)); f(slot, id).
   template <class F>
-  void for_each_blocked(F&& f) {
+  void for_each_blocked(F&& f) REQUIRES(this) {
     if (hdr_->layout.blocked == 0) return;
     for (uint64_t s = 0; s < gcap_; ++s) {
       const uint64_t id = grp_[s].key;
@@ -553,7 +554,7 @@ class CAPABILITY("index lock") SharedIndex {
   }
 
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
-  std::string check_invariants() const;
+  std::string check_invariants() const REQUIRES(this);
 
   // Damage checks for every lock (see the top of this file). check_file(): the file still
   // covers what this process maps, before the lock is taken and before other reads of the
@@ -606,19 +607,19 @@ class CAPABILITY("index lock") SharedIndex {
   void gerase(uint64_t hole);
   // Takes the entry in `slot` (message `id`) out of its heap or the queue: kBlocked, its
   // receive time kept in its member slot.
-  void block(uint32_t slot, uint64_t id);
+  void block(uint32_t slot, uint64_t id) REQUIRES(this);
   // The blocked message `id` becomes its group's first: into the timer heap at its receive time.
-  void promote(uint64_t id);
+  void promote(uint64_t id) REQUIRES(this);
   // Unlinks message `id` (erased) from its group, if it is in one.
-  void group_leave(uint64_t id);
+  void group_leave(uint64_t id) REQUIRES(this);
   // Places a dedup slot by probing (the table has room).
   void dedup_place(const DedupSlot& d);
   // Makes the ids first..last (first >= low_id, none present yet) fit in the window: grows
   // it, or moves the oldest messages to the overflow table when it is mostly holes.
-  Status fit(uint64_t first, uint64_t last);
+  Status fit(uint64_t first, uint64_t last) REQUIRES(this);
   Status ovf_reserve(uint64_t more);
   uint32_t ovf_place(uint64_t id, const Entry& e);
-  Entry& entry_of(uint64_t id);
+  Entry& entry_of(uint64_t id) REQUIRES(this);
   void advance_low(uint64_t limit);  // past empty slots, never past `limit`
   // The two heaps (see the top of this file): the timer heap's item i is heap_[i], the due
   // heap's heap_[hcap_ - 1 - i].
@@ -634,11 +635,11 @@ class CAPABILITY("index lock") SharedIndex {
   HeapItem& item(Heap w, uint64_t i) { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   const HeapItem& item(Heap w, uint64_t i) const { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->layout.heap_size : hdr_->layout.due_size; }
-  void push(Heap w, uint32_t slot, uint64_t id, uint64_t key);
-  void remove(HeapAt at);  // the last item fills the hole
-  void move_item(Heap w, uint64_t to, const HeapItem& it);
-  void sift_up(Heap w, uint64_t i);
-  void sift_down(Heap w, uint64_t i);
+  void push(Heap w, uint32_t slot, uint64_t id, uint64_t key) REQUIRES(this);
+  void remove(HeapAt at) REQUIRES(this);  // the last item fills the hole
+  void move_item(Heap w, uint64_t to, const HeapItem& it) REQUIRES(this);
+  void sift_up(Heap w, uint64_t i) REQUIRES(this);
+  void sift_down(Heap w, uint64_t i) REQUIRES(this);
   static bool less(const HeapItem& a, const HeapItem& b) {
     return a.key < b.key || (a.key == b.key && a.id < b.id);
   }

@@ -252,6 +252,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
     }
+    impl->idx.assert_held();  // the first opener: the gate keeps every other process out
     reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
     if (reuse) reuse = impl->lock_to_change().ok();
     if (!reuse) {
@@ -355,7 +356,6 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
 // ready) are in id order from the cursor on, so only the first `max` of them are read; the
 // heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
 std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now) {
-  Impl& q = *this;
   if (max == 0) return {};
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
@@ -368,21 +368,21 @@ std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, ui
     std::push_heap(best.begin(), best.end());
   };
   const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
-  const index::HeapItem* items = q.idx.heap_begin();
-  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+  const index::HeapItem* items = idx.heap_begin();
+  for (uint64_t i = 0; i < idx.heap_size(); ++i) {
     // The key alone tells ready from not: the entry is looked up only for what may be taken.
     const bool ready = items[i].key <= now;
     if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
-    const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
-    if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
+    const auto slot = static_cast<uint32_t>(idx.find(items[i].id));
+    if (!every && !ready && !states.has(state_at(idx.entry(slot), items[i].key, now))) continue;
     offer(items[i].id, slot);
   }
-  if (states.blocked) q.idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
+  if (states.blocked) idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
   if (states.ready) {
-    const index::HeapItem* due = q.idx.due_begin();
-    for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
+    const index::HeapItem* due = idx.due_begin();
+    for (uint64_t i = 0; i < idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(idx.find(due[i].id)));
     size_t seen = 0;
-    q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+    idx.for_each_queued([&](uint32_t slot, uint64_t id) {
       offer(id, slot);
       return ++seen < max;
     });
@@ -844,16 +844,15 @@ static int bound_owner(const index::IndexHeader& h, const Entry& e) {
 
 // Where the message in `slot` stands at `now`.
 MessageInfo Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
-  Impl& q = *this;
-  const Entry& e = q.idx.entry(slot);
-  const uint64_t key = q.idx.key(slot);
-  MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
+  const Entry& e = idx.entry(slot);
+  const uint64_t key = idx.key(slot);
+  MessageInfo m{idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
   if (m.ready) return m;
   m.state = state_at(e, key, now.boot);
   if (m.state == MessageState::kBlocked) return m;  // due: when the one before it goes
   m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
       std::chrono::nanoseconds(now.real() + (key - now.boot))));
-  const auto& h = q.idx.hdr();
+  const auto& h = idx.hdr();
   if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.registry.owner_pid[k];
   return m;
 }

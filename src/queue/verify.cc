@@ -55,6 +55,7 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   };
   if (std::string inv = q.idx.check_invariants(); !inv.empty()) problem("broken invariant " + inv);
   q.idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+    truth.assert_held();  // private (above)
     int64_t ts = truth.find(id);
     if (ts < 0) {
       problem("message " + std::to_string(id) + " is not in the log (acked or never sent)");
@@ -78,6 +79,7 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   });
   size_t unusable = 0;
   truth.for_each_entry([&](uint32_t, uint64_t id, const Entry& te) {
+    q.idx.assert_held();  // (for_each_entry calls it under the hold above)
     if (q.idx.find(id) < 0) problem("message " + std::to_string(id) + " is in the log but not in the index");
     // A record whose checksum holds but whose message a receive cannot use as stored (a
     // forged extension): the receive dead-letters it (issue 48); say so before it does.
