@@ -946,9 +946,11 @@ Status Queue::Impl::remove(uint64_t id, Durability durability) {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     int64_t slot = q.idx.find(id);
     if (slot < 0) return not_in_queue(id);
-    // A plain ACK record with the message's current delivery number: replay drops the
-    // message whatever its state, and a receipt of that delivery finds nothing to fence.
-    Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
+    // An ACK record with the message's current delivery number: replay drops the message
+    // whatever its state, and a receipt of that delivery finds nothing to fence. Flagged
+    // DELETED: deleted means gone, so replay after ack does not send it again.
+    Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {},
+               format::kFlagDeleted};
     auto res = q.commit(std::span(&rec, 1), q.clocks());
     if (!res.ok()) return res.status();
     end = res->end.pack();
