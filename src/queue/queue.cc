@@ -500,9 +500,12 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
           if (freed.ok() && freed->segments_removed > 0) continue;
           if (!freed.ok()) return Status(s.code(), s.message() + "; compaction failed too: " + freed.status().message());
         }
-        const uint64_t mib = std::max(short_by.size, short_by.at_least) >> 20;
+        // In KiB below a MiB: on a small device "0 MiB" said nothing.
+        const uint64_t next = std::max(short_by.size, short_by.at_least);
+        const std::string size = next >= (1u << 20) ? std::to_string(next >> 20) + " MiB"
+                                                    : std::to_string((next + 1023) >> 10) + " KiB";
         return Status(s.code(), s.message() + "; compaction has removed every segment it could, and the next " +
-                                    "segment (" + std::to_string(mib) + " MiB) does not fit: ack or purge " +
+                                    "segment (" + size + ") does not fit: ack or purge " +
                                     "messages, end readers holding removed segments (spool stats shows them), "
                                     "free disk space or give the queue a smaller segment_size, then retry");
       }
