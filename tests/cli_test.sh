@@ -142,6 +142,35 @@ t_usage_errors_exit_64() {
   expect 64 "$SPOOL" stats q --rate abc --target 5s
 }
 
+# Issue 43: CLI11's own parse errors ("The following argument was not expected: x",
+# "--wait: 1 required TEXT missing", "Could not convert: -n = many") read as spool's other
+# errors do, naming the command: "spool CMD: what is wrong; what to do".
+t_parser_errors_in_spools_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  parse_err() {  # parse_err WANT ARGS...: exit 64 and exactly the line "spool CMD: WANT; run ..."
+    local want=$1
+    shift
+    expect 64 "$SPOOL" "$@"
+    one_line_err
+    eq "error of spool $*" "$(cat "$D/err")" "spool $1: $want; run 'spool $1 --help' for its usage"
+  }
+  parse_err "unknown flag '--frob'" recv q --frob
+  parse_err "unexpected argument 'extra'" recv q extra
+  parse_err "unexpected arguments 'a' 'b'" recv q a b
+  parse_err "missing DIR" send
+  parse_err "missing --since DUR" replay q
+  parse_err "missing ACTION" dlq q
+  parse_err "--wait needs a value (a duration: 500ms, 30s, 5m, 2h or seconds)" recv q --wait
+  parse_err "bad value 'many' for -n (a whole number)" list q -n many
+  parse_err "bad value 'abc' for --rate (a whole number)" stats q --rate abc --target 5s
+  parse_err "bad value 'frob' for ACTION (frob not in {list,redrive,purge})" dlq q frob
+  parse_err "bad value '0' for -n (value 0 not in range 1 to 100000)" recv q -n 0
+  # A bracketed argument keeps its brackets in the message (spool.cc marks it against CLI11's
+  # "[a,b]" split, and the mark never shows).
+  parse_err "unexpected argument '[1,2]'" recv q '[1,2]'
+  eq "nothing sent by rejected commands" "$(stat_of sent_total q)" 0
+}
+
 t_bad_durations_exit_64() {
   "$SPOOL" init q >/dev/null || fail "init"
   expect 64 "$SPOOL" init q2 --visibility bogus
@@ -2136,6 +2165,7 @@ t_out_of_range_arguments_are_refused() {
 }
 
 TESTS=(
+  t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused
   t_usage_errors_exit_64

@@ -104,15 +104,16 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
     }
   }
   name_flag_values(app);
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string msg = parse_failure(a, e);
+    std::erase(msg, kMark);
+    return msg;
+  });
   try {
     app.parse(static_cast<int>(marked_argv.size()), marked_argv.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::string help = "spool --help";
-    for (auto* sub : app.get_subcommands()) help = "spool " + sub->get_name() + " --help";
-    std::string what = e.what();
-    std::erase(what, kMark);
-    std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", what.c_str(), help.c_str());
+    (void)app.exit(e);  // prints the failure_message above on stderr
     return kExitUsage;
   }
   Command* cmd = nullptr;
