@@ -186,8 +186,11 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     Status made = log->make_spare(bytes, zero_fill);
     // A small device (issue 43): the disk cannot give a spare of the size the doubling
     // asks for, but may give one of the room still missing, which serves as well (a roll
-    // takes a spare's own size). Only the largest record about to be written bounds it below.
-    const uint64_t fits = (std::max(missing + kPerSegment, s.at_least) + 4095) & ~uint64_t{4095};
+    // takes a spare's own size). At least the largest record about to be written, and not
+    // below the first segment's size: smaller spares would cut the log of a nearly full disk
+    // into many small segments, each send making one.
+    const uint64_t fits =
+        (std::max({missing + kPerSegment, s.at_least, log->first_size()}) + 4095) & ~uint64_t{4095};
     if (made.code() == Code::kNoSpace && fits < bytes) {
       bytes = fits;
       made = log->make_spare(bytes, zero_fill);
