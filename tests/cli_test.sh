@@ -1395,6 +1395,10 @@ t_list_and_show_states() {
   expect 1 "$SPOOL" show q 99
   err_has "message 99 is not in the queue"
   one_line_err
+  # Issue 43: a dead-lettered message's id names its dead letter.
+  expect 1 "$SPOOL" show q 1
+  err_has "message 1 is not in the queue: it was dead-lettered, as dead letter 1 (spool show q --dlq 1)"
+  one_line_err
   # A queue that never dead-lettered has no dead-letter queue, and list makes none.
   "$SPOOL" init fresh >/dev/null || fail "init fresh"
   "$SPOOL" send fresh one >/dev/null || fail "send fresh"
