@@ -1112,6 +1112,7 @@ t_man_page_and_cli_md_name_every_command_and_flag() {
 t_spool_alone_and_spool_help_list_the_commands() {
   expect 64 "$SPOOL"
   out_has "Subcommands:"
+  out_has "Usage: spool [OPTIONS] SUBCOMMAND"
   out_has "work"
   one_line_err
   grep -q "a command is required" "$D/err" || fail "spool alone said: $(cat "$D/err")"
@@ -1120,6 +1121,7 @@ t_spool_alone_and_spool_help_list_the_commands() {
   out_has "spool help COMMAND"
   expect 0 "$SPOOL" help work
   out_has "--max-runtime"
+  out_has "Usage: spool work [OPTIONS]"
   expect 64 "$SPOOL" help nosuch
   grep -q "unknown command 'nosuch'" "$D/err" || fail "spool help nosuch: $(cat "$D/err")"
 }

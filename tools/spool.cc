@@ -35,7 +35,9 @@ Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 u
 75 queue full (try again later), 1 any other error. See docs/cli.md.)";
 
 int run(int argc, char** argv, const spool::cli::StdFds& closed) {
-  CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
+  // Named, so that usage lines say "spool" (CLI11 would take argv[0], a full path, and before
+  // parsing nothing: `spool` alone printed "Usage: [OPTIONS] SUBCOMMAND").
+  CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host", "spool"};
   app.require_subcommand(1);
   app.footer(kExamples);
   app.set_version_flag("--version", "spool 0.1.0");
