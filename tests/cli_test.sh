@@ -1353,6 +1353,8 @@ t_list_and_show_states() {
   # Its lease ends after 1 s; the next receive finds it delivered max_receives times.
   sleep 1.2
   expect 2 "$SPOOL" recv q
+  # A move no caller asked for is a warning (issue 43: logged once, by the library).
+  err_has "message 1 moved to the dead-letter queue (max_receives after 1 deliveries)"
   expect 0 "$SPOOL" send q held ready1 --attribute k=v
   expect 0 "$SPOOL" send q --delay 1h later
   : >"$D/started"
@@ -1498,6 +1500,9 @@ t_work_verbose_and_dead_letter_warning() {
     fail "no retry line for message 2: $(cat "$D/err")"
   grep -qE '^spool work: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
     fail "no dead-letter warning: $(cat "$D/err")"
+  # Issue 43: the move is logged once (the library's own line about it was a second, in
+  # another format).
+  eq "lines about the move" "$(grep -c 'dead-letter queue' "$D/err")" 1
   grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
   # The dead letter keeps its history and the command's failure.

@@ -919,8 +919,10 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
   q.dlq.open_early();
   uint64_t end;
+  uint64_t m_id;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
+    m_id = f->id;
     const Clocks now = q.clocks();
     auto m = q.load(f->slot, nullptr, &now);
     if (!m.ok()) return m.status();
@@ -932,6 +934,8 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().log_end;
   }
+  // The caller asked for it and is told it happened: info, not a warning (delivery.cc).
+  spool::log().info("spool: {}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
   return q.written(end);
 }
 
