@@ -272,6 +272,14 @@ t_near_empty_queue_is_small_and_segments_grow() {
   eq "ready" "$(stat_of ready q)" 3000
 }
 
+# Issue 43 (plurals): verify's summary said "1 segments, ... 1 messages".
+t_verify_summary_in_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q one >/dev/null || fail "send"
+  expect 0 "$SPOOL" verify q
+  grep -qE '^q: 1 segment, [0-9]+ records, 1 message, ok$' "$D/out" || fail "verify said: $(cat "$D/out")"
+}
+
 t_not_a_queue_exit_1() {
   expect 1 "$SPOOL" send missing hello
   err_has "spool init"
@@ -2176,6 +2184,7 @@ t_out_of_range_arguments_are_refused() {
 }
 
 TESTS=(
+  t_verify_summary_in_words
   t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused
