@@ -142,6 +142,35 @@ t_usage_errors_exit_64() {
   expect 64 "$SPOOL" stats q --rate abc --target 5s
 }
 
+# Issue 43: CLI11's own parse errors ("The following argument was not expected: x",
+# "--wait: 1 required TEXT missing", "Could not convert: -n = many") read as spool's other
+# errors do, naming the command: "spool CMD: what is wrong; what to do".
+t_parser_errors_in_spools_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  parse_err() {  # parse_err WANT ARGS...: exit 64 and exactly the line "spool CMD: WANT; run ..."
+    local want=$1
+    shift
+    expect 64 "$SPOOL" "$@"
+    one_line_err
+    eq "error of spool $*" "$(cat "$D/err")" "spool $1: $want; run 'spool $1 --help' for its usage"
+  }
+  parse_err "unknown flag '--frob'" recv q --frob
+  parse_err "unexpected argument 'extra'" recv q extra
+  parse_err "unexpected arguments 'a' 'b'" recv q a b
+  parse_err "missing DIR" send
+  parse_err "missing --since DUR" replay q
+  parse_err "missing ACTION" dlq q
+  parse_err "--wait needs a value (a duration: 500ms, 30s, 5m, 2h or seconds)" recv q --wait
+  parse_err "bad value 'many' for -n (a whole number)" list q -n many
+  parse_err "bad value 'abc' for --rate (a whole number)" stats q --rate abc --target 5s
+  parse_err "bad value 'frob' for ACTION (frob not in {list,redrive,purge})" dlq q frob
+  parse_err "bad value '0' for -n (value 0 not in range 1 to 100000)" recv q -n 0
+  # A bracketed argument keeps its brackets in the message (spool.cc marks it against CLI11's
+  # "[a,b]" split, and the mark never shows).
+  parse_err "unexpected argument '[1,2]'" recv q '[1,2]'
+  eq "nothing sent by rejected commands" "$(stat_of sent_total q)" 0
+}
+
 t_bad_durations_exit_64() {
   "$SPOOL" init q >/dev/null || fail "init"
   expect 64 "$SPOOL" init q2 --visibility bogus
@@ -241,6 +270,14 @@ t_near_empty_queue_is_small_and_segments_grow() {
   done
   expect 0 "$SPOOL" verify q
   eq "ready" "$(stat_of ready q)" 3000
+}
+
+# Issue 43 (plurals): verify's summary said "1 segments, ... 1 messages".
+t_verify_summary_in_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q one >/dev/null || fail "send"
+  expect 0 "$SPOOL" verify q
+  grep -qE '^q: 1 segment, [0-9]+ records, 1 message, ok$' "$D/out" || fail "verify said: $(cat "$D/out")"
 }
 
 t_not_a_queue_exit_1() {
@@ -1083,6 +1120,7 @@ t_man_page_and_cli_md_name_every_command_and_flag() {
 t_spool_alone_and_spool_help_list_the_commands() {
   expect 64 "$SPOOL"
   out_has "Subcommands:"
+  out_has "Usage: spool [OPTIONS] SUBCOMMAND"
   out_has "work"
   one_line_err
   grep -q "a command is required" "$D/err" || fail "spool alone said: $(cat "$D/err")"
@@ -1091,6 +1129,7 @@ t_spool_alone_and_spool_help_list_the_commands() {
   out_has "spool help COMMAND"
   expect 0 "$SPOOL" help work
   out_has "--max-runtime"
+  out_has "Usage: spool work [OPTIONS]"
   expect 64 "$SPOOL" help nosuch
   grep -q "unknown command 'nosuch'" "$D/err" || fail "spool help nosuch: $(cat "$D/err")"
 }
@@ -1322,6 +1361,8 @@ t_list_and_show_states() {
   # Its lease ends after 1 s; the next receive finds it delivered max_receives times.
   sleep 1.2
   expect 2 "$SPOOL" recv q
+  # A move no caller asked for is a warning (issue 43: logged once, by the library).
+  err_has "message 1 moved to the dead-letter queue (max_receives after 1 deliveries)"
   expect 0 "$SPOOL" send q held ready1 --attribute k=v
   expect 0 "$SPOOL" send q --delay 1h later
   : >"$D/started"
@@ -1365,6 +1406,10 @@ t_list_and_show_states() {
   eq "dead letter's payload" "$(sed -n '/^---$/{n;p}' "$D/out")" dies
   expect 1 "$SPOOL" show q 99
   err_has "message 99 is not in the queue"
+  one_line_err
+  # Issue 43: a dead-lettered message's id names its dead letter.
+  expect 1 "$SPOOL" show q 1
+  err_has "message 1 is not in the queue: it was dead-lettered, as dead letter 1 (spool show q --dlq 1)"
   one_line_err
   # A queue that never dead-lettered has no dead-letter queue, and list makes none.
   "$SPOOL" init fresh >/dev/null || fail "init fresh"
@@ -1463,6 +1508,9 @@ t_work_verbose_and_dead_letter_warning() {
     fail "no retry line for message 2: $(cat "$D/err")"
   grep -qE '^spool work: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
     fail "no dead-letter warning: $(cat "$D/err")"
+  # Issue 43: the move is logged once (the library's own line about it was a second, in
+  # another format).
+  eq "lines about the move" "$(grep -c 'dead-letter queue' "$D/err")" 1
   grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
   # The dead letter keeps its history and the command's failure.
@@ -2136,6 +2184,8 @@ t_out_of_range_arguments_are_refused() {
 }
 
 TESTS=(
+  t_verify_summary_in_words
+  t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused
   t_usage_errors_exit_64

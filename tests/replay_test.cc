@@ -192,7 +192,7 @@ TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
   EXPECT_EQ(drain(*q).size(), 1u);
   auto removed = q->send("removed");
   ASSERT_TRUE(removed.ok());
-  ASSERT_TRUE(q->remove(*removed).ok());  // written as an ack: replayable
+  ASSERT_TRUE(q->remove(*removed).ok());  // an operator's delete: gone, not replayable
   ASSERT_TRUE(q->send("ready").ok());     // never acked
   ASSERT_TRUE(q->send("dead").ok());
   ASSERT_TRUE(q->send("nacked").ok());
@@ -215,17 +215,17 @@ TEST_F(ReplayTest, OnlyConsumerAcksInsideTheWindow) {
   auto edge = [&] { return Millis((mono_ns() - (early_acked + later_from) / 2) / 1'000'000); };
   auto recent = q->replay(since(edge()));
   ASSERT_TRUE(recent.ok()) << recent.status().to_string();
-  EXPECT_EQ(recent->replayed, 2u);
+  EXPECT_EQ(recent->replayed, 1u);
   auto older = q->replay(since(Millis(60000), edge()));
   ASSERT_TRUE(older.ok()) << older.status().to_string();
   EXPECT_EQ(older->replayed, 1u);
 
-  // What came back: the late and removed ones, then the early one; the nacked one is
-  // there as it was (ready), the dead one is in the DLQ, "ready" is leased.
+  // What came back: the late one, then the early one; the nacked one is there as it was
+  // (ready), the dead one is in the DLQ, "ready" is leased, the removed one is gone.
   auto back = take_all(*q);
   std::multiset<std::string> seen;
   for (const auto& m : back) seen.insert(m.payload);
-  EXPECT_EQ(seen, (std::multiset<std::string>{"late", "removed", "early", "nacked"}));
+  EXPECT_EQ(seen, (std::multiset<std::string>{"late", "early", "nacked"}));
 
   EXPECT_FALSE(q->replay(since(Millis(0))).ok());
   EXPECT_FALSE(q->replay(since(Millis(1000), Millis(1000))).ok());
@@ -247,6 +247,49 @@ TEST_F(ReplayTest, RetentionDropsAreNotReplayed) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ(r->replayed, 1u);
   EXPECT_EQ(payloads(take_all(*q)), std::set<std::string>{"acked-me"});
+}
+
+// Issue 43: a message deleted by id (Queue::remove, spool delete) is gone: replay does not
+// send it again, before or after an index rebuild, and keep_acked does not keep it.
+TEST_F(ReplayTest, DeletedMessagesAreNotReplayed) {
+  {
+    auto q = open(keep(kHour));
+    ASSERT_TRUE(q);
+    auto ready = q->send("deleted-ready");
+    ASSERT_TRUE(ready.ok());
+    ASSERT_TRUE(q->send("deleted-leased").ok());
+    ASSERT_TRUE(q->send("acked").ok());
+    ASSERT_TRUE(q->remove(*ready).ok());
+    auto got = q->receive(2, Millis(60000));
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->size(), 2u);
+    for (auto& m : *got) {
+      if (m.payload == "acked") {
+        ASSERT_TRUE(q->ack(m.receipt).ok());
+      } else {
+        ASSERT_TRUE(q->remove(m.id).ok());
+      }
+    }
+    auto st = q->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->kept_acked, 1u);
+    auto r = q->replay(since(kHour));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->replayed, 1u);
+    EXPECT_EQ(drain(*q).size(), 1u);  // the replayed "acked", acked again
+  }
+  ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);  // the same from the log alone
+  auto q = open();
+  ASSERT_TRUE(q);
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->kept_acked, 2u);  // the two acks of "acked"
+  auto r = q->replay(since(kHour));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->replayed, 2u);
+  auto back = take_all(*q);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(payloads(back), std::set<std::string>{"acked"});
 }
 
 TEST_F(ReplayTest, ToAnotherQueue) {

@@ -35,7 +35,9 @@ Exit codes: 0 ok, 2 no message within --wait, 3 lease lost (stale receipt), 64 u
 75 queue full (try again later), 1 any other error. See docs/cli.md.)";
 
 int run(int argc, char** argv, const spool::cli::StdFds& closed) {
-  CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host"};
+  // Named, so that usage lines say "spool" (CLI11 would take argv[0], a full path, and before
+  // parsing nothing: `spool` alone printed "Usage: [OPTIONS] SUBCOMMAND").
+  CLI::App app{"spool: a persistent, brokerless message queue for worker processes on one host", "spool"};
   app.require_subcommand(1);
   app.footer(kExamples);
   app.set_version_flag("--version", "spool 0.1.0");
@@ -104,15 +106,16 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
     }
   }
   name_flag_values(app);
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    std::string msg = parse_failure(a, e);
+    std::erase(msg, kMark);
+    return msg;
+  });
   try {
     app.parse(static_cast<int>(marked_argv.size()), marked_argv.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::string help = "spool --help";
-    for (auto* sub : app.get_subcommands()) help = "spool " + sub->get_name() + " --help";
-    std::string what = e.what();
-    std::erase(what, kMark);
-    std::fprintf(stderr, "spool: %s (run '%s' for usage)\n", what.c_str(), help.c_str());
+    (void)app.exit(e);  // prints the failure_message above on stderr
     return kExitUsage;
   }
   Command* cmd = nullptr;

@@ -322,7 +322,8 @@ class Queue {
   // Deletes the message `id` without a receipt, whatever its state (ready, leased,
   // delayed); for an operator removing one message by hand. It is written as the ack of a
   // receipt would be (and counted in Stats::acked_total), so a receipt still held for it
-  // then fails with kNotFound. A dead letter is removed through dead_letters(), by its id
+  // then fails with kNotFound; flagged as a delete, so replay() never sends it again
+  // (deleted means gone). A dead letter is removed through dead_letters(), by its id
   // there. kNotFound if no message `id` is in the queue (never sent, acked, removed,
   // dead-lettered or purged).
   Status remove(uint64_t id, Durability durability = Durability::kQueuePolicy);
@@ -423,7 +424,7 @@ class Queue {
   // Replay after ack: sends the messages acked in the window `opts` names again, as new
   // messages (in the order of their acks), each with its payload, attributes, priority and group plus
   // spool.replay.original_id and spool.replay.acked_at. Reads the log, not the index; only
-  // consumer acks and remove() count (not dead-lettering, retention drops or purges). A
+  // consumer acks count (not remove(), dead-lettering, retention drops or purges). A
   // queue whose keep_acked covers the window keeps every such message; otherwise those
   // compaction already removed are counted as missing. kInvalidArgument for a bad window,
   // kNotFound / kNotAQueue for a `to` that is no queue. Not atomic: a crash midway leaves

@@ -327,7 +327,8 @@ spool_code spool_nack(spool_queue* q, const char* receipt, uint64_t delay_ms);
 spool_code spool_extend(spool_queue* q, const char* receipt, uint64_t visibility_ms);
 /* Deletes message `id` without a receipt, whatever its state (ready, leased, delayed), as an
  * ack would (it counts in acked_total; a receipt still held for it then gets
- * SPOOL_NOT_FOUND). SPOOL_NOT_FOUND if no message `id` is in the queue. */
+ * SPOOL_NOT_FOUND), but for good: spool_replay never sends it again. SPOOL_NOT_FOUND if no
+ * message `id` is in the queue. */
 spool_code spool_remove(spool_queue* q, uint64_t id, int durability);
 
 /* Instant release on death: binds the leases this handle takes from now on

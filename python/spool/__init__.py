@@ -732,8 +732,8 @@ class Queue:
 
     def remove(self, id: int, *, sync: bool = False) -> None:
         """Deletes message ``id`` without a receipt, whatever its state, as an ack would (a
-        receipt still held for it then raises NotFound). Raises NotFound if it is not in
-        the queue."""
+        receipt still held for it then raises NotFound), but for good: :meth:`replay` never
+        sends a deleted message again. Raises NotFound if it is not in the queue."""
         _check(_lib.spool_remove(self._handle(), id, 1 if sync else 0))
 
     def bind_leases(self) -> None:

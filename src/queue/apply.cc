@@ -164,7 +164,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       const int64_t found = x.find(r.id);
       settle_copy(x, keys, r.id, -1);
       if (int64_t slot = found; slot >= 0) {
-        if (keys.keep_acked != 0 && r.type == RecordType::kAck && (r.flags & format::kFlagExpired) == 0) {
+        if (keys.keep_acked != 0 && r.type == RecordType::kAck &&
+            (r.flags & (format::kFlagExpired | format::kFlagDeleted)) == 0) {
           const Entry& e = x.entry(static_cast<uint32_t>(slot));
           x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, storage::Pos::unpack(e.loc).seq, e.len, keys.keep_acked);
         }

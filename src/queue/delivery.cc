@@ -61,6 +61,13 @@ namespace {
 Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis) {
   return Record{RecordType::kLease, count, id, now.rt, now.rt + vis, {}};
 }
+// A move to the dead-letter queue that a receive made on its own, which no caller is told
+// of: a warning. (One a consumer asks for, dead_letter(), is its caller's to report: it is
+// logged at info only, so that spool work's own line about it is the only one by default.)
+void log_moved(const std::string& dir, uint64_t id, const char* reason, uint32_t count) {
+  spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
+                    count);
+}
 }  // namespace
 
 auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end, Mapped* mapped) -> Result<std::optional<Message>> {
@@ -84,7 +91,9 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     Message raw;
     raw.id = id;
     std::string why = msg.status().message().substr(0, format::kMaxAttrValue);
+    const uint32_t count = idx.entry(slot).count;
     if (Status s = bury(slot, raw, r->payload, "unreadable", {{"spool.dead.error", why}}, now); !s.ok()) return s;
+    log_moved(dir, id, "unreadable", count);
     *end = h.cache.log_end;
     return std::optional<Message>();
   }
@@ -99,7 +108,9 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   Entry& e = idx.entry(slot);
   if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
     const std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
+    const uint32_t count = e.count;
     if (Status s = bury(slot, *msg, body, "max_receives", {}, now); !s.ok()) return s;
+    log_moved(dir, id, "max_receives", count);
     *end = h.cache.log_end;
     return std::optional<Message>();
   }
@@ -161,8 +172,6 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
   Record dead{RecordType::kDead, count, id, 0, 0, {}};
   if (auto res = commit(std::span(&dead, 1), now); !res.ok()) return res.status();
-  spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
-                    count);
   return {};
 }
 

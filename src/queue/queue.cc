@@ -500,9 +500,12 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
           if (freed.ok() && freed->segments_removed > 0) continue;
           if (!freed.ok()) return Status(s.code(), s.message() + "; compaction failed too: " + freed.status().message());
         }
-        const uint64_t mib = std::max(short_by.size, short_by.at_least) >> 20;
+        // In KiB below a MiB: on a small device "0 MiB" said nothing.
+        const uint64_t next = std::max(short_by.size, short_by.at_least);
+        const std::string size = next >= (1u << 20) ? std::to_string(next >> 20) + " MiB"
+                                                    : std::to_string((next + 1023) >> 10) + " KiB";
         return Status(s.code(), s.message() + "; compaction has removed every segment it could, and the next " +
-                                    "segment (" + std::to_string(mib) + " MiB) does not fit: ack or purge " +
+                                    "segment (" + size + ") does not fit: ack or purge " +
                                     "messages, end readers holding removed segments (spool stats shows them), "
                                     "free disk space or give the queue a smaller segment_size, then retry");
       }
@@ -915,8 +918,10 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
   if (Status s = check_attributes(extra, "dead_letter: "); !s.ok()) return s;
   q.dlq.open_early();
   uint64_t end;
+  uint64_t m_id;
   {
     SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
+    m_id = f->id;
     const Clocks now = q.clocks();
     auto m = q.load(f->slot, nullptr, &now);
     if (!m.ok()) return m.status();
@@ -928,6 +933,8 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().cache.log_end;
   }
+  // The caller asked for it and is told it happened: info, not a warning (delivery.cc).
+  spool::log().info("spool: {}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
   return q.written(end);
 }
 
@@ -945,9 +952,11 @@ Status Queue::Impl::remove(uint64_t id, Durability durability) {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     int64_t slot = q.idx.find(id);
     if (slot < 0) return not_in_queue(id);
-    // A plain ACK record with the message's current delivery number: replay drops the
-    // message whatever its state, and a receipt of that delivery finds nothing to fence.
-    Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {}};
+    // An ACK record with the message's current delivery number: replay drops the message
+    // whatever its state, and a receipt of that delivery finds nothing to fence. Flagged
+    // DELETED: deleted means gone, so replay after ack does not send it again.
+    Record rec{RecordType::kAck, q.idx.entry(static_cast<uint32_t>(slot)).count, id, 0, 0, {},
+               format::kFlagDeleted};
     auto res = q.commit(std::span(&rec, 1), q.clocks());
     if (!res.ok()) return res.status();
     end = res->end.pack();

@@ -233,6 +233,9 @@ struct Queue::Impl {
     uint64_t n = 0;
     uint64_t size = 0;
     uint64_t at_least = 0;
+    // The room short, in bytes: when the disk cannot give a spare of `size`, one that
+    // covers what is still short is made instead (a small device).
+    uint64_t missing = 0;
     // (n == 0 only) The segments have reached their largest size and there is room, but not
     // one more segment's: time for a top-up off the caller's path. A backlog's drain reserve
     // grows with every send between rolls, so a top-up only at the rolls would leave senders

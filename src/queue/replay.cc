@@ -101,7 +101,8 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
   each_record(UINT64_MAX, [&](Pos pos, const storage::RecordView& r) {
     if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
     latest = std::max(latest, clock.written_wall(pos.pack(), r));
-    if (r.type != RecordType::kAck || (r.flags & format::kFlagExpired) != 0) return;
+    if (r.type != RecordType::kAck) return;
+    if ((r.flags & (format::kFlagExpired | format::kFlagDeleted)) != 0) return;  // not a consumer's ack
     if (latest < lo || latest > hi || acks.size() >= o.max || want.contains(r.id)) return;
     want.emplace(r.id, acks.size());
     acks.push_back(Acked{r.id, latest});

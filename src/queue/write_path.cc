@@ -6,6 +6,14 @@
 #include "queue/apply.h"
 
 namespace spool {
+namespace {
+
+// What a segment cannot hold of drain records: its header, the CLOCK record that opens it,
+// and the tail a drain record did not fit.
+constexpr uint64_t kPerSegment = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
+constexpr uint64_t drain_cap(uint64_t size) { return size - std::min(size, kPerSegment); }
+
+}  // namespace
 
 auto Queue::Impl::writable() const -> Status {
   if (read_only) return Status(Code::kReadOnly, dir + ": read-only (no write permission on the queue)");
@@ -118,10 +126,7 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
                                bool ahead) -> SpareShort {
   constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
   constexpr uint64_t kSlack = 4096;
-  // What a segment cannot hold of drain records: its header, the CLOCK record that opens
-  // it, and the tail a drain record did not fit.
-  static constexpr uint64_t kPerSegment = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
-  auto cap = [](uint64_t size) { return size - std::min(size, kPerSegment); };
+  auto cap = drain_cap;
   auto& h = idx.hdr();
   Pos end = Pos::unpack(h.cache.log_end);
   const uint64_t active = tail == nullptr ? 0 : tail->info().size;
@@ -141,6 +146,7 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
     return SpareShort{.low = !ahead && active >= log->max_size() && room - need < cap(active)};
   }
   SpareShort s;
+  s.missing = need - room;
   // The size of the roll after the spares there are (each roll doubles).
   uint64_t size = log->next_size(active);
   for (uint64_t i = 0; i < h.disk.spares && size < log->max_size(); ++i) size = log->next_size(size);
@@ -174,9 +180,21 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
                                       "(a larger segment_size makes the limit further away)");
   }
   uint64_t size = s.size;
-  for (uint64_t n = s.n; n > 0; --n, size = log->next_size(size)) {
-    const uint64_t bytes = std::max(size, s.at_least);
+  uint64_t missing = s.missing;
+  for (uint64_t n = s.n; n > 0 && missing > 0; --n, size = log->next_size(size)) {
+    uint64_t bytes = std::max(size, s.at_least);
     Status made = log->make_spare(bytes, zero_fill);
+    // A small device (issue 43): the disk cannot give a spare of the size the doubling
+    // asks for, but may give one of the room still missing, which serves as well (a roll
+    // takes a spare's own size). At least the largest record about to be written, and not
+    // below the first segment's size: smaller spares would cut the log of a nearly full disk
+    // into many small segments, each send making one.
+    const uint64_t fits =
+        (std::max({missing + kPerSegment, s.at_least, log->first_size()}) + 4095) & ~uint64_t{4095};
+    if (made.code() == Code::kNoSpace && fits < bytes) {
+      bytes = fits;
+      made = log->make_spare(bytes, zero_fill);
+    }
     auto held = lock();  // the count is read and changed under the lock
     if (!held.ok()) return made.ok() ? held.status() : made;
     holds(*held);
@@ -187,6 +205,7 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     }
     ++idx.hdr().disk.spares;
     idx.hdr().disk.spare_bytes += bytes;
+    missing -= std::min(missing, drain_cap(bytes));
   }
   return {};
 }

@@ -43,6 +43,7 @@ inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not 
 inline constexpr uint8_t kFlagExpired = 2;  // ACK written by a retention limit, not a consumer
 inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's nack (counted)
 inline constexpr uint8_t kFlagExt = 8;      // MSG whose payload starts with an extension area
+inline constexpr uint8_t kFlagDeleted = 16;  // ACK written by a delete by id, not a consumer
 
 // The extension area of a MSG record (docs/format.md, "Message extension").
 inline constexpr uint32_t kExtHeaderSize = 8;  // ext_len u32 | ext_version u8 | 3 zero bytes

@@ -61,6 +61,103 @@ uint64_t count_arg(const std::string& flag, const std::string& text) {
 
 namespace {
 
+// What a value of this kind looks like (the type names name_flag_values() gives).
+std::string kind_of(const CLI::Option* o) {
+  const std::string t = o->get_type_name();
+  if (t == "DUR") return "a duration: 500ms, 30s, 5m, 2h or seconds";
+  if (t == "SIZE") return "a size: 4096, 64K, 64M or 1G";
+  if (t == "N") return "a whole number";
+  if (t.empty()) return "a value";
+  return t;
+}
+
+// CLI11's sentences start with a capital ("Value 0 not in range"); spool's clauses do not.
+// An acronym or a flag stays as it is.
+std::string lower_first(std::string s) {
+  if (s.size() > 1 && s[0] >= 'A' && s[0] <= 'Z' && s[1] >= 'a' && s[1] <= 'z') s[0] = static_cast<char>(s[0] - 'A' + 'a');
+  return s;
+}
+
+}  // namespace
+
+std::string parse_failure(const CLI::App* app, const CLI::Error& e) {
+  // The command being parsed: the deepest subcommand met so far.
+  const CLI::App* at = app;
+  std::string cmd = "spool";
+  for (auto subs = at->get_subcommands(); !subs.empty(); subs = at->get_subcommands()) {
+    at = subs.back();
+    cmd += " " + at->get_name();
+  }
+  const std::string what = e.what();
+  // The flag or argument an error is about: CLI11 starts its messages with its name.
+  auto named = [&](const std::string& prefix) -> const CLI::Option* {
+    for (const CLI::Option* o : at->get_options()) {
+      const std::string n = o->get_name();
+      if (!n.empty() && what.starts_with(prefix + n) &&
+          (what.size() == prefix.size() + n.size() || what[prefix.size() + n.size()] == ':' ||
+           what[prefix.size() + n.size()] == ' ')) {
+        return o;
+      }
+    }
+    return nullptr;
+  };
+  // Told apart by class (an ExtrasError's get_name() is the command's name, not its class's).
+  std::string msg;
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    std::vector<std::string> extra = app->remaining(true);
+    if (extra.empty()) {
+      msg = what;
+    } else if (extra.front().starts_with("-")) {
+      msg = "unknown flag '" + extra.front() + "'";
+    } else {
+      msg = "unexpected argument" + std::string(extra.size() > 1 ? "s" : "");
+      for (const auto& x : extra) msg += " '" + x + "'";
+    }
+  } else if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr) {
+    for (const CLI::Option* o : at->get_options()) {
+      if (o->get_required() && o->count() == 0) {
+        msg = "missing " + o->get_name() + (o->get_positional() ? "" : " " + o->get_type_name());
+        break;
+      }
+    }
+    if (msg.empty()) msg = at == app ? "a command is required" : "missing a subcommand";
+  } else if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    const CLI::Option* o = named("");
+    if (o == nullptr) {
+      msg = what;
+    } else if (what.find("missing") != std::string::npos || what.find("least") != std::string::npos) {
+      msg = o->get_name() + " needs a value (" + kind_of(o) + ")";
+    } else {
+      msg = o->get_name() + " takes one value, more were given";
+    }
+  } else if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+    const std::string lead = "Could not convert: ";
+    const CLI::Option* o = named(lead);
+    if (o != nullptr) {
+      const size_t eq = lead.size() + o->get_name().size() + 3;  // " = "
+      msg = "bad value '" + (eq <= what.size() ? what.substr(eq) : "") + "' for " + o->get_name() + " (" +
+            kind_of(o) + ")";
+    } else {
+      msg = what;
+    }
+  } else if (dynamic_cast<const CLI::ValidationError*>(&e) != nullptr) {
+    const CLI::Option* o = named("");
+    if (o != nullptr) {
+      const std::string given = o->results().empty() ? "" : o->results().front();
+      const std::string why = what.substr(std::min(what.size(), o->get_name().size() + 2));
+      msg = "bad value '" + given + "' for " + o->get_name() + " (" + lower_first(why) + ")";
+    } else {
+      msg = what;
+    }
+  } else {
+    msg = what;
+  }
+  const std::string fix = at == app ? "run 'spool help' for the commands" : "run '" + cmd + " --help' for its usage";
+  return cmd + ": " + lower_first(msg) + "; " + fix + "\n";
+}
+
+namespace {
+
 // What to suggest for a path that is not a queue: `spool init` only works on a new or empty
 // directory (one holding just what a failed open leaves behind: gate, lock).
 std::string init_hint(const std::string& dir) {

@@ -14,6 +14,7 @@
 
 namespace CLI {
 class App;
+class Error;
 }
 
 namespace spool::cmd {
@@ -63,6 +64,10 @@ void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every comman
 // Names what each flag of every command takes, for --help: DUR (a duration), SIZE, N (a
 // count or number), ID, in place of CLI11's TEXT, UINT or FLOAT.
 void name_flag_values(CLI::App& app);
+// CLI11's failure_message hook: a parse error in spool's words, "spool CMD: what is wrong;
+// what to do" (the command, the flag or argument at fault and what it takes, from the app
+// as parsed so far), for an error CLI11 throws while parsing `app`.
+std::string parse_failure(const CLI::App* app, const CLI::Error& e);
 // Flag values: a bad one throws UsageError naming the flag and the accepted forms.
 Millis duration_arg(const std::string& flag, const std::string& text);
 uint64_t size_arg(const std::string& flag, const std::string& text);

@@ -156,6 +156,28 @@ uint64_t id_arg(const std::string& text) {
   return id;
 }
 
+// The dead letter that was message `id` of the queue in `dir` (its spool.dead.original_id),
+// or 0. Reads the dead letters one at a time (show, not peek: one payload in memory at once),
+// at most kMaxLook of them: an error path, not a hot one.
+uint64_t dead_letter_of(Queue& q, const std::string& dir, uint64_t id) {
+  constexpr size_t kMaxLook = 100000;
+  struct stat dlq_conf {};
+  if (::stat((dir + "/dlq/spool.conf").c_str(), &dlq_conf) != 0) return 0;  // none: make none
+  auto d = q.dead_letters();
+  if (!d.ok()) return 0;
+  auto infos = (*d)->list(kMaxLook);
+  if (!infos.ok()) return 0;
+  const std::string want = std::to_string(id);
+  for (const auto& info : *infos) {
+    auto got = (*d)->show(info.id);
+    if (!got.ok()) continue;
+    for (const auto& [k, v] : got->first.attributes) {
+      if (k == "spool.dead.original_id" && v == want) return info.id;
+    }
+  }
+  return 0;
+}
+
 int run_show(const MessageArgs& a) {
   const uint64_t id = id_arg(a.id);
   Status err;
@@ -164,6 +186,14 @@ int run_show(const MessageArgs& a) {
   auto which = queue_or_dead_letters(*q, a.dlq);
   if (!which.ok()) return fail(which.status(), a.dir);
   auto got = (*which)->show(id);
+  if (!got.ok() && got.status().code() == Code::kNotFound && !a.dlq) {
+    // A dead-lettered message is named by its id in the dead-letter queue (issue 43).
+    if (const uint64_t dead = dead_letter_of(*q, a.dir, id); dead != 0) {
+      std::fprintf(stderr, "spool: message %" PRIu64 " is not in the queue: it was dead-lettered, as dead letter %" PRIu64
+                           " (spool show %s --dlq %" PRIu64 ")\n", id, dead, a.dir.c_str(), dead);
+      return kExitError;
+    }
+  }
   if (!got.ok()) return fail(got.status(), a.dir);
   const auto& [m, info] = *got;
   const char* state = a.dlq ? "dead" : state_name(info.state);
