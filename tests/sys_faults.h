@@ -1,6 +1,6 @@
 // I/O fault injection for queue-level tests (tests/faults_*_test.cc): an io::Io (the
 // internal seam every file operation of a queue goes through, src/io/io.h) that a test puts
-// in QueueOptions::io (`o.io = sysfaults::io()`), and whose bookkeeping lives in this
+// in the queue's Env (`o.env = make_default_env(sysfaults::io())`), and whose bookkeeping lives in this
 // process and, for the undo log, in memory shared across fork. Its writes are pwrites (no
 // mapped stores), so every write of such a queue is seen. Unarmed, each call just makes the
 // system call.

@@ -158,7 +158,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   if (dropped != 0) history.emplace_back("spool.dead.dropped_attributes", std::to_string(dropped));
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
-  crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
+  env->crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
   Record dead{RecordType::kDead, count, id, 0, 0, {}};
   if (auto res = commit(std::span(&dead, 1), now); !res.ok()) return res.status();
   spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
@@ -192,7 +192,7 @@ auto Queue::Impl::open_dead_letter_queue() -> Result<std::unique_ptr<Queue>> {
   o.max_receives = 0;
   o.create = !read_only;
   o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
-  o.io = io;
+  o.env = env;
   return open_queue(dir + "/dlq", o, true);
 }
 

@@ -95,7 +95,8 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
-  impl->io = opts.io ? opts.io : io::default_io();
+  impl->env = opts.env ? opts.env : make_default_env();
+  impl->io = impl->env->io();
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
@@ -209,15 +210,6 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
   impl->syncer = std::make_unique<queue::Syncer>(impl->dir, impl->cfg.opts, impl->idx, *impl->log);
-
-  if (kTestHooks) {
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_EVERY_LOCK")) {
-      impl->park_path = park;
-      impl->park_every = true;
-    }
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
-  }
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
@@ -1156,11 +1148,11 @@ Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 // One received dead letter back into `q` as a new message, whose history starts afresh:
 // the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between
 // duplicates, never loses.
-static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m) {
+static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m, Env& env) {
   std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
   auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority, .group = m.group});
   if (!id.ok()) return id.status();
-  crashpoint("redrive.after_send");
+  env.crashpoint("redrive.after_send");
   if (Status s = dlq.ack(m.receipt); !s.ok()) return s;
   return *id;
 }
@@ -1177,7 +1169,7 @@ Result<uint64_t> Queue::redrive(size_t max) {
       return msgs.status();
     }
     for (auto& m : *msgs) {
-      if (auto id = redrive_one(*this, **dlq, m); !id.ok()) return id.status();
+      if (auto id = redrive_one(*this, **dlq, m, impl_->environment()); !id.ok()) return id.status();
       ++moved;
     }
   }
@@ -1195,7 +1187,7 @@ Result<uint64_t> Queue::redrive_id(uint64_t dead_id) {
     }
     return m.status();
   }
-  return redrive_one(*this, **dlq, *m);
+  return redrive_one(*this, **dlq, *m, impl_->environment());
 }
 
 std::string Queue::check_index() { return impl_->check_index(); }

@@ -48,9 +48,9 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
   __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
   // (A crash test's hook: a send parks here, its messages in the log and not in the index.)
-  if (!park_append_path.empty() && !recs.empty() && recs.front().type == RecordType::kMsg &&
+  if (kTestHooks && env->parks() && !recs.empty() && recs.front().type == RecordType::kMsg &&
       (recs.front().flags & format::kFlagCopy) == 0) {
-    park(park_append_path);
+    env->park(ParkPoint::kAfterAppend);
   }
   std::unordered_map<uint64_t, uint64_t> copies;  // (allocates nothing unless a copy comes)
   const queue::Keys keys = live_keys(now, &copies);
