@@ -100,7 +100,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // one still inside the window stays (docs/compaction.md).
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
-    const uint64_t now_boot = sys::boot_ns();
+    const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
     removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&

@@ -47,7 +47,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   // clock and back, so that a wall-clock step since moves it along.
   // The caller's Clocks by reference: its real() is read once per lock hold, not per message.
   Clocks own;
-  if (now == nullptr) own = queue::read_clocks(idx.hdr());
+  if (now == nullptr) own = queue::read_clocks(idx.hdr(), *env);
   const Clocks& c = now != nullptr ? *now : own;
   const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
   if (age_ns != nullptr) *age_ns = age;

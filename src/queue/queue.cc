@@ -459,7 +459,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
     }
     uint32_t seen = h.room_seq.load(std::memory_order_acquire);
     if (std::string full = n_new == 0 ? "" : q.full_reason(n_new, total); !full.empty()) {
-      uint64_t t = sys::boot_ns();
+      uint64_t t = q.env->boot_ns();
       if (give_up == 0) give_up = t + ms_to_ns(opts.wait_for_room);
       if (t >= give_up) {
         return Status(Code::kQueueFull, "queue full: " + q.dir + " has " + full +
@@ -717,7 +717,7 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
       if (Status s = q.written(end); !s.ok()) return s;
     }
     if (!out.empty()) return out;
-    uint64_t now = sys::boot_ns();
+    uint64_t now = q.env->boot_ns();
     if (give_up == 0) give_up = now + ms_to_ns(wait);
     if (now >= give_up) {
       if (paused) return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
@@ -855,7 +855,7 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) { r
 Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states) {
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
-  const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
+  const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
   for (uint32_t slot : q.lowest_ids(max, states, now.boot)) out.push_back(q.info_of(slot, now));
   return out;
@@ -875,7 +875,7 @@ Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
   if (slot < 0) return not_in_queue(id);
-  const Clocks now = queue::read_clocks(q.idx.hdr());
+  const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
   if (!m.ok()) return m.status();
   return std::make_pair(std::move(*m), q.info_of(static_cast<uint32_t>(slot), now));
@@ -1074,7 +1074,7 @@ Result<Stats> Queue::Impl::stats() {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock());
     auto& h = q.idx.hdr();
-    uint64_t now = sys::boot_ns();
+    uint64_t now = q.env->boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
     st.ready = h.queued + q.idx.due_size();

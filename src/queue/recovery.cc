@@ -209,7 +209,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   h.paused = 0;
   h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
   h.received_total = h.redelivered_total = 0;
-  queue::ReplayClock clock(h, queue::read_clocks(h));
+  queue::ReplayClock clock(h, queue::read_clocks(h, *env));
   std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").

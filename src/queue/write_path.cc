@@ -38,7 +38,7 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
-  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
+  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
   auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, tail);
   if (!res.ok()) {
     if (applied) (void)rebuild();
@@ -98,7 +98,7 @@ auto Queue::Impl::apply_before_append(const Record& rec, const Clocks& now) -> S
 
 auto Queue::Impl::clocks() -> Clocks {
   auto& h = idx.hdr();
-  Clocks c = queue::read_clocks(h);
+  Clocks c = queue::read_clocks(h, *env);
   boot_seen = c.boot;
   if (read_only || !queue::anchor_due(h, c)) return c;
   Clocks next = c;
