@@ -16,6 +16,14 @@
 //    write at a 512-byte boundary), which is what a power cut does to the page cache.
 //    Directory operations (create, rename, unlink) are not undone; spool fsyncs the
 //    directory right after each of them.
+//
+// Why this and io::FaultIo (src/io/fault_io.h) are still two: FaultIo keeps its undo log in
+// the memory of the process that wrote (a cut and a reopen in one process: storage_test,
+// power_cut_test), this one in a MAP_SHARED mapping made before fork, so that the parent
+// undoes the writes of a child that was SIGKILLed, and it adds what the faults tests hold a
+// process with (park_next_sync, on_sync, on_rename) and process-wide counters. One Io would
+// be FaultIo with a pluggable undo store (private or shared) and these hooks; not done yet
+// (issue 42, item 5). Both reach a queue the same way, through its Env.
 #pragma once
 
 #include <cstddef>
