@@ -46,6 +46,7 @@ struct Env {
   std::string index_bytes;                  // the intact index of the closed queue
   std::map<uint64_t, std::string> payload;  // what the log holds
   size_t fields_begin = 0, fields_end = 0;  // fuzzed header fields in header mode
+  size_t disk_begin = 0, disk_end = 0;
   size_t atomics_begin = 0, atomics_end = 0;
 };
 
@@ -101,10 +102,14 @@ Env& env() {
   if (e->index_bytes.size() < spool::index::kHeaderBytes) fail("no index");
   alignas(64) char buf[sizeof(IndexHeader)] = {};
   auto* h = reinterpret_cast<IndexHeader*>(buf);
-  e->fields_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->capacity) - buf);
-  e->fields_end = static_cast<size_t>(reinterpret_cast<char*>(&h->compacted_through) - buf) + 8;
-  e->atomics_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->wake_seq) - buf);
-  e->atomics_end = sizeof(IndexHeader);
+  // The layout and the queue's counters (not the clock anchors and kept buckets after
+  // them), compacted_through, and the lock-free words.
+  e->fields_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->layout) - buf);
+  e->fields_end = static_cast<size_t>(reinterpret_cast<char*>(&h->cache.kept_width) - buf);
+  e->disk_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->disk.compacted_through) - buf);
+  e->disk_end = e->disk_begin + sizeof h->disk.compacted_through;
+  e->atomics_begin = static_cast<size_t>(reinterpret_cast<char*>(&h->coord.wake_seq) - buf);
+  e->atomics_end = static_cast<size_t>(reinterpret_cast<char*>(&h->coord) - buf) + sizeof h->coord;
   g_env = e;
   return *e;
 }
@@ -125,6 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     size_t at = 0;
     if (mode == 1) {
       for (size_t off = e.fields_begin; off < e.fields_end && at < n; ++off) file[off] = in[at++];
+      for (size_t off = e.disk_begin; off < e.disk_end && at < n; ++off) file[off] = in[at++];
       for (size_t off = e.atomics_begin; off < e.atomics_end && at < n; ++off) file[off] = in[at++];
     } else {
       // The intact header; the input overwrites the region from a position it chooses.

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Installs the Debian 12 packages spool builds and tests with, if any are missing.
-# Usage: scripts/deps.sh [--test | --bench-python]   (--test adds clang for the fuzzers, pytest for python/tests and mypy for its type check, openssl for the TLS test, strace for the CLI test's syncs, attr for getfattr in the spoolfs test, python3-setuptools/-venv/-pip for the install test's pip install, tmux for the spool top test, chromium (headless) for the dashboard's browser test, Go for bindings/go and, where the machine has no node, Node.js and npm for bindings/node, python3-boto3, awscli and curl for the SQS face's clients; --bench-python adds the peers of bench/bench_python.py)
+# Usage: scripts/deps.sh [--test | --bench-python]   (--test adds clang for the fuzzers, pytest for python/tests and mypy for its type check, openssl for the TLS test, strace for the CLI test's syncs, attr for getfattr in the spoolfs test, python3-setuptools/-venv/-pip for the install test's pip install, tmux for the spool top test, chromium (headless) for the dashboard's browser test, Go for bindings/go and, where the machine has no node, Node.js, npm and make (node-gyp runs it) for bindings/node, python3-boto3, awscli and curl for the SQS face's clients; --bench-python adds the peers of bench/bench_python.py)
 set -euo pipefail
 pkgs=(meson ninja-build g++ pkg-config python3 liburing-dev libfuse3-dev fuse3 libxxhash-dev
       libcpp-httplib-dev libssl-dev
@@ -11,6 +11,8 @@ pkgs=(meson ninja-build g++ pkg-config python3 liburing-dev libfuse3-dev fuse3 l
                                    python3-boto3 awscli curl chromium)
 # A machine may bring its own Node.js (with npm and node's headers); Debian's is the fallback.
 [ "${1:-}" = "--test" ] && ! command -v node >/dev/null && pkgs+=(nodejs npm libnode-dev)
+# node-gyp builds the addon with make, which a minimal Debian (and --no-install-recommends) lacks.
+[ "${1:-}" = "--test" ] && pkgs+=(make)
 [ "${1:-}" = "--bench-python" ] && pkgs+=(python3-persist-queue python3-rq python3-redis redis-server)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -86,19 +86,19 @@ Snapshot snapshot(const std::string& qdir, const std::set<std::string>& dedup_id
   x.assert_held();  // nobody else is attached
   EXPECT_TRUE(x.refresh().ok());
   auto& h = x.hdr();
-  s.header = {{"count", h.count},           {"leased", h.leased},
-              {"blocked", h.blocked},       {"next_id", h.next_id},
-              {"purged_through", h.purged_through}, {"sent_total", h.sent_total},
-              {"acked_total", h.acked_total}, {"dead_total", h.dead_total},
-              {"expired_total", h.expired_total}, {"nacked_total", h.nacked_total},
-              {"received_total", h.received_total}, {"redelivered_total", h.redelivered_total},
-              {"bytes_live", h.bytes_live}, {"log_end", h.log_end},
-              {"sent_through", h.sent_through.load()}, {"paused", h.paused}};
+  s.header = {{"count", h.layout.count},           {"leased", h.layout.leased},
+              {"blocked", h.layout.blocked},       {"next_id", h.cache.next_id},
+              {"purged_through", h.cache.purged_through}, {"sent_total", h.cache.sent_total},
+              {"acked_total", h.cache.acked_total}, {"dead_total", h.cache.dead_total},
+              {"expired_total", h.cache.expired_total}, {"nacked_total", h.cache.nacked_total},
+              {"received_total", h.cache.received_total}, {"redelivered_total", h.cache.redelivered_total},
+              {"bytes_live", h.cache.bytes_live}, {"log_end", h.cache.log_end},
+              {"sent_through", h.coord.sent_through.load()}, {"paused", h.cache.paused}};
   // The kept-acked buckets by their sums: an ACK record stores no time, so replay files it
   // under the time of the record before it, which may fall in the next bucket.
   uint64_t kept_acks = 0, kept_bytes = 0, kept_min_seq = UINT64_MAX;
   for (uint32_t b = 0; b < index::kKeptBuckets; ++b) {
-    const auto& k = h.kept[b];
+    const auto& k = h.cache.kept[b];
     if (k.n == 0) continue;
     kept_acks += k.acks;
     kept_bytes += k.bytes;

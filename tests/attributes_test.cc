@@ -563,18 +563,18 @@ TEST_F(AttributesTest, AHashMatchIsConfirmedAgainstTheRecord) {
     test::IndexFile file(qdir());
     ASSERT_TRUE(file.ok());
     index::IndexHeader* h = &file.hdr();
-    ASSERT_GE(h->dedup_cap, index::kMinDedup);
+    ASSERT_GE(h->layout.dedup_cap, index::kMinDedup);
     index::DedupSlot* slots = file.dedup();
     const std::string other = "colliding-id";
     const uint64_t want = XXH3_64bits(other.data(), other.size());
     int changed = 0;
     // Re-placed where a probe for the other hash starts, so the lookup meets it.
-    for (uint64_t s = 0; s < h->dedup_cap; ++s) {
+    for (uint64_t s = 0; s < h->layout.dedup_cap; ++s) {
       if (slots[s].hash == 0) continue;
       index::DedupSlot d = slots[s];
       slots[s] = {};
       d.hash = want;
-      slots[want & (h->dedup_cap - 1)] = d;
+      slots[want & (h->layout.dedup_cap - 1)] = d;
       ++changed;
       break;
     }

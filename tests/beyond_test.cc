@@ -302,7 +302,7 @@ TEST_F(BeyondTest, BoundLeaseOfAKilledProcessIsReadyLongBeforeItsLeaseEnds) {
 // The index header's log end (packed), read from the file as another process would.
 uint64_t log_end_of(const std::string& qdir) {
   test::IndexFile f(qdir);
-  return f.ok() ? __atomic_load_n(&f.hdr().log_end, __ATOMIC_ACQUIRE) : 0;
+  return f.ok() ? __atomic_load_n(&f.hdr().cache.log_end, __ATOMIC_ACQUIRE) : 0;
 }
 
 // Reading calls write nothing to the log, not even the release of a dead binder's lease:

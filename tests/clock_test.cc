@@ -79,7 +79,7 @@ TEST_F(ClockStep, TheInterposedWallClockMoves) {
 // so the answer is exact.
 TEST_F(ClockStep, TheWallClockOfClocksIsThatOfTheMomentTheyWereRead) {
   auto h = std::make_unique<index::IndexHeader>();
-  h->clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
+  h->cache.clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
   test::FakeClockEnv env;
   const queue::Clocks c = queue::read_clocks(*h, env);
   const uint64_t wall_then = env.real_ns();  // (now() moved the clocks on as it read them)

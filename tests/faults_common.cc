@@ -62,7 +62,7 @@ std::string consistency(Queue& q) {
 const char* known_bug_text(const std::string& name) {
   if (name == "OPEN_FAIL_SEGV")
     return "Queue::open crashes (SIGSEGV in Queue::Impl::~Impl, src/queue/queue_impl.h: it calls "
-           "sync_to(idx.hdr().log_end) although the index was never attached) whenever open fails "
+           "sync_to(idx.hdr().cache.log_end) although the index was never attached) whenever open fails "
            "after the log was opened, e.g. when QUEUE/index cannot be opened";
   if (name == "INDEX_TRUSTED")
     return "the first opener reuses an index whose header is valid for this boot (src/queue/queue.cc, "
@@ -148,7 +148,7 @@ void damage_index(const std::string& qdir, IndexAfterCut how, std::mt19937_64& r
       if (fd < 0) return;
       alignas(64) char buf[sizeof(index::IndexHeader)] = {};
       auto* h = reinterpret_cast<index::IndexHeader*>(buf);
-      size_t off = static_cast<size_t>(h->boot_id - buf);
+      size_t off = static_cast<size_t>(h->ident.boot_id - buf);
       const char other_boot[] = "00000000-0000-0000-0000-000000000000";
       EXPECT_GE(::pwrite(fd, other_boot, sizeof other_boot, static_cast<off_t>(off)), 0);
       ::close(fd);

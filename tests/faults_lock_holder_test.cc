@@ -634,7 +634,7 @@ TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
   std::atomic<int> syncs{0}, under_lock{0};
   sf::on_sync([&] {
     ++syncs;
-    if (index.hdr().mu.native()->__data.__owner == static_cast<int>(::gettid())) ++under_lock;
+    if (index.hdr().coord.mu.native()->__data.__owner == static_cast<int>(::gettid())) ++under_lock;
   });
   const std::string body(700, 'x');
   for (int i = 0; i < 400; ++i) {

@@ -464,11 +464,14 @@ void poke(const std::string& path, size_t off, T v) {
   EXPECT_GE(::pwrite(fd, &v, sizeof v, static_cast<off_t>(off)), 0);
   ::close(fd);
 }
-size_t header_offset(uint64_t index::IndexHeader::*field) {
+// The offset in the header of the field `field` names (a lambda from a header to it).
+template <class F>
+size_t header_offset(F field) {
   alignas(64) char buf[sizeof(index::IndexHeader)] = {};
   auto* h = reinterpret_cast<index::IndexHeader*>(buf);
-  return static_cast<size_t>(reinterpret_cast<char*>(&(h->*field)) - buf);
+  return static_cast<size_t>(reinterpret_cast<char*>(&field(*h)) - buf);
 }
+#define HEADER_FIELD(part, name) [](index::IndexHeader& h) -> uint64_t& { return h.part.name; }
 
 const std::vector<IndexDamage>& index_damages() {
   static const std::vector<IndexDamage> all = {
@@ -510,19 +513,19 @@ const std::vector<IndexDamage>& index_damages() {
        },
        true, "INDEX_TRUSTED"},
       {"capacity beyond the file (same boot)",
-       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(&index::IndexHeader::capacity), 1ull << 30); },
+       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(HEADER_FIELD(layout, capacity)), 1ull << 30); },
        true},
       {"count and heap size huge (same boot)",
        [](const std::string& p, auto&) {
-         poke<uint64_t>(p, header_offset(&index::IndexHeader::count), ~0ull);
-         poke<uint64_t>(p, header_offset(&index::IndexHeader::heap_size), ~0ull);
+         poke<uint64_t>(p, header_offset(HEADER_FIELD(layout, count)), ~0ull);
+         poke<uint64_t>(p, header_offset(HEADER_FIELD(layout, heap_size)), ~0ull);
        },
        true},
       {"next id reset to 1 (same boot)",
-       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(&index::IndexHeader::next_id), 1); }, true,
+       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(HEADER_FIELD(cache, next_id)), 1); }, true,
        "INDEX_TRUSTED"},
       {"log end moved back to the first record (same boot)",
-       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(&index::IndexHeader::log_end), (1ull << 40) | 64); },
+       [](const std::string& p, auto&) { poke<uint64_t>(p, header_offset(HEADER_FIELD(cache, log_end)), (1ull << 40) | 64); },
        true},
   };
   return all;

@@ -114,7 +114,7 @@ class Hostile : public test::QueueDirTest {
     {
       test::IndexFile f(qdir());
       ASSERT_TRUE(f.ok());
-      f.hdr().log_end = poke(storage::Pos::unpack(f.hdr().log_end)).pack();
+      f.hdr().cache.log_end = poke(storage::Pos::unpack(f.hdr().cache.log_end)).pack();
       if (also) also(f);
     }
     steps.parent_done();
@@ -199,7 +199,7 @@ TEST_F(Hostile, AFullOverflowTableDoesNotMakeALookupLoopForever) {
     test::IndexFile f(qdir());
     ASSERT_TRUE(f.ok());
     index::OvfEntry* ovf = f.overflow();
-    for (uint64_t s = 0; s < f.hdr().ovf_cap; ++s) ovf[s].id = (1ull << 40) + s;
+    for (uint64_t s = 0; s < f.hdr().layout.ovf_cap; ++s) ovf[s].id = (1ull << 40) + s;
   }
   steps.parent_done();
   finish_child(child, 20s);  // a probe that never ends is killed here, and fails the test
@@ -242,7 +242,7 @@ TEST_F(Hostile, AClaimedOwnerCountPokedOutOfRangeIsMendedByOneRebuild) {
         }
         r.check(q.check_index().empty(), "the index checks clean: " + q.check_index());
       },
-      [](test::IndexFile& f) { f.hdr().owners_claimed = 0x7fffffff; });
+      [](test::IndexFile& f) { f.hdr().registry.owners_claimed = 0x7fffffff; });
   EXPECT_EQ(all_payloads(), (std::vector<std::string>{"m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8"}));
 }
 

@@ -60,7 +60,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
     bool queue_seen = false;
     for (auto& [id, m] : live) {
       // A queued message evicted to the overflow table waits in the heap instead (fit()).
-      if (m.state == State::kQueued && static_cast<uint64_t>(x.find(id)) >= x.hdr().capacity) {
+      if (m.state == State::kQueued && static_cast<uint64_t>(x.find(id)) >= x.hdr().layout.capacity) {
         m.state = State::kReady;
       }
       if (m.state == State::kQueued) {
@@ -83,9 +83,9 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   // shrink() with no minimum gain, so that it runs whenever a part is 4x too big; the ids
   // and their keys, states and heap order must come through it as through a growth.
   auto shrink = [&] {
-    uint64_t before = x.hdr().capacity + x.hdr().heap_cap + x.hdr().ovf_cap;
+    uint64_t before = x.hdr().layout.capacity + x.hdr().layout.heap_cap + x.hdr().layout.ovf_cap;
     ASSERT_TRUE(x.shrink(0).ok());
-    shrinks += x.hdr().capacity + x.hdr().heap_cap + x.hdr().ovf_cap < before;
+    shrinks += x.hdr().layout.capacity + x.hdr().layout.heap_cap + x.hdr().layout.ovf_cap < before;
   };
   for (int step = 0; step < steps; ++step) {
     now += rng() % 4096;
@@ -95,7 +95,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
     uint64_t key = now - 8192 + rng() % 16384;
     if (op < 36 || ids.empty()) {
       uint64_t id = next_id++;
-      x.hdr().next_id = next_id;
+      x.hdr().cache.next_id = next_id;
       Entry e{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0};
       // Mostly the default priority, as most sends are.
       const uint8_t pri = rng() % 4 != 0 ? index::kDefaultPriority : static_cast<uint8_t>(rng() % 256);
@@ -107,7 +107,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
       ids.push_back(id);
     } else if (op < 38) {
       // Replay meets a compaction copy of an id below the window: it goes to the overflow.
-      uint64_t low = x.hdr().low_id;
+      uint64_t low = x.hdr().layout.low_id;
       if (low <= 1) continue;
       uint64_t id = 1 + rng() % (low - 1);
       if (live.count(id) != 0) continue;
@@ -153,15 +153,15 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
         forget(want);
       }
     }
-    ASSERT_EQ(x.hdr().count, live.size());
-    ASSERT_EQ(x.hdr().leased, leased);
-    if (x.hdr().ovf_count != 0) ++evicted_seen;
+    ASSERT_EQ(x.hdr().layout.count, live.size());
+    ASSERT_EQ(x.hdr().layout.leased, leased);
+    if (x.hdr().layout.ovf_count != 0) ++evicted_seen;
     if (step % 3000 == 0) {
       ASSERT_EQ(x.check_invariants(), "") << "step " << step;
       for (auto& [id, m] : live) {
         uint32_t s = slot_of(id);
         ASSERT_EQ(x.id_of(s), id);
-        if (m.state == State::kQueued && s >= x.hdr().capacity) m.state = State::kReady;  // evicted
+        if (m.state == State::kQueued && s >= x.hdr().layout.capacity) m.state = State::kReady;  // evicted
         // (A ready item's key is kept at 256 ns in the due heap.)
         ASSERT_EQ(x.key(s) >> 8, m.key >> 8) << "id " << id << " at step " << step;
         if (m.state != State::kQueued) {
@@ -176,7 +176,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
   // The run must have used what it claims to test.
   EXPECT_GT(overflow_inserts, 0u);
   EXPECT_GT(evicted_seen, 0u) << "no message ever moved to the overflow table";
-  EXPECT_GT(x.hdr().capacity, index::kMinWindow) << "the window never grew";
+  EXPECT_GT(x.hdr().layout.capacity, index::kMinWindow) << "the window never grew";
   // Drain in delivery order: every next() is the model's earliest.
   now = UINT64_MAX / 2;
   for (uint64_t n = 0; !live.empty(); ++n) {
@@ -189,7 +189,7 @@ void random_operations(SharedIndex& x, uint64_t seed, int steps) {
     forget(want);
   }
   EXPECT_EQ(x.next(now), -1);
-  EXPECT_EQ(x.hdr().count, 0u);
+  EXPECT_EQ(x.hdr().layout.count, 0u);
   EXPECT_EQ(x.check_invariants(), "");
   EXPECT_GT(shrinks, 0u) << "the region never shrank";
 }
@@ -233,12 +233,12 @@ class IndexWindow : public ::testing::Test {
   }
   // One more message sent and acked at once, behind whatever is held back.
   void send_and_ack(uint64_t id) {
-    x.hdr().next_id = id + 1;
+    x.hdr().cache.next_id = id + 1;
     x.erase(add(id));
   }
   // A message leased until `deadline`, as the oldest in the queue.
   void lease_first(uint64_t deadline) {
-    x.hdr().next_id = 2;
+    x.hdr().cache.next_id = 2;
     ASSERT_TRUE(x.set(add(1), State::kLeased, deadline).ok());
   }
   // send_batch reserves room for the whole batch first. A batch bigger than the window must
@@ -250,13 +250,13 @@ class IndexWindow : public ::testing::Test {
       lease_first(1000);
       for (uint64_t id = 2; id <= 1000; ++id) send_and_ack(id);
     }
-    const uint64_t batch = 5000, from = x.hdr().next_id;
+    const uint64_t batch = 5000, from = x.hdr().cache.next_id;
     ASSERT_TRUE(x.reserve(batch, false).ok());
     for (uint64_t id = from; id < from + batch; ++id) add(id);
-    x.hdr().next_id = from + batch;
-    EXPECT_GE(x.hdr().capacity, batch);
-    EXPECT_EQ(x.hdr().ovf_count, 0u) << "the batch went to the overflow table";
-    EXPECT_EQ(x.hdr().queued, batch);
+    x.hdr().cache.next_id = from + batch;
+    EXPECT_GE(x.hdr().layout.capacity, batch);
+    EXPECT_EQ(x.hdr().layout.ovf_count, 0u) << "the batch went to the overflow table";
+    EXPECT_EQ(x.hdr().layout.queued, batch);
     EXPECT_EQ(x.check_invariants(), "");
   }
   SharedIndex x;
@@ -267,19 +267,19 @@ class IndexWindow : public ::testing::Test {
 TEST_F(IndexWindow, AnInOrderBacklogNeedsAboutOneWindowSlotPerMessage) {
   const uint64_t n = 200000;
   for (uint64_t id = 1; id <= n; ++id) {
-    x.hdr().next_id = id + 1;
+    x.hdr().cache.next_id = id + 1;
     add(id);
   }
-  EXPECT_LE(x.hdr().capacity, n + n / 4 + 8);
-  EXPECT_EQ(x.hdr().heap_size, 0u);
-  EXPECT_EQ(x.hdr().ovf_count, 0u);
+  EXPECT_LE(x.hdr().layout.capacity, n + n / 4 + 8);
+  EXPECT_EQ(x.hdr().layout.heap_size, 0u);
+  EXPECT_EQ(x.hdr().layout.ovf_count, 0u);
   for (uint64_t id = 1; id <= n; ++id) {
     int64_t s = x.next(10);
     ASSERT_GE(s, 0);
     ASSERT_EQ(x.id_of(static_cast<uint32_t>(s)), id);
     x.erase(static_cast<uint32_t>(s));
   }
-  EXPECT_EQ(x.hdr().low_id, n + 1);
+  EXPECT_EQ(x.hdr().layout.low_id, n + 1);
   EXPECT_EQ(x.check_invariants(), "");
 }
 
@@ -288,8 +288,8 @@ TEST_F(IndexWindow, AnInOrderBacklogNeedsAboutOneWindowSlotPerMessage) {
 TEST_F(IndexWindow, AStragglerDoesNotStretchTheWindow) {
   lease_first(UINT64_MAX / 4);
   for (uint64_t id = 2; id <= 1000000; ++id) send_and_ack(id);
-  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
-  EXPECT_EQ(x.hdr().ovf_count, 1u);
+  EXPECT_EQ(x.hdr().layout.capacity, index::kMinWindow);
+  EXPECT_EQ(x.hdr().layout.ovf_count, 1u);
   int64_t s = x.find(1);
   ASSERT_GE(s, 0);
   EXPECT_EQ(x.entry(static_cast<uint32_t>(s)).state, State::kLeased);
@@ -301,9 +301,9 @@ TEST_F(IndexWindow, AStragglerDoesNotStretchTheWindow) {
 // one's entry to update its back-pointer.
 TEST_F(IndexWindow, AnEvictionKeepsTheHeapBackPointers) {
   lease_first(1'000'000'000);
-  x.hdr().next_id = 3;
+  x.hdr().cache.next_id = 3;
   add(2, 0);
-  for (uint64_t id = 3; x.hdr().ovf_count == 0; ++id) {
+  for (uint64_t id = 3; x.hdr().layout.ovf_count == 0; ++id) {
     ASSERT_LT(id, 100000u) << "no eviction";
     send_and_ack(id);
   }
@@ -320,21 +320,21 @@ TEST_F(IndexWindow, AnEvictionKeepsTheHeapBackPointers) {
 void drain_and_shrink(SharedIndex& x) {
   const uint64_t n = 200000;
   auto add = [&](uint64_t id) {
-    x.hdr().next_id = id + 1;
+    x.hdr().cache.next_id = id + 1;
     ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
   };
   for (uint64_t id = 1; id <= n; ++id) add(id);
   for (uint64_t id = 1; id <= n / 2; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 50).ok());
   for (uint64_t id = n - 9; id < n; ++id) ASSERT_TRUE(x.set(static_cast<uint32_t>(x.find(id)), State::kLeased, 1000 * (n - id)).ok());
   for (uint64_t id = 1; id <= n - 10; ++id) x.erase(static_cast<uint32_t>(x.find(id)));
-  const uint64_t big = x.hdr().capacity;
+  const uint64_t big = x.hdr().layout.capacity;
   ASSERT_GE(big, n);
-  ASSERT_GE(x.hdr().heap_cap, n / 2);
+  ASSERT_GE(x.hdr().layout.heap_cap, n / 2);
   ASSERT_TRUE(x.shrink(0).ok());
-  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
-  EXPECT_EQ(x.hdr().heap_cap, index::kMinHeap);
+  EXPECT_EQ(x.hdr().layout.capacity, index::kMinWindow);
+  EXPECT_EQ(x.hdr().layout.heap_cap, index::kMinHeap);
   ASSERT_EQ(x.check_invariants(), "");
-  ASSERT_EQ(x.hdr().count, 10u);
+  ASSERT_EQ(x.hdr().layout.count, 10u);
   for (uint64_t id = n - 9; id < n; ++id) {
     int64_t s = x.find(id);
     ASSERT_GE(s, 0) << id;
@@ -353,7 +353,7 @@ void drain_and_shrink(SharedIndex& x) {
   EXPECT_EQ(order, want);
   // Nothing left to give back: no change.
   ASSERT_TRUE(x.shrink(0).ok());
-  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
+  EXPECT_EQ(x.hdr().layout.capacity, index::kMinWindow);
   for (uint64_t id = n + 1; id <= n + 5000; ++id) add(id);
   for (uint64_t id = n + 1; id <= n + 5000; ++id) {
     int64_t s = x.next(10);
@@ -379,7 +379,7 @@ TEST(SharedIndex, AShrinkPunchesTheTailOutOfTheFileAndOtherMappingsFollow) {
   {
     const uint64_t n = 200000;
     for (uint64_t id = 1; id <= n; ++id) {
-      x.hdr().next_id = id + 1;
+      x.hdr().cache.next_id = id + 1;
       ASSERT_TRUE(x.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
     }
     ASSERT_TRUE(other.attach(d / "index", false).ok());
@@ -390,7 +390,7 @@ TEST(SharedIndex, AShrinkPunchesTheTailOutOfTheFileAndOtherMappingsFollow) {
   ASSERT_EQ(::stat((d / "index").c_str(), &before), 0);
   ASSERT_TRUE(x.shrink().ok());
   ASSERT_EQ(::stat((d / "index").c_str(), &after), 0);
-  EXPECT_EQ(x.hdr().capacity, index::kMinWindow);
+  EXPECT_EQ(x.hdr().layout.capacity, index::kMinWindow);
   EXPECT_EQ(after.st_size, before.st_size) << "the file must keep its size";
   EXPECT_GT(before.st_blocks * 512, 4 << 20);
   EXPECT_LT(after.st_blocks * 512, 1 << 20) << "the freed tail is still allocated";
@@ -404,12 +404,12 @@ TEST(SharedIndex, AShrinkPunchesTheTailOutOfTheFileAndOtherMappingsFollow) {
   EXPECT_EQ(other.find(199997), -1);
   // The file grows back into the holes when it must.
   for (uint64_t id = 200001; id <= 300000; ++id) {
-    other.hdr().next_id = id + 1;
+    other.hdr().cache.next_id = id + 1;
     ASSERT_TRUE(other.insert(id, Entry{id * 64, 1, 0, index::kNoPos, 0, State::kReady, 0}, 5, 10).ok());
   }
   ASSERT_TRUE(x.refresh().ok());
   EXPECT_EQ(x.check_invariants(), "");
-  EXPECT_EQ(x.hdr().count, 100003u);
+  EXPECT_EQ(x.hdr().layout.count, 100003u);
 }
 
 TEST_F(IndexWindow, ABatchBiggerThanTheWindowGrowsIt) { send_a_big_batch(true); }
@@ -423,7 +423,7 @@ TEST(SharedIndex, ARebuildOfASoundIndexNeverClearsItsIdentity) {
   SharedIndex x;
   ASSERT_TRUE(x.attach(d / "index", true).ok());
   ASSERT_TRUE(x.refresh().ok());
-  const char* boot = x.hdr().boot_id;
+  const char* boot = x.hdr().ident.boot_id;
   ASSERT_NE(boot[0], 0);
   std::atomic<bool> done{false};
   std::thread rebuilder([&] {
@@ -465,7 +465,7 @@ TEST(SharedIndex, GroupsLinkInIdOrderWhateverTheJoinOrderAndEraseKeepsThem) {
     std::vector<uint64_t> order(n);
     for (uint64_t i = 0; i < n; ++i) order[i] = i + 1;
     std::shuffle(order.begin(), order.end(), rng);
-    x.hdr().next_id = n + 1;
+    x.hdr().cache.next_id = n + 1;
     std::map<int, std::set<uint64_t>> groups;
     std::set<uint64_t> live;
     auto check = [&](const char* when) {
@@ -480,7 +480,7 @@ TEST(SharedIndex, GroupsLinkInIdOrderWhateverTheJoinOrderAndEraseKeepsThem) {
             << when << ": message " << id << " of group " << g;
         blocked += !first;
       }
-      ASSERT_EQ(x.hdr().blocked, blocked) << when;
+      ASSERT_EQ(x.hdr().layout.blocked, blocked) << when;
     };
     for (uint64_t id : order) {
       ASSERT_TRUE(x.group_reserve(2).ok());
@@ -498,7 +498,7 @@ TEST(SharedIndex, GroupsLinkInIdOrderWhateverTheJoinOrderAndEraseKeepsThem) {
       }
     }
     ASSERT_NO_FATAL_FAILURE(check("joined"));
-    ASSERT_EQ(x.hdr().group_used, n - n / 3 + kGroups);
+    ASSERT_EQ(x.hdr().layout.group_used, n - n / 3 + kGroups);
     while (!live.empty()) {
       uint64_t id;
       if (rng() % 2 == 0) {
@@ -519,8 +519,8 @@ TEST(SharedIndex, GroupsLinkInIdOrderWhateverTheJoinOrderAndEraseKeepsThem) {
         ASSERT_NO_FATAL_FAILURE(check("erasing"));
       }
     }
-    EXPECT_EQ(x.hdr().group_used, 0u);
-    EXPECT_EQ(x.hdr().blocked, 0u);
+    EXPECT_EQ(x.hdr().layout.group_used, 0u);
+    EXPECT_EQ(x.hdr().layout.blocked, 0u);
   }
 }
 

@@ -304,11 +304,11 @@ struct Damage {
 };
 std::vector<Damage> damages() {
   return {Damage{"deleted", [](const std::string& d) { std::filesystem::remove(d + "/index"); }},
-          Damage{"seal", [](const std::string& d) { change_index_header(d, [](index::IndexHeader& h) { h.seal = 12345; }); }},
+          Damage{"seal", [](const std::string& d) { change_index_header(d, [](index::IndexHeader& h) { h.ident.seal = 12345; }); }},
           Damage{"counters",
-                 [](const std::string& d) { change_index_header(d, [](index::IndexHeader& h) { h.queued = h.count + 1; }); }},
+                 [](const std::string& d) { change_index_header(d, [](index::IndexHeader& h) { h.layout.queued = h.layout.count + 1; }); }},
           Damage{"boot", [](const std::string& d) {
-                   change_index_header(d, [](index::IndexHeader& h) { ::memset(h.boot_id, '0', 36); });
+                   change_index_header(d, [](index::IndexHeader& h) { ::memset(h.ident.boot_id, '0', 36); });
                  }}};
 }
 
@@ -591,7 +591,7 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   // The index says a resize was cut short (so nothing reads its region, not even the lease
   // bindings a rebuild carries over); the rebuild below mends it.
   uint32_t resizing = 0;
-  kill_case::change_index_header(qdir(), [&](index::IndexHeader& h) { resizing = h.resizing; });
+  kill_case::change_index_header(qdir(), [&](index::IndexHeader& h) { resizing = h.layout.resizing; });
   EXPECT_EQ(resizing, 1u);
   q = open(o);
   ASSERT_NE(q, nullptr);
@@ -602,8 +602,8 @@ TEST_F(QueueProcessTest, AProcessKilledWhileItShrinksTheIndexLosesNothing) {
   EXPECT_EQ(st->acked_total, uint64_t{kBacklog - kLeft});
   EXPECT_EQ(q->check_index(), "");
   kill_case::change_index_header(qdir(), [&](index::IndexHeader& h) {
-    EXPECT_EQ(h.resizing, 0u);
-    EXPECT_LT(h.win_offset, h.capacity);
+    EXPECT_EQ(h.layout.resizing, 0u);
+    EXPECT_LT(h.layout.win_offset, h.layout.capacity);
   });
   auto rest = q->receive(100);
   ASSERT_TRUE(rest.ok());
@@ -636,7 +636,7 @@ TEST_F(QueueProcessTest, ASenderKilledWhileItGrowsTheIndexLosesNoBatchThatReturn
   auto r = test::run_program({cli, "send", qdir(), "--lines"}, lines, "", {"SPOOL_CRASHPOINT=index.resized:6"});
   ASSERT_EQ(r.code, 128 + SIGKILL) << "spool send was not killed in a resize: " << r.err;
   uint32_t resizing = 0;
-  kill_case::change_index_header(qdir(), [&](index::IndexHeader& h) { resizing = h.resizing; });
+  kill_case::change_index_header(qdir(), [&](index::IndexHeader& h) { resizing = h.layout.resizing; });
   EXPECT_EQ(resizing, 1u);
   size_t printed = 0;  // the ids that reached the pipe before the kill (stdout is buffered)
   for (char c : r.out) printed += c == '\n';
@@ -865,7 +865,7 @@ TEST_F(QueueProcessTest, SpoolWorkRetriesAReceiveThatMetDamageInTheIndex) {
     for (const char* m : {"m1", "m2", "m3"}) ASSERT_TRUE(qq->send(m).ok());
   }
   kill_case::change_index_header(q, [](index::IndexHeader& h) {
-    h.log_end = storage::Pos{1, format::kSegmentHeaderSize}.pack();
+    h.cache.log_end = storage::Pos{1, format::kSegmentHeaderSize}.pack();
   });
   ASSERT_EQ(::kill(worker, SIGCONT), 0);
   int lines = 0, status = 0;

@@ -129,16 +129,16 @@ IndexFile::~IndexFile() {
 
 index::Entry* IndexFile::window() { return reinterpret_cast<index::Entry*>(base_ + index::kHeaderBytes); }
 
-index::Entry& IndexFile::entry_of(uint64_t id) { return window()[(id + hdr().win_offset) % hdr().capacity]; }
+index::Entry& IndexFile::entry_of(uint64_t id) { return window()[(id + hdr().layout.win_offset) % hdr().layout.capacity]; }
 
 index::OvfEntry* IndexFile::overflow() {
-  return reinterpret_cast<index::OvfEntry*>(base_ + index::kHeaderBytes + hdr().capacity * sizeof(index::Entry) +
-                                           hdr().heap_cap * sizeof(index::HeapItem));
+  return reinterpret_cast<index::OvfEntry*>(base_ + index::kHeaderBytes + hdr().layout.capacity * sizeof(index::Entry) +
+                                           hdr().layout.heap_cap * sizeof(index::HeapItem));
 }
 
 index::DedupSlot* IndexFile::dedup() {
   return reinterpret_cast<index::DedupSlot*>(reinterpret_cast<char*>(overflow()) +
-                                            hdr().ovf_cap * sizeof(index::OvfEntry));
+                                            hdr().layout.ovf_cap * sizeof(index::OvfEntry));
 }
 
 }  // namespace spool::test

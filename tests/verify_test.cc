@@ -83,7 +83,7 @@ TEST_F(VerifyTest, FindsAMissingSegment) {
 
 TEST_F(VerifyTest, FindsAWrongReceiveCountAndRepairFixesIt) {
   tamper([](index::IndexHeader& h, index::Entry* slots) {
-    slots[(500 + h.win_offset) % h.capacity].count = 7;  // the window holds every id: nothing was acked
+    slots[(500 + h.layout.win_offset) % h.layout.capacity].count = 7;  // the window holds every id: nothing was acked
   });
   auto r = q_->verify(false);
   ASSERT_TRUE(r.ok());
@@ -96,7 +96,7 @@ TEST_F(VerifyTest, FindsAWrongReceiveCountAndRepairFixesIt) {
 }
 
 TEST_F(VerifyTest, FindsCounterDriftAndRepairFixesIt) {
-  tamper([](index::IndexHeader& h, index::Entry*) { h.sent_total += 5; });
+  tamper([](index::IndexHeader& h, index::Entry*) { h.cache.sent_total += 5; });
   auto r = q_->verify(false);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(mentions(*r, "sent total"));
@@ -111,8 +111,8 @@ TEST_F(VerifyTest, FindsCounterDriftAndRepairFixesIt) {
 // lock verify takes finds it and rebuilds the index first, and verify says so.
 TEST_F(VerifyTest, ReportsDepthDriftThatItsLockRebuilt) {
   tamper([](index::IndexHeader& h, index::Entry*) {
-    h.sent_total += 5;
-    h.count -= 1;  // depth drift (and a broken invariant)
+    h.cache.sent_total += 5;
+    h.layout.count -= 1;  // depth drift (and a broken invariant)
   });
   auto r = q_->verify(false);
   ASSERT_TRUE(r.ok());

@@ -105,11 +105,11 @@ void put_back(T* t, uint64_t cap, const std::vector<T>& v, bool whole, Put put) 
   for (const T& x : v) put(x);
 }
 void set_geometry(IndexHeader& h, uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t dcap, uint64_t gcap) {
-  h.capacity = wcap;
-  h.heap_cap = hcap;
-  h.ovf_cap = ocap;
-  h.dedup_cap = dcap;
-  h.group_cap = gcap;
+  h.layout.capacity = wcap;
+  h.layout.heap_cap = hcap;
+  h.layout.ovf_cap = ocap;
+  h.layout.dedup_cap = dcap;
+  h.layout.group_cap = gcap;
 }
 // The smallest table (a power of two, at least `min`) of which `n` slots are at most 3/4;
 // 0 when that is more than `max`.
@@ -193,19 +193,19 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
   if (fresh) {
     std::memset(static_cast<void*>(hdr_), 0, kHeaderBytes);
     new (hdr_) IndexHeader();
-    if (int r = hdr_->mu.init(); r != 0) return errno_status(r, "init index mutex");
-    if (int r = hdr_->sync_mu.init(); r != 0) return errno_status(r, "init sync mutex");
+    if (int r = hdr_->coord.mu.init(); r != 0) return errno_status(r, "init index mutex");
+    if (int r = hdr_->coord.sync_mu.init(); r != 0) return errno_status(r, "init sync mutex");
     set_geometry(*hdr_, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
-    hdr_->region_gen = 1;
-    hdr_->next_id = 1;
-    hdr_->low_id = 1;
-    hdr_->cursor = 1;
-    hdr_->file_bytes = kFreshBytes;
+    hdr_->layout.region_gen = 1;
+    hdr_->cache.next_id = 1;
+    hdr_->layout.low_id = 1;
+    hdr_->layout.cursor = 1;
+    hdr_->ident.file_bytes = kFreshBytes;
     std::string boot = sys::boot_id();
-    std::strncpy(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id - 1);
-    hdr_->format = format_word();
+    std::strncpy(hdr_->ident.boot_id, boot.c_str(), sizeof hdr_->ident.boot_id - 1);
+    hdr_->ident.format = format_word();
     std::atomic_thread_fence(std::memory_order_release);
-    hdr_->magic = kIndexMagic;  // last: a half-initialised file never looks valid
+    hdr_->ident.magic = kIndexMagic;  // last: a half-initialised file never looks valid
     return map_region();
   }
   if (!sound(false)) {
@@ -219,10 +219,11 @@ Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, 
 uint64_t SharedIndex::checksum() const {
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
-  const char* first = reinterpret_cast<const char*>(&hdr_->capacity);
-  const char* last = reinterpret_cast<const char*>(&hdr_->owner_claimed[kOwnerSlots]);
+  // The parts guarded by the lock, which sit together (index.h): layout, cache, disk, registry.
+  const char* first = reinterpret_cast<const char*>(&hdr_->layout);
+  const char* last = reinterpret_cast<const char*>(&hdr_->registry) + sizeof(OwnerRegistry);
   XXH3_64bits_update(st, first, static_cast<size_t>(last - first));
-  const uint64_t len = region_bytes(hdr_->capacity, hdr_->heap_cap, hdr_->ovf_cap, hdr_->dedup_cap, hdr_->group_cap);
+  const uint64_t len = region_bytes(hdr_->layout.capacity, hdr_->layout.heap_cap, hdr_->layout.ovf_cap, hdr_->layout.dedup_cap, hdr_->layout.group_cap);
   bool read_ok = true;
   // Read, not through the mapping (read_region()): the first open after a clean close and
   // the last close each read the whole region, and through the mapping every page of it
@@ -251,52 +252,52 @@ bool SharedIndex::read_region(uint64_t off, uint64_t len, void* out) const {
 
 void SharedIndex::seal() {
   if (region_ == nullptr || !mapped_current()) return;
-  hdr_->seal = checksum();
+  hdr_->ident.seal = checksum();
 }
 
 bool SharedIndex::unseal() {
-  uint64_t want = hdr_->seal;
-  hdr_->seal = 0;
+  uint64_t want = hdr_->ident.seal;
+  hdr_->ident.seal = 0;
   if (want == 0) return true;
   return region_ != nullptr && mapped_current() && checksum() == want;
 }
 
 bool SharedIndex::mapped_current() const {
-  return mapped_gen_ == hdr_->region_gen && wcap_ == hdr_->capacity && hcap_ == hdr_->heap_cap &&
-         ocap_ == hdr_->ovf_cap && dcap_ == hdr_->dedup_cap && gcap_ == hdr_->group_cap;
+  return mapped_gen_ == hdr_->layout.region_gen && wcap_ == hdr_->layout.capacity && hcap_ == hdr_->layout.heap_cap &&
+         ocap_ == hdr_->layout.ovf_cap && dcap_ == hdr_->layout.dedup_cap && gcap_ == hdr_->layout.group_cap;
 }
 
 bool SharedIndex::reusable() const { return sound(true); }
 
 bool SharedIndex::sound(bool counters) const {
-  if (hdr_->magic != kIndexMagic || hdr_->format != format_word()) return false;
+  if (hdr_->ident.magic != kIndexMagic || hdr_->ident.format != format_word()) return false;
   std::string boot = sys::boot_id();
-  if (std::strncmp(hdr_->boot_id, boot.c_str(), sizeof hdr_->boot_id) != 0) return false;
+  if (std::strncmp(hdr_->ident.boot_id, boot.c_str(), sizeof hdr_->ident.boot_id) != 0) return false;
   const IndexHeader& h = *hdr_;
   auto pow2_in = [](uint64_t v, uint64_t min, uint64_t max) { return v >= min && v <= max && std::has_single_bit(v); };
   // Bounds: a damaged or hostile file must not make us map or index out of range, nor
   // probe the overflow table forever. Slots are 32-bit: window + overflow < 2^32.
-  if (h.capacity < kMinWindow || h.capacity % 8 != 0 || h.capacity > (1ull << 31) ||
-      !pow2_in(h.heap_cap, kMinHeap, 1ull << 31) || !pow2_in(h.ovf_cap, kMinOverflow, 1ull << 30) ||
-      (h.dedup_cap != 0 && !pow2_in(h.dedup_cap, kMinDedup, kMaxDedup)) ||
-      (h.group_cap != 0 && !pow2_in(h.group_cap, kMinGroupSlots, kMaxGroupSlots))) {
+  if (h.layout.capacity < kMinWindow || h.layout.capacity % 8 != 0 || h.layout.capacity > (1ull << 31) ||
+      !pow2_in(h.layout.heap_cap, kMinHeap, 1ull << 31) || !pow2_in(h.layout.ovf_cap, kMinOverflow, 1ull << 30) ||
+      (h.layout.dedup_cap != 0 && !pow2_in(h.layout.dedup_cap, kMinDedup, kMaxDedup)) ||
+      (h.layout.group_cap != 0 && !pow2_in(h.layout.group_cap, kMinGroupSlots, kMaxGroupSlots))) {
     return false;
   }
   // The counters change under the lock only; an attaching process reads them without it.
-  if (counters && (h.resizing != 0 || h.count > h.capacity + h.ovf_cap || h.heap_size > h.heap_cap || h.ovf_count * 4 > h.ovf_cap * 3 ||
-      h.win_offset >= h.capacity || h.queued > h.count || h.dedup_used * 4 > h.dedup_cap * 3 ||
-      h.group_used * 4 > h.group_cap * 3 || h.blocked > h.count || h.low_id == 0 || h.low_id > (1ull << 62) || h.cursor < h.low_id)) {
+  if (counters && (h.layout.resizing != 0 || h.layout.count > h.layout.capacity + h.layout.ovf_cap || h.layout.heap_size > h.layout.heap_cap || h.layout.ovf_count * 4 > h.layout.ovf_cap * 3 ||
+      h.layout.win_offset >= h.layout.capacity || h.layout.queued > h.layout.count || h.layout.dedup_used * 4 > h.layout.dedup_cap * 3 ||
+      h.layout.group_used * 4 > h.layout.group_cap * 3 || h.layout.blocked > h.layout.count || h.layout.low_id == 0 || h.layout.low_id > (1ull << 62) || h.layout.cursor < h.layout.low_id)) {
     return false;
   }
   struct stat st {};
-  uint64_t need = kHeaderBytes + region_bytes(h.capacity, h.heap_cap, h.ovf_cap, h.dedup_cap, h.group_cap);
+  uint64_t need = kHeaderBytes + region_bytes(h.layout.capacity, h.layout.heap_cap, h.layout.ovf_cap, h.layout.dedup_cap, h.layout.group_cap);
   if (anonymous_) return true;
   return ::fstat(fd_, &st) == 0 && need <= static_cast<uint64_t>(st.st_size);
 }
 
 Status SharedIndex::map_region() {
-  const uint64_t w = hdr_->capacity, hc = hdr_->heap_cap, oc = hdr_->ovf_cap, dc = hdr_->dedup_cap,
-                 gc = hdr_->group_cap;
+  const uint64_t w = hdr_->layout.capacity, hc = hdr_->layout.heap_cap, oc = hdr_->layout.ovf_cap, dc = hdr_->layout.dedup_cap,
+                 gc = hdr_->layout.group_cap;
   uint64_t len = region_bytes(w, hc, oc, dc, gc);
   // A 32-bit process cannot map more than its address space: mmap's length is a size_t, and
   // a longer region would be truncated into a mapping shorter than what is indexed in it.
@@ -324,7 +325,7 @@ Status SharedIndex::map_region() {
   ovf_ = reinterpret_cast<OvfEntry*>(static_cast<char*>(p) + w * sizeof(Entry) + hc * sizeof(HeapItem));
   ded_ = reinterpret_cast<DedupSlot*>(static_cast<char*>(p) + region_bytes(w, hc, oc));
   grp_ = reinterpret_cast<GroupSlot*>(static_cast<char*>(p) + region_bytes(w, hc, oc, dc));
-  mapped_gen_ = hdr_->region_gen;
+  mapped_gen_ = hdr_->layout.region_gen;
   wcap_ = w;
   hcap_ = hc;
   ocap_ = oc;
@@ -393,26 +394,26 @@ Status SharedIndex::check_file() {
 std::string SharedIndex::check_header(bool sent) const {
   const IndexHeader& h = *hdr_;
   auto n = [](uint64_t v) { return std::to_string(v); };
-  if (h.resizing != 0) return "a resize was interrupted";
-  if (h.win_offset >= wcap_) return "window offset " + n(h.win_offset) + " >= window size " + n(wcap_);
-  if (h.heap_size > hcap_ || h.due_size > hcap_ - h.heap_size) {
-    return "heap sizes " + n(h.heap_size) + " and " + n(h.due_size) + " > heap capacity " + n(hcap_);
+  if (h.layout.resizing != 0) return "a resize was interrupted";
+  if (h.layout.win_offset >= wcap_) return "window offset " + n(h.layout.win_offset) + " >= window size " + n(wcap_);
+  if (h.layout.heap_size > hcap_ || h.layout.due_size > hcap_ - h.layout.heap_size) {
+    return "heap sizes " + n(h.layout.heap_size) + " and " + n(h.layout.due_size) + " > heap capacity " + n(hcap_);
   }
-  if (h.count > wcap_ + ocap_ || h.ovf_count > h.count || h.ovf_count * 4 > ocap_ * 3 || h.queued > h.count ||
-      h.leased > h.heap_size + h.due_size || h.blocked > h.count ||
-      h.heap_size + h.due_size + h.queued + h.blocked != h.count || h.blocked > hcap_ - h.heap_size - h.due_size) {
-    return "counts: " + n(h.count) + " live, " + n(h.ovf_count) + " in the overflow table, " + n(h.queued) +
-           " queued, " + n(h.heap_size) + " + " + n(h.due_size) + " in the heaps, " + n(h.leased) + " leased, " +
-           n(h.blocked) + " blocked";
+  if (h.layout.count > wcap_ + ocap_ || h.layout.ovf_count > h.layout.count || h.layout.ovf_count * 4 > ocap_ * 3 || h.layout.queued > h.layout.count ||
+      h.layout.leased > h.layout.heap_size + h.layout.due_size || h.layout.blocked > h.layout.count ||
+      h.layout.heap_size + h.layout.due_size + h.layout.queued + h.layout.blocked != h.layout.count || h.layout.blocked > hcap_ - h.layout.heap_size - h.layout.due_size) {
+    return "counts: " + n(h.layout.count) + " live, " + n(h.layout.ovf_count) + " in the overflow table, " + n(h.layout.queued) +
+           " queued, " + n(h.layout.heap_size) + " + " + n(h.layout.due_size) + " in the heaps, " + n(h.layout.leased) + " leased, " +
+           n(h.layout.blocked) + " blocked";
   }
-  if (h.low_id == 0 || h.low_id > h.cursor || h.cursor > std::max(h.next_id, h.low_id) || h.next_id > (1ull << 62) ||
-      (sent && h.sent_through.load(std::memory_order_relaxed) + 1 != h.next_id)) {
-    return "ids: low " + n(h.low_id) + ", cursor " + n(h.cursor) + ", next " + n(h.next_id) + ", sent through " +
-           n(h.sent_through.load(std::memory_order_relaxed));
+  if (h.layout.low_id == 0 || h.layout.low_id > h.layout.cursor || h.layout.cursor > std::max(h.cache.next_id, h.layout.low_id) || h.cache.next_id > (1ull << 62) ||
+      (sent && h.coord.sent_through.load(std::memory_order_relaxed) + 1 != h.cache.next_id)) {
+    return "ids: low " + n(h.layout.low_id) + ", cursor " + n(h.layout.cursor) + ", next " + n(h.cache.next_id) + ", sent through " +
+           n(h.coord.sent_through.load(std::memory_order_relaxed));
   }
-  if (h.owners_claimed > kOwnerSlots) return "owner slots claimed: " + n(h.owners_claimed);
-  if (h.dedup_used * 4 > dcap_ * 3) return "dedup slots used: " + n(h.dedup_used) + " of " + n(dcap_);
-  if (h.group_used * 4 > gcap_ * 3) return "group slots used: " + n(h.group_used) + " of " + n(gcap_);
+  if (h.registry.owners_claimed > kOwnerSlots) return "owner slots claimed: " + n(h.registry.owners_claimed);
+  if (h.layout.dedup_used * 4 > dcap_ * 3) return "dedup slots used: " + n(h.layout.dedup_used) + " of " + n(dcap_);
+  if (h.layout.group_used * 4 > gcap_ * 3) return "group slots used: " + n(h.layout.group_used) + " of " + n(gcap_);
   return "";
 }
 
@@ -422,17 +423,17 @@ Status SharedIndex::prepare_rebuild() {
   // from it is damage, and a rebuild makes the file ours again. Written only where it
   // differs: an opener attaches without the lock, and an identity cleared for a moment
   // (the boot id was zeroed, then copied) made it refuse a sound index as "another boot".
-  if (h.format != format_word()) h.format = format_word();
-  char boot[sizeof h.boot_id] = {};
+  if (h.ident.format != format_word()) h.ident.format = format_word();
+  char boot[sizeof h.ident.boot_id] = {};
   std::strncpy(boot, sys::boot_id().c_str(), sizeof boot - 1);
-  if (std::memcmp(h.boot_id, boot, sizeof boot) != 0) std::memcpy(h.boot_id, boot, sizeof boot);
-  if (h.magic != kIndexMagic) h.magic = kIndexMagic;
+  if (std::memcmp(h.ident.boot_id, boot, sizeof boot) != 0) std::memcpy(h.ident.boot_id, boot, sizeof boot);
+  if (h.ident.magic != kIndexMagic) h.ident.magic = kIndexMagic;
   if (sound(false)) return mapped_current() ? Status() : map_region();
   damaged("the region's geometry is out of bounds");
   set_geometry(h, kMinWindow, kMinHeap, kMinOverflow, 0, 0);
-  h.win_offset = 0;
-  h.resizing = 0;
-  ++h.region_gen;
+  h.layout.win_offset = 0;
+  h.layout.resizing = 0;
+  ++h.layout.region_gen;
   if (!sound(false)) return Status(Code::kCorrupt, "index is smaller than its smallest region");
   return map_region();
 }
@@ -445,21 +446,21 @@ Entry& SharedIndex::bad_slot(uint32_t slot) {
 
 Status SharedIndex::reset() {
   auto& h = *hdr_;
-  h.count = h.ovf_count = h.queued = h.heap_size = h.due_size = h.leased = h.blocked = 0;
-  h.low_id = h.cursor = std::max<uint64_t>(h.next_id, 1);
-  h.win_offset = 0;  // an interrupted resize may have left the old window's
-  h.resizing = 0;
+  h.layout.count = h.layout.ovf_count = h.layout.queued = h.layout.heap_size = h.layout.due_size = h.layout.leased = h.layout.blocked = 0;
+  h.layout.low_id = h.layout.cursor = std::max<uint64_t>(h.cache.next_id, 1);
+  h.layout.win_offset = 0;  // an interrupted resize may have left the old window's
+  h.layout.resizing = 0;
   std::memset(static_cast<void*>(win_), 0, wcap_ * sizeof(Entry));
   std::memset(static_cast<void*>(ovf_), 0, ocap_ * sizeof(OvfEntry));
   if (gcap_ != 0) std::memset(static_cast<void*>(grp_), 0, gcap_ * sizeof(GroupSlot));
-  h.group_used = 0;
-  ++h.rebuilds;
+  h.layout.group_used = 0;
+  ++h.disk.rebuilds;
   return {};
 }
 
 void SharedIndex::dedup_clear() {
   if (dcap_ != 0) std::memset(static_cast<void*>(ded_), 0, dcap_ * sizeof(DedupSlot));
-  hdr_->dedup_used = 0;
+  hdr_->layout.dedup_used = 0;
 }
 
 uint64_t SharedIndex::id_of(uint32_t slot) const {
@@ -468,12 +469,12 @@ uint64_t SharedIndex::id_of(uint32_t slot) const {
     damaged("slot " + std::to_string(slot) + " is outside the index");
     return 0;
   }
-  uint64_t base = wslot(hdr_->low_id);
-  return hdr_->low_id + (slot >= base ? slot - base : slot + wcap_ - base);
+  uint64_t base = wslot(hdr_->layout.low_id);
+  return hdr_->layout.low_id + (slot >= base ? slot - base : slot + wcap_ - base);
 }
 
 int64_t SharedIndex::find(uint64_t id) const {
-  const uint64_t low = hdr_->low_id;
+  const uint64_t low = hdr_->layout.low_id;
   if (id == 0) return -1;
   if (id >= low) {
     if (id - low >= wcap_) return -1;
@@ -498,11 +499,11 @@ Entry& SharedIndex::entry_of(uint64_t id) {
 auto SharedIndex::heap_entry(uint32_t pos, uint64_t id) const -> HeapAt {
   const Heap w = heap_of(pos);
   const uint64_t i = pos & ~kDueBit;
-  const uint64_t size = w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size;
+  const uint64_t size = w == Heap::kTimer ? hdr_->layout.heap_size : hdr_->layout.due_size;
   if (i >= size || i >= hcap_ || item(w, i).id != id) {
     damaged("message " + std::to_string(id) + " has heap position " + std::to_string(pos) +
-            ", which is not its heap item (heap sizes " + std::to_string(hdr_->heap_size) + " and " +
-            std::to_string(hdr_->due_size) + ")");
+            ", which is not its heap item (heap sizes " + std::to_string(hdr_->layout.heap_size) + " and " +
+            std::to_string(hdr_->layout.due_size) + ")");
     return {w, -1};
   }
   return {w, static_cast<int64_t>(i)};
@@ -547,15 +548,15 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   const std::vector<GroupSlot> grps = set_aside(grp_, gcap_, same_grp);
   const uint64_t old_w = wcap_;
   const bool same_win = wcap == old_w, smaller_win = wcap < old_w;
-  const uint64_t r = wslot(h.low_id);  // where the window's first id sits now
+  const uint64_t r = wslot(h.layout.low_id);  // where the window's first id sits now
   std::vector<HeapItem> items;
   std::vector<Entry> raw;  // a private mapping keeps nothing across a remap
-  if (!same_win || anonymous_) items.assign(heap_, heap_ + h.heap_size);
+  if (!same_win || anonymous_) items.assign(heap_, heap_ + h.layout.heap_size);
   // The due heap sits at the array's end, which moves whenever the array's size does.
   const std::vector<HeapItem> dues(due_begin(), due_begin() + due_size());
   if (smaller_win) {
     // shrink(): the window's ids, in order from low_id, to be laid out again from slot 0.
-    for (uint64_t id = h.low_id, end = std::min(std::max(h.next_id, h.low_id), h.low_id + old_w); id < end; ++id) {
+    for (uint64_t id = h.layout.low_id, end = std::min(std::max(h.cache.next_id, h.layout.low_id), h.layout.low_id + old_w); id < end; ++id) {
       raw.push_back(win_[wslot(id)]);
     }
   } else if (anonymous_) {
@@ -567,13 +568,13 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
       return errno_status(-rc, "grow index");
     }
   }
-  h.resizing = 1;
+  h.layout.resizing = 1;
   set_geometry(h, wcap, hcap, ocap, dcap, gcap);
-  h.file_bytes = std::max(h.file_bytes, bytes);
-  ++h.region_gen;
+  h.ident.file_bytes = std::max(h.ident.file_bytes, bytes);
+  ++h.layout.region_gen;
   if (Status s = map_region(); !s.ok()) {
     set_geometry(h, wcap_, hcap_, ocap_, dcap_, gcap_);  // still the mapping's: the old ones
-    h.resizing = 0;
+    h.layout.resizing = 0;
     return s;
   }
   crashpoint("index.resized");  // new geometry, entries not yet moved: only a rebuild mends it
@@ -593,7 +594,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
   if (smaller_win) {
     std::memset(static_cast<void*>(win_), 0, wcap * sizeof(Entry));
     if (!raw.empty()) std::memcpy(static_cast<void*>(win_), raw.data(), raw.size() * sizeof(Entry));
-    h.win_offset = (wcap - h.low_id % wcap) % wcap;  // low_id in slot 0
+    h.layout.win_offset = (wcap - h.layout.low_id % wcap) % wcap;  // low_id in slot 0
   } else if (!same_win) {
     const uint64_t grow = wcap - old_w;
     if (r <= grow) {
@@ -603,23 +604,23 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
       std::memset(static_cast<void*>(win_ + old_w), 0, grow * sizeof(Entry));
       std::memcpy(static_cast<void*>(win_ + old_w), win_, r * sizeof(Entry));  // the wrapped run
       std::memset(static_cast<void*>(win_), 0, r * sizeof(Entry));
-      h.win_offset = (r + wcap - h.low_id % wcap) % wcap;
+      h.layout.win_offset = (r + wcap - h.layout.low_id % wcap) % wcap;
     } else {
       populate(win_ + r, static_cast<uint64_t>(region_end - reinterpret_cast<char*>(win_ + r)));
       std::memset(static_cast<void*>(win_ + old_w), 0, grow * sizeof(Entry));
       std::memmove(static_cast<void*>(win_ + r + grow), win_ + r, (old_w - r) * sizeof(Entry));  // the first run
       std::memset(static_cast<void*>(win_ + r), 0, grow * sizeof(Entry));
-      h.win_offset = (r + grow + wcap - h.low_id % wcap) % wcap;
+      h.layout.win_offset = (r + grow + wcap - h.layout.low_id % wcap) % wcap;
     }
   }
   if (!items.empty()) std::memcpy(static_cast<void*>(heap_), items.data(), items.size() * sizeof(HeapItem));
   if (!dues.empty()) std::memcpy(static_cast<void*>(heap_ + hcap_ - dues.size()), dues.data(), dues.size() * sizeof(HeapItem));
-  if (!same_ded) h.dedup_used = 0;  // (counted again as they are placed)
-  if (!same_grp) h.group_used = 0;
+  if (!same_ded) h.layout.dedup_used = 0;  // (counted again as they are placed)
+  if (!same_grp) h.layout.group_used = 0;
   put_back(ovf_, ocap_, ovs, same_ovf, [&](const OvfEntry& o) { ovf_place(o.id, o.e); });
   put_back(ded_, dcap_, deds, same_ded, [&](const DedupSlot& d) { dedup_place(d); });
   put_back(grp_, gcap_, grps, same_grp, [&](const GroupSlot& g) { gplace(g); });
-  h.resizing = 0;
+  h.layout.resizing = 0;
   return {};
 }
 
@@ -628,22 +629,22 @@ void SharedIndex::dedup_place(const DedupSlot& d) {
     damaged("the dedup table has no free slot");  // dedup_reserve() keeps a quarter free
     return;
   }
-  ++hdr_->dedup_used;
+  ++hdr_->layout.dedup_used;
 }
 
 Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
   auto& h = *hdr_;
-  if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
+  if ((h.layout.dedup_used + more) * 4 <= dcap_ * 3) return {};
   // Forget what has expired first: with a steady rate of dedup sends the table then stays
   // at the size the window needs.
   std::vector<DedupSlot> live = set_aside(ded_, dcap_, false);
   std::erase_if(live, [&](const DedupSlot& d) { return d.expires <= now; });
-  h.dedup_used = 0;
+  h.layout.dedup_used = 0;
   put_back(ded_, dcap_, live, false, [&](const DedupSlot& d) { dedup_place(d); });
-  if ((h.dedup_used + more) * 4 <= dcap_ * 3) return {};
-  const uint64_t dc = slots_for(h.dedup_used + more, kMinDedup, kMaxDedup);
+  if ((h.layout.dedup_used + more) * 4 <= dcap_ * 3) return {};
+  const uint64_t dc = slots_for(h.layout.dedup_used + more, kMinDedup, kMaxDedup);
   if (dc == 0) {
-    return Status(Code::kQueueFull, "the queue remembers " + std::to_string(h.dedup_used) +
+    return Status(Code::kQueueFull, "the queue remembers " + std::to_string(h.layout.dedup_used) +
                                         " deduplication ids within its window, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxDedup / 4 * 3) +
                                         "; send fewer messages with a dedup id, or shorten the dedup window");
@@ -652,7 +653,7 @@ Status SharedIndex::dedup_reserve(uint64_t more, uint64_t now) {
 }
 
 void SharedIndex::dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires) {
-  if (dcap_ == 0 || (hdr_->dedup_used + 1) * 4 > dcap_ * 3) {
+  if (dcap_ == 0 || (hdr_->layout.dedup_used + 1) * 4 > dcap_ * 3) {
     damaged("a dedup id was inserted without room");
     return;
   }
@@ -676,24 +677,24 @@ int64_t SharedIndex::gfind(uint64_t key) const {
 
 void SharedIndex::gplace(const GroupSlot& g) {
   // group_reserve() keeps a quarter free.
-  if ((hdr_->group_used + 1) * 4 > gcap_ * 3 || place(grp_, gcap_, g) < 0) {
+  if ((hdr_->layout.group_used + 1) * 4 > gcap_ * 3 || place(grp_, gcap_, g) < 0) {
     damaged("a group slot was placed without room");
     return;
   }
-  ++hdr_->group_used;
+  ++hdr_->layout.group_used;
 }
 
 void SharedIndex::gerase(uint64_t hole) {
   vacate(grp_, gcap_, hole);
-  --hdr_->group_used;
+  --hdr_->layout.group_used;
 }
 
 Status SharedIndex::group_reserve(uint64_t more) {
   auto& h = *hdr_;
-  if ((h.group_used + more) * 4 <= gcap_ * 3) return {};
-  const uint64_t gc = slots_for(h.group_used + more, kMinGroupSlots, kMaxGroupSlots);
+  if ((h.layout.group_used + more) * 4 <= gcap_ * 3) return {};
+  const uint64_t gc = slots_for(h.layout.group_used + more, kMinGroupSlots, kMaxGroupSlots);
   if (gc == 0) {
-    return Status(Code::kQueueFull, "the queue holds " + std::to_string(h.group_used) +
+    return Status(Code::kQueueFull, "the queue holds " + std::to_string(h.layout.group_used) +
                                         " grouped messages and groups, and " + std::to_string(more) +
                                         " more would pass the limit of " + std::to_string(kMaxGroupSlots / 4 * 3));
   }
@@ -706,14 +707,14 @@ void SharedIndex::block(uint32_t slot, uint64_t id) {
   if (e.state == State::kBlocked) return;
   if (const int64_t m = gfind(id); m >= 0) grp_[m].c = key(slot);
   if (e.state == State::kQueued) {
-    --h.queued;
+    --h.layout.queued;
     e.key_hi = kDefaultPriority;  // (it held key bits)
   } else if (const HeapAt at = heap_entry(e.heap_pos, id); at.i >= 0) {
     remove(at);
   }
   e.state = State::kBlocked;
   e.heap_pos = kNoPos;
-  ++h.blocked;
+  ++h.layout.blocked;
 }
 
 void SharedIndex::promote(uint64_t id) {
@@ -725,14 +726,14 @@ void SharedIndex::promote(uint64_t id) {
   }
   Entry& e = entry(static_cast<uint32_t>(slot));
   if (e.state != State::kBlocked) return;
-  --hdr_->blocked;
+  --hdr_->layout.blocked;
   e.state = State::kReady;
   ++promotions_;
   push(Heap::kTimer, static_cast<uint32_t>(slot), id, grp_[m].c);
 }
 
 void SharedIndex::group_join(uint32_t slot, uint64_t id, uint64_t hash) {
-  if ((hdr_->group_used + 2) * 4 > gcap_ * 3) {
+  if ((hdr_->layout.group_used + 2) * 4 > gcap_ * 3) {
     damaged("a message joined a group without room");
     return;
   }
@@ -821,28 +822,28 @@ uint64_t kept_width_for(uint64_t keep) { return (keep + kKeptBuckets - 3) / (kKe
 // one that ends less than `keep` ago.
 template <class F>
 void for_each_kept(const IndexHeader& h, uint64_t now, uint64_t keep, F f) {
-  if (keep == 0 || h.kept_width != kept_width_for(keep)) return;
-  for (const KeptBucket& b : h.kept)
-    if (b.n != 0 && b.n * h.kept_width + keep > now) f(b);
+  if (keep == 0 || h.cache.kept_width != kept_width_for(keep)) return;
+  for (const KeptBucket& b : h.cache.kept)
+    if (b.n != 0 && b.n * h.cache.kept_width + keep > now) f(b);
 }
 }  // namespace
 
 void SharedIndex::kept_clear() {
-  hdr_->kept_width = 0;
-  std::memset(hdr_->kept, 0, sizeof hdr_->kept);
+  hdr_->cache.kept_width = 0;
+  std::memset(hdr_->cache.kept, 0, sizeof hdr_->cache.kept);
 }
 
 void SharedIndex::kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep) {
   if (keep == 0) return;
   auto& h = *hdr_;
   const uint64_t width = kept_width_for(keep);
-  if (h.kept_width != width) {
+  if (h.cache.kept_width != width) {
     // None yet, or spool.conf was edited: the buckets of another width mean nothing now.
-    std::memset(h.kept, 0, sizeof h.kept);
-    h.kept_width = width;
+    std::memset(h.cache.kept, 0, sizeof h.cache.kept);
+    h.cache.kept_width = width;
   }
   const uint64_t n = key / width + 1;
-  KeptBucket& b = h.kept[n % kKeptBuckets];
+  KeptBucket& b = h.cache.kept[n % kKeptBuckets];
   if (b.n > n) return;  // older than the whole ring: long out of the window
   if (b.n != n) b = KeptBucket{n, seq, 0, 0};
   b.min_seq = std::min(b.min_seq, seq);
@@ -879,14 +880,14 @@ Status SharedIndex::shrink(uint64_t min_gain) {
   if (region_len_ < min_gain) return {};
   const auto& h = *hdr_;
   // (Bounded: a damaged next_id must not make the new window smaller than the old one's ids.)
-  const uint64_t span = std::min(std::max(h.next_id, h.low_id) - h.low_id, wcap_);
+  const uint64_t span = std::min(std::max(h.cache.next_id, h.layout.low_id) - h.layout.low_id, wcap_);
   uint64_t w = std::max(kMinWindow, (span * 2 + 7) / 8 * 8);
-  uint64_t hc = std::max(kMinHeap, std::bit_ceil((h.heap_size + h.due_size + h.blocked) * 2));
-  uint64_t oc = std::max(kMinOverflow, std::bit_ceil(h.ovf_count * 2));
+  uint64_t hc = std::max(kMinHeap, std::bit_ceil((h.layout.heap_size + h.layout.due_size + h.layout.blocked) * 2));
+  uint64_t oc = std::max(kMinOverflow, std::bit_ceil(h.layout.ovf_count * 2));
   if (w * 4 > wcap_) w = wcap_;
   if (hc * 4 > hcap_) hc = hcap_;
   if (oc * 4 > ocap_) oc = ocap_;
-  uint64_t gc = h.group_used == 0 ? 0 : std::max(kMinGroupSlots, std::bit_ceil(h.group_used * 2));
+  uint64_t gc = h.layout.group_used == 0 ? 0 : std::max(kMinGroupSlots, std::bit_ceil(h.layout.group_used * 2));
   if (gc * 4 > gcap_) gc = gcap_;
   // (The dedup table keeps its size: it forgets expired ids as it fills, dedup_reserve.)
   const uint64_t keep = region_bytes(w, hc, oc, dcap_, gc);
@@ -902,21 +903,21 @@ void SharedIndex::punch_tail() {
   // hole reads as zeros, and nobody reads there before remapping. Whole pages from the
   // first one past the region: the page the region ends in keeps its block.
   const uint64_t from = (kHeaderBytes + region_len_ + 4095) / 4096 * 4096;
-  if (!anonymous_ && hdr_->file_bytes > from) {
+  if (!anonymous_ && hdr_->ident.file_bytes > from) {
     (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(from),
-                      static_cast<off_t>(hdr_->file_bytes - from));  // best effort: some file systems cannot
+                      static_cast<off_t>(hdr_->ident.file_bytes - from));  // best effort: some file systems cannot
   }
 }
 
 Status SharedIndex::reserve_heap(uint64_t more) {
-  const uint64_t need = hdr_->heap_size + hdr_->due_size + hdr_->blocked + more;
+  const uint64_t need = hdr_->layout.heap_size + hdr_->layout.due_size + hdr_->layout.blocked + more;
   if (need <= hcap_) return {};
   if (need > (1ull << 31)) return Status(Code::kQueueFull, "index heap would exceed 2^31 messages");
   return resize(wcap_, std::bit_ceil(need), ocap_);
 }
 
 Status SharedIndex::ovf_reserve(uint64_t more) {
-  const uint64_t n = hdr_->ovf_count + more;
+  const uint64_t n = hdr_->layout.ovf_count + more;
   if (n * 4 <= ocap_ * 3) return {};
   const uint64_t oc = slots_for(n, ocap_, 1ull << 30);
   if (oc == 0) return Status(Code::kQueueFull, "index overflow table would exceed 2^30 messages");
@@ -934,18 +935,18 @@ uint32_t SharedIndex::ovf_place(uint64_t id, const Entry& e) {
 
 void SharedIndex::advance_low(uint64_t limit) {
   auto& h = *hdr_;
-  if (h.count == h.ovf_count) {
-    h.low_id = std::max(h.low_id, limit);
+  if (h.layout.count == h.layout.ovf_count) {
+    h.layout.low_id = std::max(h.layout.low_id, limit);
   } else {
     // At most one lap: the window has a live entry (count > ovf_count), unless damaged.
-    for (uint64_t n = 0; h.low_id < limit && win_[wslot(h.low_id)].state == State::kEmpty; ++n, ++h.low_id) {
+    for (uint64_t n = 0; h.layout.low_id < limit && win_[wslot(h.layout.low_id)].state == State::kEmpty; ++n, ++h.layout.low_id) {
       if (n == wcap_) {
         damaged("the counts say the window holds a message, and it holds none");
         break;
       }
     }
   }
-  h.cursor = std::max(h.cursor, h.low_id);
+  h.layout.cursor = std::max(h.layout.cursor, h.layout.low_id);
 }
 
 // The window grows while it would stay at least half full, counting the ids about to come;
@@ -955,14 +956,14 @@ void SharedIndex::advance_low(uint64_t limit) {
 // message.
 Status SharedIndex::fit(uint64_t first, uint64_t last) {
   auto& h = *hdr_;
-  while (last - h.low_id >= wcap_) {
-    if (h.count == h.ovf_count) {  // nothing in the window: start it at `first`
-      h.low_id = first;
-      h.cursor = std::max(h.cursor, first);
+  while (last - h.layout.low_id >= wcap_) {
+    if (h.layout.count == h.layout.ovf_count) {  // nothing in the window: start it at `first`
+      h.layout.low_id = first;
+      h.layout.cursor = std::max(h.layout.cursor, first);
       if (last - first < wcap_) break;  // else the batch alone outgrows it: grow below
     }
-    const uint64_t live = h.count - h.ovf_count + (last - first + 1);
-    const uint64_t span = last - h.low_id + 1;
+    const uint64_t live = h.layout.count - h.layout.ovf_count + (last - first + 1);
+    const uint64_t span = last - h.layout.low_id + 1;
     if (live * 2 >= span) {
       uint64_t w = std::max(span, wcap_ + wcap_ / 4);
       w = (w + 7) / 8 * 8;
@@ -974,9 +975,9 @@ Status SharedIndex::fit(uint64_t first, uint64_t last) {
     // it. The window is at most half full here, so the batch itself is less than half of
     // the span and first > low_id: this moves.
     const uint64_t new_low = std::min(first, last + 1 + wcap_ / 4 - wcap_);
-    const uint64_t stop = std::min(new_low, h.low_id + wcap_);
+    const uint64_t stop = std::min(new_low, h.layout.low_id + wcap_);
     uint64_t moving = 0, queued = 0;
-    for (uint64_t x = h.low_id; x < stop; ++x) {
+    for (uint64_t x = h.layout.low_id; x < stop; ++x) {
       const Entry& e = win_[wslot(x)];
       if (e.state == State::kEmpty) continue;
       ++moving;
@@ -986,24 +987,24 @@ Status SharedIndex::fit(uint64_t first, uint64_t last) {
     if (Status s = reserve_heap(queued); !s.ok()) return s;
     // Two passes: heap items first, while every entry is where find() looks for it (a
     // sift moves other items and writes their entries' back-pointers), then the moves.
-    for (uint64_t x = h.low_id; x < stop; ++x) {
+    for (uint64_t x = h.layout.low_id; x < stop; ++x) {
       const auto s = wslot(x);
       if (win_[s].state != State::kQueued) continue;
       // The overflow table has no queue order: the message waits in the heap instead.
       uint64_t k = key(s);
-      --h.queued;
+      --h.layout.queued;
       win_[s].state = State::kReady;
       win_[s].key_hi = kDefaultPriority;
       push(Heap::kTimer, s, x, k);
     }
-    for (uint64_t x = h.low_id; x < stop; ++x) {
+    for (uint64_t x = h.layout.low_id; x < stop; ++x) {
       const auto s = wslot(x);
       if (win_[s].state == State::kEmpty) continue;
       ovf_place(x, win_[s]);
       win_[s] = Entry{};
-      ++h.ovf_count;
+      ++h.layout.ovf_count;
     }
-    h.low_id = new_low;
+    h.layout.low_id = new_low;
     advance_low(first);
   }
   return {};
@@ -1014,7 +1015,7 @@ Status SharedIndex::reserve(uint64_t more, bool delayed) {
   if (delayed) {
     if (Status s = reserve_heap(more); !s.ok()) return s;
   }
-  const uint64_t first = std::max(hdr_->next_id, hdr_->low_id), last = hdr_->next_id + more - 1;
+  const uint64_t first = std::max(hdr_->cache.next_id, hdr_->layout.low_id), last = hdr_->cache.next_id + more - 1;
   return last < first ? Status() : fit(first, last);
 }
 
@@ -1024,19 +1025,19 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
   e.owner = 0;
   e.key_hi = priority;
   uint32_t slot;
-  if (id < h.low_id) {
+  if (id < h.layout.low_id) {
     // Replay only: a compaction copy whose original went with its segment.
     if (Status s = ovf_reserve(1); !s.ok()) return s;
     if (Status s = reserve_heap(1); !s.ok()) return s;
     e.state = State::kReady;
     slot = ovf_place(id, e);
-    ++h.ovf_count;
+    ++h.layout.ovf_count;
     push(Heap::kTimer, slot, id, key);
   } else {
     if (Status s = fit(id, id); !s.ok()) return s;
     slot = wslot(id);
     if (win_[slot].state != State::kEmpty) {
-      damaged("message " + std::to_string(id) + " is already in the index (next id " + std::to_string(h.next_id) + ")");
+      damaged("message " + std::to_string(id) + " is already in the index (next id " + std::to_string(h.cache.next_id) + ")");
       return Status(Code::kCorrupt, "index is damaged: message " + std::to_string(id) + " is already in it");
     }
     if (key <= now && priority == kDefaultPriority) {
@@ -1045,8 +1046,8 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
       e.heap_pos = static_cast<uint32_t>(k);
       e.key_hi = static_cast<uint16_t>(k >> 32);
       win_[slot] = e;
-      ++h.queued;
-      h.cursor = std::min(h.cursor, id);
+      ++h.layout.queued;
+      h.layout.cursor = std::min(h.layout.cursor, id);
     } else {
       if (Status s = reserve_heap(1); !s.ok()) return s;  // keeps the window: slot stays
       e.state = State::kReady;
@@ -1058,7 +1059,7 @@ Result<uint32_t> SharedIndex::insert(uint64_t id, const Entry& in, uint64_t key,
       }
     }
   }
-  ++h.count;
+  ++h.layout.count;
   return slot;
 }
 
@@ -1076,10 +1077,10 @@ Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
   if (was == State::kQueued) {
     const uint64_t id = id_of(slot);
     if (Status s = reserve_heap(1); !s.ok()) return s;  // slot survives: ids keep theirs
-    --hdr_->queued;
+    --hdr_->layout.queued;
     entry(slot).state = state;
     entry(slot).key_hi = kDefaultPriority;
-    hdr_->leased += state == State::kLeased;
+    hdr_->layout.leased += state == State::kLeased;
     push(Heap::kTimer, slot, id, key);
     return {};
   }
@@ -1088,7 +1089,7 @@ Status SharedIndex::set(uint32_t slot, State state, uint64_t key) {
   const HeapAt at = heap_entry(e.heap_pos, id);
   if (at.i < 0) return Status(Code::kCorrupt, "index is damaged: " + damage_);
   e.state = state;
-  hdr_->leased += (state == State::kLeased) - (was == State::kLeased);
+  hdr_->layout.leased += (state == State::kLeased) - (was == State::kLeased);
   if (at.heap == Heap::kDue) {  // back to the timer heap: the total the array holds stays
     remove(at);
     push(Heap::kTimer, slot, id, key);
@@ -1109,32 +1110,32 @@ void SharedIndex::erase(uint32_t slot) {
   auto& h = *hdr_;
   Entry& e = entry(slot);
   const uint64_t id = id_of(slot);
-  if (e.state == State::kLeased) --h.leased;
+  if (e.state == State::kLeased) --h.layout.leased;
   if (e.state == State::kQueued) {
-    --h.queued;
+    --h.layout.queued;
   } else if (e.state == State::kBlocked) {
-    --h.blocked;
+    --h.layout.blocked;
   } else if (const HeapAt at = heap_entry(e.heap_pos, id); at.i >= 0) {
     remove(at);
   }
-  --h.count;
+  --h.layout.count;
   if (slot >= wcap_) {
     vacate(ovf_, ocap_, slot - wcap_);
-    --h.ovf_count;
+    --h.layout.ovf_count;
   } else {
     win_[slot] = Entry{};
-    if (id == h.low_id) advance_low(h.next_id);
+    if (id == h.layout.low_id) advance_low(h.cache.next_id);
   }
-  if (h.group_used != 0) group_leave(id);
+  if (h.layout.group_used != 0) group_leave(id);
 }
 
 int64_t SharedIndex::queue_head() {
   auto& h = *hdr_;
-  if (h.queued == 0) return -1;
-  const uint64_t end = h.low_id + wcap_;
-  while (h.cursor < end && win_[wslot(h.cursor)].state != State::kQueued) ++h.cursor;
-  if (h.cursor < end) return static_cast<int64_t>(wslot(h.cursor));
-  damaged("the counts say " + std::to_string(h.queued) + " messages are queued, and none is");
+  if (h.layout.queued == 0) return -1;
+  const uint64_t end = h.layout.low_id + wcap_;
+  while (h.layout.cursor < end && win_[wslot(h.layout.cursor)].state != State::kQueued) ++h.layout.cursor;
+  if (h.layout.cursor < end) return static_cast<int64_t>(wslot(h.layout.cursor));
+  damaged("the counts say " + std::to_string(h.layout.queued) + " messages are queued, and none is");
   return -1;
 }
 
@@ -1142,7 +1143,7 @@ int64_t SharedIndex::next(uint64_t now) {
   auto& h = *hdr_;
   // Each item moves once per time it becomes ready, so this costs what the heap operations
   // of its delivery cost anyway; a receive that finds many at once pays for all of them.
-  while (h.heap_size != 0 && heap_[0].key <= now) {
+  while (h.layout.heap_size != 0 && heap_[0].key <= now) {
     const HeapItem top = heap_[0];
     const int64_t slot = find(top.id);
     if (slot < 0) {
@@ -1154,23 +1155,23 @@ int64_t SharedIndex::next(uint64_t now) {
     push(Heap::kDue, static_cast<uint32_t>(slot), top.id, due_key(static_cast<uint8_t>(std::min<uint16_t>(pri, 255)), top.key));
   }
   const int64_t q = queue_head();
-  if (h.due_size == 0 || h.due_size > hcap_) return q;
+  if (h.layout.due_size == 0 || h.layout.due_size > hcap_) return q;
   const HeapItem& d = item(Heap::kDue, 0);
-  if (q >= 0 && less(HeapItem{due_key(kDefaultPriority, key(static_cast<uint32_t>(q))), h.cursor}, d)) return q;
+  if (q >= 0 && less(HeapItem{due_key(kDefaultPriority, key(static_cast<uint32_t>(q))), h.layout.cursor}, d)) return q;
   const int64_t top = find(d.id);
   if (top < 0) damaged("the due heap's first item names message " + std::to_string(d.id) + ", which is not in the index");
   return top;
 }
 
 uint64_t SharedIndex::next_key() {
-  if (hdr_->due_size != 0) return 0;  // receivable now
-  uint64_t k = hdr_->heap_size != 0 ? heap_[0].key : UINT64_MAX;
+  if (hdr_->layout.due_size != 0) return 0;  // receivable now
+  uint64_t k = hdr_->layout.heap_size != 0 ? heap_[0].key : UINT64_MAX;
   if (int64_t q = queue_head(); q >= 0) k = std::min(k, key(static_cast<uint32_t>(q)));
   return k;
 }
 
 void SharedIndex::push(Heap w, uint32_t slot, uint64_t id, uint64_t key) {
-  if (hdr_->heap_size + hdr_->due_size >= hcap_) {  // callers reserve first: only damage gets here
+  if (hdr_->layout.heap_size + hdr_->layout.due_size >= hcap_) {  // callers reserve first: only damage gets here
     damaged("the heap is full");
     return;
   }
@@ -1236,7 +1237,7 @@ std::string SharedIndex::check_invariants() const {
   if (std::string bad = check_header(false); !bad.empty()) return bad;
   uint64_t on = 0;
   for (uint64_t s = 0; s < ocap_; ++s) on += ovf_[s].id != 0;
-  if (on != h.ovf_count) return "I1: overflow count";
+  if (on != h.layout.ovf_count) return "I1: overflow count";
   uint64_t n = on, queued = 0, leased = 0, blocked = 0;
   auto check = [&](const Entry& e, uint64_t id) -> std::string {
     if (e.state != State::kReady && e.state != State::kLeased && e.state != State::kQueued &&
@@ -1244,11 +1245,11 @@ std::string SharedIndex::check_invariants() const {
       return "I6: entry " + std::to_string(id) + " has an invalid state";
     }
     if (e.owner > kOwnerSlots) return "I6: entry " + std::to_string(id) + " has an invalid owner";
-    if (id >= h.next_id) return "I5: entry id " + std::to_string(id) + " >= next_id";
+    if (id >= h.cache.next_id) return "I5: entry id " + std::to_string(id) + " >= next_id";
     if (e.state == State::kLeased) ++leased;
     if (e.state == State::kQueued) {
       ++queued;
-      if (id < h.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
+      if (id < h.layout.cursor) return "I5: queued id " + std::to_string(id) + " is behind the cursor";
     } else if (e.state == State::kBlocked) {
       ++blocked;
       const int64_t m = gfind(id);
@@ -1257,7 +1258,7 @@ std::string SharedIndex::check_invariants() const {
     } else {
       const Heap w = heap_of(e.heap_pos);
       const uint64_t i = e.heap_pos & ~kDueBit;
-      if (i >= (w == Heap::kTimer ? h.heap_size : h.due_size) || item(w, i).id != id) {
+      if (i >= (w == Heap::kTimer ? h.layout.heap_size : h.layout.due_size) || item(w, i).id != id) {
         return "I2: heap back-pointer of " + std::to_string(id);
       }
       if (e.key_hi > 255) return "I6: entry " + std::to_string(id) + " has priority " + std::to_string(e.key_hi);
@@ -1272,22 +1273,22 @@ std::string SharedIndex::check_invariants() const {
   for (uint64_t s = 0; s < ocap_; ++s) {
     const OvfEntry& o = ovf_[s];
     if (o.id == 0) continue;
-    if (o.id >= h.low_id) return "I5: overflow id " + std::to_string(o.id) + " is in the window's range";
+    if (o.id >= h.layout.low_id) return "I5: overflow id " + std::to_string(o.id) + " is in the window's range";
     if (o.e.state == State::kQueued) return "I6: overflow entry " + std::to_string(o.id) + " is queued";
     if (find(o.id) != static_cast<int64_t>(wcap_ + s)) return "I5: id " + std::to_string(o.id) + " not findable";
     if (std::string p = check(o.e, o.id); !p.empty()) return p;
   }
-  if (n != h.count) return "I1: count";
+  if (n != h.layout.count) return "I1: count";
   uint64_t deds = 0;
   for (uint64_t s = 0; s < dcap_; ++s) deds += ded_[s].hash != 0;
-  if (deds != h.dedup_used) return "dedup slots used: " + std::to_string(h.dedup_used) + ", occupied " + std::to_string(deds);
-  if (queued != h.queued || blocked != h.blocked) return "I2: heap size";
+  if (deds != h.layout.dedup_used) return "dedup slots used: " + std::to_string(h.layout.dedup_used) + ", occupied " + std::to_string(deds);
+  if (queued != h.layout.queued || blocked != h.layout.blocked) return "I2: heap size";
   uint64_t grps = 0;
   for (uint64_t s = 0; s < gcap_; ++s) grps += grp_[s].key != 0;
-  if (grps != h.group_used) return "I7: group slots used: " + std::to_string(h.group_used) + ", occupied " + std::to_string(grps);
-  if (leased != h.leased) return "I4: leased count";
+  if (grps != h.layout.group_used) return "I7: group slots used: " + std::to_string(h.layout.group_used) + ", occupied " + std::to_string(grps);
+  if (leased != h.layout.leased) return "I4: leased count";
   for (Heap w : {Heap::kTimer, Heap::kDue}) {
-    for (uint64_t i = 1, size = w == Heap::kTimer ? h.heap_size : h.due_size; i < size; ++i) {
+    for (uint64_t i = 1, size = w == Heap::kTimer ? h.layout.heap_size : h.layout.due_size; i < size; ++i) {
       if (less(item(w, i), item(w, (i - 1) / kHeapArity))) return "I3: heap order at " + std::to_string(i);
     }
   }

@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 21;
+inline constexpr uint32_t kIndexVersion = 22;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -192,67 +192,37 @@ struct KeptBucket {
   uint64_t bytes;
 };
 
-struct alignas(64) IndexHeader {
+// The header page holds four kinds of state, each a part of its own with its own writers
+// (docs/design.md, "Truth, cache, coordination, registry"):
+//  - the cache, which a replay of the log rebuilds (a damaged or foreign index is simply
+//    made again): `layout`, the shape of the index's own tables, written by SharedIndex's
+//    operations; and `cache`, the queue's state derived from the records, written by
+//    queue::apply_record() and nowhere else, but for the two things only the writer of
+//    records knows (`log_end`, published by the store's commit after an append, and the
+//    clock anchors of the CLOCK records it writes) and a rebuild, which empties it first;
+//  - `coord`, coordination between the attached processes: the locks, the futex words
+//    and the durable marks; never rebuilt from the log, and never sealed (they change
+//    without the index lock);
+//  - `registry`, the lease owners' slots: liveness, which no log records (a rebuild keeps
+//    it: queue/lease_owners.h);
+//  - `disk`, bookkeeping of files and background work (spares, what compaction removed,
+//    when dead owners are next looked for), which a rebuild recounts from the directory.
+// `ident` says whose index this is. The parts under the index lock (layout, cache, disk,
+// registry) are contiguous, so that seal() checksums them in one range.
+struct IndexIdentity {
   uint64_t magic;
   uint64_t format;    // format_word(): refuses builds with another ABI
   char boot_id[40];   // boot that built this index; another boot means rebuild
   uint64_t file_bytes;
-  // Written by the last process to detach: XXH3 of the fields guarded by mu and of the
+  // Written by the last process to detach: XXH3 of the parts guarded by the lock and of the
   // region, so the next first opener can tell a cleanly closed index from one damaged
   // since (seal(), unseal()). 0 while any process is attached.
   uint64_t seal;
+};
+
+struct IndexCoordination {
   alignas(64) sys::RobustMutex mu;       // the index lock
   alignas(64) sys::RobustMutex sync_mu;  // group commit: one flusher at a time
-  // Guarded by mu:
-  alignas(64) uint64_t capacity;  // window slots
-  uint64_t win_offset;            // message id sits in window slot (id + win_offset) % capacity
-  uint64_t heap_cap;
-  uint64_t ovf_cap;
-  uint64_t region_gen;
-  uint64_t count;      // live messages
-  uint64_t ovf_count;  // of them in the overflow table
-  uint64_t queued;     // of them in state kQueued
-  uint64_t heap_size;  // timer heap items
-  uint64_t due_size;   // due heap items
-  uint64_t low_id;     // the window's first id
-  uint64_t cursor;     // no queued message has a lower id
-  uint64_t leased;
-  uint64_t next_id;
-  uint64_t log_end;  // storage::Pos::pack() of where the next record goes
-  uint64_t purged_through;
-  uint64_t sent_total;
-  uint64_t acked_total;
-  uint64_t dead_total;
-  uint64_t expired_total;  // dropped by a retention limit
-  uint64_t nacked_total;
-  uint64_t received_total;     // deliveries: LEASEs that raised a receive count
-  uint64_t redelivered_total;  // of them, to a count above 1
-  uint64_t bytes_live;
-  uint64_t compacted_through;  // every segment <= this was removed by compaction
-  uint64_t spares;             // spare segment files (Log::make_spare) on disk
-  uint64_t spare_bytes;        // their sizes, summed
-  uint64_t next_reap_ns;  // boot time of the next check for dead lease owners
-  uint64_t dedup_cap;     // dedup table slots (0: none yet)
-  uint64_t dedup_used;    // occupied dedup slots, expired ones included until a sweep
-  uint64_t kept_width;    // KeptBucket width in ns (0: none noted yet)
-  KeptBucket kept[kKeptBuckets];
-  uint64_t group_cap;   // group table slots (0: none yet)
-  uint64_t group_used;  // occupied group table slots (groups and members)
-  uint64_t blocked;     // entries in state kBlocked
-  uint64_t rebuilds;    // reset()s so far: a compaction tells whether one came between its holds
-  uint64_t paused;      // 1: receives deliver nothing (a PAUSE record, Queue::pause)
-  // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
-  // clock_n), and where the first of them is.
-  uint32_t clock_n;
-  uint64_t clock_first;
-
-  ClockAnchor clock[kClockAnchors];
-  uint32_t owners_claimed;         // number of claimed owner slots
-  uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
-  int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
-  // 1 while resize() moves entries: a holder killed then leaves a region laid out for
-  // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
-  uint32_t resizing;
   // Lock-free:
   alignas(64) std::atomic<uint32_t> wake_seq;  // futex word: bumped when something became receivable
   std::atomic<uint32_t> waiters;
@@ -266,6 +236,79 @@ struct alignas(64) IndexHeader {
   std::atomic<uint32_t> durable_waiters;
 };
 
+// Guarded by the index lock; written by SharedIndex only.
+struct IndexLayout {
+  uint64_t capacity;    // window slots
+  uint64_t win_offset;  // message id sits in window slot (id + win_offset) % capacity
+  uint64_t heap_cap;
+  uint64_t ovf_cap;
+  uint64_t region_gen;
+  uint64_t count;      // live messages
+  uint64_t ovf_count;  // of them in the overflow table
+  uint64_t queued;     // of them in state kQueued
+  uint64_t heap_size;  // timer heap items
+  uint64_t due_size;   // due heap items
+  uint64_t low_id;     // the window's first id
+  uint64_t cursor;     // no queued message has a lower id
+  uint64_t leased;
+  uint64_t dedup_cap;   // dedup table slots (0: none yet)
+  uint64_t dedup_used;  // occupied dedup slots, expired ones included until a sweep
+  uint64_t group_cap;   // group table slots (0: none yet)
+  uint64_t group_used;  // occupied group table slots (groups and members)
+  uint64_t blocked;     // entries in state kBlocked
+  // 1 while resize() moves entries: a holder killed then leaves a region laid out for
+  // neither geometry, which only a replay (reset()) mends, and nothing may read meanwhile.
+  uint32_t resizing;
+};
+
+// Guarded by the index lock; written by queue::apply_record() (see above for the rest).
+struct QueueCache {
+  uint64_t next_id;
+  uint64_t log_end;  // storage::Pos::pack() of where the next record goes
+  uint64_t purged_through;
+  uint64_t sent_total;
+  uint64_t acked_total;
+  uint64_t dead_total;
+  uint64_t expired_total;  // dropped by a retention limit
+  uint64_t nacked_total;
+  uint64_t received_total;     // deliveries: LEASEs that raised a receive count
+  uint64_t redelivered_total;  // of them, to a count above 1
+  uint64_t bytes_live;
+  uint64_t paused;      // 1: receives deliver nothing (a PAUSE record, Queue::pause)
+  uint64_t kept_width;  // KeptBucket width in ns (0: none noted yet)
+  KeptBucket kept[kKeptBuckets];
+  // This boot's clock anchors, oldest first (at most kClockAnchors: readers clamp
+  // clock_n), and where the first of them is.
+  uint32_t clock_n;
+  uint64_t clock_first;
+  ClockAnchor clock[kClockAnchors];
+};
+
+// Guarded by the index lock; written by queue::LeaseOwners and kept by a rebuild.
+struct OwnerRegistry {
+  uint32_t owners_claimed;             // number of claimed owner slots
+  uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
+  int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
+};
+
+// Guarded by the index lock; recounted by a rebuild.
+struct DiskBookkeeping {
+  uint64_t compacted_through;  // every segment <= this was removed by compaction
+  uint64_t spares;             // spare segment files (Log::make_spare) on disk
+  uint64_t spare_bytes;        // their sizes, summed
+  uint64_t next_reap_ns;       // boot time of the next check for dead lease owners
+  uint64_t rebuilds;           // reset()s so far: a compaction tells whether one came between its holds
+};
+
+struct alignas(64) IndexHeader {
+  IndexIdentity ident;
+  IndexCoordination coord;
+  alignas(64) IndexLayout layout;
+  QueueCache cache;
+  DiskBookkeeping disk;
+  OwnerRegistry registry;
+};
+
 // Every process that maps the index shares these words, also across builds for other
 // targets on one machine (format_word() refuses a different layout, not a different
 // atomicity). On a 32-bit target (armhf: ARMv7, LDREXD/STREXD) the 64-bit atomics must still
@@ -276,13 +319,17 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "the shared index need
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && alignof(std::atomic<uint64_t>) == 8);
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && alignof(std::atomic<uint32_t>) == 4);
 static_assert(alignof(uint64_t) == 8, "the index layout assumes 8-aligned 64-bit fields (not i386's 4)");
-static_assert(offsetof(IndexHeader, durable_end) % 64 == 0 && offsetof(IndexHeader, wake_seq) % 64 == 0 &&
-              offsetof(IndexHeader, room_seq) % 64 == 0 && offsetof(IndexHeader, durable_seq) % 4 == 0);
+static_assert(offsetof(IndexCoordination, durable_end) % 64 == 0 && offsetof(IndexCoordination, wake_seq) % 64 == 0 &&
+              offsetof(IndexCoordination, room_seq) % 64 == 0 && offsetof(IndexCoordination, durable_seq) % 4 == 0 &&
+              offsetof(IndexHeader, coord) % 64 == 0);
 // The region's arrays sit at multiples of their element sizes from a page boundary, so
 // their 64-bit fields are 8-aligned too.
 static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry) == 8 && alignof(DedupSlot) == 8 &&
               alignof(GroupSlot) == 8);
 
+static_assert(offsetof(IndexHeader, cache) == offsetof(IndexHeader, layout) + sizeof(IndexLayout) &&
+                  offsetof(IndexHeader, registry) + sizeof(OwnerRegistry) <= sizeof(IndexHeader),
+              "seal() checksums layout..registry as one range");
 // The header page; the region follows.
 inline constexpr uint64_t kHeaderBytes = 4096;
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);
@@ -291,9 +338,10 @@ static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 uint64_t format_word();
 
 // A capability for the thread-safety analysis (sys/thread_annotations.h): holding it means
-// holding hdr().mu, the index lock, or having an index no other thread or process can reach
-// (one attach()ed anonymous, or about to be renamed into place). Its own operations are not
-// annotated: tests and tools drive it directly; Queue::Impl states what needs it.
+// holding hdr().coord.mu, the index lock, or having an index no other thread or process can reach
+// (one attach()ed anonymous, or about to be renamed into place). The operations that read
+// or change messages need it (REQUIRES); a test or tool that drives a private index says
+// so once with assert_held().
 class CAPABILITY("index lock") SharedIndex {
  public:
   SharedIndex() = default;
@@ -313,7 +361,7 @@ class CAPABILITY("index lock") SharedIndex {
   // are in bounds (a rebuild reads the old entries' lease owners only then).
   bool reusable() const;
 
-  // Tells the analysis this thread holds the index: hdr().mu's lock() or try_lock() returned
+  // Tells the analysis this thread holds the index: hdr().coord.mu's lock() or try_lock() returned
   // kOk or kOwnerDied, or the index is private (see above). Checks nothing.
   void assert_held() const ASSERT_CAPABILITY(this) {}
 
@@ -336,45 +384,45 @@ class CAPABILITY("index lock") SharedIndex {
   // Empties the region but the dedup table (counts to zero, the window starting at
   // next_id); the caller then replays the log or has purged everything (a dedup id outlives
   // its message). Lock held.
-  Status reset();
+  Status reset() REQUIRES(this);
 
   // The operations below need the lock. A slot names a live message until the next
   // insert, erase or set(); insert, set and reserve may grow (remap) the region, which
   // invalidates every Entry reference.
-  int64_t find(uint64_t id) const;  // slot or -1
-  uint64_t id_of(uint32_t slot) const;
+  int64_t find(uint64_t id) const REQUIRES(this);  // slot or -1
+  uint64_t id_of(uint32_t slot) const REQUIRES(this);
   // An out-of-range slot (damage) gives a scratch entry and records the damage.
-  Entry& entry(uint32_t slot) {
+  Entry& entry(uint32_t slot) REQUIRES(this) {
     if (slot < wcap_) return win_[slot];
     if (slot - wcap_ < ocap_) return ovf_[slot - wcap_].e;
     return bad_slot(slot);
   }
   // When the message can next be received (a queued one's key is rounded down to 1 us).
-  uint64_t key(uint32_t slot) const;
+  uint64_t key(uint32_t slot) const REQUIRES(this);
   // Adds message `id` (not present): queued if `key` <= `now` and `priority` is the
   // default, else ready at `key`.
   Result<uint32_t> insert(uint64_t id, const Entry& e, uint64_t key, uint64_t now,
-                          uint8_t priority = kDefaultPriority);
+                          uint8_t priority = kDefaultPriority) REQUIRES(this);
   // Makes room now so that inserting the ids next_id .. next_id + more - 1 (ready at a later
   // time when `delayed`) cannot fail.
-  Status reserve(uint64_t more, bool delayed);
+  Status reserve(uint64_t more, bool delayed) REQUIRES(this);
   // Gives the message in `slot` state kReady or kLeased and the time it can next be
   // received (its item goes to the timer heap; a queued message gets one). Cannot remap.
-  Status set(uint32_t slot, State state, uint64_t key);
-  void erase(uint32_t slot);
+  Status set(uint32_t slot, State state, uint64_t key) REQUIRES(this);
+  void erase(uint32_t slot) REQUIRES(this);
   // The message to deliver next if one can be received at `now`: the lower of the queue
   // head and the due heap's top, after moving the timer items due at `now` into the due
   // heap; -1 if none. Moves the cursor.
-  int64_t next(uint64_t now);
+  int64_t next(uint64_t now) REQUIRES(this);
   // The earliest time anything can be received (UINT64_MAX: nothing is queued).
-  uint64_t next_key();
+  uint64_t next_key() REQUIRES(this);
   // Grows the heaps' array now so that `more` messages can leave the queue without a remap.
-  Status reserve_heap(uint64_t more);
+  Status reserve_heap(uint64_t more) REQUIRES(this);
   // Once a big backlog has drained, lays the region out again at a fraction of its size and
   // punches the freed tail out of the file, if that frees at least `min_gain` bytes; else
   // does nothing. Remaps, so no slot may be held. The file keeps its size
   // (docs/durability.md, "The shared index").
-  Status shrink(uint64_t min_gain = kShrinkMinBytes);
+  Status shrink(uint64_t min_gain = kShrinkMinBytes) REQUIRES(this);
   // Punches the file's blocks past the region out (best effort). shrink() does it for what
   // it frees; a rebuild does it too, for the tail a process killed inside a shrink left
   // allocated (resized, not yet punched), which no later shrink would free.
@@ -384,14 +432,14 @@ class CAPABILITY("index lock") SharedIndex {
   // ready now; keys are due_key()s) and the queued messages from the cursor on (in id
   // order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
-  uint64_t heap_size() const { return hdr_->heap_size; }
+  uint64_t heap_size() const { return hdr_->layout.heap_size; }
   const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
-  uint64_t due_size() const { return std::min(hdr_->due_size, hcap_); }
+  uint64_t due_size() const { return std::min(hdr_->layout.due_size, hcap_); }
   template <class F>
   void for_each_queued(F&& f) {
-    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
+    uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
     // (From the cursor, which check_header() keeps at or above low_id.)
-    for (uint64_t id = std::max(hdr_->cursor, hdr_->low_id), left = hdr_->queued; id < end && left != 0; ++id) {
+    for (uint64_t id = std::max(hdr_->layout.cursor, hdr_->layout.low_id), left = hdr_->layout.queued; id < end && left != 0; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
@@ -403,8 +451,8 @@ class CAPABILITY("index lock") SharedIndex {
   void for_each_entry(F&& f) {
     for (uint64_t s = 0; s < ocap_; ++s)
       if (ovf_[s].id != 0) f(static_cast<uint32_t>(wcap_ + s), ovf_[s].id, ovf_[s].e);
-    uint64_t end = std::min(hdr_->next_id, hdr_->low_id + wcap_);
-    for (uint64_t id = hdr_->low_id; id < end; ++id) {
+    uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
+    for (uint64_t id = hdr_->layout.low_id; id < end; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kEmpty) f(s, id, win_[s]);
     }
@@ -418,7 +466,7 @@ class CAPABILITY("index lock") SharedIndex {
     uint64_t low_id, end, win_offset, wcap, gen;
   };
   WindowView window_view() const {
-    return {hdr_->low_id, std::min(hdr_->next_id, hdr_->low_id + wcap_), hdr_->win_offset, wcap_, mapped_gen_};
+    return {hdr_->layout.low_id, std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_), hdr_->layout.win_offset, wcap_, mapped_gen_};
   }
   bool same_geometry(const WindowView& v) const { return mapped_current() && v.gen == mapped_gen_; }
   // f(id, entry) for each live entry of the window in id order; false if the file could not
@@ -464,9 +512,9 @@ class CAPABILITY("index lock") SharedIndex {
       if (ded_[s].hash == hash && f(ded_[s].loc, ded_[s].expires)) return;
     }
   }
-  Status dedup_reserve(uint64_t more, uint64_t now);
+  Status dedup_reserve(uint64_t more, uint64_t now) REQUIRES(this);
   void dedup_clear();  // forgets every id: a replay rebuilds them
-  void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires);
+  void dedup_insert(uint64_t hash, uint64_t loc, uint64_t expires) REQUIRES(this);
   uint64_t dedup_oldest_seq(uint64_t now) const;
   // Unexpired remembered ids, for stats (O(table)).
   uint64_t dedup_live(uint64_t now) const;
@@ -475,7 +523,7 @@ class CAPABILITY("index lock") SharedIndex {
   // `keep` ns (0: does nothing). kept_oldest_seq(): the lowest segment a bucket still inside
   // the window at `now` names (UINT64_MAX: none). kept_live(): the acks and bytes of those
   // buckets. kept_clear(): forgets them all (a replay notes them again).
-  void kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep);
+  void kept_note(uint64_t key, uint64_t seq, uint64_t bytes, uint64_t keep) REQUIRES(this);
   uint64_t kept_oldest_seq(uint64_t now, uint64_t keep) const;
   void kept_live(uint64_t now, uint64_t keep, uint64_t* acks, uint64_t* bytes) const;
   void kept_clear();
@@ -488,15 +536,15 @@ class CAPABILITY("index lock") SharedIndex {
   // blocked. Cannot fail after group_reserve(2) and reserve_heap(1). erase() of a member
   // unlinks it and, for the first, makes the next one receivable (promotions() counts that,
   // in this process, so that a caller knows to wake a long poll).
-  Status group_reserve(uint64_t more);
-  void group_join(uint32_t slot, uint64_t id, uint64_t hash);
+  Status group_reserve(uint64_t more) REQUIRES(this);
+  void group_join(uint32_t slot, uint64_t id, uint64_t hash) REQUIRES(this);
   uint64_t promotions() const { return promotions_; }
   // The first member of the group of blocked message `id` (0: none, or `id` is not blocked).
   uint64_t group_first(uint64_t id) const;
   // Every blocked message (O(group table)); f(slot, id).
   template <class F>
-  void for_each_blocked(F&& f) {
-    if (hdr_->blocked == 0) return;
+  void for_each_blocked(F&& f) REQUIRES(this) {
+    if (hdr_->layout.blocked == 0) return;
     for (uint64_t s = 0; s < gcap_; ++s) {
       const uint64_t id = grp_[s].key;
       if (id == 0 || (id & kGroupTag) != 0) continue;
@@ -506,7 +554,7 @@ class CAPABILITY("index lock") SharedIndex {
   }
 
   // Returns "" or a description of the first broken invariant (O(n); tests and verify).
-  std::string check_invariants() const;
+  std::string check_invariants() const REQUIRES(this);
 
   // Damage checks for every lock (see the top of this file). check_file(): the file still
   // covers what this process maps, before the lock is taken and before other reads of the
@@ -559,19 +607,19 @@ class CAPABILITY("index lock") SharedIndex {
   void gerase(uint64_t hole);
   // Takes the entry in `slot` (message `id`) out of its heap or the queue: kBlocked, its
   // receive time kept in its member slot.
-  void block(uint32_t slot, uint64_t id);
+  void block(uint32_t slot, uint64_t id) REQUIRES(this);
   // The blocked message `id` becomes its group's first: into the timer heap at its receive time.
-  void promote(uint64_t id);
+  void promote(uint64_t id) REQUIRES(this);
   // Unlinks message `id` (erased) from its group, if it is in one.
-  void group_leave(uint64_t id);
+  void group_leave(uint64_t id) REQUIRES(this);
   // Places a dedup slot by probing (the table has room).
   void dedup_place(const DedupSlot& d);
   // Makes the ids first..last (first >= low_id, none present yet) fit in the window: grows
   // it, or moves the oldest messages to the overflow table when it is mostly holes.
-  Status fit(uint64_t first, uint64_t last);
+  Status fit(uint64_t first, uint64_t last) REQUIRES(this);
   Status ovf_reserve(uint64_t more);
   uint32_t ovf_place(uint64_t id, const Entry& e);
-  Entry& entry_of(uint64_t id);
+  Entry& entry_of(uint64_t id) REQUIRES(this);
   void advance_low(uint64_t limit);  // past empty slots, never past `limit`
   // The two heaps (see the top of this file): the timer heap's item i is heap_[i], the due
   // heap's heap_[hcap_ - 1 - i].
@@ -586,17 +634,17 @@ class CAPABILITY("index lock") SharedIndex {
   static Heap heap_of(uint32_t pos) { return (pos & kDueBit) != 0 ? Heap::kDue : Heap::kTimer; }
   HeapItem& item(Heap w, uint64_t i) { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
   const HeapItem& item(Heap w, uint64_t i) const { return w == Heap::kTimer ? heap_[i] : heap_[hcap_ - 1 - i]; }
-  uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->heap_size : hdr_->due_size; }
-  void push(Heap w, uint32_t slot, uint64_t id, uint64_t key);
-  void remove(HeapAt at);  // the last item fills the hole
-  void move_item(Heap w, uint64_t to, const HeapItem& it);
-  void sift_up(Heap w, uint64_t i);
-  void sift_down(Heap w, uint64_t i);
+  uint64_t& size_of(Heap w) { return w == Heap::kTimer ? hdr_->layout.heap_size : hdr_->layout.due_size; }
+  void push(Heap w, uint32_t slot, uint64_t id, uint64_t key) REQUIRES(this);
+  void remove(HeapAt at) REQUIRES(this);  // the last item fills the hole
+  void move_item(Heap w, uint64_t to, const HeapItem& it) REQUIRES(this);
+  void sift_up(Heap w, uint64_t i) REQUIRES(this);
+  void sift_down(Heap w, uint64_t i) REQUIRES(this);
   static bool less(const HeapItem& a, const HeapItem& b) {
     return a.key < b.key || (a.key == b.key && a.id < b.id);
   }
 
-  uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->win_offset) % wcap_); }
+  uint32_t wslot(uint64_t id) const { return static_cast<uint32_t>((id + hdr_->layout.win_offset) % wcap_); }
   // `len` bytes of the region from `off`: pread, or a copy of the anonymous index's memory.
   bool read_region(uint64_t off, uint64_t len, void* out) const;
   Entry& bad_slot(uint32_t slot);

@@ -19,7 +19,7 @@ using index::Entry;
 using index::State;
 
 void drop(index::SharedIndex& x, int64_t slot) REQUIRES(x) {
-  x.hdr().bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
+  x.hdr().cache.bytes_live -= x.entry(static_cast<uint32_t>(slot)).len;
   x.erase(static_cast<uint32_t>(slot));
 }
 
@@ -27,8 +27,8 @@ void drop(index::SharedIndex& x, int64_t slot) REQUIRES(x) {
 // always is) by a reset of the entries, which costs nothing per message.
 Status drop_through(index::SharedIndex& x, uint64_t through) REQUIRES(x) {
   auto& h = x.hdr();
-  if (through + 1 >= h.next_id) {
-    h.bytes_live = 0;
+  if (through + 1 >= h.cache.next_id) {
+    h.cache.bytes_live = 0;
     return x.reset();
   }
   std::vector<uint64_t> ids;
@@ -45,9 +45,9 @@ Status drop_through(index::SharedIndex& x, uint64_t through) REQUIRES(x) {
 // Raises next_id past `id`; sent_through follows it (index invariant: sent_through + 1 ==
 // next_id), stored after the log end the caller published (durability.cc reads it first).
 void raise_next_id(index::IndexHeader& h, uint64_t id) {
-  if (id < h.next_id) return;
-  h.next_id = id + 1;
-  h.sent_through.store(id, std::memory_order_release);
+  if (id < h.cache.next_id) return;
+  h.cache.next_id = id + 1;
+  h.coord.sent_through.store(id, std::memory_order_release);
 }
 
 // The dedup part of a new message (not a compaction copy): its id is remembered until the
@@ -77,6 +77,19 @@ void settle_copy(index::SharedIndex& x, const Keys& keys, uint64_t id, int64_t s
 
 }  // namespace
 
+Status clear_for_replay(index::SharedIndex& x) {
+  auto& c = x.hdr().cache;
+  c.next_id = 1;  // reset() starts the window at next_id
+  if (Status s = x.reset(); !s.ok()) return s;
+  x.dedup_clear();
+  x.kept_clear();
+  c.purged_through = 0;
+  c.paused = 0;
+  c.sent_total = c.acked_total = c.dead_total = c.expired_total = c.nacked_total = c.bytes_live = 0;
+  c.received_total = c.redelivered_total = 0;
+  return {};
+}
+
 uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, const Clocks& now) {
   return std::min(now.boot, now.key(rebase(x.hdr(), at, t1, now)));
 }
@@ -90,13 +103,13 @@ storage::RecordView view_of(const storage::Record& rec) {
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
   auto& h = x.hdr();
   if (r.type == RecordType::kClock) return {};
-  const uint64_t next = h.next_id;  // before this record
+  const uint64_t next = h.cache.next_id;  // before this record
   if (r.type != RecordType::kCheckpoint) raise_next_id(h, r.id);
   switch (r.type) {
     case RecordType::kMsg: {
       const bool copy = (r.flags & format::kFlagCopy) != 0;
       if (!copy && keys.dedup_window != 0 && !r.ext.empty()) remember_dedup(x, at, r, keys);
-      if (r.id <= h.purged_through) return {};
+      if (r.id <= h.cache.purged_through) return {};
       // A message the index holds already (only an id below next_id can be): a compaction
       // copy, followed once a LEASE or RELEASE confirms it.
       if (r.id < next && x.find(r.id) >= 0) {
@@ -121,21 +134,21 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       // A copy gets here only when its original is not in the log: removed by the compaction
       // whose CHECKPOINT follows (and sets the totals again), or lost to a power cut before
       // that compaction's sync. Either way the log holds one send of it.
-      ++h.sent_total;
-      h.bytes_live += r.payload.size();
+      ++h.cache.sent_total;
+      h.cache.bytes_live += r.payload.size();
       return {};
     }
     case RecordType::kLease:
     case RecordType::kRelease: {
       const bool lease = r.type == RecordType::kLease;
-      if (!lease && (r.flags & format::kFlagNack) != 0) ++h.nacked_total;
+      if (!lease && (r.flags & format::kFlagNack) != 0) ++h.cache.nacked_total;
       int64_t slot = x.find(r.id);
       settle_copy(x, keys, r.id, slot);
       if (slot < 0) return {};
       Entry& e = x.entry(static_cast<uint32_t>(slot));
       if (lease && r.count > e.count) {  // a delivery (an extend keeps the count; a copy's LEASE too)
-        ++h.received_total;
-        if (r.count > 1) ++h.redelivered_total;
+        ++h.cache.received_total;
+        if (r.count > 1) ++h.cache.redelivered_total;
       }
       e.count = r.count;
       return lease ? x.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
@@ -144,9 +157,9 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     case RecordType::kAck:
     case RecordType::kDead: {
       if (r.type == RecordType::kDead) {
-        ++h.dead_total;
+        ++h.cache.dead_total;
       } else {
-        ++((r.flags & format::kFlagExpired) != 0 ? h.expired_total : h.acked_total);
+        ++((r.flags & format::kFlagExpired) != 0 ? h.cache.expired_total : h.cache.acked_total);
       }
       const int64_t found = x.find(r.id);
       settle_copy(x, keys, r.id, -1);
@@ -161,26 +174,26 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     }
     case RecordType::kPurge: {
       Status s = drop_through(x, r.id);
-      h.purged_through = std::max(h.purged_through, r.id);
+      h.cache.purged_through = std::max(h.cache.purged_through, r.id);
       return s;
     }
     case RecordType::kCheckpoint: {
       // Totals of everything before it, including compacted-away segments.
       auto cp = storage::decode_checkpoint(r.payload);
       if (!cp) return {};
-      h.sent_total = cp->sent_total;
-      h.acked_total = cp->acked_total;
-      h.dead_total = cp->dead_total;
-      h.expired_total = cp->expired_total;
-      h.nacked_total = cp->nacked_total;
-      h.received_total = cp->received_total;
-      h.redelivered_total = cp->redelivered_total;
-      h.next_id = std::max(h.next_id, cp->next_id);
-      if (cp->paused >= 0) h.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
-      if (cp->purged_through > h.purged_through) {
+      h.cache.sent_total = cp->sent_total;
+      h.cache.acked_total = cp->acked_total;
+      h.cache.dead_total = cp->dead_total;
+      h.cache.expired_total = cp->expired_total;
+      h.cache.nacked_total = cp->nacked_total;
+      h.cache.received_total = cp->received_total;
+      h.cache.redelivered_total = cp->redelivered_total;
+      h.cache.next_id = std::max(h.cache.next_id, cp->next_id);
+      if (cp->paused >= 0) h.cache.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
+      if (cp->purged_through > h.cache.purged_through) {
         // The PURGE itself may have been compacted away: applied here.
         Status s = drop_through(x, cp->purged_through);
-        h.purged_through = cp->purged_through;
+        h.cache.purged_through = cp->purged_through;
         return s;
       }
       return {};
@@ -188,7 +201,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     case RecordType::kClock:
       break;
     case RecordType::kPause:
-      h.paused = r.count != 0 ? 1 : 0;
+      h.cache.paused = r.count != 0 ? 1 : 0;
       return {};
   }
   return {};

@@ -58,6 +58,11 @@ struct Keys {
 // room): the caller rebuilds the index from the log.
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x);
 
+// Empties the index's cache for a replay, which then applies every record: no messages, no
+// dedup ids or kept buckets, every total 0, next_id 1. The clock anchors are the
+// ReplayClock's; the owner registry and the disk bookkeeping stay (index.h). Lock held.
+Status clear_for_replay(index::SharedIndex& x) REQUIRES(x);
+
 // The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time after
 // now (a wall clock that went back since an earlier boot) counts as now.
 uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, const Clocks& now);

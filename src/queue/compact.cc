@@ -102,7 +102,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
     const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
-    removed = h.acked_total + h.dead_total + h.expired_total + h.purged_through;
+    removed = h.cache.acked_total + h.cache.dead_total + h.cache.expired_total + h.cache.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {
       return res;
@@ -112,7 +112,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (!listed.ok()) return listed.status();
     seqs = std::move(*listed);
     live.assign(seqs.size(), 0);
-    active = Pos::unpack(h.log_end).seq;
+    active = Pos::unpack(h.cache.log_end).seq;
     idx.for_each_overflow(add_live);
     view = idx.window_view();
   }
@@ -153,7 +153,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
       if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
     });
     if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
-    rebuilds = h.rebuilds;
+    rebuilds = h.disk.rebuilds;
   }
   // Progress counts messages to copy, then segments to remove.
   const uint64_t work = ids.size() + prefix.size();
@@ -215,7 +215,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   // from the log (SharedIndex::reset()): without one since the gathering above, each entry
   // it found was copied or is gone, and no other is there; after one, every entry is read.
   auto prefix_left = [&]() REQUIRES(idx) -> Status {
-    if (h.rebuilds == rebuilds) return {};
+    if (h.disk.rebuilds == rebuilds) return {};
     bool left = false;
     const bool read_all = idx.scan_entries([&](uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
     if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
@@ -234,7 +234,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   //    checkpoint would then count sends and acks the recovered log does not hold (issue 42:
   //    acked_total above sent_total, found by a power-loss test on ext4 and xfs). Under
   //    `interval` the flusher has synced nearly all of it already.
-  Pos end = Pos::unpack(__atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
+  Pos end = Pos::unpack(__atomic_load_n(&h.cache.log_end, __ATOMIC_ACQUIRE));
   if (Status s = log->sync_through(Pos{prefix.front(), 0}, end); !s.ok()) return s;
   const Pos synced = end;
   env->crashpoint("compact.after_sync");
@@ -245,10 +245,10 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
     if (Status s = prefix_left(); !s.ok()) return s;
-    storage::Checkpoint cp{h.sent_total,     h.acked_total,    h.dead_total,
-                           h.next_id,        h.purged_through, h.expired_total,
-                           h.nacked_total,   h.paused != 0 ? 1 : 0, h.received_total,
-                           h.redelivered_total};
+    storage::Checkpoint cp{h.cache.sent_total,     h.cache.acked_total,    h.cache.dead_total,
+                           h.cache.next_id,        h.cache.purged_through, h.cache.expired_total,
+                           h.cache.nacked_total,   h.cache.paused != 0 ? 1 : 0, h.cache.received_total,
+                           h.cache.redelivered_total};
     std::string payload = storage::encode_checkpoint(cp);
     Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
     auto at = commit(std::span(&rec, 1), clocks());
@@ -266,7 +266,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (int r = log->io().unlink(path); r < 0 && r != -ENOENT) return errno_status(-r, "remove " + path);
     ++res.segments_removed;
     report(ids.size() + res.segments_removed);
-    __atomic_store_n(&h.compacted_through, seq, __ATOMIC_RELEASE);  // sync_to() reads it without the lock
+    __atomic_store_n(&h.disk.compacted_through, seq, __ATOMIC_RELEASE);  // sync_to() reads it without the lock
     env->crashpoint("compact.after_unlink");
   }
   log->forget_below(last + 1);

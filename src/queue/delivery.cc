@@ -70,7 +70,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   auto msg = load(slot, mapped, &now, &age);
   if (msg.ok() && cfg.opts.retention_max_age.count() > 0 && age > ms_to_ns(cfg.opts.retention_max_age)) {
     if (Status s = expire(slot, now); !s.ok()) return s;
-    *end = h.log_end;
+    *end = h.cache.log_end;
     return std::optional<Message>();
   }
   if (!msg.ok() && idx.damage().empty()) {
@@ -85,7 +85,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     raw.id = id;
     std::string why = msg.status().message().substr(0, format::kMaxAttrValue);
     if (Status s = bury(slot, raw, r->payload, "unreadable", {{"spool.dead.error", why}}, now); !s.ok()) return s;
-    *end = h.log_end;
+    *end = h.cache.log_end;
     return std::optional<Message>();
   }
   if (!msg.ok()) {
@@ -100,7 +100,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
   if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
     const std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
     if (Status s = bury(slot, *msg, body, "max_receives", {}, now); !s.ok()) return s;
-    *end = h.log_end;
+    *end = h.cache.log_end;
     return std::optional<Message>();
   }
   e.owner = owners.new_lease_tag(idx);

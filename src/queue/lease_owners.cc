@@ -33,20 +33,20 @@ Status LeaseOwners::claim(index::SharedIndex& x, const Release& release) {
   const int fd = fd_.load();
   uint32_t unclaimed_locked = 0;  // locked by something that is not a spool process
   for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-    if (h.owner_claimed[k] != 0 && sys::ofd_held_elsewhere(fd, k)) continue;
+    if (h.registry.owner_claimed[k] != 0 && sys::ofd_held_elsewhere(fd, k)) continue;
     if (sys::ofd_trylock(fd, k) != 0) {
-      unclaimed_locked += h.owner_claimed[k] == 0;
+      unclaimed_locked += h.registry.owner_claimed[k] == 0;
       continue;
     }
-    if (h.owner_claimed[k] != 0) {
+    if (h.registry.owner_claimed[k] != 0) {
       release(std::span(&k, 1));
       free(x, std::span(&k, 1));
     }
-    h.owner_claimed[k] = 1;
-    ++h.owners_claimed;
+    h.registry.owner_claimed[k] = 1;
+    ++h.registry.owners_claimed;
     slot_ = static_cast<int>(k);
     pid_ = ::getpid();
-    h.owner_pid[k] = pid_;
+    h.registry.owner_pid[k] = pid_;
     return {};
   }
   if (unclaimed_locked > 0) {
@@ -70,24 +70,24 @@ uint8_t LeaseOwners::tag(index::SharedIndex&) const { return slot_ >= 0 ? static
 void LeaseOwners::free(index::SharedIndex& x, std::span<const uint32_t> ks) {
   auto& h = x.hdr();
   for (uint32_t k : ks) {
-    if (h.owner_claimed[k] == 0) continue;
-    h.owner_claimed[k] = 0;
-    h.owner_pid[k] = 0;
-    if (h.owners_claimed != 0) --h.owners_claimed;
+    if (h.registry.owner_claimed[k] == 0) continue;
+    h.registry.owner_claimed[k] = 0;
+    h.registry.owner_pid[k] = 0;
+    if (h.registry.owners_claimed != 0) --h.registry.owners_claimed;
   }
 }
 
 std::vector<uint32_t> LeaseOwners::dead(index::SharedIndex& x, bool force, Env& env) {
   auto& h = x.hdr();
   std::vector<uint32_t> out;
-  if (h.owners_claimed == 0) return out;
+  if (h.registry.owners_claimed == 0) return out;
   const uint64_t t = env.boot_ns();
-  if (!force && t < h.next_reap_ns) return out;
-  h.next_reap_ns = t + kReapIntervalNs;
+  if (!force && t < h.disk.next_reap_ns) return out;
+  h.disk.next_reap_ns = t + kReapIntervalNs;
   if (!open_fd().ok()) return out;
   const int fd = fd_.load();
   for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-    if (h.owner_claimed[k] != 0 && static_cast<int>(k) != slot_ && !sys::ofd_held_elsewhere(fd, k)) {
+    if (h.registry.owner_claimed[k] != 0 && static_cast<int>(k) != slot_ && !sys::ofd_held_elsewhere(fd, k)) {
       out.push_back(k);
     }
   }
@@ -98,12 +98,12 @@ void LeaseOwners::mend(index::SharedIndex& x) {
   auto& h = x.hdr();
   uint32_t n = 0;
   for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-    if (h.owner_claimed[k] != 0) {
-      h.owner_claimed[k] = 1;
+    if (h.registry.owner_claimed[k] != 0) {
+      h.registry.owner_claimed[k] = 1;
       ++n;
     }
   }
-  h.owners_claimed = n;
+  h.registry.owners_claimed = n;
 }
 
 bool LeaseOwners::claimed_here() const { return pid_ == ::getpid() && fd_.load() >= 0; }

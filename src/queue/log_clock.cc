@@ -14,14 +14,14 @@ namespace spool::queue {
 
 namespace {
 
-uint32_t anchors(const index::IndexHeader& h) { return std::min(h.clock_n, index::kClockAnchors); }
+uint32_t anchors(const index::IndexHeader& h) { return std::min(h.cache.clock_n, index::kClockAnchors); }
 
 // The offset of the anchor in force at `at` (lock held; `at` at or after clock_first).
 uint64_t offset_at(const index::IndexHeader& h, uint64_t at) {
   const uint32_t n = anchors(h);
   uint32_t i = 0;
-  while (i + 1 < n && h.clock[i + 1].at <= at) ++i;
-  return h.clock[i].off;
+  while (i + 1 < n && h.cache.clock[i + 1].at <= at) ++i;
+  return h.cache.clock[i].off;
 }
 
 }  // namespace
@@ -42,7 +42,7 @@ Clocks read_clocks(const index::IndexHeader& h, Env& env) {
   c.boot = t.boot;
   c.real_coarse = t.real_coarse;
   const uint32_t n = anchors(h);
-  c.rt = n == 0 ? c.real() : c.boot + h.clock[n - 1].off;
+  c.rt = n == 0 ? c.real() : c.boot + h.cache.clock[n - 1].off;
   return c;
 }
 
@@ -64,27 +64,27 @@ storage::Record anchor_record(const Clocks& c, const uint64_t& boot) {
 storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns) {
   Clocks c;
   c.boot = boot_ns;
-  c.rt = c.boot + h.clock[anchors(h) - 1].off;
+  c.rt = c.boot + h.cache.clock[anchors(h) - 1].off;
   return anchor_record(c, boot);
 }
 
 void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off) {
   const uint32_t n = anchors(h);
   if (n == index::kClockAnchors) return;  // anchor_due() asks for no more
-  if (n == 0) h.clock_first = at;
-  h.clock[n] = index::ClockAnchor{at, off};
-  h.clock_n = n + 1;
+  if (n == 0) h.cache.clock_first = at;
+  h.cache.clock[n] = index::ClockAnchor{at, off};
+  h.cache.clock_n = n + 1;
 }
 
 uint64_t rebase(const index::IndexHeader& h, uint64_t at, uint64_t t, const Clocks& now) {
-  if (anchors(h) == 0 || at < h.clock_first) return t + (now.rt - now.real());  // a wall-clock time
+  if (anchors(h) == 0 || at < h.cache.clock_first) return t + (now.rt - now.real());  // a wall-clock time
   return t - offset_at(h, at) + (now.rt - now.boot);
 }
 
 ReplayClock::ReplayClock(index::IndexHeader& h, const Clocks& now) : h_(h), now_(now) {
-  h_.clock_n = 0;
-  h_.clock_first = 0;
-  std::memset(h_.clock, 0, sizeof h_.clock);
+  h_.cache.clock_n = 0;
+  h_.cache.clock_first = 0;
+  std::memset(h_.cache.clock, 0, sizeof h_.cache.clock);
 }
 
 void ReplayClock::clock_record(uint64_t at, const storage::RecordView& r) {
@@ -92,13 +92,13 @@ void ReplayClock::clock_record(uint64_t at, const storage::RecordView& r) {
   if (r.payload.size() == sizeof boot) std::memcpy(&boot, r.payload.data(), sizeof boot);
   if (boot == boot_hash()) {
     const uint32_t n = anchors(h_);
-    if (n == 0 || h_.clock[n - 1].off != r.t1 - r.t2) add_anchor(h_, at, r.t1 - r.t2);  // else a restatement
+    if (n == 0 || h_.cache.clock[n - 1].off != r.t1 - r.t2) add_anchor(h_, at, r.t1 - r.t2);  // else a restatement
   } else {
     foreign_ = true;
   }
 }
 
-bool ReplayClock::this_boot(uint64_t at) const { return anchors(h_) != 0 && at >= h_.clock_first; }
+bool ReplayClock::this_boot(uint64_t at) const { return anchors(h_) != 0 && at >= h_.cache.clock_first; }
 
 uint64_t ReplayClock::lease_key(uint64_t at, uint64_t t2) const {
   if (this_boot(at)) return key_at(t2, offset_at(h_, at));

@@ -14,6 +14,7 @@ auto Queue::Impl::release_leases_of(std::span<const uint32_t> ks) -> void {
   Clocks now = clocks();
   std::vector<uint32_t> victims;
   idx.for_each_entry([&](uint32_t s, uint64_t, Entry& e) {
+    idx.assert_held();  // (for_each_entry calls it under the caller's hold)
     if (e.owner == 0 || e.owner > index::kOwnerSlots || !mine[e.owner]) return;
     if (e.state == State::kLeased && idx.key(s) > now.boot) {
       victims.push_back(s);

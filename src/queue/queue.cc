@@ -244,6 +244,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
     }
+    impl->idx.assert_held();  // the first opener: the gate keeps every other process out
     reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
     if (reuse) reuse = impl->lock_to_change().ok();
     if (!reuse) {
@@ -347,7 +348,6 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
 // ready) are in id order from the cursor on, so only the first `max` of them are read; the
 // heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
 std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now) {
-  Impl& q = *this;
   if (max == 0) return {};
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
@@ -360,21 +360,21 @@ std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, ui
     std::push_heap(best.begin(), best.end());
   };
   const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
-  const index::HeapItem* items = q.idx.heap_begin();
-  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+  const index::HeapItem* items = idx.heap_begin();
+  for (uint64_t i = 0; i < idx.heap_size(); ++i) {
     // The key alone tells ready from not: the entry is looked up only for what may be taken.
     const bool ready = items[i].key <= now;
     if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
-    const auto slot = static_cast<uint32_t>(q.idx.find(items[i].id));
-    if (!every && !ready && !states.has(state_at(q.idx.entry(slot), items[i].key, now))) continue;
+    const auto slot = static_cast<uint32_t>(idx.find(items[i].id));
+    if (!every && !ready && !states.has(state_at(idx.entry(slot), items[i].key, now))) continue;
     offer(items[i].id, slot);
   }
-  if (states.blocked) q.idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
+  if (states.blocked) idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
   if (states.ready) {
-    const index::HeapItem* due = q.idx.due_begin();
-    for (uint64_t i = 0; i < q.idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(q.idx.find(due[i].id)));
+    const index::HeapItem* due = idx.due_begin();
+    for (uint64_t i = 0; i < idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(idx.find(due[i].id)));
     size_t seen = 0;
-    q.idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+    idx.for_each_queued([&](uint32_t slot, uint64_t id) {
       offer(id, slot);
       return ++seen < max;
     });
@@ -457,7 +457,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
                                           std::to_string(total) + " bytes) can never fit " + q.dir +
                                           "'s max_ready / max_bytes; send it in smaller batches");
     }
-    uint32_t seen = h.room_seq.load(std::memory_order_acquire);
+    uint32_t seen = h.coord.room_seq.load(std::memory_order_acquire);
     if (std::string full = n_new == 0 ? "" : q.full_reason(n_new, total); !full.empty()) {
       uint64_t t = q.env->boot_ns();
       if (give_up == 0) give_up = t + ms_to_ns(opts.wait_for_room);
@@ -468,10 +468,10 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
       // Wait outside the lock; the Locked guard releases it when `held` goes out of scope.
       auto wait_ns = std::min(give_up - t, kMaxWaitSliceNs);
       Queue::Impl::Locked::release(std::move(held).value());
-      h.room_waiters.fetch_add(1);
-      sys::futex_wait(&h.room_seq, seen, wait_ns);
+      h.coord.room_waiters.fetch_add(1);
+      sys::futex_wait(&h.coord.room_seq, seen, wait_ns);
       (void)q.idx.check_file();  // before the header is touched again: see lock()
-      h.room_waiters.fetch_sub(1);
+      h.coord.room_waiters.fetch_sub(1);
       continue;
     }
     // Room for the drain and the index slots first: a send fails before its records are
@@ -520,7 +520,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
     several.reserve(n_new > 1 ? n_new : 0);
     for (size_t k = 0; k < n_new; ++k) {
       const size_t i = kept(k);
-      Record r{RecordType::kMsg, 0, h.next_id + k, now.rt, now.rt + d, payloads[i]};
+      Record r{RecordType::kMsg, 0, h.cache.next_id + k, now.rt, now.rt + d, payloads[i]};
       if (!exts.empty()) r.ext = exts[i];
       if (n_new == 1) {
         single = r;
@@ -544,7 +544,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
     // Retention by bytes: drop the oldest receivable messages while over the limit (their
     // records go after the messages just written). next() is the oldest unless priorities or
     // redeliveries are ready (it would take the most urgent); then the lowest ready id.
-    while (q.cfg.opts.retention_max_bytes != 0 && h.bytes_live > q.cfg.opts.retention_max_bytes) {
+    while (q.cfg.opts.retention_max_bytes != 0 && h.cache.bytes_live > q.cfg.opts.retention_max_bytes) {
       int64_t oldest = q.idx.next(now.boot);
       if (oldest >= 0 && q.idx.due_size() != 0) {
         auto lowest = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now.boot);
@@ -553,7 +553,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
       if (oldest < 0) break;
       if (Status s = q.expire(static_cast<uint32_t>(oldest), now); !s.ok()) return s;
     }
-    end = h.log_end;
+    end = h.cache.log_end;
     break;
   }
   if (spares_low) q.background.spares_low();
@@ -694,14 +694,14 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
     bool paused = false;
     {
       SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
-      seen = h.wake_seq.load(std::memory_order_acquire);
+      seen = h.coord.wake_seq.load(std::memory_order_acquire);
       Clocks now = q.clocks();
       // Every queued message taken gets a heap item: room for them first, so that taking
       // one cannot fail halfway (the others have theirs).
-      if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.queued)); !s.ok()) return s;
+      if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.layout.queued)); !s.ok()) return s;
       // Paused (Queue::pause): nothing is taken, and the wait below lasts until resume()
       // bumps wake_seq or the wait runs out.
-      paused = h.paused != 0;
+      paused = h.cache.paused != 0;
       for (int64_t slot; !paused && out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
@@ -725,12 +725,12 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
     }
     uint64_t until = std::min(give_up, next_key);
     uint64_t slice = std::min(until > now ? until - now : 0,
-                              h.owners_claimed != 0 ? kBoundWaitSliceNs : kMaxWaitSliceNs);
+                              h.registry.owners_claimed != 0 ? kBoundWaitSliceNs : kMaxWaitSliceNs);
     if (slice == 0) continue;
-    h.waiters.fetch_add(1);
-    sys::futex_wait(&h.wake_seq, seen, slice);
+    h.coord.waiters.fetch_add(1);
+    sys::futex_wait(&h.coord.wake_seq, seen, slice);
     (void)q.idx.check_file();  // before the header is touched again: see lock()
-    h.waiters.fetch_sub(1);
+    h.coord.waiters.fetch_sub(1);
   }
 }
 
@@ -770,7 +770,7 @@ auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Re
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
-    if (q.idx.hdr().paused != 0 && !even_paused) {
+    if (q.idx.hdr().cache.paused != 0 && !even_paused) {
       return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
     }
     if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
@@ -830,23 +830,22 @@ const char* state_name(MessageState s) {
 
 // The owner slot of a lease bound to a live process (bind_leases), or -1.
 static int bound_owner(const index::IndexHeader& h, const Entry& e) {
-  if (e.owner == 0 || e.owner > index::kOwnerSlots || h.owner_claimed[e.owner - 1] == 0) return -1;
+  if (e.owner == 0 || e.owner > index::kOwnerSlots || h.registry.owner_claimed[e.owner - 1] == 0) return -1;
   return static_cast<int>(e.owner) - 1;
 }
 
 // Where the message in `slot` stands at `now`.
 MessageInfo Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
-  Impl& q = *this;
-  const Entry& e = q.idx.entry(slot);
-  const uint64_t key = q.idx.key(slot);
-  MessageInfo m{q.idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
+  const Entry& e = idx.entry(slot);
+  const uint64_t key = idx.key(slot);
+  MessageInfo m{idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
   if (m.ready) return m;
   m.state = state_at(e, key, now.boot);
   if (m.state == MessageState::kBlocked) return m;  // due: when the one before it goes
   m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
       std::chrono::nanoseconds(now.real() + (key - now.boot))));
-  const auto& h = q.idx.hdr();
-  if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.owner_pid[k];
+  const auto& h = idx.hdr();
+  if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.registry.owner_pid[k];
   return m;
 }
 
@@ -919,7 +918,7 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     const uint32_t max = q.cfg.opts.max_receives;
     const bool spent = max != 0 && q.idx.entry(f->slot).count >= max;
     if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
-    end = q.idx.hdr().log_end;
+    end = q.idx.hdr().cache.log_end;
   }
   return q.written(end);
 }
@@ -975,7 +974,7 @@ Status Queue::Impl::bind(std::string_view receipt) {
 }
 
 uint64_t Queue::durable_id() { return impl_->durable_id(); }
-uint64_t Queue::Impl::durable_id() { return idx.hdr().durable_id.load(std::memory_order_acquire); }
+uint64_t Queue::Impl::durable_id() { return idx.hdr().coord.durable_id.load(std::memory_order_acquire); }
 Status Queue::nack(std::string_view receipt, Millis delay) {
   if (Status s = at_most_a_year("nack delay", delay); !s.ok()) return s;
   return impl_->change(receipt, Impl::Change::kNack, ms_to_ns(delay));
@@ -1009,9 +1008,9 @@ Result<uint64_t> Queue::Impl::purge() {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
-    Record rec{RecordType::kPurge, 0, h.next_id - 1, 0, 0, {}};
-    if (h.next_id == 1) return uint64_t{0};
-    n = h.count;
+    Record rec{RecordType::kPurge, 0, h.cache.next_id - 1, 0, 0, {}};
+    if (h.cache.next_id == 1) return uint64_t{0};
+    n = h.layout.count;
     auto res = q.commit(std::span(&rec, 1), q.clocks());
     if (!res.ok()) return res.status();
     end = res->end.pack();
@@ -1029,7 +1028,7 @@ Status Queue::Impl::set_paused(bool on) {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
-    if ((h.paused != 0) == on) return {};
+    if ((h.cache.paused != 0) == on) return {};
     Record rec{RecordType::kPause, on ? 1u : 0u, 0, 0, 0, {}};
     auto res = q.commit(std::span(&rec, 1), q.clocks());  // a resume wakes every long poll
     if (!res.ok()) return res.status();
@@ -1077,8 +1076,8 @@ Result<Stats> Queue::Impl::stats() {
     uint64_t now = q.env->boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
-    st.ready = h.queued + q.idx.due_size();
-    st.blocked = h.blocked;
+    st.ready = h.layout.queued + q.idx.due_size();
+    st.blocked = h.layout.blocked;
     auto head = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now);
     const index::HeapItem* items = q.idx.heap_begin();
     std::array<uint64_t, index::kOwnerSlots> bound{};
@@ -1098,23 +1097,23 @@ Result<Stats> Queue::Impl::stats() {
       if (int k = bound_owner(h, e); k >= 0) ++bound[k];
     }
     for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-      if (bound[k] != 0) st.holders.push_back({h.owner_pid[k], bound[k]});
+      if (bound[k] != 0) st.holders.push_back({h.registry.owner_pid[k], bound[k]});
     }
     std::sort(st.holders.begin(), st.holders.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
     if (!head.empty()) {
       uint64_t age = 0;
       if (auto m = q.load(head.front(), nullptr, nullptr, &age); m.ok()) st.oldest_ready_age_s = static_cast<double>(age) / 1e9;
     }
-    st.sent_total = h.sent_total;
-    st.acked_total = h.acked_total;
-    st.dead_lettered_total = h.dead_total;
-    st.expired_total = h.expired_total;
-    st.nacked_total = h.nacked_total;
-    st.received_total = h.received_total;
-    st.redelivered_total = h.redelivered_total;
-    st.bytes = h.bytes_live;
-    st.next_id = h.next_id;
-    st.paused = h.paused != 0;
+    st.sent_total = h.cache.sent_total;
+    st.acked_total = h.cache.acked_total;
+    st.dead_lettered_total = h.cache.dead_total;
+    st.expired_total = h.cache.expired_total;
+    st.nacked_total = h.cache.nacked_total;
+    st.received_total = h.cache.received_total;
+    st.redelivered_total = h.cache.redelivered_total;
+    st.bytes = h.cache.bytes_live;
+    st.next_id = h.cache.next_id;
+    st.paused = h.cache.paused != 0;
     st.dedup_ids = q.idx.dedup_live(now);  // expiries are boot-clock keys
     q.idx.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }
@@ -1140,7 +1139,7 @@ Status Queue::sync() { return impl_->sync(); }
 
 Status Queue::Impl::sync() {
   if (read_only) return {};
-  return syncer->sync_to(__atomic_load_n(&idx.hdr().log_end, __ATOMIC_ACQUIRE));
+  return syncer->sync_to(__atomic_load_n(&idx.hdr().cache.log_end, __ATOMIC_ACQUIRE));
 }
 
 Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }

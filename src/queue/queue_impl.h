@@ -85,7 +85,7 @@ struct Queue::Impl {
 
   // ---- locking -------------------------------------------------------------------------
   //
-  // The index lock (idx.hdr().mu) is the capability `idx` for the analysis
+  // The index lock (idx.hdr().coord.mu) is the capability `idx` for the analysis
   // (sys/thread_annotations.h): a function marked REQUIRES(idx) runs with it held, a field
   // marked GUARDED_BY(idx) is used only with it held.
 

@@ -22,7 +22,7 @@ Queue::Impl::~Impl() {
   if (syncer) {
     syncer->stop();
     if (idx.attached() && idx.check_file().ok() && !read_only && cfg.opts.sync != SyncPolicy::kNever) {
-      (void)syncer->sync_to(idx.hdr().log_end);
+      (void)syncer->sync_to(idx.hdr().cache.log_end);
     }
   }
   seal_if_last();
@@ -60,7 +60,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     return s;
   };
   if (Status s = idx.check_file_recent(); !s.ok()) return lost(s);
-  auto& mu = idx.hdr().mu;
+  auto& mu = idx.hdr().coord.mu;
   // In slices, checking the file between them: once another process cuts the file, the
   // holder's unlock goes to private zero pages (check_file()) and wakes nobody, so a waiter
   // asleep on the lock word's futex must notice the cut by itself.
@@ -114,9 +114,9 @@ auto Queue::Impl::lock() -> Result<Locked> {
     held.repaired_ = Status(Code::kCorrupt, idx.damage());
     if (Status s = repair_damage(); !s.ok()) return s;
   }
-  if (idx.hdr().compacted_through > forgotten_through) {
+  if (idx.hdr().disk.compacted_through > forgotten_through) {
     // Another process removed old segments: let go of their mappings.
-    forgotten_through = idx.hdr().compacted_through;
+    forgotten_through = idx.hdr().disk.compacted_through;
     log->forget_below(forgotten_through + 1);
     tail_seen.reset();  // it may be one of them, after a roll
   }
@@ -136,7 +136,7 @@ Queue::Impl::Locked::~Locked() {
   // they read wake_seq under the lock before they sleep, and it is bumped only now.
   const uint64_t woken = impl_->idx.promotions() - promotions_ + std::exchange(impl_->wake_pending, 0);
   const bool room = std::exchange(impl_->room_pending, false);
-  impl_->idx.hdr().mu.unlock();
+  impl_->idx.hdr().coord.mu.unlock();
   if (woken != 0) impl_->wake(woken);
   if (room) impl_->room();
 }
@@ -172,7 +172,7 @@ auto Queue::Impl::rebuild() -> Status {
     uint16_t owner;
   };
   std::vector<Owned> owned;
-  if (idx.hdr().owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
+  if (idx.hdr().registry.owners_claimed != 0 && idx.reusable() && idx.refresh().ok()) {
     idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
       if (e.owner != 0 && e.owner <= index::kOwnerSlots && e.state == State::kLeased) {
         owned.push_back(Owned{id, e.count, e.owner});
@@ -182,11 +182,11 @@ auto Queue::Impl::rebuild() -> Status {
   if (Status s = replay(idx); !s.ok()) return s;
   idx.punch_tail();
   // What a lock holder killed in the middle of a store left after the end.
-  if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().log_end));
+  if (!read_only) (void)log->clear_tail(Pos::unpack(idx.hdr().cache.log_end));
   uint64_t spare_bytes = 0;
   auto spares = log->count_spares(&spare_bytes);
-  idx.hdr().spares = spares.ok() ? *spares : 0;
-  idx.hdr().spare_bytes = spares.ok() ? spare_bytes : 0;
+  idx.hdr().disk.spares = spares.ok() ? *spares : 0;
+  idx.hdr().disk.spare_bytes = spares.ok() ? spare_bytes : 0;
   queue::LeaseOwners::mend(idx);  // the registry is not the log's: made consistent, not rebuilt
   for (const Owned& o : owned) {
     int64_t slot = idx.find(o.id);
@@ -199,16 +199,9 @@ auto Queue::Impl::rebuild() -> Status {
 
 auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   auto& h = x.hdr();
-  ++h.region_gen;  // forces every process (and us) to remap before the next access
+  ++h.layout.region_gen;  // forces every process (and us) to remap before the next access
   if (Status s = x.prepare_rebuild(); !s.ok()) return s;
-  h.next_id = 1;
-  if (Status s = x.reset(); !s.ok()) return s;
-  x.dedup_clear();
-  x.kept_clear();
-  h.purged_through = 0;
-  h.paused = 0;
-  h.sent_total = h.acked_total = h.dead_total = h.expired_total = h.nacked_total = h.bytes_live = 0;
-  h.received_total = h.redelivered_total = 0;
+  if (Status s = queue::clear_for_replay(x); !s.ok()) return s;
   queue::ReplayClock clock(h, queue::read_clocks(h, *env));
   std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
@@ -227,12 +220,12 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   });
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;
-  h.log_end = rec->end.pack();
-  h.sent_through.store(h.next_id - 1, std::memory_order_release);  // (next_id 1: nothing was sent)
+  h.cache.log_end = rec->end.pack();
+  h.coord.sent_through.store(h.cache.next_id - 1, std::memory_order_release);  // (next_id 1: nothing was sent)
   // Nothing is known to be durable: the next sync covers every segment compaction left
   // (a process that died may have rolled past segments it never synced; sync_to()).
-  h.durable_end.store(0);
-  h.durable_id.store(0);
+  h.coord.durable_end.store(0);
+  h.coord.durable_id.store(0);
   if (!rec->corrupt.empty()) {
     spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
                   rec->corrupt.size());
@@ -241,7 +234,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
 }
 
 auto Queue::Impl::log_ahead_of_index() -> bool {
-  Pos end = Pos::unpack(idx.hdr().log_end);
+  Pos end = Pos::unpack(idx.hdr().cache.log_end);
   auto seqs = log->segments();
   if (!seqs.ok() || seqs->empty()) return end.seq != 0;
   if (seqs->back() != end.seq) return true;

@@ -33,19 +33,19 @@ Status Syncer::sync_to(uint64_t end) {
   if (Status s = idx_.check_file(); !s.ok()) return s;  // it reads the header outside the lock
   auto& h = idx_.hdr();
   for (;;) {
-    uint32_t seen = h.durable_seq.load(std::memory_order_acquire);
-    if (h.durable_end.load(std::memory_order_acquire) >= end) return {};
-    switch (h.sync_mu.try_lock()) {
+    uint32_t seen = h.coord.durable_seq.load(std::memory_order_acquire);
+    if (h.coord.durable_end.load(std::memory_order_acquire) >= end) return {};
+    switch (h.coord.sync_mu.try_lock()) {
       case sys::RobustMutex::LockResult::kOk:
         break;
       case sys::RobustMutex::LockResult::kOwnerDied:
-        h.sync_mu.mark_consistent();  // durable_end only ever moves after a successful sync
+        h.coord.sync_mu.mark_consistent();  // durable_end only ever moves after a successful sync
         break;
       case sys::RobustMutex::LockResult::kBusy:
         // Sliced: a leader killed mid-sync never wakes anyone; try_lock then reports it.
-        h.durable_waiters.fetch_add(1);
-        sys::futex_wait(&h.durable_seq, seen, kSyncWaitSliceNs);
-        h.durable_waiters.fetch_sub(1);
+        h.coord.durable_waiters.fetch_add(1);
+        sys::futex_wait(&h.coord.durable_seq, seen, kSyncWaitSliceNs);
+        h.coord.durable_waiters.fetch_sub(1);
         continue;
       case sys::RobustMutex::LockResult::kUnrecoverable:
       case sys::RobustMutex::LockResult::kError:
@@ -53,33 +53,33 @@ Status Syncer::sync_to(uint64_t end) {
         return Status(Code::kIo, dir_ + ": cannot lock the sync mutex");
     }
     Status s;
-    if (h.durable_end.load(std::memory_order_acquire) < end) gather();
+    if (h.coord.durable_end.load(std::memory_order_acquire) < end) gather();
     // Everything published up to now rides along. sent_through is read first: it is
     // stored after log_end, so the target covers every id up to it. Every record below the
     // published end is in the page cache already (appends finish before they publish), so
     // the sync path never takes the index lock.
-    uint64_t ids = h.sent_through.load(std::memory_order_acquire);
-    uint64_t target = std::max(end, __atomic_load_n(&h.log_end, __ATOMIC_ACQUIRE));
-    if (h.durable_end.load(std::memory_order_acquire) < end) {
+    uint64_t ids = h.coord.sent_through.load(std::memory_order_acquire);
+    uint64_t target = std::max(end, __atomic_load_n(&h.cache.log_end, __ATOMIC_ACQUIRE));
+    if (h.coord.durable_end.load(std::memory_order_acquire) < end) {
       const uint64_t t0 = sys::boot_ns();
       // From the durable end (after a rebuild, 0), but not from segments compaction removed.
-      Pos from = Pos::unpack(h.durable_end.load(std::memory_order_acquire));
-      const uint64_t kept = __atomic_load_n(&h.compacted_through, __ATOMIC_ACQUIRE) + 1;
+      Pos from = Pos::unpack(h.coord.durable_end.load(std::memory_order_acquire));
+      const uint64_t kept = __atomic_load_n(&h.disk.compacted_through, __ATOMIC_ACQUIRE) + 1;
       if (from.seq < kept) from = Pos{kept, 0};
       s = log_.sync_through(from, Pos::unpack(target));
-      lead_crowd_ = h.durable_waiters.load();
+      lead_crowd_ = h.coord.durable_waiters.load();
       lead_sync_ns_ = sys::boot_ns() - t0;
       if (s.ok()) {
-        raise(h.durable_end, target);
-        raise(h.durable_id, ids);
-        h.last_sync_ns.store(sys::boot_ns());
+        raise(h.coord.durable_end, target);
+        raise(h.coord.durable_id, ids);
+        h.coord.last_sync_ns.store(sys::boot_ns());
       }
     }
     // Bumped before the waiter count is read, and waiters count themselves before they
     // sleep on the old value: a waiter either is seen here or does not sleep.
-    h.durable_seq.fetch_add(1);
-    h.sync_mu.unlock();
-    if (h.durable_waiters.load() != 0) sys::futex_wake(&h.durable_seq, INT_MAX);
+    h.coord.durable_seq.fetch_add(1);
+    h.coord.sync_mu.unlock();
+    if (h.coord.durable_waiters.load() != 0) sys::futex_wake(&h.coord.durable_seq, INT_MAX);
     return s;
   }
 }
@@ -88,7 +88,7 @@ void Syncer::gather() {
   if (lead_crowd_ == 0) return;
   const uint64_t budget = std::min<uint64_t>(lead_sync_ns_ / 4, 1'000'000);
   const uint64_t t0 = sys::boot_ns();
-  while (idx_.hdr().durable_waiters.load(std::memory_order_relaxed) < lead_crowd_ && sys::boot_ns() - t0 < budget) {
+  while (idx_.hdr().coord.durable_waiters.load(std::memory_order_relaxed) < lead_crowd_ && sys::boot_ns() - t0 < budget) {
     ::sched_yield();  // (a 20 us nanosleep instead gathered fewer: 10-20% slower)
   }
 }
@@ -128,7 +128,7 @@ void Syncer::start_flusher() {
       const auto started = std::chrono::steady_clock::now();
       lk.unlock();
       if (!idx_.check_file().ok()) break;  // truncated by another process: lock() reports it
-      uint64_t end = __atomic_load_n(&idx_.hdr().log_end, __ATOMIC_ACQUIRE);
+      uint64_t end = __atomic_load_n(&idx_.hdr().cache.log_end, __ATOMIC_ACQUIRE);
       Status s = sync_to(end);
       if (!s.ok()) spool::log().error("spool: {}: {}", dir_, s.to_string());
       lk.lock();

@@ -46,7 +46,7 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   if (progress) progress(seqs->size() + 1, seqs->size() + 1);
   auto& t = truth.hdr();
   auto& h = q.idx.hdr();
-  rep.messages = t.count;
+  rep.messages = t.layout.count;
 
   size_t index_problems = 0;
   auto problem = [&](std::string p) {
@@ -55,6 +55,7 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   };
   if (std::string inv = q.idx.check_invariants(); !inv.empty()) problem("broken invariant " + inv);
   q.idx.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+    truth.assert_held();  // private (above)
     int64_t ts = truth.find(id);
     if (ts < 0) {
       problem("message " + std::to_string(id) + " is not in the log (acked or never sent)");
@@ -78,6 +79,7 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   });
   size_t unusable = 0;
   truth.for_each_entry([&](uint32_t, uint64_t id, const Entry& te) {
+    q.idx.assert_held();  // (for_each_entry calls it under the hold above)
     if (q.idx.find(id) < 0) problem("message " + std::to_string(id) + " is in the log but not in the index");
     // A record whose checksum holds but whose message a receive cannot use as stored (a
     // forged extension): the receive dead-letters it (issue 48); say so before it does.
@@ -105,16 +107,16 @@ Result<VerifyReport> Queue::Impl::verify(bool repair, const Progress& progress) 
   auto counter = [&](const char* name, uint64_t have, uint64_t want) {
     if (have != want) problem(std::string(name) + " is " + std::to_string(have) + ", a recount gives " + std::to_string(want));
   };
-  counter("depth", h.count, t.count);
-  counter("leased", h.leased, t.leased);
-  counter("sent total", h.sent_total, t.sent_total);
-  counter("acked total", h.acked_total, t.acked_total);
-  counter("dead-lettered total", h.dead_total, t.dead_total);
-  counter("expired total", h.expired_total, t.expired_total);
-  counter("nacked total", h.nacked_total, t.nacked_total);
-  counter("received total", h.received_total, t.received_total);
-  counter("redelivered total", h.redelivered_total, t.redelivered_total);
-  if (h.next_id < t.next_id) problem("next id " + std::to_string(h.next_id) + " would reuse ids up to " + std::to_string(t.next_id - 1));
+  counter("depth", h.layout.count, t.layout.count);
+  counter("leased", h.layout.leased, t.layout.leased);
+  counter("sent total", h.cache.sent_total, t.cache.sent_total);
+  counter("acked total", h.cache.acked_total, t.cache.acked_total);
+  counter("dead-lettered total", h.cache.dead_total, t.cache.dead_total);
+  counter("expired total", h.cache.expired_total, t.cache.expired_total);
+  counter("nacked total", h.cache.nacked_total, t.cache.nacked_total);
+  counter("received total", h.cache.received_total, t.cache.received_total);
+  counter("redelivered total", h.cache.redelivered_total, t.cache.redelivered_total);
+  if (h.cache.next_id < t.cache.next_id) problem("next id " + std::to_string(h.cache.next_id) + " would reuse ids up to " + std::to_string(t.cache.next_id - 1));
   if (index_problems > 20) rep.problems.push_back("index: ... and " + std::to_string(index_problems - 20) + " more");
 
   if (repair && index_problems > 0) {

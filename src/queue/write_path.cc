@@ -20,7 +20,7 @@ auto Queue::Impl::log_tail() -> Result<storage::Segment*> {
     tail_seen.reset();
     tail_gen = gen;
   }
-  if (Status s = log->check_end(Pos::unpack(idx.hdr().log_end), tail_seen); !s.ok()) {
+  if (Status s = log->check_end(Pos::unpack(idx.hdr().cache.log_end), tail_seen); !s.ok()) {
     idx.damaged(s.message());  // rebuilt before the unlock
     return Status(Code::kCorrupt, dir + "/index is damaged: " + s.message() + "; it is rebuilt from the log, try again");
   }
@@ -38,15 +38,15 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
-  if (!read_only && h.clock_n != 0) opener = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
-  auto res = log->append(Pos::unpack(h.log_end), recs, h.next_id, opener ? &*opener : nullptr, tail);
+  if (!read_only && h.cache.clock_n != 0) opener = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
+  auto res = log->append(Pos::unpack(h.cache.log_end), recs, h.cache.next_id, opener ? &*opener : nullptr, tail);
   if (!res.ok()) {
     if (applied) (void)rebuild();
     return res.status();
   }
-  h.spares -= std::min<uint64_t>(h.spares, res->spares_used);
-  h.spare_bytes -= std::min<uint64_t>(h.spare_bytes, res->spare_bytes_used);
-  __atomic_store_n(&h.log_end, res->end.pack(), __ATOMIC_RELEASE);
+  h.disk.spares -= std::min<uint64_t>(h.disk.spares, res->spares_used);
+  h.disk.spare_bytes -= std::min<uint64_t>(h.disk.spare_bytes, res->spare_bytes_used);
+  __atomic_store_n(&h.cache.log_end, res->end.pack(), __ATOMIC_RELEASE);
   // (A crash test's hook: a send parks here, its messages in the log and not in the index.)
   if (kTestHooks && env->parks() && !recs.empty() && recs.front().type == RecordType::kMsg &&
       (recs.front().flags & format::kFlagCopy) == 0) {
@@ -123,17 +123,17 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
   static constexpr uint64_t kPerSegment = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
   auto cap = [](uint64_t size) { return size - std::min(size, kPerSegment); };
   auto& h = idx.hdr();
-  Pos end = Pos::unpack(h.log_end);
+  Pos end = Pos::unpack(h.cache.log_end);
   const uint64_t active = tail == nullptr ? 0 : tail->info().size;
   // A spare beyond the last segment number a position can hold is never rolled into; when
   // there are more spares than numbers, each one left counts as the smallest a spare can be.
   const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
-  uint64_t usable = std::min(h.spares, numbers_left);
-  const uint64_t spare_room = usable == h.spares ? h.spare_bytes - std::min(h.spare_bytes, h.spares * kPerSegment)
+  uint64_t usable = std::min(h.disk.spares, numbers_left);
+  const uint64_t spare_room = usable == h.disk.spares ? h.disk.spare_bytes - std::min(h.disk.spare_bytes, h.disk.spares * kPerSegment)
                                                  : usable * cap(log->first_size());
   uint64_t room = active - std::min(active, end.off) + spare_room;
   // Twice the records: a roll wastes the tail of a segment the next record does not fit.
-  uint64_t need = (h.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+  uint64_t need = (h.layout.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
   if (ahead) need += cap(log->next_size(active));
   if (room >= need) {
     // While segments still grow, rolls come often and each tops up; the largest can take
@@ -143,7 +143,7 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
   SpareShort s;
   // The size of the roll after the spares there are (each roll doubles).
   uint64_t size = log->next_size(active);
-  for (uint64_t i = 0; i < h.spares && size < log->max_size(); ++i) size = log->next_size(size);
+  for (uint64_t i = 0; i < h.disk.spares && size < log->max_size(); ++i) size = log->next_size(size);
   s.size = size;
   const uint64_t header_and_clock = format::kSegmentHeaderSize + format::record_size(8);
   s.at_least = largest == 0 ? 0 : std::min(log->max_size(), (header_and_clock + largest + 4095) & ~uint64_t{4095});
@@ -182,11 +182,11 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     holds(*held);
     if (!made.ok()) {
       return Status(made.code(), made.message() + "; the space left is kept so that the " +
-                                     std::to_string(idx.hdr().count) +
+                                     std::to_string(idx.hdr().layout.count) +
                                      " queued messages can still be received and acked");
     }
-    ++idx.hdr().spares;
-    idx.hdr().spare_bytes += bytes;
+    ++idx.hdr().disk.spares;
+    idx.hdr().disk.spare_bytes += bytes;
   }
   return {};
 }
@@ -221,28 +221,28 @@ auto Queue::Impl::top_up_spares() -> void {
 
 auto Queue::Impl::wake(uint64_t n) -> void {
   auto& h = idx.hdr();
-  h.wake_seq.fetch_add(1, std::memory_order_release);
-  if (h.waiters.load(std::memory_order_acquire) > 0) {
-    sys::futex_wake(&h.wake_seq, static_cast<int>(std::min<uint64_t>(n, INT32_MAX)));
+  h.coord.wake_seq.fetch_add(1, std::memory_order_release);
+  if (h.coord.waiters.load(std::memory_order_acquire) > 0) {
+    sys::futex_wake(&h.coord.wake_seq, static_cast<int>(std::min<uint64_t>(n, INT32_MAX)));
   }
 }
 
 auto Queue::Impl::room() -> void {
   if (cfg.opts.max_ready == 0 && cfg.opts.max_bytes == 0) return;
   auto& h = idx.hdr();
-  h.room_seq.fetch_add(1, std::memory_order_release);
-  if (h.room_waiters.load(std::memory_order_acquire) > 0) sys::futex_wake(&h.room_seq, INT32_MAX);
+  h.coord.room_seq.fetch_add(1, std::memory_order_release);
+  if (h.coord.room_waiters.load(std::memory_order_acquire) > 0) sys::futex_wake(&h.coord.room_seq, INT32_MAX);
 }
 
 auto Queue::Impl::full_reason(uint64_t n, uint64_t bytes) -> std::string {
   auto& h = idx.hdr();
   const auto& o = cfg.opts;
-  uint64_t waiting = h.count - h.leased;
+  uint64_t waiting = h.layout.count - h.layout.leased;
   if (o.max_ready != 0 && waiting + n > o.max_ready) {
     return std::to_string(waiting) + " messages waiting, max_ready is " + std::to_string(o.max_ready);
   }
-  if (o.max_bytes != 0 && h.bytes_live + bytes > o.max_bytes) {
-    return std::to_string(h.bytes_live) + " bytes queued, max_bytes is " + std::to_string(o.max_bytes);
+  if (o.max_bytes != 0 && h.cache.bytes_live + bytes > o.max_bytes) {
+    return std::to_string(h.cache.bytes_live) + " bytes queued, max_bytes is " + std::to_string(o.max_bytes);
   }
   return "";
 }
