@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "fake_clock.h"
 #include "queue/log_clock.h"
 #include "storage/log.h"
 #include "test_util.h"
@@ -74,22 +75,16 @@ TEST_F(ClockStep, TheInterposedWallClockMoves) {
 }
 
 // The wall clock a Clocks gives is that of the moment it was read, however late it is asked
-// for: conversions take real() - boot as the offset between the clocks.
+// for: conversions take real() - boot as the offset between the clocks. On a fake clock,
+// so the answer is exact.
 TEST_F(ClockStep, TheWallClockOfClocksIsThatOfTheMomentTheyWereRead) {
   auto h = std::make_unique<index::IndexHeader>();
   h->cache.clock_n = 1;  // an anchor, so that reading the clocks needs no wall clock
-  // The read is bracketed by two wall clock reads, so that however long this thread is
-  // kept off the CPU around it (a loaded machine), the moment of the read lies between.
-  const uint64_t wall_before = sys::real_ns();
-  const queue::Clocks c = queue::read_clocks(*h);
-  const uint64_t wall_after = sys::real_ns();
-  std::this_thread::sleep_for(300ms);
-  // real() converts through the boot clock, reading two clocks one after the other: a
-  // thread kept off the CPU between them is off by as long. 100 ms of that is allowed; the
-  // first call's wall clock would be 300 ms past the bracket.
-  EXPECT_GE(c.real() + 100'000'000, wall_before) << "real() is before the read";
-  EXPECT_LE(c.real(), wall_after + 100'000'000)
-      << "real() gave the wall clock of its first call, not of the read";
+  test::FakeClockEnv env;
+  const queue::Clocks c = queue::read_clocks(*h, env);
+  const uint64_t wall_then = env.real_ns();  // (now() moved the clocks on as it read them)
+  env.advance(300ms);
+  EXPECT_EQ(c.real(), wall_then) << "real() gave the wall clock of its first call, not of the read";
 }
 
 // A step of the wall clock is noticed by the next send (anchor_due() reads the coarse wall

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "child_report.h"
+#include "env/env.h"
 #include "proc_util.h"
 #include "spool/queue.h"
 #include "sys_faults.h"
@@ -49,7 +50,7 @@ namespace fs = std::filesystem;
 // `o` with the fault-injecting Io (tests/sys_faults.h): what every queue of these tests is
 // opened with, but those of FullDisk, which fill a real disk on the default backend.
 inline QueueOptions faulty(QueueOptions o = {}) {
-  o.io = sf::io();
+  o.env = make_default_env(sf::io());  // made now: it reads the SPOOL_TEST_PARK_* set so far
   return o;
 }
 

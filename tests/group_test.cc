@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fake_clock.h"
 #include "proc_util.h"
 #include "spool/spool.h"
 #include "storage/format.h"
@@ -103,7 +104,8 @@ TEST_F(GroupTest, AGroupIsReceivedOneAtATimeInSendOrderBesideOthers) {
 }
 
 TEST_F(GroupTest, ANackOrAnExpiredLeaseRedeliversTheSameMessageFirst) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_NE(q, nullptr);
   send(*q, "a1", "a");
   send(*q, "a2", "a");
@@ -116,11 +118,13 @@ TEST_F(GroupTest, ANackOrAnExpiredLeaseRedeliversTheSameMessageFirst) {
   // A nack with a delay holds the group back for as long.
   ASSERT_TRUE(q->nack(m[0].receipt, Millis(300)).ok());
   EXPECT_TRUE(take(*q, 10).empty()) << "the group went on during its first message's nack delay";
-  std::this_thread::sleep_for(350ms);
+  clock->advance(299ms);
+  EXPECT_TRUE(take(*q, 10).empty()) << "the nack delay ended early";
+  clock->advance(2ms);
   m = take(*q, 10, Millis(200));
   ASSERT_EQ(payloads(m), (std::vector<std::string>{"a1"}));
   // A lease that runs out: the same one again.
-  std::this_thread::sleep_for(300ms);
+  clock->advance(201ms);
   m = take(*q, 10);
   ASSERT_EQ(payloads(m), (std::vector<std::string>{"a1"})) << "an expired lease let the next one pass";
   EXPECT_EQ(m[0].receive_count, 4u);
@@ -130,7 +134,8 @@ TEST_F(GroupTest, ANackOrAnExpiredLeaseRedeliversTheSameMessageFirst) {
 }
 
 TEST_F(GroupTest, DelaysAndPrioritiesApplyToAGroupsFirstOnly) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_NE(q, nullptr);
   send(*q, "a1", "a");
   send(*q, "a2", "a", Millis(400));       // delayed: not before its time, even once a1 is gone
@@ -142,7 +147,7 @@ TEST_F(GroupTest, DelaysAndPrioritiesApplyToAGroupsFirstOnly) {
   m = take(*q, 10);
   ASSERT_EQ(payloads(m), (std::vector<std::string>{"p"})) << "a2 came before its delay, or a3 passed it";
   ASSERT_TRUE(q->ack(m[0].receipt).ok());
-  std::this_thread::sleep_for(450ms);
+  clock->advance(401ms);
   EXPECT_EQ(drain(*q), (std::vector<std::string>{"a2", "a3"}));
 }
 

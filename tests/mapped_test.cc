@@ -38,6 +38,7 @@
 #include <string>
 #include <thread>
 
+#include "env/env.h"
 #include "io/io.h"
 #include "spool/queue.h"
 #include "storage/log.h"
@@ -446,7 +447,7 @@ pid_t start_recording_child(const std::string& root, const std::string& shadow, 
     std::snprintf(g_root, sizeof g_root, "%s", root.c_str());
     std::snprintf(g_shadow, sizeof g_shadow, "%s", shadow.c_str());
     QueueOptions o;
-    o.io = std::make_shared<ShadowIo>();
+    o.env = make_default_env(std::make_shared<ShadowIo>());
     o.sync = policy;
     o.segment_size = 256 << 10;
     o.max_receives = 0;

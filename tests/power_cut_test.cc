@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "env/env.h"
 #include "io/fault_io.h"
 #include "io/io.h"
 #include "spool/queue.h"
@@ -48,7 +49,7 @@ TEST_F(PowerCutTest, ACutAfterACompactionsCheckpointLeavesCountersTheLogBearsOut
     pid_t child = spawn([&] {
       auto fault = std::make_shared<io::FaultIo>(io::default_io());
       QueueOptions o;
-      o.io = fault;
+      o.env = make_default_env(fault);
       o.sync = SyncPolicy::kNever;  // only what compaction syncs survives the cut
       o.segment_size = 16 << 10;
       auto q = open_queue(qdir(), o);
@@ -149,7 +150,7 @@ TEST_F(PowerCutTest, TheFlusherStartsItsNextPassAtOnceWhenAPassOverranTheInterva
   // at once, not an interval later, while sends keep coming.
   auto slow = std::make_shared<SlowSyncIo>(400ms);
   QueueOptions o;
-  o.io = slow;
+  o.env = make_default_env(slow);
   o.sync = SyncPolicy::kInterval;
   o.sync_interval = Millis(300);
   {

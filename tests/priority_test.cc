@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "fake_clock.h"
 #include "proc_util.h"
 #include "spool/spool.h"
 #include "test_util.h"
@@ -107,7 +108,8 @@ TEST_F(PriorityTest, ABatchGivesEachItemItsPriorityAndPeekShowsIt) {
 }
 
 TEST_F(PriorityTest, NackedDelayedAndExpiredMessagesKeepTheirPriority) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_NE(q, nullptr);
   // Nacked: the urgent one comes back before the older plain ones.
   send(*q, "d1", kDefaultPriority);
@@ -138,7 +140,7 @@ TEST_F(PriorityTest, NackedDelayedAndExpiredMessagesKeepTheirPriority) {
   ASSERT_TRUE(m.ok() && m->size() == 1);
   EXPECT_EQ(m->front().payload, "d3") << "a delayed message came early";
   ASSERT_TRUE(q->nack(m->front().receipt).ok());
-  std::this_thread::sleep_for(400ms);
+  clock->advance(301ms);
   send(*q, "d4", kDefaultPriority);
   EXPECT_EQ(drain(*q), (std::vector<std::string>{"late-urgent", "d3", "d4"}));
 
@@ -148,7 +150,7 @@ TEST_F(PriorityTest, NackedDelayedAndExpiredMessagesKeepTheirPriority) {
   ASSERT_TRUE(m.ok() && m->size() == 1);
   ASSERT_EQ(m->front().payload, "short-lease");
   send(*q, "d5", kDefaultPriority);
-  std::this_thread::sleep_for(300ms);
+  clock->advance(201ms);
   send(*q, "d6", kDefaultPriority);
   EXPECT_EQ(drain(*q), (std::vector<std::string>{"short-lease", "d5", "d6"}));
   EXPECT_EQ(q->check_index(), "");

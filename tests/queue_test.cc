@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "spool/queue.h"
+#include "fake_clock.h"
 #include "test_util.h"
 
 namespace spool {
@@ -100,10 +101,13 @@ TEST_F(QueueTest, IdsIncreaseAndOrderIsFifo) {
 }
 
 TEST_F(QueueTest, StaleReceiptAfterRedeliveryIsLeaseLostAndChangesNothing) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_TRUE(q->send("x").ok());
   Message first = one(*q, 30ms);
-  std::this_thread::sleep_for(60ms);
+  clock->advance(29ms);
+  EXPECT_EQ(q->receive().status().code(), Code::kEmpty) << "redelivered before its lease ended";
+  clock->advance(2ms);
   Message second = one(*q, 10s);
   EXPECT_EQ(second.receive_count, 2u);
   EXPECT_EQ(q->ack(first.receipt).code(), Code::kLeaseLost);
@@ -114,10 +118,11 @@ TEST_F(QueueTest, StaleReceiptAfterRedeliveryIsLeaseLostAndChangesNothing) {
 }
 
 TEST_F(QueueTest, ExpiredButNotRedeliveredReceiptStillAcks) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_TRUE(q->send("x").ok());
   Message m = one(*q, 20ms);
-  std::this_thread::sleep_for(40ms);
+  clock->advance(21ms);
   EXPECT_TRUE(q->ack(m.receipt).ok());
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
 }
@@ -163,13 +168,16 @@ TEST_F(QueueTest, ALongPollWakesWhenALeaseEndsAndNotBefore) {
 }
 
 TEST_F(QueueTest, ExtendKeepsAMessageHiddenPastItsDeadline) {
-  auto q = open();
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock));
   ASSERT_TRUE(q->send("long task").ok());
   Message m = one(*q, 80ms);
   for (int i = 0; i < 4; ++i) {
-    std::this_thread::sleep_for(40ms);
+    clock->advance(40ms);
     ASSERT_TRUE(q->extend(m.receipt, 80ms).ok());
   }
+  // 160 ms after the receive, twice its visibility: hidden until 80 ms after the last extend.
+  clock->advance(79ms);
   EXPECT_EQ(q->receive().status().code(), Code::kEmpty);
   EXPECT_TRUE(q->ack(m.receipt).ok());
 }
@@ -509,7 +517,8 @@ TEST_F(QueueTest, ADeadLetterKeepsItsHistory) {
   QueueOptions o;
   o.max_receives = 1;
   o.visibility = Millis(100);
-  auto q = open(o);
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  auto q = open(test::on_clock(clock, o));
   SendOptions attr;
   attr.attributes = {{"k", "v"}};
   const auto before = std::chrono::system_clock::now();
@@ -517,7 +526,7 @@ TEST_F(QueueTest, ADeadLetterKeepsItsHistory) {
   const auto after = std::chrono::system_clock::now();
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(q->receive(1).ok());
-  std::this_thread::sleep_for(150ms);
+  clock->advance(101ms);
   EXPECT_EQ(q->receive(1).status().code(), Code::kEmpty) << "delivered past max_receives";
   auto dlq = q->dead_letters();
   ASSERT_TRUE(dlq.ok());
@@ -608,12 +617,16 @@ TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
 TEST_F(QueueTest, RetentionByAgeDropsOldReadyMessagesDurably) {
   QueueOptions o;
   o.retention_max_age = 100ms;
+  auto clock = std::make_shared<test::FakeClockEnv>();
+  o = test::on_clock(clock, o);
   {
     auto q = open(o);
     ASSERT_TRUE(q->send_batch(std::vector<std::string_view>{"old1", "old2", "old3"}).ok());
     auto leased = q->receive(1, 60s);  // leased messages are never dropped
     ASSERT_TRUE(leased.ok());
-    std::this_thread::sleep_for(150ms);
+    clock->advance(99ms);
+    EXPECT_EQ(q->stats()->expired_total, 0u) << "dropped before retention_max_age";
+    clock->advance(2ms);
     ASSERT_TRUE(q->send("new").ok());
     auto got = q->receive(10, 60s);
     ASSERT_TRUE(got.ok());

@@ -1,6 +1,6 @@
 // I/O fault injection for queue-level tests (tests/faults_*_test.cc): an io::Io (the
 // internal seam every file operation of a queue goes through, src/io/io.h) that a test puts
-// in QueueOptions::io (`o.io = sysfaults::io()`), and whose bookkeeping lives in this
+// in the queue's Env (`o.env = make_default_env(sysfaults::io())`), and whose bookkeeping lives in this
 // process and, for the undo log, in memory shared across fork. Its writes are pwrites (no
 // mapped stores), so every write of such a queue is seen. Unarmed, each call just makes the
 // system call.
@@ -16,6 +16,14 @@
 //    write at a 512-byte boundary), which is what a power cut does to the page cache.
 //    Directory operations (create, rename, unlink) are not undone; spool fsyncs the
 //    directory right after each of them.
+//
+// Why this and io::FaultIo (src/io/fault_io.h) are still two: FaultIo keeps its undo log in
+// the memory of the process that wrote (a cut and a reopen in one process: storage_test,
+// power_cut_test), this one in a MAP_SHARED mapping made before fork, so that the parent
+// undoes the writes of a child that was SIGKILLed, and it adds what the faults tests hold a
+// process with (park_next_sync, on_sync, on_rename) and process-wide counters. One Io would
+// be FaultIo with a pluggable undo store (private or shared) and these hooks; not done yet
+// (issue 42, item 5). Both reach a queue the same way, through its Env.
 #pragma once
 
 #include <cstddef>

@@ -25,6 +25,7 @@
 
 namespace spool {
 
+class Env;
 namespace io {
 class Io;
 }
@@ -81,10 +82,11 @@ struct QueueOptions {
   // and group the directory has then (docs/security.md, "Who may do what").
   uint32_t mode = 0;
   int64_t group = -1;
-  // Internal (src/io/io.h): the file I/O the queue and its dead-letter queue do, spool.conf,
-  // the index and the segments alike. Empty: the default backend (SPOOL_IO). Tests put a
-  // fault-injecting one here; not stored.
-  std::shared_ptr<io::Io> io = {};
+  // Internal (src/env/env.h): what the queue and its dead-letter queue run on: the file I/O
+  // (spool.conf, the index and the segments alike), the clocks, sleep and the test hooks.
+  // Empty: the default (real clocks, the SPOOL_IO backend). Tests put a fault-injecting Io
+  // or a clock they move by hand here; not stored.
+  std::shared_ptr<Env> env = {};
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue

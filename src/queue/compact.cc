@@ -100,7 +100,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // one still inside the window stays (docs/compaction.md).
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
-    const uint64_t now_boot = sys::boot_ns();
+    const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
     removed = h.cache.acked_total + h.cache.dead_total + h.cache.expired_total + h.cache.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
@@ -226,7 +226,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
     if (Status s = prefix_left(); !s.ok()) return s;
   }
-  crashpoint("compact.after_copy");
+  env->crashpoint("compact.after_copy");
 
   // 3. The copies must be on disk before any original goes, whatever the sync policy. The
   //    prefix too, before the checkpoint counts what it holds: a power cut can leave the
@@ -237,7 +237,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   Pos end = Pos::unpack(__atomic_load_n(&h.cache.log_end, __ATOMIC_ACQUIRE));
   if (Status s = log->sync_through(Pos{prefix.front(), 0}, end); !s.ok()) return s;
   const Pos synced = end;
-  crashpoint("compact.after_sync");
+  env->crashpoint("compact.after_sync");
 
   // 4. Checkpoint the totals, sync it (outside the lock: nothing under it waits for the
   // disk), then remove the prefix, oldest first. Checked again under each lock: a repair
@@ -256,7 +256,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     end = at->end;
   }
   if (Status s = log->sync_through(synced, end); !s.ok()) return s;
-  crashpoint("compact.after_checkpoint");
+  env->crashpoint("compact.after_checkpoint");
   SPOOL_LOCK_OR_RETURN(held, *this, lock());
   if (Status s = prefix_left(); !s.ok()) return s;
   for (uint64_t seq : prefix) {
@@ -267,7 +267,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     ++res.segments_removed;
     report(ids.size() + res.segments_removed);
     __atomic_store_n(&h.disk.compacted_through, seq, __ATOMIC_RELEASE);  // sync_to() reads it without the lock
-    crashpoint("compact.after_unlink");
+    env->crashpoint("compact.after_unlink");
   }
   log->forget_below(last + 1);
   Locked::release(std::move(held).value());

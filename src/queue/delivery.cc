@@ -47,7 +47,7 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
   // clock and back, so that a wall-clock step since moves it along.
   // The caller's Clocks by reference: its real() is read once per lock hold, not per message.
   Clocks own;
-  if (now == nullptr) own = queue::read_clocks(idx.hdr());
+  if (now == nullptr) own = queue::read_clocks(idx.hdr(), *env);
   const Clocks& c = now != nullptr ? *now : own;
   const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
   if (age_ns != nullptr) *age_ns = age;
@@ -169,7 +169,7 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   if (dropped != 0) history.emplace_back("spool.dead.dropped_attributes", std::to_string(dropped));
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
-  crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
+  env->crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
   Record dead{RecordType::kDead, count, id, 0, 0, {}};
   if (auto res = commit(std::span(&dead, 1), now); !res.ok()) return res.status();
   return {};
@@ -201,7 +201,7 @@ auto Queue::Impl::open_dead_letter_queue() -> Result<std::unique_ptr<Queue>> {
   o.max_receives = 0;
   o.create = !read_only;
   o.mode = modes.data;  // shared as the queue is; the group comes with set-group-ID
-  o.io = io;
+  o.env = env;
   return open_queue(dir + "/dlq", o, true);
 }
 

@@ -77,11 +77,11 @@ void LeaseOwners::free(index::SharedIndex& x, std::span<const uint32_t> ks) {
   }
 }
 
-std::vector<uint32_t> LeaseOwners::dead(index::SharedIndex& x, bool force) {
+std::vector<uint32_t> LeaseOwners::dead(index::SharedIndex& x, bool force, Env& env) {
   auto& h = x.hdr();
   std::vector<uint32_t> out;
   if (h.registry.owners_claimed == 0) return out;
-  const uint64_t t = sys::boot_ns();
+  const uint64_t t = env.boot_ns();
   if (!force && t < h.disk.next_reap_ns) return out;
   h.disk.next_reap_ns = t + kReapIntervalNs;
   if (!open_fd().ok()) return out;

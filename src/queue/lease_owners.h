@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "env/env.h"
 #include "index/index.h"
 #include "spool/status.h"
 #include "sys/file_modes.h"
@@ -57,8 +58,8 @@ class LeaseOwners {
   // Frees slots `ks` in the registry (their leases were released).
   void free(index::SharedIndex& x, std::span<const uint32_t> ks) REQUIRES(x);
   // The slots claimed by processes that died, if a look is due (every kReapIntervalNs, or
-  // now with `force`), else none. Not this handle's own.
-  std::vector<uint32_t> dead(index::SharedIndex& x, bool force) REQUIRES(x);
+  // now with `force`), else none, on `env`'s boot clock. Not this handle's own.
+  std::vector<uint32_t> dead(index::SharedIndex& x, bool force, Env& env) REQUIRES(x);
   // After a rebuild: the count of claimed slots is derived from the slots again.
   static void mend(index::SharedIndex& x) REQUIRES(x);
 

@@ -35,9 +35,12 @@ uint64_t boot_hash() {
   return hash;
 }
 
-Clocks read_clocks(const index::IndexHeader& h) {
+Clocks read_clocks(const index::IndexHeader& h, Env& env) {
+  const Env::Now t = env.now();
   Clocks c;
-  c.boot = sys::boot_ns();
+  c.env = &env;
+  c.boot = t.boot;
+  c.real_coarse = t.real_coarse;
   const uint32_t n = anchors(h);
   c.rt = n == 0 ? c.real() : c.boot + h.cache.clock[n - 1].off;
   return c;
@@ -49,7 +52,7 @@ bool anchor_due(const index::IndexHeader& h, const Clocks& c) {
   // only the log clock no longer follows the wall clock's steps.
   if (anchors(h) == index::kClockAnchors) return false;
   // Coarse (a tick, a few ms, behind): against a second of slack, and free of the precise read.
-  const auto drift = static_cast<int64_t>(sys::now_ns(CLOCK_REALTIME_COARSE) - c.rt);
+  const auto drift = static_cast<int64_t>(c.real_coarse - c.rt);
   return drift > static_cast<int64_t>(kClockSlackNs) || drift < -static_cast<int64_t>(kClockSlackNs);
 }
 
@@ -60,7 +63,7 @@ storage::Record anchor_record(const Clocks& c, const uint64_t& boot) {
 
 storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns) {
   Clocks c;
-  c.boot = boot_ns != 0 ? boot_ns : sys::boot_ns();
+  c.boot = boot_ns;
   c.rt = c.boot + h.cache.clock[anchors(h) - 1].off;
   return anchor_record(c, boot);
 }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "env/env.h"
 #include "index/index.h"
 #include "storage/segment.h"
 #include "sys/clock.h"
@@ -36,18 +37,20 @@ inline uint64_t key_at(uint64_t t, uint64_t off) {
   return static_cast<int64_t>(k) < 0 ? 0 : k;
 }
 
-// One moment on the clocks a lock holder needs.
+// One moment on the clocks a lock holder needs, as its Env's clocks give them (read_clocks()).
 struct Clocks {
   uint64_t boot = 0;  // CLOCK_BOOTTIME: the index's keys
   uint64_t rt = 0;    // the log clock: what records written now store
+  uint64_t real_coarse = 0;  // the coarse CLOCK_REALTIME read with `boot` (anchor_due())
+  Env* env = nullptr;        // where real() reads the clocks (null: the system's, sys/clock.h)
   // CLOCK_REALTIME when `boot` was read, computed at the first call: a precise clock read
   // is dear under some hypervisors, and a send needs none (its drift check, anchor_due(),
   // reads the coarse clock). Taken back by the boot clock's advance since, so that real() - boot is
   // the offset between the clocks however long this was kept (a replay keeps it seconds).
   uint64_t real() const {
     if (real_ == 0) {
-      const uint64_t since = boot == 0 ? 0 : sys::boot_ns() - boot;
-      real_ = sys::real_ns() - since;
+      const uint64_t since = boot == 0 ? 0 : (env != nullptr ? env->boot_ns() : sys::boot_ns()) - boot;
+      real_ = (env != nullptr ? env->real_ns() : sys::real_ns()) - since;
     }
     return real_;
   }
@@ -59,17 +62,18 @@ struct Clocks {
 // This boot's identity for CLOCK records: a hash of /proc/sys/kernel/random/boot_id, never 0.
 uint64_t boot_hash();
 
-// Reads the clocks; `rt` follows the header's newest anchor (the wall clock if it has none).
-Clocks read_clocks(const index::IndexHeader& h);
+// Reads `env`'s clocks (one Env::now() call); `rt` follows the header's newest anchor (the
+// wall clock if it has none).
+Clocks read_clocks(const index::IndexHeader& h, Env& env);
 // True when the wall clock needs a new anchor: none this boot, or drift past kClockSlackNs
 // (while the index has room for one: kClockAnchors a boot).
 bool anchor_due(const index::IndexHeader& h, const Clocks& c);
 // The CLOCK record stating `c`'s log clock (t1 = c.rt, t2 = c.boot); `boot` backs the payload.
 storage::Record anchor_record(const Clocks& c, const uint64_t& boot);
 // The CLOCK record that restates the newest anchor's offset (the header has one), at boot
-// time `boot_ns` (0: now). Only the offset (t1 - t2) is read back, so any boot time this
-// boot has seen will do: a caller passes the one it read last and saves a clock read.
-storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns = 0);
+// time `boot_ns`. Only the offset (t1 - t2) is read back, so any boot time this boot has
+// seen will do: a caller passes the one it read last and saves a clock read.
+storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns);
 // Enters an anchor written at `at` (packed Pos) with offset `off` (none past kClockAnchors).
 void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off);
 // `t`, a time a record at `at` stores, on the current log clock of `now`. Times of earlier

@@ -62,9 +62,9 @@ Result<Queue::MoveResult> Queue::Impl::move_to(Queue& dst, const MoveOptions& op
     std::vector<bool> dup;
     auto sent = dst.send_batch(std::span<const SendItem>(items), SendOptions{}, &dup);
     if (!sent.ok()) return Status(sent.status().code(), "move: sending to " + dst.dir() + ": " + sent.status().message());
-    crashpoint("move.after_send");
+    q.env->crashpoint("move.after_send");
     if (Status s = dst.sync(); !s.ok()) return s;
-    crashpoint("move.after_sync");
+    q.env->crashpoint("move.after_sync");
     for (size_t i = 0; i < batch.size(); ++i) {
       if (Status s = change(batch[i].receipt, Change::kAck, 0); !s.ok()) {
         return Status(s.code(), "move: message " + std::to_string(batch[i].id) + " is in " + dst.dir() +

@@ -36,7 +36,7 @@ auto Queue::Impl::release_leases_of(std::span<const uint32_t> ks) -> void {
 
 auto Queue::Impl::reap_dead_owners(bool force) -> void {
   if (read_only) return;
-  std::vector<uint32_t> dead = owners.dead(idx, force);
+  std::vector<uint32_t> dead = owners.dead(idx, force, *env);
   if (dead.empty()) return;
   release_leases_of(dead);
   owners.free(idx, dead);

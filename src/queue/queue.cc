@@ -95,7 +95,8 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto impl = std::make_unique<Impl>();
   impl->dir = dir;
-  impl->io = opts.io ? opts.io : io::default_io();
+  impl->env = opts.env ? opts.env : make_default_env();
+  impl->io = impl->env->io();
   if (opts.create && ::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST) {
     return errno_status(errno, "create queue directory " + dir);
   }
@@ -209,15 +210,6 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
   if (!log.ok()) return log.status();
   impl->log = std::move(log).value();
   impl->syncer = std::make_unique<queue::Syncer>(impl->dir, impl->cfg.opts, impl->idx, *impl->log);
-
-  if (kTestHooks) {
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_LOCK")) impl->park_path = park;
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_IN_EVERY_LOCK")) {
-      impl->park_path = park;
-      impl->park_every = true;
-    }
-    if (const char* park = std::getenv("SPOOL_TEST_PARK_AFTER_APPEND")) impl->park_append_path = park;
-  }
 
   if (impl->read_only) {
     // No write access: replay the log into a private index; nothing can change state.
@@ -467,7 +459,7 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
     }
     uint32_t seen = h.coord.room_seq.load(std::memory_order_acquire);
     if (std::string full = n_new == 0 ? "" : q.full_reason(n_new, total); !full.empty()) {
-      uint64_t t = sys::boot_ns();
+      uint64_t t = q.env->boot_ns();
       if (give_up == 0) give_up = t + ms_to_ns(opts.wait_for_room);
       if (t >= give_up) {
         return Status(Code::kQueueFull, "queue full: " + q.dir + " has " + full +
@@ -728,7 +720,7 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
       if (Status s = q.written(end); !s.ok()) return s;
     }
     if (!out.empty()) return out;
-    uint64_t now = sys::boot_ns();
+    uint64_t now = q.env->boot_ns();
     if (give_up == 0) give_up = now + ms_to_ns(wait);
     if (now >= give_up) {
       if (paused) return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
@@ -865,7 +857,7 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) { r
 Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states) {
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
-  const Clocks now = queue::read_clocks(q.idx.hdr());  // list() writes nothing, no CLOCK record either
+  const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
   for (uint32_t slot : q.lowest_ids(max, states, now.boot)) out.push_back(q.info_of(slot, now));
   return out;
@@ -885,7 +877,7 @@ Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
   if (slot < 0) return not_in_queue(id);
-  const Clocks now = queue::read_clocks(q.idx.hdr());
+  const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
   if (!m.ok()) return m.status();
   return std::make_pair(std::move(*m), q.info_of(static_cast<uint32_t>(slot), now));
@@ -1090,7 +1082,7 @@ Result<Stats> Queue::Impl::stats() {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock());
     auto& h = q.idx.hdr();
-    uint64_t now = sys::boot_ns();
+    uint64_t now = q.env->boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
     st.ready = h.layout.queued + q.idx.due_size();
@@ -1164,11 +1156,11 @@ Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 // One received dead letter back into `q` as a new message, whose history starts afresh:
 // the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between
 // duplicates, never loses.
-static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m) {
+static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m, Env& env) {
   std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
   auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority, .group = m.group});
   if (!id.ok()) return id.status();
-  crashpoint("redrive.after_send");
+  env.crashpoint("redrive.after_send");
   if (Status s = dlq.ack(m.receipt); !s.ok()) return s;
   return *id;
 }
@@ -1185,7 +1177,7 @@ Result<uint64_t> Queue::redrive(size_t max) {
       return msgs.status();
     }
     for (auto& m : *msgs) {
-      if (auto id = redrive_one(*this, **dlq, m); !id.ok()) return id.status();
+      if (auto id = redrive_one(*this, **dlq, m, impl_->environment()); !id.ok()) return id.status();
       ++moved;
     }
   }
@@ -1203,7 +1195,7 @@ Result<uint64_t> Queue::redrive_id(uint64_t dead_id) {
     }
     return m.status();
   }
-  return redrive_one(*this, **dlq, *m);
+  return redrive_one(*this, **dlq, *m, impl_->environment());
 }
 
 std::string Queue::check_index() { return impl_->check_index(); }

@@ -36,6 +36,7 @@
 #include "queue/dead_letter_link.h"
 #include "queue/lease_owners.h"
 #include "queue/syncer.h"
+#include "env/env.h"
 #include "sys/crashpoint.h"
 #include "spool/queue.h"
 #include "storage/log.h"
@@ -385,6 +386,7 @@ struct Queue::Impl {
   Result<VerifyReport> verify(bool repair, const Progress& progress);
   const std::string& path() const { return dir; }
   const QueueOptions& options() const { return cfg.opts; }
+  Env& environment() const { return *env; }  // what the queue runs on (QueueOptions::env)
   // A fork child's inherited copy (~Queue leaves it alone).
   bool inherited() const { return opened_by != ::getpid(); }
   uint64_t durable_id();
@@ -399,7 +401,8 @@ struct Queue::Impl {
   std::string dir;
   queue::Config cfg;
   bool read_only = false;
-  std::shared_ptr<io::Io> io;  // every file operation of this queue (QueueOptions::io)
+  std::shared_ptr<Env> env;    // clocks, sleep, test hooks (QueueOptions::env; env/env.h)
+  std::shared_ptr<io::Io> io;  // every file operation of this queue: env->io()
   std::unique_ptr<storage::Log> log;
   index::SharedIndex idx;
   // From the directory's mode at open: what each file spool creates gets (sys/file_modes.h).
@@ -408,14 +411,6 @@ struct Queue::Impl {
   int gate_fd = -1;
   int lock_fd = -1;
   pid_t opened_by = ::getpid();  // ~Queue leaves a fork child's inherited copy alone
-  // Test hooks (crash tests): park inside the critical section, right after taking the
-  // lock or right after a send's log append, until the named file is removed.
-  // SPOOL_TEST_PARK_IN_LOCK parks in the first lock() after open only (a send may lock more
-  // than once); SPOOL_TEST_PARK_IN_EVERY_LOCK in each, to stop a compaction at every step.
-  std::string park_path;
-  bool park_every = false;
-  bool parked GUARDED_BY(idx) = false;
-  std::string park_append_path;   // SPOOL_TEST_PARK_AFTER_APPEND
 
   // ---- the parts: each owns its state (its own lock where it has one) -------------------
   // Group commit and the `interval` flusher; made once the log is open (open_queue).

@@ -31,7 +31,7 @@ Queue::Impl::~Impl() {
 }
 
 auto Queue::Impl::seal_if_last() -> void {
-  if (read_only || !idx.attached() || lock_fd < 0 || gate_fd < 0 || !park_path.empty()) return;
+  if (read_only || !idx.attached() || lock_fd < 0 || gate_fd < 0 || env->parks()) return;
   // A gate held by a process that may not write the queue: the index stays unsealed (the
   // next opener checks it whole) rather than this close waiting for that process.
   struct stat dir_st {};
@@ -120,10 +120,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
     log->forget_below(forgotten_through + 1);
     tail_seen.reset();  // it may be one of them, after a roll
   }
-  if (!park_path.empty() && (park_every || !parked)) {
-    parked = true;
-    spool::park(park_path);
-  }
+  if (kTestHooks && env->parks()) env->park(ParkPoint::kInLock);
   return held;
 }
 
@@ -205,7 +202,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   ++h.layout.region_gen;  // forces every process (and us) to remap before the next access
   if (Status s = x.prepare_rebuild(); !s.ok()) return s;
   if (Status s = queue::clear_for_replay(x); !s.ok()) return s;
-  queue::ReplayClock clock(h, queue::read_clocks(h));
+  queue::ReplayClock clock(h, queue::read_clocks(h, *env));
   std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").

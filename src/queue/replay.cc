@@ -58,7 +58,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock());
     end = Pos::unpack(__atomic_load_n(&q.idx.hdr().cache.log_end, __ATOMIC_ACQUIRE));
-    now = queue::read_clocks(q.idx.hdr());
+    now = queue::read_clocks(q.idx.hdr(), *q.env);
   }
   const uint64_t since_ns = ms_to_ns(o.since), until_ns = ms_to_ns(o.until);
   const uint64_t lo = now.real() - std::min(now.real(), since_ns);

@@ -46,7 +46,7 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
   const uint64_t boot = queue::boot_hash();
   std::optional<Record> opener;
-  if (!read_only && h.cache.clock_n != 0) opener = queue::restatement(h, boot, boot_seen);
+  if (!read_only && h.cache.clock_n != 0) opener = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
   auto res = log->append(Pos::unpack(h.cache.log_end), recs, h.cache.next_id, opener ? &*opener : nullptr, tail);
   if (!res.ok()) {
     if (applied) (void)rebuild();
@@ -56,9 +56,9 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   h.disk.spare_bytes -= std::min<uint64_t>(h.disk.spare_bytes, res->spare_bytes_used);
   __atomic_store_n(&h.cache.log_end, res->end.pack(), __ATOMIC_RELEASE);
   // (A crash test's hook: a send parks here, its messages in the log and not in the index.)
-  if (!park_append_path.empty() && !recs.empty() && recs.front().type == RecordType::kMsg &&
+  if (kTestHooks && env->parks() && !recs.empty() && recs.front().type == RecordType::kMsg &&
       (recs.front().flags & format::kFlagCopy) == 0) {
-    park(park_append_path);
+    env->park(ParkPoint::kAfterAppend);
   }
   std::unordered_map<uint64_t, uint64_t> copies;  // (allocates nothing unless a copy comes)
   const queue::Keys keys = live_keys(now, &copies);
@@ -106,7 +106,7 @@ auto Queue::Impl::apply_before_append(const Record& rec, const Clocks& now) -> S
 
 auto Queue::Impl::clocks() -> Clocks {
   auto& h = idx.hdr();
-  Clocks c = queue::read_clocks(h);
+  Clocks c = queue::read_clocks(h, *env);
   boot_seen = c.boot;
   if (read_only || !queue::anchor_due(h, c)) return c;
   Clocks next = c;
