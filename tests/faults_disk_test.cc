@@ -112,9 +112,12 @@ void sends_fail_cleanly(FullDisk& t, uint64_t segment_size) {
     r.check(full.code() == Code::kNoSpace, "send on a full disk: " + full.to_string());
     r.check(full.message().find("No space") != std::string::npos, "the error does not say the disk is full: " + full.to_string());
     // The background thread may have been making a spare when the disk filled: a send
-    // can still fit once it is counted. Then every send fails, and keeps failing.
+    // can still fit once it is counted, and a send that finds the next segment's size
+    // refused takes a smaller spare of what is left (at least 256 KiB: about 250 sends
+    // of 1000 bytes), which the background's failed attempt may just have given back.
+    // Then every send fails, and keeps failing.
     int failed_in_a_row = 0;
-    for (int i = 0; i < 200 && failed_in_a_row < 20; ++i) {
+    for (int i = 0; i < 3000 && failed_in_a_row < 20; ++i) {
       auto again = Q.send(std::string(1000, 'x'));
       if (again.ok()) {
         sent.insert(*again);
