@@ -1,17 +1,12 @@
-// Clock steps (issue 23, "Time"; docs/semantics.md "Clocks"). The wall clock of this
-// process is moved by the test: this executable defines clock_gettime(), which every call
-// in libspool.a (linked statically) binds to, and adds `g_wall_step_ns` to CLOCK_REALTIME (and its coarse variant).
-// CLOCK_BOOTTIME is left alone, as a real step leaves it. A step must neither drop a
-// message nor hold it longer than its lease, delay or age asked for; a lease from an
-// earlier boot ends at once.
-#include <fcntl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+// Clock steps (issue 23, "Time"; docs/semantics.md "Clocks"). The wall clock a queue reads
+// is moved by the test: each queue runs on a WallStepEnv, real clocks whose CLOCK_REALTIME
+// (and the coarse one the log clock's drift check reads) the test steps. CLOCK_BOOTTIME is
+// left alone, as a real step leaves it. A step must neither drop a message nor hold it
+// longer than its lease, delay or age asked for; a lease from an earlier boot ends at once.
 #include <xxhash.h>
 
 #include <atomic>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -23,20 +18,6 @@
 #include "queue/log_clock.h"
 #include "storage/log.h"
 #include "test_util.h"
-
-namespace {
-std::atomic<int64_t> g_wall_step_ns{0};
-}
-
-extern "C" int clock_gettime(clockid_t clock, struct timespec* ts) noexcept {
-  long r = ::syscall(SYS_clock_gettime, clock, ts);
-  // A step moves the coarse wall clock too (the library's drift check reads that one).
-  if (r != 0 || (clock != CLOCK_REALTIME && clock != CLOCK_REALTIME_COARSE)) return static_cast<int>(r);
-  int64_t ns = static_cast<int64_t>(ts->tv_sec) * 1'000'000'000 + ts->tv_nsec + g_wall_step_ns.load();
-  ts->tv_sec = ns / 1'000'000'000;
-  ts->tv_nsec = ns % 1'000'000'000;
-  return 0;
-}
 
 namespace spool::test {
 namespace {
@@ -54,25 +35,35 @@ size_t got_n(const Result<std::vector<Message>>& r) {
   return r->size();
 }
 
+// The real clocks, but CLOCK_REALTIME and its coarse variant are `step` ns off.
+class WallStepEnv : public EnvWrapper {
+ public:
+  WallStepEnv() : EnvWrapper(make_default_env()) {}
+  Now now() override {
+    Now n = target().now();
+    n.real_coarse += static_cast<uint64_t>(step.load());
+    return n;
+  }
+  uint64_t real_ns() override { return target().real_ns() + static_cast<uint64_t>(step.load()); }
+  std::atomic<int64_t> step{0};
+};
+
 class ClockStep : public QueueDirTest {
  protected:
-  void TearDown() override { g_wall_step_ns = 0; }
+  // Every queue of a test is on env_, so a step moves the wall clock all of them read.
+  std::unique_ptr<Queue> open(QueueOptions o = {}) {
+    o.env = env_;
+    return QueueDirTest::open(o);
+  }
   // Closes the queue, removes its index and opens it again: the index is rebuilt from the log.
   std::unique_ptr<Queue> rebuilt(std::unique_ptr<Queue> q, const QueueOptions& o = {}) {
     q.reset();
     std::filesystem::remove(qdir() + "/index");
     return open(o);
   }
+  void step_wall(int64_t ns) { env_->step = ns; }
+  const std::shared_ptr<WallStepEnv> env_ = std::make_shared<WallStepEnv>();
 };
-
-TEST_F(ClockStep, TheInterposedWallClockMoves) {
-  // The premise of every case below: libspool's clock reads go through the definition above.
-  timespec a{}, b{};
-  ::clock_gettime(CLOCK_REALTIME, &a);
-  g_wall_step_ns = 2 * kHour;
-  ::clock_gettime(CLOCK_REALTIME, &b);
-  EXPECT_GE(b.tv_sec - a.tv_sec, 2 * 3600 - 1);
-}
 
 // The wall clock a Clocks gives is that of the moment it was read, however late it is asked
 // for: conversions take real() - boot as the offset between the clocks. On a fake clock,
@@ -95,7 +86,7 @@ TEST_F(ClockStep, AStepOfTheWallClockIsAnchoredInTheLog) {
     auto q = open();
     ASSERT_TRUE(q);
     ASSERT_TRUE(q->send("before").ok());
-    g_wall_step_ns = 2 * kHour;
+    step_wall(2 * kHour);
     ASSERT_TRUE(q->send("after").ok());
   }
   auto log = storage::Log::open(qdir() + "/segments", storage::LogOptions{});
@@ -123,14 +114,12 @@ TEST_F(ClockStep, AForwardStepDoesNotAgeAMessagePastRetention) {
   auto q = open(o);
   ASSERT_TRUE(q);
   ASSERT_TRUE(q->send("young").ok());
-  g_wall_step_ns = 2 * kHour;
+  step_wall(2 * kHour);
   auto got = q->receive(1);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   ASSERT_EQ(got->size(), 1u) << "a 2 h step dropped a message sent a moment ago";
   EXPECT_EQ(got->front().payload, "young");
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  const auto wall_now = std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec);
+  const auto wall_now = std::chrono::nanoseconds(env_->real_ns());
   const auto sent_ago = wall_now - got->front().enqueued.time_since_epoch();
   EXPECT_LT(std::chrono::abs(sent_ago), 60s) << "enqueued did not move with the wall clock's step";
   EXPECT_EQ(q->stats()->expired_total, 0u);
@@ -142,7 +131,7 @@ TEST_F(ClockStep, ABackwardStepDoesNotKeepAMessagePastRetention) {
   auto q = open(o);
   ASSERT_TRUE(q);
   ASSERT_TRUE(q->send("old").ok());
-  g_wall_step_ns = -kDay;
+  step_wall(-kDay);
   std::this_thread::sleep_for(600ms);
   EXPECT_EQ(got_n(q->receive(1)), 0u) << "a -1 day step kept a message past its 300 ms retention";
   EXPECT_EQ(q->stats()->expired_total, 1u);
@@ -154,7 +143,7 @@ TEST_F(ClockStep, AfterABackwardStepAndARebuildAnExpiredLeaseEnds) {
   ASSERT_TRUE(q->send("m").ok());
   auto first = q->receive(1, 1000ms);
   ASSERT_TRUE(first.ok() && first->size() == 1);
-  g_wall_step_ns = -kDay;
+  step_wall(-kDay);
   q = rebuilt(std::move(q));
   ASSERT_TRUE(q);
   std::this_thread::sleep_for(1200ms);
@@ -170,7 +159,7 @@ TEST_F(ClockStep, AfterAForwardStepAndARebuildALeaseHolds) {
   ASSERT_TRUE(q->send("m").ok());
   auto first = q->receive(1, 30000ms);
   ASSERT_TRUE(first.ok() && first->size() == 1);
-  g_wall_step_ns = kDay;
+  step_wall(kDay);
   q = rebuilt(std::move(q));
   ASSERT_TRUE(q);
   EXPECT_EQ(got_n(q->receive(1)), 0u) << "a 30 s lease ended early: a +1 day step and a rebuild";
@@ -181,7 +170,7 @@ TEST_F(ClockStep, AfterAForwardStepAndARebuildADelayHolds) {
   auto q = open();
   ASSERT_TRUE(q);
   ASSERT_TRUE(q->send("later", 1000ms).ok());
-  g_wall_step_ns = kDay;
+  step_wall(kDay);
   q = rebuilt(std::move(q));
   ASSERT_TRUE(q);
   EXPECT_EQ(got_n(q->receive(1)), 0u) << "a 1 s delay ended at once: a +1 day step and a rebuild";
@@ -195,7 +184,7 @@ TEST_F(ClockStep, ADedupIdOutlivesAForwardStep) {
   so.dedup_id = "order-17";
   auto a = q->send("once", so);
   ASSERT_TRUE(a.ok());
-  g_wall_step_ns = 2 * kHour;
+  step_wall(2 * kHour);
   auto b = q->send("once", so);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(*a, *b) << "a 2 h step made the 5 min dedup window forget the id";
@@ -217,7 +206,7 @@ TEST_F(ClockStep, MessagesSurviveStepsBothWaysAcrossCompactionAndRebuild) {
   // 80 steps: more than the index keeps anchors for in one boot (64), after which the log
   // clock keeps its last offset.
   for (int i = 0; i < 80; ++i) {
-    g_wall_step_ns = (i % 2 == 0 ? 1 : -1) * (i + 1) * kHour;
+    step_wall((i % 2 == 0 ? 1 : -1) * (i + 1) * kHour);
     ASSERT_TRUE(q->send(body + std::to_string(i)).ok());
   }
   // Three in four acked, the rest nacked: compaction has segments to empty and messages
@@ -239,7 +228,7 @@ TEST_F(ClockStep, MessagesSurviveStepsBothWaysAcrossCompactionAndRebuild) {
   EXPECT_FALSE(std::filesystem::exists(qdir() + "/segments/00000000000000000001.seg"))
       << "the test needs compaction to remove segments and copy message 0 (removed " << c->segments_removed
       << ", copied " << c->messages_copied << " by this call)";
-  g_wall_step_ns = 3 * kDay;
+  step_wall(3 * kDay);
   q = rebuilt(std::move(q), o);
   ASSERT_TRUE(q);
   size_t left = 0;
@@ -309,7 +298,7 @@ TEST_F(ClockStep, ADelayFromAnEarlierBootIsNotStretchedByAWallClockThatWentBack)
   q.reset();
   ASSERT_GE(mark_clock_records_as_another_boot(qdir()), 1);
   std::filesystem::remove(qdir() + "/index");
-  g_wall_step_ns = -kDay;  // this boot's wall clock is a day behind the last one's
+  step_wall(-kDay);  // this boot's wall clock is a day behind the last one's
   q = open();
   ASSERT_TRUE(q);
   EXPECT_EQ(got_n(q->receive(1, 0ms, 5000ms)), 1u) << "a 1 s delay of an earlier boot was held for a day";
@@ -322,7 +311,7 @@ TEST_F(ClockStep, AReplayWindowIgnoresWallClockSteps) {
   QueueOptions o;
   o.keep_acked = Millis(3600 * 1000);
   for (int64_t step : {2 * kHour, -2 * kHour}) {
-    g_wall_step_ns = 0;
+    step_wall(0);
     std::filesystem::remove_all(qdir());
     auto q = open(o);
     ASSERT_TRUE(q);
@@ -330,7 +319,7 @@ TEST_F(ClockStep, AReplayWindowIgnoresWallClockSteps) {
     auto m = q->receive(1, 60000ms);
     ASSERT_TRUE(m.ok() && m->size() == 1);
     ASSERT_TRUE(q->ack(m->front().receipt).ok());
-    g_wall_step_ns = step;
+    step_wall(step);
     for (int pass = 0; pass < 2; ++pass) {
       ReplayOptions ro;
       ro.since = Millis(60 * 1000);
@@ -358,7 +347,7 @@ TEST_F(ClockStep, AnAckFromAnEarlierBootIsDatedByTheWallClock) {
   q.reset();
   ASSERT_GE(mark_clock_records_as_another_boot(qdir()), 1);
   std::filesystem::remove(qdir() + "/index");
-  g_wall_step_ns = 2 * kHour;  // the reboot took two hours, by the wall clock
+  step_wall(2 * kHour);  // the reboot took two hours, by the wall clock
   q = open(o);
   ASSERT_TRUE(q);
   ReplayOptions ro;

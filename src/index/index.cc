@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "sys/clock.h"
-#include "sys/crashpoint.h"
 #include "sys/file_modes.h"
 #include "sys/sigbus_guard.h"
 
@@ -151,9 +150,10 @@ SharedIndex::~SharedIndex() {
 }
 
 Status SharedIndex::attach(const std::string& path, bool fresh, bool anonymous, mode_t mode,
-                           std::shared_ptr<io::Io> io) {
+                           std::shared_ptr<io::Io> io, std::function<void(const char*)> crashpoint) {
   anonymous_ = anonymous;
   io_ = io ? std::move(io) : io::default_io();
+  crashpoint_ = std::move(crashpoint);
   void* p = nullptr;
   if (anonymous) {
     p = ::mmap(nullptr, kHeaderBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -577,7 +577,7 @@ Status SharedIndex::resize(uint64_t wcap, uint64_t hcap, uint64_t ocap, uint64_t
     h.layout.resizing = 0;
     return s;
   }
-  crashpoint("index.resized");  // new geometry, entries not yet moved: only a rebuild mends it
+  if (crashpoint_) crashpoint_("index.resized");  // new geometry, entries not yet moved: only a rebuild mends it
   auto populate = [&](void* from, uint64_t len) {
 #ifdef MADV_POPULATE_WRITE
     // Faulting the pages about to be written in with one call instead of one exception

@@ -355,8 +355,10 @@ class CAPABILITY("index lock") SharedIndex {
   // `mode`: what a fresh file gets whatever the umask (a queue's state-file mode,
   // sys/file_modes.h); an existing one this process owns is set to it too.
   // `io` opens, removes and allocates the file (empty: the default backend's plain calls).
+  // `crashpoint` is called at the named steps a crash test may kill the process at (the
+  // queue's Env::crashpoint(); empty: none), so this layer needs no Env.
   Status attach(const std::string& path, bool fresh, bool anonymous = false, mode_t mode = 0600,
-                std::shared_ptr<io::Io> io = {});
+                std::shared_ptr<io::Io> io = {}, std::function<void(const char*)> crashpoint = {});
   // True when the mapped header matches this build and boot, and its geometry and counters
   // are in bounds (a rebuild reads the old entries' lease owners only then).
   bool reusable() const;
@@ -653,6 +655,7 @@ class CAPABILITY("index lock") SharedIndex {
   HeapAt heap_entry(uint32_t pos, uint64_t id) const;
 
   std::shared_ptr<io::Io> io_;
+  std::function<void(const char*)> crashpoint_;  // attach()'s; may be empty
   int fd_ = -1;
   bool anonymous_ = false;
   std::string path_;

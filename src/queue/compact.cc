@@ -18,7 +18,6 @@
 
 #include <algorithm>
 
-#include "sys/crashpoint.h"
 #include "queue/queue_impl.h"
 #include "sys/lock_holders.h"
 #include "sys/ofd_lock.h"

@@ -220,6 +220,8 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     return std::unique_ptr<Queue>(new Queue(std::move(impl)));
   }
 
+  // The index's crash points are the queue's Env's (the Env outlives impl, which holds it).
+  const auto crash = [env = impl->env.get()](const char* name) { env->crashpoint(name); };
   impl->lock_fd = sys::open_state_file(dir + "/lock", impl->modes);
   if (impl->lock_fd < 0) return sys::queue_file_error(errno, "open", dir + "/lock");
   bool first = ::flock(impl->lock_fd, LOCK_EX | LOCK_NB) == 0;
@@ -239,7 +241,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     // have those records overwrite newer ones.
     // A seal from the last clean close must still match: that catches damage the
     // invariants cannot see (a flipped record position or receive count).
-    bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state, impl->io).ok() && impl->idx.refresh().ok();
+    bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state, impl->io, crash).ok() && impl->idx.refresh().ok();
     if (reuse && !impl->idx.unseal()) {
       spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
@@ -254,7 +256,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
       impl->idx.~SharedIndex();
       new (&impl->idx) index::SharedIndex();
       const std::string fresh_path = index_path + ".new";
-      if (Status s = impl->idx.attach(fresh_path, true, false, impl->modes.state, impl->io); !s.ok()) return s;
+      if (Status s = impl->idx.attach(fresh_path, true, false, impl->modes.state, impl->io, crash); !s.ok()) return s;
       if (int r = impl->io->rename(fresh_path, index_path); r != 0) {
         return errno_status(-r, "rename " + fresh_path + " to " + index_path);
       }
@@ -264,7 +266,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     impl->idx.drop_resident();
   } else {
     if (Status s = sys::flock_waiting(impl->lock_fd, LOCK_SH, dir + "/lock", st); !s.ok()) return s;
-    if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io); !s.ok()) return s;
+    if (Status s = impl->idx.attach(index_path, false, false, 0600, impl->io, crash); !s.ok()) return s;
   }
   if (first && ::flock(impl->lock_fd, LOCK_SH) != 0) return errno_status(errno, "lock " + dir + "/lock");
   if (!sys::still_names(dir_fd.get(), dir, follow)) return replaced();

@@ -1,4 +1,6 @@
-// Hooks for crash tests. Named crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
+// Hooks for crash tests, as the default Env gives them (env/env.cc; the library reaches
+// them only through its queue's Env, the CLI's pull loop calls crashpoint() directly). Named
+// crash points: SPOOL_CRASHPOINT=NAME or NAME:N makes the
 // process SIGKILL itself the N-th time (default 1st) it reaches crashpoint(NAME). Costs one
 // getenv per call: the points are on rare paths (compaction, an index resize, the
 // dead-letter hand-off, redrive), and a cached answer was inherited by fork children, so a
