@@ -64,6 +64,16 @@ class ReplayTest : public QueueDirTest {
     o.until = u;
     return o;
   }
+  // stats() counts `kept` acks kept for replay, and a replay of the last hour brings back
+  // `replayed` messages.
+  static void expect_kept_then_replayed(Queue& q, uint64_t kept, uint64_t replayed) {
+    auto st = q.stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->kept_acked, kept);
+    auto r = q.replay(since(kHour));
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    EXPECT_EQ(r->replayed, replayed);
+  }
 };
 
 TEST_F(ReplayTest, KeepAckedIsStoredAndBounded) {
@@ -270,23 +280,13 @@ TEST_F(ReplayTest, DeletedMessagesAreNotReplayed) {
         ASSERT_TRUE(q->remove(m.id).ok());
       }
     }
-    auto st = q->stats();
-    ASSERT_TRUE(st.ok());
-    EXPECT_EQ(st->kept_acked, 1u);
-    auto r = q->replay(since(kHour));
-    ASSERT_TRUE(r.ok()) << r.status().to_string();
-    EXPECT_EQ(r->replayed, 1u);
+    expect_kept_then_replayed(*q, 1, 1);
     EXPECT_EQ(drain(*q).size(), 1u);  // the replayed "acked", acked again
   }
   ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);  // the same from the log alone
   auto q = open();
   ASSERT_TRUE(q);
-  auto st = q->stats();
-  ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->kept_acked, 2u);  // the two acks of "acked"
-  auto r = q->replay(since(kHour));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->replayed, 2u);
+  expect_kept_then_replayed(*q, 2, 2);  // the two acks of "acked"
   auto back = take_all(*q);
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(payloads(back), std::set<std::string>{"acked"});
@@ -341,12 +341,7 @@ TEST_F(ReplayTest, SurvivesIndexRebuildAndKillNine) {
   ASSERT_EQ(::unlink((qdir() + "/index").c_str()), 0);
   auto q = open();
   ASSERT_TRUE(q);
-  auto st = q->stats();
-  ASSERT_TRUE(st.ok());
-  EXPECT_EQ(st->kept_acked, 2u);
-  auto r = q->replay(since(kHour));
-  ASSERT_TRUE(r.ok()) << r.status().to_string();
-  EXPECT_EQ(r->replayed, 2u);
+  expect_kept_then_replayed(*q, 2, 2);
   EXPECT_EQ(payloads(take_all(*q)), (std::set<std::string>{"before", "killed"}));
 }
 

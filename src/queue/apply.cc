@@ -80,6 +80,7 @@ void settle_copy(index::SharedIndex& x, const Keys& keys, uint64_t id, int64_t s
 Status clear_for_replay(index::SharedIndex& x) {
   auto& c = x.hdr().cache;
   c.next_id = 1;  // reset() starts the window at next_id
+  x.hdr().coord.sent_through.store(0, std::memory_order_release);  // (nothing sent yet)
   if (Status s = x.reset(); !s.ok()) return s;
   x.dedup_clear();
   x.kept_clear();
@@ -189,7 +190,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       h.cache.nacked_total = cp->nacked_total;
       h.cache.received_total = cp->received_total;
       h.cache.redelivered_total = cp->redelivered_total;
-      h.cache.next_id = std::max(h.cache.next_id, cp->next_id);
+      if (cp->next_id > 1) raise_next_id(h, cp->next_id - 1);
       if (cp->paused >= 0) h.cache.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
       if (cp->purged_through > h.cache.purged_through) {
         // The PURGE itself may have been compacted away: applied here.

@@ -221,7 +221,6 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;
   h.cache.log_end = rec->end.pack();
-  h.coord.sent_through.store(h.cache.next_id - 1, std::memory_order_release);  // (next_id 1: nothing was sent)
   // Nothing is known to be durable: the next sync covers every segment compaction left
   // (a process that died may have rolled past segments it never synced; sync_to()).
   h.coord.durable_end.store(0);
