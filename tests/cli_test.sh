@@ -11,19 +11,11 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
-if [[ $# -ne 1 || ! -x $1 ]]; then
-  echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
-  exit 2
-fi
+tap_args PATH_TO_SPOOL_BINARY "$@"
 SPOOL=$(abs "$1")
 PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
 CLI_DOC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/cli.md
-export LC_ALL=C
-
-ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-cli-test.XXXXXX")
-cleanup() { rm -rf "$ROOT"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+tap_root cli
 
 # ---------------------------------------------------------------- helpers (used in tests)
 

@@ -14,21 +14,13 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
-if [[ $# -ne 2 || ! -x $1 || ! -x $2 ]]; then
-  echo "usage: $0 PATH_TO_SPOOL_SERVE PATH_TO_SPOOL" >&2
-  exit 2
-fi
+tap_args "PATH_TO_SPOOL_SERVE PATH_TO_SPOOL" "$@"
 SERVE=$(abs "$1")
 SPOOL=$(abs "$2")
-export LC_ALL=C
 for tool in curl python3; do
   command -v $tool >/dev/null || { echo "1..0 # SKIP $tool is not installed (scripts/deps.sh --test installs it)"; exit 0; }
 done
-
-ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-dash-test.XXXXXX")
-cleanup() { rm -rf "$ROOT"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+tap_root dash
 
 TOKEN=dash-test-token-0123456789abcdef
 

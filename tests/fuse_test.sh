@@ -16,10 +16,7 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
-if [[ $# -ne 2 || ! -x $1 || ! -x $2 ]]; then
-  echo "usage: $0 PATH_TO_SPOOLFS PATH_TO_SPOOL_CLI" >&2
-  exit 2
-fi
+tap_args "PATH_TO_SPOOLFS PATH_TO_SPOOL_CLI" "$@"
 SPOOLFS=$(abs "$1")
 SPOOL=$(abs "$2")
 export LC_ALL=C

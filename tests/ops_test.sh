@@ -10,17 +10,9 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
-if [[ $# -ne 1 || ! -x $1 ]]; then
-  echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
-  exit 2
-fi
+tap_args PATH_TO_SPOOL_BINARY "$@"
 SPOOL=$(abs "$1")
-export LC_ALL=C
-
-ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-ops-test.XXXXXX")
-cleanup() { rm -rf "$ROOT"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+tap_root ops
 
 # now_ms: the monotonic-enough wall clock in ms.
 now_ms() { date +%s%3N; }

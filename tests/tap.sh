@@ -13,6 +13,31 @@ fail() {
   exit 1
 }
 
+# tap_args USAGE ARG...: the test's arguments are paths of executables named by USAGE's
+# words (e.g. "PATH_TO_SPOOL_SERVE PATH_TO_SPOOL"), one each; anything else is a usage error.
+tap_args() {
+  local usage=$1 want a
+  shift
+  want=$(wc -w <<<"$usage")
+  local ok=1
+  (($# == want)) || ok=0
+  for a in "$@"; do [[ -x $a ]] || ok=0; done
+  if ((ok == 0)); then
+    echo "usage: $0 $usage" >&2
+    exit 2
+  fi
+}
+
+# tap_root NAME: ROOT, a fresh directory removed at exit (cleanup(), which a test may
+# redefine to do more first), in the C locale.
+tap_root() {
+  export LC_ALL=C
+  ROOT=$(mktemp -d "${TMPDIR:-/tmp}/spool-$1-test.XXXXXX")
+  cleanup() { rm -rf "$ROOT"; }
+  trap cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
 # run CMD...: runs it with stdout in $D/out, stderr in $D/err, exit code in RC.
 run() {
   "$@" >"$D/out" 2>"$D/err"

@@ -11,10 +11,7 @@
 set -u
 source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 
-if [[ $# -ne 1 || ! -x $1 ]]; then
-  echo "usage: $0 PATH_TO_SPOOL_BINARY" >&2
-  exit 2
-fi
+tap_args PATH_TO_SPOOL_BINARY "$@"
 skip_all() {
   echo "1..0 # SKIP MULTI-USER TESTS NOT RUN: $* -- sharing a queue between users is untested here"
   exit 0
