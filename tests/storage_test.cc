@@ -17,6 +17,7 @@
 #define XXH_STATIC_LINKING_ONLY  // the layout of XXH3_state_t, for smear_stack()
 #include <xxhash.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
@@ -1052,6 +1053,117 @@ TEST_F(SegmentOpenTest, NewerVersionIsIncompatible) {
   ASSERT_FALSE(res.ok());
   EXPECT_EQ(res.status().code(), Code::kIncompatible);
   EXPECT_EQ(read_raw(seg_path(), 0, 4096), before);
+}
+
+// Sets segment `path`'s header version to `version` (a consistent header, its checksum
+// redone): records written for a newer version, read under an older one's rules.
+void set_header_version(const std::string& path, uint32_t version) {
+  std::string h = read_raw(path, 0, 64);
+  ASSERT_EQ(h.size(), 64u);
+  std::memcpy(h.data() + 8, &version, sizeof version);
+  const uint64_t sum = XXH3_64bits(h.data(), 56);
+  std::memcpy(h.data() + 56, &sum, sizeof sum);
+  ASSERT_TRUE(write_raw(path, 0, h));
+}
+
+// Version 4's view field (bytes 10-11 of the record header) and SUB records: written and
+// read back; refused where a reader of the segment's version would not take them (a view
+// or a SUB in a segment before version 4, a view past the last subscription, a view on a
+// record that is the queue's).
+TEST_F(SegmentOpenTest, TheViewFieldAndSubRecordsAreReadOnlyWhereTheSegmentsVersionHasThem) {
+  using format::RecordType;
+  const std::string name = "orders";
+  const std::string checkpoint(80, '\0');
+  const std::string clock(8, '\1');
+  struct Case {
+    Record rec;
+    bool valid_v4;  // a valid record in a version-4 segment (none of these is in version 3, but view 0 ones)
+  };
+  const std::vector<Case> cases = {
+      {Record{RecordType::kMsg, 0, 1, 10, 10, "body"}, true},
+      {Record{RecordType::kSub, 1, 2, 0, 0, name, 0, {}, 3}, true},
+      {Record{RecordType::kLease, 1, 1, 11, 99, {}, 0, {}, 3}, true},
+      {Record{RecordType::kRelease, 1, 1, 12, 13, {}, format::kFlagNack, {}, format::kMaxSubscriptions}, true},
+      {Record{RecordType::kAck, 1, 1, 0, 0, {}, 0, {}, 0}, true},
+      {Record{RecordType::kDead, 1, 1, 0, 0, {}, 0, {}, 2}, true},
+      {Record{RecordType::kPurge, 0, 1, 0, 0, {}, 0, {}, 2}, true},
+      {Record{RecordType::kPause, 1, 0, 0, 0, {}, 0, {}, 1}, true},
+      {Record{RecordType::kSub, 0, 2, 0, 0, name, 0, {}, 3}, true},
+      {Record{RecordType::kLease, 1, 1, 11, 99, {}, 0, {}, format::kMaxSubscriptions + 1}, false},
+      {Record{RecordType::kMsg, 0, 5, 10, 10, "x", 0, {}, 1}, false},
+      {Record{RecordType::kCheckpoint, 0, 0, 0, 0, checkpoint, 0, {}, 1}, false},
+      {Record{RecordType::kClock, 0, 0, 1, 1, clock, 0, {}, 1}, false},
+  };
+  std::vector<uint64_t> at;
+  {
+    auto seg = Segment::create(io(), seg_path(), 1, 0, 8192);
+    ASSERT_TRUE(seg.ok()) << seg.status().to_string();
+    ASSERT_EQ((*seg)->info().version, format::kVersion);
+    ASSERT_EQ(format::kVersion, format::kFirstViewVersion);
+    std::string buf;
+    for (const Case& c : cases) {
+      at.push_back(format::kSegmentHeaderSize + buf.size());
+      (*seg)->encode(c.rec, buf);
+    }
+    ASSERT_TRUE(write_raw(seg_path(), format::kSegmentHeaderSize, buf));
+  }
+  for (uint32_t version : {format::kVersion, format::kFirstViewVersion - 1}) {
+    if (version != format::kVersion) set_header_version(seg_path(), version);
+    auto seg = Segment::open(io(), seg_path(), false);
+    ASSERT_TRUE(seg.ok()) << seg.status().to_string();
+    ASSERT_EQ((*seg)->info().version, version);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Record& want = cases[i].rec;
+      const bool valid = version >= format::kFirstViewVersion ? cases[i].valid_v4
+                                                              : want.view == 0 && want.type != RecordType::kSub;
+      auto got = (*seg)->record_at(at[i]);
+      ASSERT_EQ(got.has_value(), valid) << "record #" << i << " (type " << int(want.type) << ", view " << want.view
+                                        << ") in a version-" << version << " segment";
+      if (!got) continue;
+      EXPECT_EQ(got->type, want.type);
+      EXPECT_EQ(got->view, want.view) << "record #" << i;
+      EXPECT_EQ(got->count, want.count);
+      EXPECT_EQ(got->id, want.id);
+      EXPECT_EQ(got->payload, want.payload);
+    }
+  }
+}
+
+// The log never writes a view's record or a SUB into a segment of a version before views,
+// whose readers would take it for damage: it rolls to a new (current) segment first, and a
+// default-view record still goes where it always did.
+TEST_F(LogTest, AViewRecordRollsASegmentOfAnOlderVersion) {
+  Pos end;
+  {
+    auto log = open_log();
+    ASSERT_NE(log, nullptr);
+    Record m{format::RecordType::kMsg, 0, 1, 1, 1, "m"};
+    auto res = log->append(end, std::span(&m, 1));
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    end = res->end;
+  }
+  ASSERT_NO_FATAL_FAILURE(set_header_version(dir() + "/00000000000000000001.seg", format::kFirstViewVersion - 1));
+  auto log = open_log();
+  ASSERT_NE(log, nullptr);
+  auto rec = recover_all(*log);
+  ASSERT_TRUE(rec.ok()) << rec.status().to_string();
+  ASSERT_EQ(rec->seen.size(), 1u);
+  end = rec->info.end;
+  Record plain{format::RecordType::kLease, 1, 1, 2, 3, {}};
+  Record sub{format::RecordType::kSub, 1, 0, 0, 0, "s", 0, {}, 1};
+  Record viewed{format::RecordType::kLease, 1, 1, 2, 3, {}, 0, {}, 1};
+  auto res = log->append(end, std::array{plain, sub, viewed});
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->at[0].seq, 1u) << "a default-view record stays in the version-3 segment";
+  EXPECT_EQ(res->at[1].seq, 2u) << "a SUB record went into a segment before views";
+  EXPECT_EQ(res->at[2].seq, 2u);
+  log.reset();
+  log = open_log();
+  std::vector<uint16_t> views;
+  auto again = log->recover([&](Pos, const RecordView& v) { views.push_back(v.view); });
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_TRUE(again->corrupt.empty());
+  EXPECT_EQ(views, (std::vector<uint16_t>{0, 0, 1, 1}));
 }
 
 TEST_F(SegmentOpenTest, TruncatedHeaderIsNotAQueue) {

@@ -23,6 +23,7 @@ const char* type_name(spool::format::RecordType t) {
     case spool::format::RecordType::kCheckpoint: return "CHECKPOINT";
     case spool::format::RecordType::kClock: return "CLOCK";
     case spool::format::RecordType::kPause: return "PAUSE";
+    case spool::format::RecordType::kSub: return "SUB";
   }
   return "?";
 }
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
     auto res = spool::storage::scan(**seg, spool::format::kSegmentHeaderSize, [&](const auto& v) {
       std::printf("  @%-10" PRIu64 " %-7s id %-10" PRIu64 " count %-4u t1 %" PRIu64 " t2 %" PRIu64 " len %zu", v.offset,
                   type_name(v.type), v.id, v.count, v.t1, v.t2, v.payload.size());
+      if (v.view != 0) std::printf(" view %u", static_cast<unsigned>(v.view));
       if (show_payload) std::printf(" payload %.*s", static_cast<int>(v.payload.size()), v.payload.data());
       std::printf("\n");
     });

@@ -98,7 +98,7 @@ uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, cons
 uint64_t dedup_hash(std::string_view id) { return XXH3_64bits(id.data(), id.size()); }
 
 storage::RecordView view_of(const storage::Record& rec) {
-  return storage::RecordView{rec.type, rec.flags, rec.count, rec.id, rec.t1, rec.t2, rec.payload, 0, 0, rec.ext};
+  return storage::RecordView{rec.type, rec.flags, rec.count, rec.id, rec.t1, rec.t2, rec.payload, 0, 0, rec.ext, rec.view};
 }
 
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
@@ -205,6 +205,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     case RecordType::kPause:
       h.cache.paused = r.count != 0 ? 1 : 0;
       return {};
+    case RecordType::kSub:
+      return {};  // (subscriptions: not applied yet)
   }
   return {};
 }

@@ -8,12 +8,21 @@ namespace spool::format {
 
 // 1: the first. 2: MSG records may carry an extension area (kFlagExt); CLOCK records.
 // 3: the extension's GROUP entry, which a reader must not skip.
-inline constexpr uint32_t kVersion = 3;
+// 4: subscriptions: the record header's view field (bytes 10-11, 0 before) and SUB records.
+inline constexpr uint32_t kVersion = 4;
 // The first version whose MSG records may carry an extension; older segments are read as
 // before (the bit meant nothing to them) and are never written an extended record.
 inline constexpr uint32_t kFirstExtVersion = 2;
 // The first version whose MSG records may carry a GROUP entry.
 inline constexpr uint32_t kFirstGroupVersion = 3;
+// The first version whose records may carry a view other than 0, or be SUB records.
+inline constexpr uint32_t kFirstViewVersion = 4;
+
+// Views of a queue (docs/format.md, "Views"): 0 is the default subscription, 1 to
+// kMaxSubscriptions are named subscriptions. A view field above it is no record.
+inline constexpr uint16_t kMaxSubscriptions = 16;
+// Subscription names: 1 to kMaxSubscriptionName bytes of [A-Za-z0-9._-], not "default".
+inline constexpr uint32_t kMaxSubscriptionName = 48;
 
 inline constexpr char kSegmentMagic[8] = {'S', 'P', 'O', 'O', 'L', 'S', 'E', 'G'};
 inline constexpr uint32_t kSegmentHeaderSize = 64;
@@ -35,8 +44,9 @@ enum class RecordType : uint8_t {
   kCheckpoint = 7,
   kClock = 8,  // payload: 8 bytes, the writer's boot (queue/log_clock.h)
   kPause = 9,  // count 1: the queue was paused, 0: resumed (Queue::pause)
+  kSub = 10,   // view k: subscription k was added (count 1, id: its first message) or removed (0)
 };
-inline constexpr uint8_t kMaxRecordType = 9;
+inline constexpr uint8_t kMaxRecordType = 10;
 
 // Record flags.
 inline constexpr uint8_t kFlagCopy = 1;     // MSG relocated by compaction, not a new send
@@ -44,6 +54,13 @@ inline constexpr uint8_t kFlagExpired = 2;  // ACK written by a retention limit,
 inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's nack (counted)
 inline constexpr uint8_t kFlagExt = 8;      // MSG whose payload starts with an extension area
 inline constexpr uint8_t kFlagDeleted = 16;  // ACK written by a delete by id, not a consumer
+inline constexpr uint8_t kFlagRestated = 32;  // SUB add written by compaction: its state is in the copies
+
+// Whether a record of `type` may carry a view other than 0 (a SUB's is the subscription it
+// adds or removes; MSG, CHECKPOINT and CLOCK records are the queue's, not a view's).
+inline constexpr bool has_view(RecordType type) {
+  return type != RecordType::kMsg && type != RecordType::kCheckpoint && type != RecordType::kClock;
+}
 
 // The extension area of a MSG record (docs/format.md, "Message extension").
 inline constexpr uint32_t kExtHeaderSize = 8;  // ext_len u32 | ext_version u8 | 3 zero bytes

@@ -523,9 +523,12 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     // An extended record never goes into a segment of a version before extensions, whose
     // readers would take the extension for payload: such a segment is sealed first.
     // Likewise a GROUP entry (an order older readers would not keep) and a segment before it.
-    const bool old_version = !r.ext.empty() && (seg->info().version < format::kFirstExtVersion ||
-                                                (seg->info().version < format::kFirstGroupVersion &&
-                                                 storage::ext_entry(r.ext, format::ExtType::kGroup)));
+    // And a record of a subscription (a view, or SUB) and a segment before views.
+    const uint32_t version = seg->info().version;
+    const bool old_version = (!r.ext.empty() && (version < format::kFirstExtVersion ||
+                                                 (version < format::kFirstGroupVersion &&
+                                                  storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
+                             (version < format::kFirstViewVersion && (r.view != 0 || r.type == format::RecordType::kSub));
     if (end.off + buf.size() + sz > seg->info().size || old_version) {
       if (Status s = flush(); !s.ok()) return fail(s);
       auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + sz, r.id, &res);

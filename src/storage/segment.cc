@@ -223,8 +223,17 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
                                        uint64_t max_len, uint32_t version, uint64_t* budget = nullptr,
                                        bool* out_of_budget = nullptr) {
   if (avail < kRecordHeaderSize || load<uint32_t>(h) != format::kRecordMagic) return std::nullopt;
-  uint8_t type = h[8];
-  if (type == 0 || type > format::kMaxRecordType || load<uint16_t>(h + 10) != 0) return std::nullopt;
+  const uint8_t type = h[8];
+  const uint16_t view = load<uint16_t>(h + 10);
+  if (type == 0 || type > format::kMaxRecordType) return std::nullopt;
+  // Before version 4 the view field was reserved (0) and there were no SUB records; since,
+  // only a view's records carry one, and none past the last subscription number.
+  if (version < format::kFirstViewVersion) {
+    if (view != 0 || type == static_cast<uint8_t>(format::RecordType::kSub)) return std::nullopt;
+  } else if (view > format::kMaxSubscriptions ||
+             (view != 0 && !format::has_view(static_cast<format::RecordType>(type)))) {
+    return std::nullopt;
+  }
   uint64_t len = load<uint32_t>(h + 4);
   if (len > avail - kRecordHeaderSize || len > max_len) return std::nullopt;
   if (budget != nullptr) {
@@ -244,7 +253,9 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
                load<uint64_t>(h + 32),
                payload,
                off,
-               std::min<uint64_t>(format::record_size(len), avail)};
+               std::min<uint64_t>(format::record_size(len), avail),
+               {},
+               view};
   if (v.type == format::RecordType::kMsg && (v.flags & format::kFlagExt) != 0 && version >= format::kFirstExtVersion) {
     // A length field past the record keeps the whole record as the extension, for
     // decode_ext() to refuse: the record is valid (its checksum holds), its message is not.
@@ -294,6 +305,7 @@ void Segment::encode(const Record& r, std::string& out) const {
   // The extension bit follows the extension itself, so a payload-only record is exactly
   // what version 1 wrote.
   h[9] = static_cast<uint8_t>(r.ext.empty() ? r.flags & ~format::kFlagExt : r.flags | format::kFlagExt);
+  store<uint16_t>(h + 10, r.view);
   store<uint32_t>(h + 12, r.count);
   store<uint64_t>(h + 16, r.id);
   store<uint64_t>(h + 24, r.t1);

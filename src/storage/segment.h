@@ -36,6 +36,9 @@ struct Record {
   // MSG only: the encoded extension area (encode_ext()), written before the payload; the
   // encoder sets kFlagExt when it is not empty. Empty: the record is as in version 1.
   std::string_view ext = {};
+  // The view (subscription) the record is of: 0, the default, is what every record before
+  // version 4 is of. Only where format::has_view(type); a SUB's is the subscription.
+  uint16_t view = 0;
 };
 
 // A validated record inside a mapping; `payload` points into the mapping (zero-copy) and
@@ -54,6 +57,7 @@ struct RecordView {
   // decode_ext()), else empty. If its length field is longer than the record, the whole
   // record is here and decode_ext() reports it.
   std::string_view ext = {};
+  uint16_t view = 0;  // as Record's (0 in segments before version 4)
 };
 
 struct SegmentInfo {
