@@ -89,6 +89,14 @@ struct QueueOptions {
   std::shared_ptr<Env> env = {};
 };
 
+// A subscription (Queue::subscriptions()).
+struct SubscriptionInfo {
+  std::string name;
+  uint64_t from = 0;      // the first message id it gets
+  uint64_t messages = 0;  // in it now, leased or not
+  uint64_t leased = 0;
+};
+
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue
 // whose policy is interval or never (concurrent kSync callers share one fdatasync).
 enum class Durability { kQueuePolicy, kSync };
@@ -395,6 +403,17 @@ class Queue {
   };
   Result<MoveResult> move_to(Queue& dst, const MoveOptions& opts);
   Result<Stats> stats();
+
+  // Subscriptions (docs/format.md, "Views"; issue 46, in progress): named readers of the
+  // queue's one stream, each getting every message sent after it was added (with
+  // `from_start`, also every message in the queue then) with state of its own. Names are
+  // 1-48 bytes of [A-Za-z0-9._-], not "default"; at most 16 at once. Adding a name that
+  // exists, or a 17th, is kInvalidArgument; removing an unknown one kNotFound. Both are
+  // records in the log, synced before they return. (Receiving as a subscription is not
+  // there yet.)
+  Status add_subscription(std::string_view name, bool from_start = false);
+  Status remove_subscription(std::string_view name);
+  Result<std::vector<SubscriptionInfo>> subscriptions();
   // Makes every write so far durable, whatever the sync policy.
   Status sync();
 

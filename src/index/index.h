@@ -1,7 +1,7 @@
 // The shared index: a rebuildable cache of the queue's state in an mmap'd file that every
 // attached process maps MAP_SHARED, guarded by one robust process-shared mutex.
 //
-// File layout: a 4 KiB header page (IndexHeader), then the region: the window, `capacity`
+// File layout: an 8 KiB header (IndexHeader), then the region: the window, `capacity`
 // Entry slots; the heap, `heap_cap` HeapItems; the overflow table, `ovf_cap` OvfEntries; the
 // dedup table, `dedup_cap` DedupSlots (none until a send first gives a dedup id); the group
 // table, `group_cap` GroupSlots (none until a send first gives a group). The
@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 22;
+inline constexpr uint32_t kIndexVersion = 23;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -261,6 +261,20 @@ struct IndexLayout {
   uint32_t resizing;
 };
 
+// A queue's subscriptions (issue 46; docs/format.md, "Views"): subscription k (view k,
+// 1..kSubscriptions) in slot k - 1 of view 0's table. Its state is in an index of its own
+// (DIR/subs/k.index), guarded by view 0's lock. Written by queue::apply_record() (SUB records).
+inline constexpr uint32_t kSubscriptions = 16;
+inline constexpr uint32_t kSubscriptionName = 48;
+struct Subscription {
+  uint64_t from;   // the first message id it gets
+  uint64_t added;  // storage::Pos::pack() of its SUB add record
+  uint32_t active;  // 1: added and not removed since
+  uint32_t name_len;
+  char name[kSubscriptionName];
+};
+static_assert(sizeof(Subscription) == 72);
+
 // Guarded by the index lock; written by queue::apply_record() (see above for the rest).
 struct QueueCache {
   uint64_t next_id;
@@ -282,6 +296,8 @@ struct QueueCache {
   uint32_t clock_n;
   uint64_t clock_first;
   ClockAnchor clock[kClockAnchors];
+  // View 0's only (a subscription's index leaves it empty).
+  Subscription subs[kSubscriptions];
 };
 
 // Guarded by the index lock; written by queue::LeaseOwners and kept by a rebuild.
@@ -330,8 +346,8 @@ static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry)
 static_assert(offsetof(IndexHeader, cache) == offsetof(IndexHeader, layout) + sizeof(IndexLayout) &&
                   offsetof(IndexHeader, registry) + sizeof(OwnerRegistry) <= sizeof(IndexHeader),
               "seal() checksums layout..registry as one range");
-// The header page; the region follows.
-inline constexpr uint64_t kHeaderBytes = 4096;
+// The header pages; the region follows. (8 KiB since the subscription table.)
+inline constexpr uint64_t kHeaderBytes = 8192;
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);
 
 // version | sizeof(pthread_mutex_t) | cache line | sizeof(IndexHeader), as LMDB does.

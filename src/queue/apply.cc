@@ -12,6 +12,7 @@
 
 namespace spool::queue {
 static_assert(format::kDefaultPriority == kDefaultPriority && index::kDefaultPriority == kDefaultPriority);
+static_assert(index::kSubscriptions == format::kMaxSubscriptions && index::kSubscriptionName == format::kMaxSubscriptionName);
 namespace {
 
 using format::RecordType;
@@ -71,16 +72,119 @@ void settle_copy(index::SharedIndex& x, const Keys& keys, uint64_t id, int64_t s
   if (keys.copies == nullptr || keys.copies->empty()) return;
   auto it = keys.copies->find(id);
   if (it == keys.copies->end()) return;
-  if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second;
+  if (slot >= 0) x.entry(static_cast<uint32_t>(slot)).loc = it->second.at;
   keys.copies->erase(it);
 }
 
-}  // namespace
+// Whether any subscription is active (view 0's table).
+bool any_subscription(const index::SharedIndex& x) {
+  for (const auto& sub : x.hdr().cache.subs) {
+    if (sub.active != 0) return true;
+  }
+  return false;
+}
 
-Status clear_for_replay(index::SharedIndex& x) {
+// Inserts message `id` into `v`, its group (hash `group`, 0: none) joined, counted as sent.
+Status insert_message(index::SharedIndex& v, uint64_t id, const Entry& e, uint64_t key, uint64_t now, uint8_t priority,
+                      uint64_t group) REQUIRES(v) {
+  if (group != 0) {  // (a live send reserved this in view 0; a replay and every other view reserve here)
+    if (Status s = v.group_reserve(2); !s.ok()) return s;
+    if (Status s = v.reserve_heap(1); !s.ok()) return s;
+  }
+  auto ins = v.insert(id, e, key, now, priority);
+  if (!ins.ok()) return ins.status();
+  if (group != 0) v.group_join(*ins, id, group);
+  ++v.hdr().cache.sent_total;
+  v.hdr().cache.bytes_live += e.len;
+  return {};
+}
+
+// With subscriptions, a LEASE or RELEASE of view `v` that follows a compaction copy of its
+// message: the entry moves to the copy, or, where `v` does not hold the message (it came
+// from a view that did), is inserted from the copy. The copy stays noted for the views after
+// this one. Returns the entry's slot, or -1.
+Result<int64_t> take_copy(index::SharedIndex& v, const Keys& keys, const storage::RecordView& r, int64_t slot)
+    REQUIRES(v) {
+  if (keys.copies == nullptr || keys.copies->empty()) return slot;
+  auto it = keys.copies->find(r.id);
+  if (it == keys.copies->end()) return slot;
+  const Copy& c = it->second;
+  if (slot >= 0) {
+    v.entry(static_cast<uint32_t>(slot)).loc = c.at;
+    return slot;
+  }
+  if (r.id <= v.hdr().cache.purged_through) return int64_t{-1};
+  Entry e{c.at, c.len, 0, index::kNoPos, 0, State::kReady, 0};
+  if (Status s = insert_message(v, r.id, e, keys.now.boot, keys.now.boot, c.priority, c.group); !s.ok()) return s;
+  return v.find(r.id);
+}
+
+// The records that change one view's state (LEASE, RELEASE, ACK, DEAD, PURGE, PAUSE), on
+// that view's index `v`. `subs`: the queue has subscriptions (copies are followed per view).
+Status apply_state(index::SharedIndex& v, uint64_t at, const storage::RecordView& r, const Keys& keys, bool subs)
+    REQUIRES(v) {
+  auto& h = v.hdr();
+  switch (r.type) {
+    case RecordType::kLease:
+    case RecordType::kRelease: {
+      const bool lease = r.type == RecordType::kLease;
+      if (!lease && (r.flags & format::kFlagNack) != 0) ++h.cache.nacked_total;
+      int64_t slot = v.find(r.id);
+      if (subs) {
+        auto took = take_copy(v, keys, r, slot);
+        if (!took.ok()) return took.status();
+        slot = *took;
+      } else {
+        settle_copy(v, keys, r.id, slot);
+      }
+      if (slot < 0) return {};
+      Entry& e = v.entry(static_cast<uint32_t>(slot));
+      if (lease && r.count > e.count) {  // a delivery (an extend keeps the count; a copy's LEASE too)
+        ++h.cache.received_total;
+        if (r.count > 1) ++h.cache.redelivered_total;
+      }
+      e.count = r.count;
+      return lease ? v.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
+                   : v.set(static_cast<uint32_t>(slot), State::kReady, keys.ready(at, r.t1, r.t2));
+    }
+    case RecordType::kAck:
+    case RecordType::kDead: {
+      if (r.type == RecordType::kDead) {
+        ++h.cache.dead_total;
+      } else {
+        ++((r.flags & format::kFlagExpired) != 0 ? h.cache.expired_total : h.cache.acked_total);
+      }
+      const int64_t found = v.find(r.id);
+      if (!subs) settle_copy(v, keys, r.id, -1);  // (with subscriptions another view may take it)
+      if (int64_t slot = found; slot >= 0) {
+        if (keys.keep_acked != 0 && r.type == RecordType::kAck &&
+            (r.flags & (format::kFlagExpired | format::kFlagDeleted)) == 0) {
+          const Entry& e = v.entry(static_cast<uint32_t>(slot));
+          v.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, storage::Pos::unpack(e.loc).seq, e.len, keys.keep_acked);
+        }
+        drop(v, slot);
+      }
+      return {};
+    }
+    case RecordType::kPurge: {
+      Status s = drop_through(v, r.id);
+      h.cache.purged_through = std::max(h.cache.purged_through, r.id);
+      return s;
+    }
+    case RecordType::kPause:
+      h.cache.paused = r.count != 0 ? 1 : 0;
+      return {};
+    default:
+      return {};
+  }
+}
+
+// Empties `x`'s state (messages, dedup ids, kept buckets, totals, pause, purge mark) with
+// its window starting at `next` (a view made or dropped mid-log starts at the queue's).
+Status clear_state(index::SharedIndex& x, uint64_t next) REQUIRES(x) {
   auto& c = x.hdr().cache;
-  c.next_id = 1;  // reset() starts the window at next_id
-  x.hdr().coord.sent_through.store(0, std::memory_order_release);  // (nothing sent yet)
+  c.next_id = next;  // reset() starts the window at next_id
+  x.hdr().coord.sent_through.store(next - 1, std::memory_order_release);
   if (Status s = x.reset(); !s.ok()) return s;
   x.dedup_clear();
   x.kept_clear();
@@ -89,6 +193,93 @@ Status clear_for_replay(index::SharedIndex& x) {
   c.sent_total = c.acked_total = c.dead_total = c.expired_total = c.nacked_total = c.bytes_live = 0;
   c.received_total = c.redelivered_total = 0;
   return {};
+}
+
+struct Live {
+  uint64_t id;
+  Entry e;
+  uint8_t priority;
+};
+void collect_live(index::SharedIndex& from, std::vector<Live>& out) REQUIRES(from) {
+  from.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
+    const bool own_priority = e.state == State::kReady || e.state == State::kLeased;
+    out.push_back({id, Entry{e.loc, e.len, 0, index::kNoPos, 0, State::kReady, 0},
+                   own_priority ? static_cast<uint8_t>(e.key_hi) : index::kDefaultPriority});
+  });
+}
+
+// "From start": every message live in view 0 or another active view than `self`, in id
+// order, as a new view takes it: ready now, receive count 0, with its priority (a blocked
+// one's is not kept in its entry: the default). Groups are not carried yet.
+std::vector<Live> live_in_views(index::SharedIndex& x, uint16_t self, const Keys& keys) REQUIRES(x) {
+  std::vector<Live> msgs;
+  collect_live(x, msgs);
+  if (keys.views != nullptr) {
+    for (uint16_t k : active_views(x)) {
+      if (k == self) continue;
+      index::SharedIndex* o = (*keys.views)(k);
+      if (o == nullptr) continue;
+      o->assert_held();
+      collect_live(*o, msgs);
+    }
+  }
+  std::sort(msgs.begin(), msgs.end(), [](const Live& a, const Live& b) { return a.id < b.id; });
+  msgs.erase(std::unique(msgs.begin(), msgs.end(), [](const Live& a, const Live& b) { return a.id == b.id; }), msgs.end());
+  return msgs;
+}
+
+// A SUB record: subscription r.view added (count 1) or removed (0) in view 0's table `x`,
+// its index emptied either way (its window starting at the first message it takes).
+Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x) {
+  const uint16_t k = r.view;
+  if (k == 0 || k > index::kSubscriptions) return {};
+  auto& h = x.hdr();
+  index::Subscription& sub = h.cache.subs[k - 1];
+  sub = index::Subscription{};
+  const bool add = r.count != 0;
+  const bool from_start = add && r.id == 0 && (r.flags & format::kFlagRestated) == 0;
+  std::vector<Live> msgs;
+  if (from_start) msgs = live_in_views(x, k, keys);
+  if (add) {
+    sub.active = 1;
+    sub.added = at;
+    sub.from = from_start ? (msgs.empty() ? h.cache.next_id : msgs.front().id) : r.id;
+    sub.name_len = static_cast<uint32_t>(std::min<size_t>(r.payload.size(), index::kSubscriptionName));
+    std::copy_n(r.payload.data(), sub.name_len, sub.name);
+  }
+  index::SharedIndex* v = keys.views != nullptr ? (*keys.views)(k) : nullptr;
+  if (v == nullptr) return {};
+  v->assert_held();
+  if (Status s = clear_state(*v, msgs.empty() ? h.cache.next_id : msgs.front().id); !s.ok()) return s;
+  raise_next_id(v->hdr(), h.cache.next_id - 1);
+  for (const Live& m : msgs) {
+    if (Status s = insert_message(*v, m.id, m.e, 0, keys.now.boot, m.priority, 0); !s.ok()) return s;
+  }
+  return {};
+}
+
+// Raises next_id past `id` in view 0 and in every active subscription's index.
+void raise_all(index::SharedIndex& x, const Keys& keys, uint64_t id, bool subs) REQUIRES(x) {
+  raise_next_id(x.hdr(), id);
+  if (!subs || keys.views == nullptr) return;
+  for (uint16_t k : active_views(x)) {
+    if (index::SharedIndex* v = (*keys.views)(k)) raise_next_id(v->hdr(), id);
+  }
+}
+
+}  // namespace
+
+std::vector<uint16_t> active_views(const index::SharedIndex& x) {
+  std::vector<uint16_t> out;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    if (x.hdr().cache.subs[k - 1].active != 0) out.push_back(k);
+  }
+  return out;
+}
+
+Status clear_for_replay(index::SharedIndex& x) {
+  for (auto& sub : x.hdr().cache.subs) sub = index::Subscription{};
+  return clear_state(x, 1);
 }
 
 uint64_t enqueue_key(const index::SharedIndex& x, uint64_t at, uint64_t t1, const Clocks& now) {
@@ -104,20 +295,21 @@ storage::RecordView view_of(const storage::Record& rec) {
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
   auto& h = x.hdr();
   if (r.type == RecordType::kClock) return {};
+  if (r.type == RecordType::kSub) return apply_sub(x, at, r, keys);
+  const bool subs = any_subscription(x);
   const uint64_t next = h.cache.next_id;  // before this record
-  if (r.type != RecordType::kCheckpoint) raise_next_id(h, r.id);
+  if (r.type != RecordType::kCheckpoint) raise_all(x, keys, r.id, subs);
+  if (r.view != 0) {  // a subscription's: its own index, if it is active
+    if (r.view > index::kSubscriptions || h.cache.subs[r.view - 1].active == 0 || keys.views == nullptr) return {};
+    index::SharedIndex* v = (*keys.views)(r.view);
+    if (v == nullptr) return {};
+    v->assert_held();
+    return apply_state(*v, at, r, keys, true);
+  }
   switch (r.type) {
     case RecordType::kMsg: {
       const bool copy = (r.flags & format::kFlagCopy) != 0;
       if (!copy && keys.dedup_window != 0 && !r.ext.empty()) remember_dedup(x, at, r, keys);
-      if (r.id <= h.cache.purged_through) return {};
-      // A message the index holds already (only an id below next_id can be): a compaction
-      // copy, followed once a LEASE or RELEASE confirms it.
-      if (r.id < next && x.find(r.id) >= 0) {
-        if (copy && keys.copies != nullptr) (*keys.copies)[r.id] = at;
-        return {};
-      }
-      Entry e{at, static_cast<uint32_t>(r.payload.size()), 0, index::kNoPos, 0, State::kReady, 0};
       // (A payload-only record, the common case, walks no extension.)
       std::optional<std::string_view> group;
       uint8_t priority = index::kDefaultPriority;
@@ -125,60 +317,49 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
         group = storage::ext_entry(r.ext, format::ExtType::kGroup);
         priority = storage::ext_priority(r.ext);
       }
-      if (group) {  // (a live send reserved this; a replay reserves here)
-        if (Status s = x.group_reserve(2); !s.ok()) return s;
-        if (Status s = x.reserve_heap(1); !s.ok()) return s;
+      const uint64_t group_hash = group ? XXH3_64bits(group->data(), group->size()) : 0;
+      const auto len = static_cast<uint32_t>(r.payload.size());
+      if (copy && subs) {
+        // Of no view by itself: the LEASE and RELEASE records after it say which hold it.
+        if (keys.copies != nullptr) (*keys.copies)[r.id] = Copy{at, len, priority, group_hash};
+        return {};
       }
-      auto ins = x.insert(r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority);
-      if (!ins.ok()) return ins.status();
-      if (group) x.group_join(*ins, r.id, XXH3_64bits(group->data(), group->size()));
-      // A copy gets here only when its original is not in the log: removed by the compaction
-      // whose CHECKPOINT follows (and sets the totals again), or lost to a power cut before
-      // that compaction's sync. Either way the log holds one send of it.
-      ++h.cache.sent_total;
-      h.cache.bytes_live += r.payload.size();
+      if (r.id > h.cache.purged_through) {
+        // A message the index holds already (only an id below next_id can be): a compaction
+        // copy, followed once a LEASE or RELEASE confirms it.
+        if (r.id < next && x.find(r.id) >= 0) {
+          if (copy && keys.copies != nullptr) (*keys.copies)[r.id] = Copy{at, len, priority, group_hash};
+          if (copy) return {};
+        } else {
+          // A copy gets here only when its original is not in the log: removed by the
+          // compaction whose CHECKPOINT follows (and sets the totals again), or lost to a
+          // power cut before that compaction's sync. Either way the log holds one send of it.
+          Entry e{at, len, 0, index::kNoPos, 0, State::kReady, 0};
+          if (Status s = insert_message(x, r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority, group_hash); !s.ok()) {
+            return s;
+          }
+        }
+      }
+      if (copy || !subs || keys.views == nullptr) return {};
+      for (uint16_t k : active_views(x)) {
+        index::SharedIndex* v = (*keys.views)(k);
+        if (v == nullptr || r.id < h.cache.subs[k - 1].from) continue;
+        v->assert_held();
+        if (r.id <= v->hdr().cache.purged_through || v->find(r.id) >= 0) continue;
+        Entry e{at, len, 0, index::kNoPos, 0, State::kReady, 0};
+        if (Status s = insert_message(*v, r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority, group_hash); !s.ok()) {
+          return s;
+        }
+      }
       return {};
     }
     case RecordType::kLease:
-    case RecordType::kRelease: {
-      const bool lease = r.type == RecordType::kLease;
-      if (!lease && (r.flags & format::kFlagNack) != 0) ++h.cache.nacked_total;
-      int64_t slot = x.find(r.id);
-      settle_copy(x, keys, r.id, slot);
-      if (slot < 0) return {};
-      Entry& e = x.entry(static_cast<uint32_t>(slot));
-      if (lease && r.count > e.count) {  // a delivery (an extend keeps the count; a copy's LEASE too)
-        ++h.cache.received_total;
-        if (r.count > 1) ++h.cache.redelivered_total;
-      }
-      e.count = r.count;
-      return lease ? x.set(static_cast<uint32_t>(slot), State::kLeased, keys.lease(at, r.t2))
-                   : x.set(static_cast<uint32_t>(slot), State::kReady, keys.ready(at, r.t1, r.t2));
-    }
+    case RecordType::kRelease:
     case RecordType::kAck:
-    case RecordType::kDead: {
-      if (r.type == RecordType::kDead) {
-        ++h.cache.dead_total;
-      } else {
-        ++((r.flags & format::kFlagExpired) != 0 ? h.cache.expired_total : h.cache.acked_total);
-      }
-      const int64_t found = x.find(r.id);
-      settle_copy(x, keys, r.id, -1);
-      if (int64_t slot = found; slot >= 0) {
-        if (keys.keep_acked != 0 && r.type == RecordType::kAck &&
-            (r.flags & (format::kFlagExpired | format::kFlagDeleted)) == 0) {
-          const Entry& e = x.entry(static_cast<uint32_t>(slot));
-          x.kept_note(keys.acked != 0 ? keys.acked : keys.now.boot, storage::Pos::unpack(e.loc).seq, e.len, keys.keep_acked);
-        }
-        drop(x, slot);
-      }
-      return {};
-    }
-    case RecordType::kPurge: {
-      Status s = drop_through(x, r.id);
-      h.cache.purged_through = std::max(h.cache.purged_through, r.id);
-      return s;
-    }
+    case RecordType::kDead:
+    case RecordType::kPurge:
+    case RecordType::kPause:
+      return apply_state(x, at, r, keys, subs);
     case RecordType::kCheckpoint: {
       // Totals of everything before it, including compacted-away segments.
       auto cp = storage::decode_checkpoint(r.payload);
@@ -190,7 +371,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       h.cache.nacked_total = cp->nacked_total;
       h.cache.received_total = cp->received_total;
       h.cache.redelivered_total = cp->redelivered_total;
-      if (cp->next_id > 1) raise_next_id(h, cp->next_id - 1);
+      if (cp->next_id > 1) raise_all(x, keys, cp->next_id - 1, subs);
       if (cp->paused >= 0) h.cache.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
       if (cp->purged_through > h.cache.purged_through) {
         // The PURGE itself may have been compacted away: applied here.
@@ -201,12 +382,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       return {};
     }
     case RecordType::kClock:
-      break;
-    case RecordType::kPause:
-      h.cache.paused = r.count != 0 ? 1 : 0;
-      return {};
     case RecordType::kSub:
-      return {};  // (subscriptions: not applied yet)
+      break;
   }
   return {};
 }

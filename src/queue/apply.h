@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
+
+#include <vector>
 
 #include "index/index.h"
 #include "queue/log_clock.h"
@@ -13,6 +16,20 @@
 #include "storage/segment.h"
 
 namespace spool::queue {
+
+// A compaction copy not yet confirmed (Keys::copies): where it is, and what a view that
+// does not hold its message needs to take it from the copy (docs/format.md, "Views").
+struct Copy {
+  uint64_t at = 0;  // packed Pos of the copy
+  uint32_t len = 0;
+  uint8_t priority = index::kDefaultPriority;
+  uint64_t group = 0;  // the group key's hash (0: none)
+};
+using Copies = std::unordered_map<uint64_t, Copy>;
+
+// The index of view `k` (1..index::kSubscriptions), attached, and made where missing, by
+// the caller, and guarded by view 0's lock (the caller holds it); null if it cannot be.
+using ViewIndex = std::function<index::SharedIndex*(uint16_t k)>;
 
 // The keys (CLOCK_BOOTTIME) of a record's times. A live call's records are of this boot and
 // were written at `now` (the times convert through its log clock exactly); replay's come
@@ -31,7 +48,10 @@ struct Keys {
   // RELEASE of the message (see apply_record): replay keeps one map for the whole log, a
   // live commit one for its records. Null: copies are not followed (only a caller that
   // writes none may pass it).
-  std::unordered_map<uint64_t, uint64_t>* copies = nullptr;
+  Copies* copies = nullptr;
+  // The subscriptions' indexes (view k > 0). Null: the caller has none; then records of a
+  // subscription change nothing but view 0's table (only a queue that never had one may).
+  const ViewIndex* views = nullptr;
   uint64_t lease(uint64_t at, uint64_t t2) const { return replay != nullptr ? replay->lease_key(at, t2) : now.key(t2); }
   uint64_t ready(uint64_t at, uint64_t t1, uint64_t t2) const {
     return replay != nullptr ? replay->ready_key(at, t1, t2) : now.key(t2);
@@ -52,11 +72,22 @@ struct Keys {
 // - ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
 //   with keep_acked); PURGE drops every message up to its id; CHECKPOINT sets the totals
 //   (and the paused state, where it carries one); PAUSE sets the paused state.
+// Subscriptions (docs/format.md, "Views"): a record of view k > 0 does the above to view k's
+// index (keys.views) instead; a MSG (not a copy) is a message of view 0 and of every active
+// subscription whose first id is at most its id; every id raises each view's next_id; a SUB
+// record adds (its state emptied, then, "from start", filled from view 0) or removes (its
+// state emptied) subscription k in view 0's table. While any subscription is active, a
+// compaction copy goes into no view by itself: the LEASE or RELEASE of each view that
+// follows it moves that view's entry to the copy, or inserts it from the copy where the
+// view does not hold it.
 // Every total (sent, acked, expired, dead, nacked, bytes live) is counted here and nowhere
 // else. Records of messages the index does not hold change nothing but the totals. CLOCK
 // records are the ReplayClock's. An error means the index could not take the record (no
 // room): the caller rebuilds the index from the log.
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x);
+
+// The active subscriptions in view 0's table `x` (held), by view number.
+std::vector<uint16_t> active_views(const index::SharedIndex& x);
 
 // Empties the index's cache for a replay, which then applies every record: no messages, no
 // dedup ids or kept buckets, every total 0, next_id 1. The clock anchors are the

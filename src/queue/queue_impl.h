@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cerrno>
 #include <condition_variable>
@@ -148,6 +149,17 @@ struct Queue::Impl {
   // is private (index::SharedIndex::assert_held()).
   Status replay(index::SharedIndex& x) REQUIRES(x);
 
+  // ---- subscriptions (views.cc; docs/format.md, "Views") --------------------------------
+
+  // The index of view k (1..index::kSubscriptions): DIR/subs/K.index, attached at its first
+  // use (made where missing or unsound, which marks the index damaged while the view is
+  // active, outside a replay: the rebuild fills it from the log), guarded by view 0's lock,
+  // which the caller holds (apply_record() through view_fn included). Null if it cannot be.
+  index::SharedIndex* view_index(uint16_t k);
+  Status add_subscription(std::string_view name, bool from_start);
+  Status remove_subscription(std::string_view name);
+  Result<std::vector<SubscriptionInfo>> subscriptions();
+
   // ---- deduplication (docs/semantics.md, "Deduplication") -------------------------------
   // (Remembering a new message's dedup id is apply_record()'s.)
 
@@ -212,7 +224,7 @@ struct Queue::Impl {
   Status apply_before_append(const Record& rec, const Clocks& now) REQUIRES(idx);
   // What apply_record() needs for a live call at `now` (replay makes its own, from the log's
   // clock); `copies`: commit()'s compaction copies not yet confirmed, or null.
-  queue::Keys live_keys(const Clocks& now, std::unordered_map<uint64_t, uint64_t>* copies) const;
+  queue::Keys live_keys(const Clocks& now, queue::Copies* copies) const;
 
   // The clocks for the records written under this hold of the lock. A CLOCK record goes
   // first when a new anchor is due (queue/log_clock.h). If it cannot be written the log
@@ -437,6 +449,11 @@ struct Queue::Impl {
   std::atomic<uint64_t> fruitless_pinned{UINT64_MAX};
   std::atomic<uint32_t> fruitless_skips{0};
   uint64_t forgotten_through GUARDED_BY(idx) = 0;  // segments <= this dropped from the log's cache
+  // The subscriptions' indexes, by view number (views[0] unused: view 0 is idx), attached by
+  // view_index(); and apply_record()'s way to them.
+  std::array<std::unique_ptr<index::SharedIndex>, index::kSubscriptions + 1> views;
+  queue::ViewIndex view_fn{[this](uint16_t k) { return view_index(k); }};
+  bool replaying = false;  // replay() is filling the views (lock held: idx, or replay()'s private index)
 };
 
 // `auto held = q.call;`, returning its error if it failed, then `q.holds(*held)`: the

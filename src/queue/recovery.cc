@@ -203,7 +203,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   if (Status s = x.prepare_rebuild(); !s.ok()) return s;
   if (Status s = queue::clear_for_replay(x); !s.ok()) return s;
   queue::ReplayClock clock(h, queue::read_clocks(h, *env));
-  std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
+  queue::Copies copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").
   const uint64_t keep_acked = ms_to_ns(cfg.opts.keep_acked);
@@ -211,13 +211,18 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   Status failed;
   // Replay is a loop of apply: every effect of a record is apply_record()'s, as for the
   // live call that wrote it; the clock anchors are the ReplayClock's.
+  replaying = true;
   auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
     if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
     if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
-    const queue::Keys keys{&clock, clock.now(), keep_acked, latest, dedup_window_ns(), &copies};
+    // The subscriptions' indexes are the queue's, replayed only with its own (verify replays
+    // view 0 alone into a private index).
+    const queue::Keys keys{&clock, clock.now(), keep_acked, latest, dedup_window_ns(), &copies,
+                           &x == &idx ? &view_fn : nullptr};
     if (Status s = queue::apply_record(x, pos.pack(), r, keys); !s.ok()) failed = s;
   });
+  replaying = false;
   if (!rec.ok()) return rec.status();
   if (!failed.ok()) return failed;
   h.cache.log_end = rec->end.pack();

@@ -60,7 +60,7 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
       (recs.front().flags & format::kFlagCopy) == 0) {
     env->park(ParkPoint::kAfterAppend);
   }
-  std::unordered_map<uint64_t, uint64_t> copies;  // (allocates nothing unless a copy comes)
+  queue::Copies copies;  // (allocates nothing unless a copy comes)
   const queue::Keys keys = live_keys(now, &copies);
   for (size_t i = 0; i < recs.size(); ++i) {
     const Record& r = recs[i];
@@ -96,8 +96,8 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   return res;
 }
 
-auto Queue::Impl::live_keys(const Clocks& now, std::unordered_map<uint64_t, uint64_t>* copies) const -> queue::Keys {
-  return queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), copies};
+auto Queue::Impl::live_keys(const Clocks& now, queue::Copies* copies) const -> queue::Keys {
+  return queue::Keys{nullptr, now, ms_to_ns(cfg.opts.keep_acked), 0, dedup_window_ns(), copies, &view_fn};
 }
 
 auto Queue::Impl::apply_before_append(const Record& rec, const Clocks& now) -> Status {

@@ -1,0 +1,156 @@
+// Subscriptions (issue 46; docs/format.md, "Views"): the indexes of views 1..16, one file
+// each (DIR/subs/K.index), guarded by view 0's lock; adding and removing subscriptions (SUB
+// records, applied by apply_record() like every other record).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "queue/queue_impl.h"
+
+namespace spool {
+namespace {
+
+// kInvalidArgument naming what is wrong with subscription name `name`; ok if it is valid.
+Status check_subscription_name(std::string_view name) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::kInvalidArgument, "subscription name '" + std::string(name) + "': " + why);
+  };
+  if (name.empty() || name.size() > format::kMaxSubscriptionName) {
+    return bad("must be 1 to " + std::to_string(format::kMaxSubscriptionName) + " bytes");
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return bad("only letters, digits, '.', '_' and '-' are allowed");
+  }
+  if (name == "default") return bad("'default' is the name of the queue's own view");
+  return {};
+}
+
+std::string_view name_of(const index::Subscription& s) {
+  return {s.name, std::min<size_t>(s.name_len, index::kSubscriptionName)};
+}
+
+}  // namespace
+
+auto Queue::Impl::view_index(uint16_t k) -> index::SharedIndex* {
+  // Called by apply_record() (through view_fn) and by this file's calls, all of which hold
+  // view 0's lock, which guards every view: the analysis cannot follow the std::function.
+  idx.assert_held();
+  if (k == 0 || k > index::kSubscriptions) return nullptr;
+  std::unique_ptr<index::SharedIndex>& v = views[k];
+  if (v != nullptr) {
+    if (!v->refresh().ok()) {
+      idx.damaged("subscription " + std::to_string(k) + "'s index cannot be mapped");
+      return nullptr;
+    }
+    return v.get();
+  }
+  v = std::make_unique<index::SharedIndex>();
+  if (read_only) {
+    if (!v->attach("", true, true).ok()) v.reset();
+    return v.get();
+  }
+  const std::string subs = dir + "/subs";
+  const std::string path = subs + "/" + std::to_string(k) + ".index";
+  if (v->attach(path, false, false, modes.state, io).ok() && v->refresh().ok()) return v.get();
+  // Missing, or not this build's and boot's: made afresh, empty. While the view is active
+  // its state is then lost from the index (not from the log): a rebuild of every view
+  // fills it again, unless this is that rebuild, or the SUB add that empties it anyway.
+  v = std::make_unique<index::SharedIndex>();
+  if (::mkdir(subs.c_str(), 0777) != 0 && errno != EEXIST) {
+    idx.damaged("cannot make " + subs + ": " + std::strerror(errno));
+    v.reset();
+    return nullptr;
+  }
+  if (Status s = v->attach(path, true, false, modes.state, io); !s.ok()) {
+    idx.damaged("subscription " + std::to_string(k) + "'s index: " + s.message());
+    v.reset();
+    return nullptr;
+  }
+  if (!replaying && idx.hdr().cache.subs[k - 1].active != 0) {
+    idx.damaged("subscription " + std::to_string(k) + "'s index was missing or unsound");
+  }
+  return v.get();
+}
+
+auto Queue::Impl::add_subscription(std::string_view name, bool from_start) -> Status {
+  Impl& q = *this;
+  if (Status s = check_subscription_name(name); !s.ok()) return s;
+  if (Status s = q.writable(); !s.ok()) return s;
+  uint64_t end;
+  {
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    auto& subs = q.idx.hdr().cache.subs;
+    uint16_t free = 0;
+    for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+      if (subs[k - 1].active == 0) {
+        if (free == 0) free = k;
+      } else if (name_of(subs[k - 1]) == name) {
+        return Status(Code::kInvalidArgument, q.dir + ": subscription '" + std::string(name) + "' exists already");
+      }
+    }
+    if (free == 0) {
+      return Status(Code::kInvalidArgument, q.dir + ": a queue has at most " + std::to_string(index::kSubscriptions) +
+                                                " subscriptions; remove one first");
+    }
+    if (q.view_index(free) == nullptr) {
+      return Status(Code::kIo, q.dir + ": cannot make the index of subscription '" + std::string(name) + "'");
+    }
+    const Clocks now = q.clocks();
+    Record rec{RecordType::kSub, 1, from_start ? 0 : q.idx.hdr().cache.next_id, 0, 0, name, 0, {}, free};
+    auto res = q.commit(std::span(&rec, 1), now);
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
+  }
+  return q.written(end, Durability::kSync);
+}
+
+auto Queue::Impl::remove_subscription(std::string_view name) -> Status {
+  Impl& q = *this;
+  if (Status s = q.writable(); !s.ok()) return s;
+  uint64_t end;
+  {
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    const auto& subs = q.idx.hdr().cache.subs;
+    uint16_t found = 0;
+    for (uint16_t k = 1; k <= index::kSubscriptions && found == 0; ++k) {
+      if (subs[k - 1].active != 0 && name_of(subs[k - 1]) == name) found = k;
+    }
+    if (found == 0) return Status(Code::kNotFound, q.dir + ": no subscription '" + std::string(name) + "'");
+    (void)q.view_index(found);  // (emptied by the record, where it is attached)
+    const Clocks now = q.clocks();
+    Record rec{RecordType::kSub, 0, 0, 0, 0, name, 0, {}, found};
+    auto res = q.commit(std::span(&rec, 1), now);
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
+  }
+  return q.written(end, Durability::kSync);
+}
+
+auto Queue::Impl::subscriptions() -> Result<std::vector<SubscriptionInfo>> {
+  Impl& q = *this;
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
+  std::vector<SubscriptionInfo> out;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    const index::Subscription& s = q.idx.hdr().cache.subs[k - 1];
+    if (s.active == 0) continue;
+    SubscriptionInfo info;
+    info.name = std::string(name_of(s));
+    info.from = s.from;
+    if (index::SharedIndex* v = q.view_index(k)) {
+      info.messages = v->hdr().layout.count;
+      info.leased = v->hdr().layout.leased;
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+Status Queue::add_subscription(std::string_view name, bool from_start) { return impl_->add_subscription(name, from_start); }
+Status Queue::remove_subscription(std::string_view name) { return impl_->remove_subscription(name); }
+Result<std::vector<SubscriptionInfo>> Queue::subscriptions() { return impl_->subscriptions(); }
+
+}  // namespace spool

@@ -1,0 +1,332 @@
+// Subscriptions in the one mutator (issue 46, step 1; docs/format.md, "Views"): how SUB
+// records and records of a view change view 0's table and each view's own index, held
+// against what the format says a reader must make of them. apply_record() is fed records on
+// private indexes (one per view), as a live commit and a replay both do.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "index/index.h"
+#include "queue/apply.h"
+#include "spool/queue.h"
+#include "storage/log.h"
+#include "test_util.h"
+
+namespace spool::test {
+namespace {
+
+using format::RecordType;
+using index::SharedIndex;
+using index::State;
+
+constexpr uint64_t kNow = 1'000'000'000'000;  // boot and log clock alike: a record's time is its key
+constexpr uint64_t kSecond = 1'000'000'000;
+
+class Views {
+ public:
+  Views() {
+    for (auto& x : idx_) {
+      EXPECT_TRUE(x.attach("", true, true).ok());
+      x.assert_held();
+      EXPECT_TRUE(queue::clear_for_replay(x).ok());
+    }
+    view_ = [this](uint16_t k) -> SharedIndex* { return k < idx_.size() ? &idx_[k] : nullptr; };
+    keys_.now.boot = kNow;
+    keys_.now.rt = kNow;
+    keys_.copies = &copies_;
+    keys_.views = &view_;
+  }
+
+  // Applies `r` at the next position of a synthetic log; returns that position.
+  uint64_t apply(const storage::Record& r) {
+    const uint64_t at = storage::Pos{1, format::kSegmentHeaderSize + 64 * n_++}.pack();
+    SharedIndex& x = idx_[0];
+    x.assert_held();
+    Status s = queue::apply_record(x, at, queue::view_of(r), keys_);
+    EXPECT_TRUE(s.ok()) << s.to_string();
+    return at;
+  }
+  uint64_t send(uint64_t id, std::string_view body) { return apply(storage::Record{RecordType::kMsg, 0, id, kNow, kNow, body}); }
+  uint64_t copy(uint64_t id, std::string_view body) {
+    return apply(storage::Record{RecordType::kMsg, 0, id, kNow, kNow, body, format::kFlagCopy});
+  }
+  uint64_t sub(uint16_t k, bool add, uint64_t from, std::string_view name, uint8_t flags = 0) {
+    return apply(storage::Record{RecordType::kSub, add ? 1u : 0u, from, 0, 0, name, flags, {}, k});
+  }
+  uint64_t state(RecordType type, uint16_t k, uint64_t id, uint32_t count = 0, uint8_t flags = 0, uint64_t t2 = kNow) {
+    return apply(storage::Record{type, count, id, kNow, t2, {}, flags, {}, k});
+  }
+
+  SharedIndex& view(uint16_t k) {
+    idx_[k].assert_held();
+    return idx_[k];
+  }
+  // "none", or the message's state and receive count in view k.
+  std::string of(uint16_t k, uint64_t id) {
+    SharedIndex& x = view(k);
+    x.assert_held();
+    const int64_t slot = x.find(id);
+    if (slot < 0) return "none";
+    const index::Entry& e = x.entry(static_cast<uint32_t>(slot));
+    const char* st = e.state == State::kLeased ? "leased" : e.state == State::kBlocked ? "blocked" : "ready";
+    return std::string(st) + "/" + std::to_string(e.count);
+  }
+  uint64_t loc(uint16_t k, uint64_t id) {
+    SharedIndex& x = view(k);
+    x.assert_held();
+    const int64_t slot = x.find(id);
+    return slot < 0 ? 0 : x.entry(static_cast<uint32_t>(slot)).loc;
+  }
+  const index::QueueCache& cache(uint16_t k) { return idx_[k].hdr().cache; }
+  std::string check(uint16_t k) {
+    SharedIndex& x = view(k);
+    x.assert_held();
+    return x.check_invariants();
+  }
+
+ private:
+  std::array<SharedIndex, 3> idx_;
+  queue::ViewIndex view_;
+  queue::Copies copies_;
+  queue::Keys keys_;
+  uint64_t n_ = 0;
+};
+
+// A subscription added "from now" gets the messages sent after it; one added "from start"
+// also every message live at its point; each view's receives, acks, nacks and purges are
+// its own; a removed subscription's state is gone, and its records change nothing.
+TEST(Views, EachSubscriptionHasItsOwnStateFromOneStoredCopy) {
+  Views q;
+  q.send(1, "a");
+  q.sub(1, true, 2, "billing");  // from now: next_id is 2
+  EXPECT_EQ(q.cache(0).next_id, 2u) << "a SUB add from now takes no id";
+  EXPECT_EQ(q.of(1, 1), "none") << "a subscription from now got an earlier message";
+  q.sub(2, true, 0, "audit");  // from start
+  EXPECT_EQ(q.of(2, 1), "ready/0");
+  EXPECT_EQ(q.cache(0).subs[1].from, 1u) << "from start: its first id is the lowest it got";
+  EXPECT_EQ(std::string(q.cache(0).subs[0].name, q.cache(0).subs[0].name_len), "billing");
+  const uint64_t at2 = q.send(2, "bb");
+  q.send(3, "ccc");
+  for (uint16_t k : {0, 1, 2}) {
+    EXPECT_EQ(q.of(k, 2), "ready/0") << "view " << k;
+    EXPECT_EQ(q.loc(k, 2), at2) << "every view names the one stored record";
+    EXPECT_EQ(q.cache(k).next_id, 4u) << "view " << k;
+  }
+  q.state(RecordType::kLease, 1, 2, 1, 0, kNow + 30 * kSecond);
+  EXPECT_EQ(q.of(1, 2), "leased/1");
+  EXPECT_EQ(q.of(0, 2), "ready/0") << "a lease of view 1 leased view 0's message";
+  q.state(RecordType::kAck, 0, 2);
+  EXPECT_EQ(q.of(0, 2), "none");
+  EXPECT_EQ(q.of(1, 2), "leased/1") << "an ack of view 0 dropped view 1's message";
+  EXPECT_EQ(q.of(2, 2), "ready/0");
+  q.state(RecordType::kRelease, 2, 3, 1, format::kFlagNack, kNow + kSecond);
+  EXPECT_EQ(q.cache(2).nacked_total, 1u);
+  EXPECT_EQ(q.cache(0).nacked_total, 0u);
+  q.state(RecordType::kPurge, 2, 3);
+  EXPECT_EQ(q.of(2, 1), "none");
+  EXPECT_EQ(q.of(2, 3), "none");
+  EXPECT_EQ(q.of(0, 3), "ready/0") << "a purge of view 2 purged view 0";
+  q.state(RecordType::kPause, 1, 0, 1);
+  EXPECT_EQ(q.cache(1).paused, 1u);
+  EXPECT_EQ(q.cache(0).paused, 0u);
+  EXPECT_EQ(q.cache(0).sent_total, 3u);
+  EXPECT_EQ(q.cache(1).sent_total, 2u);
+  EXPECT_EQ(q.cache(2).sent_total, 3u);
+  EXPECT_EQ(q.cache(0).acked_total, 1u);
+  EXPECT_EQ(q.cache(1).acked_total, 0u);
+
+  q.sub(2, false, 0, "audit");
+  EXPECT_EQ(q.cache(0).subs[1].active, 0u);
+  EXPECT_EQ(q.cache(2).sent_total, 0u) << "a removed subscription keeps its state";
+  q.send(4, "d");
+  EXPECT_EQ(q.of(2, 4), "none") << "a removed subscription still gets messages";
+  EXPECT_EQ(q.of(1, 4), "ready/0");
+  q.state(RecordType::kLease, 2, 4, 1);
+  EXPECT_EQ(q.of(2, 4), "none");
+  for (uint16_t k : {0, 1, 2}) EXPECT_EQ(q.check(k), "") << "view " << k;
+}
+
+// Compaction copies with subscriptions: a copy is of no view by itself; each view's LEASE
+// or RELEASE after it moves that view's entry to the copy, or (the original gone with the
+// segments compaction removed) inserts it there. A view with no record after the copy does
+// not get the message back (view 0 acked it while view 1 held it).
+TEST(Views, ACopyGoesOnlyIntoTheViewsWhoseRecordsFollowIt) {
+  Views q;
+  q.sub(1, true, 1, "billing");
+  q.send(1, "a");
+  q.send(2, "b");
+  q.state(RecordType::kLease, 1, 1, 1, 0, kNow + 60 * kSecond);
+  q.state(RecordType::kAck, 0, 1);
+  // A compaction: message 1 only view 1 holds (leased), message 2 both.
+  const uint64_t c1 = q.copy(1, "a");
+  EXPECT_EQ(q.of(0, 1), "none") << "a copy went into a view by itself";
+  q.state(RecordType::kLease, 1, 1, 1, 0, kNow + 60 * kSecond);
+  const uint64_t c2 = q.copy(2, "b");
+  q.state(RecordType::kRelease, 0, 2);
+  q.state(RecordType::kRelease, 1, 2);
+  EXPECT_EQ(q.of(0, 1), "none") << "view 0's acked message came back";
+  EXPECT_EQ(q.loc(1, 1), c1);
+  EXPECT_EQ(q.of(1, 1), "leased/1");
+  EXPECT_EQ(q.loc(0, 2), c2);
+  EXPECT_EQ(q.loc(1, 2), c2) << "view 1's entry stayed at the original the compaction removes";
+
+  // What a replay of the log after that compaction reads: the restated SUB, the copies and
+  // their records, nothing of the originals.
+  Views r;
+  r.sub(1, true, 1, "billing", format::kFlagRestated);
+  EXPECT_EQ(r.cache(1).sent_total, 0u);
+  const uint64_t r1 = r.copy(1, "a");
+  r.state(RecordType::kLease, 1, 1, 1, 0, kNow + 60 * kSecond);
+  const uint64_t r2 = r.copy(2, "b");
+  r.state(RecordType::kRelease, 0, 2);
+  r.state(RecordType::kRelease, 1, 2);
+  EXPECT_EQ(r.of(0, 1), "none");
+  EXPECT_EQ(r.of(1, 1), "leased/1");
+  EXPECT_EQ(r.loc(1, 1), r1);
+  EXPECT_EQ(r.of(0, 2), "ready/0");
+  EXPECT_EQ(r.of(1, 2), "ready/0");
+  EXPECT_EQ(r.loc(0, 2), r2);
+  EXPECT_EQ(r.loc(1, 2), r2);
+  for (uint16_t k : {0, 1}) EXPECT_EQ(r.check(k), "") << "view " << k;
+}
+
+// A view's index file (no process attached), field by field: its totals and its entries.
+std::map<std::string, std::string> view_file(const std::string& path) {
+  std::map<std::string, std::string> out;
+  SharedIndex x;
+  Status st = x.attach(path, false);
+  EXPECT_TRUE(st.ok()) << path << ": " << st.to_string();
+  if (!st.ok()) return out;
+  x.assert_held();  // nobody else is attached
+  EXPECT_TRUE(x.refresh().ok());
+  EXPECT_EQ(x.check_invariants(), "") << path;
+  const auto& h = x.hdr();
+  for (const auto& [k, v] : std::map<std::string, uint64_t>{{"count", h.layout.count},
+                                                            {"leased", h.layout.leased},
+                                                            {"next_id", h.cache.next_id},
+                                                            {"purged_through", h.cache.purged_through},
+                                                            {"sent_total", h.cache.sent_total},
+                                                            {"acked_total", h.cache.acked_total},
+                                                            {"received_total", h.cache.received_total},
+                                                            {"bytes_live", h.cache.bytes_live},
+                                                            {"paused", h.cache.paused}}) {
+    out[k] = std::to_string(v);
+  }
+  for (uint32_t k = 0; k < index::kSubscriptions; ++k) {
+    const index::Subscription& sub = h.cache.subs[k];
+    if (sub.active == 0) continue;
+    out["sub." + std::to_string(k + 1)] = std::string(sub.name, sub.name_len) + " from " + std::to_string(sub.from);
+  }
+  x.for_each_entry([&](uint32_t, uint64_t id, const index::Entry& e) {
+    out["msg." + std::to_string(id)] = std::string(e.state == State::kLeased ? "leased" : "ready") + " count " +
+                                       std::to_string(e.count) + " loc " + std::to_string(e.loc) + " len " +
+                                       std::to_string(e.len);
+  });
+  return out;
+}
+
+class SubscriptionQueue : public ::testing::Test {
+ protected:
+  std::unique_ptr<Queue> open() {
+    QueueOptions o;
+    o.sync = SyncPolicy::kNever;
+    o.segment_size = 16 << 10;
+    auto q = Queue::open(qdir(), o);
+    EXPECT_TRUE(q.ok()) << q.status().to_string();
+    return q.ok() ? std::move(q).value() : nullptr;
+  }
+  std::string qdir() const { return dir_ / "q"; }
+  std::map<std::string, std::map<std::string, std::string>> files() {
+    std::map<std::string, std::map<std::string, std::string>> out;
+    out["index"] = view_file(qdir() + "/index");
+    for (const char* k : {"1", "2"}) out[k] = view_file(qdir() + "/subs/" + k + ".index");
+    return out;
+  }
+  test::TempDir dir_;
+};
+
+std::string names(const std::vector<SubscriptionInfo>& subs) {
+  std::string out;
+  for (const auto& s : subs) {
+    out += s.name + " from " + std::to_string(s.from) + " messages " + std::to_string(s.messages) + ";";
+  }
+  return out;
+}
+
+// Through the library: subscriptions added from now and from start get their messages
+// from the one stored copy, view 0's acks leave them alone, bad names and unknown ones are
+// refused, and every view's index comes back the same from the log alone (the index files
+// deleted), and a lost subscription index alone is rebuilt too.
+TEST_F(SubscriptionQueue, AddRemoveListAndEveryViewRebuiltFromTheLog) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->send("one").ok());
+  ASSERT_TRUE(q->add_subscription("billing").ok());
+  ASSERT_TRUE(q->send("two").ok());
+  ASSERT_TRUE(q->send("three").ok());
+  ASSERT_TRUE(q->add_subscription("audit", true).ok());
+  ASSERT_TRUE(q->send("four").ok());
+  EXPECT_EQ(q->add_subscription("billing").code(), Code::kInvalidArgument) << "a name added twice";
+  EXPECT_EQ(q->add_subscription("default").code(), Code::kInvalidArgument);
+  EXPECT_EQ(q->add_subscription("has space").code(), Code::kInvalidArgument);
+  EXPECT_EQ(q->add_subscription(std::string(49, 'a')).code(), Code::kInvalidArgument);
+  EXPECT_EQ(q->remove_subscription("nope").code(), Code::kNotFound);
+  ASSERT_TRUE(q->add_subscription("gone").ok());
+  ASSERT_TRUE(q->remove_subscription("gone").ok());
+  auto got = q->receive(2, std::chrono::seconds(60));
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 2u);
+  for (const auto& m : *got) ASSERT_TRUE(q->ack(m.receipt).ok());
+  auto subs = q->subscriptions();
+  ASSERT_TRUE(subs.ok()) << subs.status().to_string();
+  EXPECT_EQ(names(*subs), "billing from 2 messages 3;audit from 1 messages 4;");
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->acked_total, 2u);
+  auto c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->segments_removed, 0u) << "compaction removed segments while subscriptions are active";
+  q.reset();
+
+  const auto live = files();
+  EXPECT_EQ(live.at("index").at("sub.1"), "billing from 2");
+  EXPECT_EQ(live.at("2").at("sent_total"), "4");
+  EXPECT_EQ(live.at("1").count("msg.1"), 0u);
+  EXPECT_EQ(live.at("2").at("msg.1").substr(0, 13), "ready count 0");
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  std::filesystem::remove(qdir() + "/subs/2.index");
+  q = open();  // the first opener rebuilds every view from the log
+  ASSERT_NE(q, nullptr);
+  q.reset();
+  EXPECT_EQ(files(), live) << "a rebuild from the log made other views";
+
+  std::filesystem::remove(qdir() + "/subs/2.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  (void)q->subscriptions();  // finds view 2's index missing: rebuilt before the unlock
+  subs = q->subscriptions();
+  ASSERT_TRUE(subs.ok());
+  EXPECT_EQ(names(*subs), "billing from 2 messages 3;audit from 1 messages 4;");
+  q.reset();
+  EXPECT_EQ(files(), live) << "a lost subscription index was not rebuilt";
+}
+
+// A queue that never had a subscription makes no subscription files.
+TEST_F(SubscriptionQueue, AQueueWithoutSubscriptionsHasNoViewFiles) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->send("x").ok());
+  auto got = q->receive(1, std::chrono::seconds(60));
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(q->ack(got->front().receipt).ok());
+  q.reset();
+  EXPECT_FALSE(std::filesystem::exists(qdir() + "/subs"));
+}
+
+}  // namespace
+}  // namespace spool::test
