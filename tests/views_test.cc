@@ -305,6 +305,19 @@ TEST_F(SubscriptionQueue, AddRemoveListAndEveryViewRebuiltFromTheLog) {
   q.reset();
   EXPECT_EQ(files(), live) << "a rebuild from the log made other views";
 
+  {
+    // Damage while nobody had the queue open: view 1's count off by 5 (its invariants
+    // broken). The first opener rebuilds every view.
+    SharedIndex x;
+    Status at = x.attach(qdir() + "/subs/1.index", false);
+    ASSERT_TRUE(at.ok()) << at.to_string();
+    x.hdr().layout.count += 5;
+  }
+  q = open();
+  ASSERT_NE(q, nullptr);
+  q.reset();
+  EXPECT_EQ(files(), live) << "a damaged subscription index was trusted";
+
   std::filesystem::remove(qdir() + "/subs/2.index");
   q = open();
   ASSERT_NE(q, nullptr);

@@ -248,6 +248,12 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     }
     impl->idx.assert_held();  // the first opener: the gate keeps every other process out
     reuse = reuse && impl->idx.check_invariants().empty() && !impl->log_ahead_of_index();
+    if (reuse) {
+      if (std::string bad = impl->views_sound(); !bad.empty()) {
+        spool::log().warn("spool: {}: {}; rebuilding the index", dir, bad);
+        reuse = false;
+      }
+    }
     if (reuse) reuse = impl->lock_to_change().ok();
     if (!reuse) {
       // The index is a cache of the log: a new one, rebuilt from the log. Made beside the old

@@ -156,6 +156,11 @@ struct Queue::Impl {
   // active, outside a replay: the rebuild fills it from the log), guarded by view 0's lock,
   // which the caller holds (apply_record() through view_fn included). Null if it cannot be.
   index::SharedIndex* view_index(uint16_t k);
+  // For the first opener that would reuse the index: "" when every active subscription's
+  // index is there and sound (its invariants, and as far on as view 0), else what is not,
+  // and then every view is rebuilt from the log. (View files are not sealed: damage that
+  // keeps the invariants is not seen.)
+  std::string views_sound();
   Status add_subscription(std::string_view name, bool from_start);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();

@@ -76,6 +76,20 @@ auto Queue::Impl::view_index(uint16_t k) -> index::SharedIndex* {
   return v.get();
 }
 
+auto Queue::Impl::views_sound() -> std::string {
+  idx.assert_held();  // the first opener: nobody else is attached
+  for (uint16_t k : queue::active_views(idx)) {
+    index::SharedIndex* v = view_index(k);
+    if (v == nullptr || !idx.damage().empty()) return "subscription " + std::to_string(k) + "'s index is missing";
+    v->assert_held();
+    if (std::string bad = v->check_invariants(); !bad.empty()) return "subscription " + std::to_string(k) + "'s index: " + bad;
+    if (v->hdr().cache.next_id != idx.hdr().cache.next_id) {
+      return "subscription " + std::to_string(k) + "'s index is behind the queue's";
+    }
+  }
+  return "";
+}
+
 auto Queue::Impl::add_subscription(std::string_view name, bool from_start) -> Status {
   Impl& q = *this;
   if (Status s = check_subscription_name(name); !s.ok()) return s;
