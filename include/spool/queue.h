@@ -73,6 +73,12 @@ struct QueueOptions {
   // payload and attributes readable by replay(), for this long after its ack; compaction
   // keeps the segments that hold it until then (docs/semantics.md, "Replay after ack"). 0 to 30 days.
   Millis keep_acked{0};
+  // Not stored: the subscription (Queue::add_subscription) this handle reads; empty: the
+  // queue's own view. receive, ack, nack, extend, dead_letter and bind act on that
+  // subscription's messages (issue 46, in progress: the other reading and operator calls
+  // are kInvalidArgument on a subscription's handle for now). An unknown name is kNotFound
+  // at open; a removed one at the next call.
+  std::string subscription = {};
   bool create = true;              // create the queue if the directory holds none
   // At creation only (the directory holds no spool.conf yet): the mode of the queue's
   // files (0: what the umask leaves of 0666; 0660 for a queue a group shares, 0664 to let

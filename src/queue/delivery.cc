@@ -10,8 +10,10 @@
 namespace spool {
 
 auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
-  const Entry& e = idx.entry(slot);
-  const uint64_t id = idx.id_of(slot);
+  index::SharedIndex& v = vw();
+  v.assert_held();
+  const Entry& e = v.entry(slot);
+  const uint64_t id = v.id_of(slot);
   std::shared_ptr<storage::Segment> keep;
   auto r = log->read(Pos::unpack(e.loc), &keep);
   if (!r.ok()) {
@@ -58,8 +60,8 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
 
 namespace {
 // The LEASE record of delivery `count` of message `id`, leased for `vis` ns from `now`.
-Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis) {
-  return Record{RecordType::kLease, count, id, now.rt, now.rt + vis, {}};
+Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis, uint16_t view) {
+  return Record{RecordType::kLease, count, id, now.rt, now.rt + vis, {}, 0, {}, view};
 }
 // A move to the dead-letter queue that a receive made on its own, which no caller is told
 // of: a warning. (One a consumer asks for, dead_letter(), is its caller's to report: it is
@@ -72,7 +74,9 @@ void log_moved(const std::string& dir, uint64_t id, const char* reason, uint32_t
 
 auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t* end, Mapped* mapped) -> Result<std::optional<Message>> {
   auto& h = idx.hdr();
-  const uint64_t id = idx.id_of(slot);
+  index::SharedIndex& v = vw();
+  v.assert_held();
+  const uint64_t id = v.id_of(slot);
   uint64_t age = 0;
   auto msg = load(slot, mapped, &now, &age);
   if (msg.ok() && cfg.opts.retention_max_age.count() > 0 && age > ms_to_ns(cfg.opts.retention_max_age)) {
@@ -86,12 +90,12 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     // again, so receives would fail on it forever (issue 48): it is dead-lettered, body
     // as stored, with the reason; verify reports it too.
     std::shared_ptr<storage::Segment> seg;
-    auto r = log->read(Pos::unpack(idx.entry(slot).loc), &seg);
+    auto r = log->read(Pos::unpack(v.entry(slot).loc), &seg);
     if (!r.ok()) return r.status();
     Message raw;
     raw.id = id;
     std::string why = msg.status().message().substr(0, format::kMaxAttrValue);
-    const uint32_t count = idx.entry(slot).count;
+    const uint32_t count = v.entry(slot).count;
     if (Status s = bury(slot, raw, r->payload, "unreadable", {{"spool.dead.error", why}}, now); !s.ok()) return s;
     log_moved(dir, id, "unreadable", count);
     *end = h.cache.log_end;
@@ -105,7 +109,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     return Status(Code::kCorrupt, "message " + std::to_string(id) + " could not be read (" + msg.status().message() +
                                       "); the index is rebuilt from the log, try again");
   }
-  Entry& e = idx.entry(slot);
+  Entry& e = v.entry(slot);
   if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
     const std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
     const uint32_t count = e.count;
@@ -114,12 +118,13 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     *end = h.cache.log_end;
     return std::optional<Message>();
   }
-  e.owner = owners.new_lease_tag(idx);
+  // (Instant release on death walks view 0 only yet: a subscription's lease is not bound.)
+  e.owner = view_k == 0 ? owners.new_lease_tag(idx) : 0;
   const uint32_t count = e.count + 1;
   // The LEASE record log_leases() commits for it, applied now: the next message is picked
   // from the state this one leaves. The caller reserved heap room for every message it
   // takes, so this cannot remap; if the append fails, the index is rebuilt from the log.
-  if (Status s = apply_before_append(lease_record(id, count, now, vis), now); !s.ok()) return s;
+  if (Status s = apply_before_append(lease_record(id, count, now, vis, view_k), now); !s.ok()) return s;
   msg->receive_count = count;
   msg->receipt = receipt(id, count);
   return std::optional<Message>(std::move(*msg));
@@ -146,8 +151,10 @@ void add_within_bounds(Attributes& a, const std::vector<std::pair<std::string, s
 
 auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const char* reason,
                        const Attributes& extra, const Clocks& now) -> Status {
-  const Entry& e = idx.entry(slot);
-  const uint64_t id = idx.id_of(slot);
+  index::SharedIndex& v = vw();
+  v.assert_held();
+  const Entry& e = v.entry(slot);
+  const uint64_t id = v.id_of(slot);
   const uint32_t count = e.count;
   auto dead_q = dlq.get();
   if (!dead_q.ok()) return dead_q.status();
@@ -170,15 +177,17 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();
   env->crashpoint("dead_letter.after_send");  // in the DLQ, not yet DEAD here: a duplicate, never a loss
-  Record dead{RecordType::kDead, count, id, 0, 0, {}};
+  Record dead{RecordType::kDead, count, id, 0, 0, {}, 0, {}, view_k};
   if (auto res = commit(std::span(&dead, 1), now); !res.ok()) return res.status();
   return {};
 }
 
 auto Queue::Impl::expire(uint32_t slot, const Clocks& now) -> Status {
-  Entry& e = idx.entry(slot);
-  const uint64_t id = idx.id_of(slot);
-  Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
+  index::SharedIndex& v = vw();
+  v.assert_held();
+  Entry& e = v.entry(slot);
+  const uint64_t id = v.id_of(slot);
+  Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired, {}, view_k};
   const uint32_t len = e.len;
   if (auto res = commit(std::span(&rec, 1), now); !res.ok()) return res.status();
   spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, len);
@@ -189,7 +198,7 @@ auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& no
   if (taken.empty()) return {};
   std::vector<Record> recs;
   recs.reserve(taken.size());
-  for (const auto& m : taken) recs.push_back(lease_record(m.id, m.receive_count, now, vis));
+  for (const auto& m : taken) recs.push_back(lease_record(m.id, m.receive_count, now, vis, view_k));
   auto res = commit(recs, now, nullptr, true);
   if (!res.ok()) return res.status();
   *end = res->end.pack();

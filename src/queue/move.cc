@@ -31,6 +31,7 @@ std::string move_dedup_id(uint64_t uid, uint64_t id) {
 Result<Queue::MoveResult> Queue::move_to(Queue& dst, const MoveOptions& opts) { return impl_->move_to(dst, opts); }
 
 Result<Queue::MoveResult> Queue::Impl::move_to(Queue& dst, const MoveOptions& opts) {
+  if (Status s = whole_queue_only("move"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (Status s = dst.impl_->writable(); !s.ok()) return s;

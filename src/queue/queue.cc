@@ -86,7 +86,10 @@ bool has_foreign_files(const std::string& dir) {
 }  // namespace
 
 Result<std::unique_ptr<Queue>> Queue::open(const std::string& dir, const QueueOptions& opts) {
-  return Impl::open_queue(dir, opts, false);
+  auto q = Impl::open_queue(dir, opts, false);
+  if (!q.ok() || opts.subscription.empty()) return q;
+  if (Status s = (*q)->impl_->use_subscription(opts.subscription); !s.ok()) return s;
+  return q;
 }
 
 Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in, const QueueOptions& opts,
@@ -357,6 +360,8 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
 // heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
 std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now) {
   if (max == 0) return {};
+  index::SharedIndex& v = vw();  // (the handle's view: stats of a subscription)
+  v.assert_held();
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
     if (best.size() == max && id >= best.front().first) return;
@@ -368,21 +373,21 @@ std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, ui
     std::push_heap(best.begin(), best.end());
   };
   const bool every = states.ready && states.in_flight && states.delayed && states.blocked;
-  const index::HeapItem* items = idx.heap_begin();
-  for (uint64_t i = 0; i < idx.heap_size(); ++i) {
+  const index::HeapItem* items = v.heap_begin();
+  for (uint64_t i = 0; i < v.heap_size(); ++i) {
     // The key alone tells ready from not: the entry is looked up only for what may be taken.
     const bool ready = items[i].key <= now;
     if (!every && (ready ? !states.ready : !states.in_flight && !states.delayed)) continue;
-    const auto slot = static_cast<uint32_t>(idx.find(items[i].id));
-    if (!every && !ready && !states.has(state_at(idx.entry(slot), items[i].key, now))) continue;
+    const auto slot = static_cast<uint32_t>(v.find(items[i].id));
+    if (!every && !ready && !states.has(state_at(v.entry(slot), items[i].key, now))) continue;
     offer(items[i].id, slot);
   }
-  if (states.blocked) idx.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
+  if (states.blocked) v.for_each_blocked([&](uint32_t slot, uint64_t id) { offer(id, slot); });
   if (states.ready) {
-    const index::HeapItem* due = idx.due_begin();
-    for (uint64_t i = 0; i < idx.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(idx.find(due[i].id)));
+    const index::HeapItem* due = v.due_begin();
+    for (uint64_t i = 0; i < v.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(v.find(due[i].id)));
     size_t seen = 0;
-    idx.for_each_queued([&](uint32_t slot, uint64_t id) {
+    v.for_each_queued([&](uint32_t slot, uint64_t id) {
       offer(id, slot);
       return ++seen < max;
     });
@@ -707,13 +712,18 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
       SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
       seen = h.coord.wake_seq.load(std::memory_order_acquire);
       Clocks now = q.clocks();
+      // The view this handle reads (the queue's own, or a subscription's).
+      auto viewed = q.here();
+      if (!viewed.ok()) return viewed.status();
+      index::SharedIndex& v = **viewed;
+      v.assert_held();
       // Every queued message taken gets a heap item: room for them first, so that taking
       // one cannot fail halfway (the others have theirs).
-      if (Status s = q.idx.reserve_heap(std::min<uint64_t>(max, h.layout.queued)); !s.ok()) return s;
+      if (Status s = v.reserve_heap(std::min<uint64_t>(max, v.hdr().layout.queued)); !s.ok()) return s;
       // Paused (Queue::pause): nothing is taken, and the wait below lasts until resume()
       // bumps wake_seq or the wait runs out.
-      paused = h.cache.paused != 0;
-      for (int64_t slot; !paused && out.size() < max && (slot = q.idx.next(now.boot)) >= 0;) {
+      paused = v.hdr().cache.paused != 0;
+      for (int64_t slot; !paused && out.size() < max && (slot = v.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
         if (!taken.ok()) return taken.status();
@@ -722,7 +732,7 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
         if (mapped != nullptr) mapped->push_back(std::move(m));
       }
       if (Status s = q.log_leases(out, now, vis, &end); !s.ok()) return s;
-      next_key = paused ? UINT64_MAX : q.idx.next_key();
+      next_key = paused ? UINT64_MAX : v.next_key();
     }
     if (end != 0) {
       if (Status s = q.written(end); !s.ok()) return s;
@@ -775,6 +785,7 @@ Result<Message> Queue::Impl::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
+  if (Status s = whole_queue_only("receive by id"); !s.ok()) return s;
   if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
   uint64_t end = 0;
   std::vector<Message> out;
@@ -863,6 +874,7 @@ MessageInfo Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
 Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) { return impl_->list(max, states); }
 
 Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states) {
+  if (Status s = whole_queue_only("list"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);  // list() writes nothing, no CLOCK record either
@@ -881,6 +893,7 @@ static Status not_in_queue(uint64_t id) {
 Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) { return impl_->show(id); }
 
 Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
+  if (Status s = whole_queue_only("show"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const int64_t slot = q.idx.find(id);
@@ -903,6 +916,7 @@ Status Queue::Impl::change(std::string_view receipt, Change what, uint64_t ns, D
       rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
     }
     if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
+    rec.view = q.view_k;
     auto res = q.commit(std::span(&rec, 1), now);
     if (!res.ok()) return res.status();
     end = res->end.pack();
@@ -929,7 +943,9 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     // A consumer giving up on the last delivery max_receives allows dead-letters what the
     // next receive would have for that reason.
     const uint32_t max = q.cfg.opts.max_receives;
-    const bool spent = max != 0 && q.idx.entry(f->slot).count >= max;
+    index::SharedIndex& v = q.vw();
+    v.assert_held();
+    const bool spent = max != 0 && v.entry(f->slot).count >= max;
     if (Status s = q.bury(f->slot, *m, body, spent ? "max_receives" : "consumer", extra, now); !s.ok()) return s;
     end = q.idx.hdr().cache.log_end;
   }
@@ -945,6 +961,7 @@ Status Queue::ack(std::string_view receipt, Durability durability) {
 Status Queue::remove(uint64_t id, Durability durability) { return impl_->remove(id, durability); }
 
 Status Queue::Impl::remove(uint64_t id, Durability durability) {
+  if (Status s = whole_queue_only("remove"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
@@ -967,6 +984,7 @@ Status Queue::Impl::remove(uint64_t id, Durability durability) {
 Status Queue::bind_leases() { return impl_->bind_leases(); }
 
 Status Queue::Impl::bind_leases() {
+  if (Status s = whole_queue_only("bind_leases"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
@@ -1005,6 +1023,7 @@ Status Queue::extend(std::string_view receipt, Millis visibility) {
 Result<std::vector<Message>> Queue::peek(size_t max) { return impl_->peek(max); }
 
 Result<std::vector<Message>> Queue::Impl::peek(size_t max) {
+  if (Status s = whole_queue_only("peek"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   std::vector<Message> out;
@@ -1019,6 +1038,7 @@ Result<std::vector<Message>> Queue::Impl::peek(size_t max) {
 Result<uint64_t> Queue::purge() { return impl_->purge(); }
 
 Result<uint64_t> Queue::Impl::purge() {
+  if (Status s = whole_queue_only("purge"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t n, end;
@@ -1039,6 +1059,7 @@ Result<uint64_t> Queue::Impl::purge() {
 // pause() and resume(): a PAUSE record, applied, synced whatever the sync policy (an
 // operator's action that returned holds across a power cut).
 Status Queue::Impl::set_paused(bool on) {
+  if (Status s = whole_queue_only("pause and resume"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
@@ -1060,6 +1081,7 @@ Status Queue::resume() { return impl_->set_paused(false); }
 Status Queue::release(uint64_t id) { return impl_->release(id); }
 
 Status Queue::Impl::release(uint64_t id) {
+  if (Status s = whole_queue_only("release"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   uint64_t end;
@@ -1089,32 +1111,39 @@ Result<Stats> Queue::Impl::stats() {
   Stats st;
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock());
-    auto& h = q.idx.hdr();
+    // The handle's view (a subscription's counts and totals); the lease owners, the dedup
+    // ids and the disk are the queue's.
+    auto viewed = q.here();
+    if (!viewed.ok()) return viewed.status();
+    index::SharedIndex& v = **viewed;
+    v.assert_held();
+    auto& h = v.hdr();
+    auto& owners_h = q.idx.hdr();
     uint64_t now = q.env->boot_ns();
     // Queued messages are ready and counted; the heap is read whole (in flight, delayed,
     // redelivered: not the backlog).
-    st.ready = h.layout.queued + q.idx.due_size();
+    st.ready = h.layout.queued + v.due_size();
     st.blocked = h.layout.blocked;
     auto head = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now);
-    const index::HeapItem* items = q.idx.heap_begin();
+    const index::HeapItem* items = v.heap_begin();
     std::array<uint64_t, index::kOwnerSlots> bound{};
-    for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+    for (uint64_t i = 0; i < v.heap_size(); ++i) {
       if (items[i].key <= now) {
         ++st.ready;
         continue;
       }
-      const int64_t slot = q.idx.find(items[i].id);
+      const int64_t slot = v.find(items[i].id);
       if (slot < 0) continue;  // damage, recorded by find(); the next lock repairs it
-      const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+      const Entry& e = v.entry(static_cast<uint32_t>(slot));
       if (e.state != State::kLeased) {
         ++st.delayed;
         continue;
       }
       ++st.in_flight;
-      if (int k = bound_owner(h, e); k >= 0) ++bound[k];
+      if (int k = bound_owner(owners_h, e); k >= 0) ++bound[k];
     }
     for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-      if (bound[k] != 0) st.holders.push_back({h.registry.owner_pid[k], bound[k]});
+      if (bound[k] != 0) st.holders.push_back({owners_h.registry.owner_pid[k], bound[k]});
     }
     std::sort(st.holders.begin(), st.holders.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
     if (!head.empty()) {
@@ -1132,7 +1161,7 @@ Result<Stats> Queue::Impl::stats() {
     st.next_id = h.cache.next_id;
     st.paused = h.cache.paused != 0;
     st.dedup_ids = q.idx.dedup_live(now);  // expiries are boot-clock keys
-    q.idx.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
+    v.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }
   if (auto seqs = q.log->segments(); seqs.ok()) {
     st.segments = seqs->size();

@@ -161,6 +161,17 @@ struct Queue::Impl {
   // and then every view is rebuilt from the log. (View files are not sealed: damage that
   // keeps the invariants is not seen.)
   std::string views_sound();
+  // QueueOptions::subscription: this handle reads subscription `name` (kNotFound if none).
+  Status use_subscription(std::string_view name);
+  // The view this handle reads: view 0's index, or its subscription's (kNotFound once
+  // that was removed, or renamed to another number by a remove and an add).
+  Result<index::SharedIndex*> here() REQUIRES(idx);
+  // here()'s index, where the caller checked here() under this hold of the lock.
+  index::SharedIndex& vw() REQUIRES(idx) {
+    return view_k != 0 && views[view_k] != nullptr ? *views[view_k] : idx;
+  }
+  // kInvalidArgument for `what` on a subscription's handle (not there yet), else ok.
+  Status whole_queue_only(const char* what) const;
   Status add_subscription(std::string_view name, bool from_start);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
@@ -458,6 +469,10 @@ struct Queue::Impl {
   // view_index(); and apply_record()'s way to them.
   std::array<std::unique_ptr<index::SharedIndex>, index::kSubscriptions + 1> views;
   queue::ViewIndex view_fn{[this](uint16_t k) { return view_index(k); }};
+  // The subscription this handle reads (QueueOptions::subscription): its view and name;
+  // 0 and "" for the queue's own.
+  uint16_t view_k = 0;
+  std::string view_name;
   bool replaying = false;  // replay() is filling the views (lock held: idx, or replay()'s private index)
 };
 

@@ -11,7 +11,8 @@ auto Queue::Impl::receipt(uint64_t id, uint32_t gen) const -> std::string {
   p = std::to_chars(p, p + 10, gen).ptr;
   *p++ = '.';
   static constexpr char kHex[] = "0123456789abcdef";
-  uint32_t tag = static_cast<uint32_t>(cfg.uid);
+  // A subscription's receipts carry its view in the tag: one of another view is refused.
+  uint32_t tag = static_cast<uint32_t>(cfg.uid) ^ view_k;
   for (int shift = 28; shift >= 0; shift -= 4) *p++ = kHex[(tag >> shift) & 0xf];
   return std::string(buf, p);
 }
@@ -38,16 +39,21 @@ auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
       p - tag_start > 8 || id == 0 || gen == 0) {
     return malformed();
   }
-  if (tag != static_cast<uint32_t>(cfg.uid)) {
-    return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir);
+  if (tag != (static_cast<uint32_t>(cfg.uid) ^ view_k)) {
+    return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir +
+                                              (view_k != 0 ? " (subscription " + view_name + ")" : std::string()));
   }
   SPOOL_LOCK_OR_RETURN(held, *this, lock_to_change());
-  int64_t slot = idx.find(id);
+  auto viewed = here();
+  if (!viewed.ok()) return viewed.status();
+  index::SharedIndex& v = **viewed;
+  v.assert_held();
+  int64_t slot = v.find(id);
   if (slot < 0) {
     return Status(Code::kNotFound, "message " + std::to_string(id) +
                                        " is not in the queue (already acked, dead-lettered or purged)");
   }
-  const Entry& e = idx.entry(static_cast<uint32_t>(slot));
+  const Entry& e = v.entry(static_cast<uint32_t>(slot));
   if (e.count != gen) {
     return Status(Code::kLeaseLost,
                   "lease lost: message " + std::to_string(id) + " was received again (delivery " +

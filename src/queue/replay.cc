@@ -34,6 +34,7 @@ struct Acked {
 Result<ReplayResult> Queue::replay(const ReplayOptions& o) { return impl_->replay(*this, o); }
 
 Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
+  if (Status s = whole_queue_only("replay"); !s.ok()) return s;
   Impl& q = *this;
   if (o.since.count() <= 0 || o.until.count() < 0 || o.until >= o.since) {
     return Status(Code::kInvalidArgument, "replay: the window must have since > until >= 0 (since " +

@@ -90,6 +90,36 @@ auto Queue::Impl::views_sound() -> std::string {
   return "";
 }
 
+auto Queue::Impl::use_subscription(std::string_view name) -> Status {
+  SPOOL_LOCK_OR_RETURN(held, *this, lock());
+  const auto& subs = idx.hdr().cache.subs;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    if (subs[k - 1].active != 0 && name_of(subs[k - 1]) == name) {
+      view_k = k;
+      view_name = std::string(name);
+      return here().status();
+    }
+  }
+  return Status(Code::kNotFound, dir + ": no subscription '" + std::string(name) + "'");
+}
+
+auto Queue::Impl::here() -> Result<index::SharedIndex*> {
+  if (view_k == 0) return &idx;
+  const index::Subscription& s = idx.hdr().cache.subs[view_k - 1];
+  if (s.active == 0 || name_of(s) != view_name) {
+    return Status(Code::kNotFound, dir + ": subscription '" + view_name + "' was removed");
+  }
+  index::SharedIndex* v = view_index(view_k);
+  if (v == nullptr) return Status(Code::kIo, dir + ": cannot map subscription '" + view_name + "''s index");
+  return v;
+}
+
+auto Queue::Impl::whole_queue_only(const char* what) const -> Status {
+  if (view_k == 0) return {};
+  return Status(Code::kInvalidArgument, std::string(what) + " on a subscription's handle ('" + view_name +
+                                            "') is not supported yet; open the queue without one");
+}
+
 auto Queue::Impl::add_subscription(std::string_view name, bool from_start) -> Status {
   Impl& q = *this;
   if (Status s = check_subscription_name(name); !s.ok()) return s;
