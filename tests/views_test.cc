@@ -7,6 +7,7 @@
 #include <array>
 #include <filesystem>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -397,6 +398,123 @@ TEST_F(SubscriptionQueue, ASubscriptionsHandleReceivesAcksAndNacksItsOwnMessages
   auto replayed = files();
   // (A lease's deadline is a key of the replay's clock; the entries name state and count.)
   EXPECT_EQ(replayed, live) << "a rebuild from the log made other views";
+}
+
+// The model test: random sends, receives, acks, nacks and extends across the queue's own
+// view and two subscriptions (one added from start mid-stream), and compactions, held
+// against a model of each view (which messages it holds, leased or ready, with what
+// receive count): every receive gets exactly as many messages as the view has ready, each
+// one the model says is ready there, with the next receive count and its payload; stats
+// agree; then a rebuild from the log alone gives every view's index field by field.
+TEST_F(SubscriptionQueue, RandomStreamsAcrossThreeViewsMatchAModelAndTheLog) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::filesystem::remove_all(qdir());
+    std::mt19937 rng(seed);
+    auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+    struct Held {
+      bool leased = false;
+      uint32_t count = 0;
+      std::string receipt;
+    };
+    std::array<std::map<uint64_t, Held>, 3> model;  // by view: 0, "a" (from now), "b" (from start, later)
+    std::array<std::unique_ptr<Queue>, 3> h;
+    std::map<uint64_t, std::string> bodies;
+    h[0] = open();
+    ASSERT_NE(h[0], nullptr);
+    ASSERT_TRUE(h[0]->add_subscription("a").ok());
+    auto open_sub = [&](const char* name) {
+      QueueOptions o;
+      o.sync = SyncPolicy::kNever;
+      o.segment_size = 16 << 10;
+      o.subscription = name;
+      auto q = Queue::open(qdir(), o);
+      EXPECT_TRUE(q.ok()) << q.status().to_string();
+      return q.ok() ? std::move(q).value() : nullptr;
+    };
+    h[1] = open_sub("a");
+    ASSERT_NE(h[1], nullptr);
+    const int kOps = 400;
+    for (int op = 0; op < kOps; ++op) {
+      if (op == kOps / 3) {
+        // "From start": every message any view holds now, ready, count 0.
+        ASSERT_TRUE(h[0]->add_subscription("b", true).ok());
+        h[2] = open_sub("b");
+        ASSERT_NE(h[2], nullptr);
+        for (size_t k = 0; k < 2; ++k) {
+          for (const auto& [id, m] : model[k]) model[2][id] = Held{};
+        }
+      }
+      const size_t views = h[2] != nullptr ? 3 : 2;
+      const size_t k = pick(views);
+      const size_t what = pick(10);
+      if (what < 4) {
+        const std::string body = "m" + std::to_string(op) + std::string(pick(200), 'x');
+        auto id = h[pick(views)]->send(body);
+        ASSERT_TRUE(id.ok()) << id.status().to_string();
+        bodies[*id] = body;
+        for (size_t v = 0; v < views; ++v) model[v][*id] = Held{};
+      } else if (what < 6) {
+        size_t ready = 0;
+        for (const auto& [id, m] : model[k]) ready += m.leased ? 0 : 1;
+        const size_t want = 1 + pick(3);
+        auto got = h[k]->receive(want, std::chrono::hours(1), std::chrono::milliseconds(0));
+        if (ready == 0) {
+          ASSERT_EQ(got.status().code(), Code::kEmpty) << "view " << k;
+          continue;
+        }
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        ASSERT_EQ(got->size(), std::min(want, ready)) << "view " << k;
+        for (const auto& m : *got) {
+          auto it = model[k].find(m.id);
+          ASSERT_TRUE(it != model[k].end() && !it->second.leased) << "view " << k << " delivered " << m.id;
+          EXPECT_EQ(m.receive_count, it->second.count + 1);
+          EXPECT_EQ(m.payload, bodies[m.id]);
+          it->second = Held{true, m.receive_count, m.receipt};
+        }
+      } else {
+        std::vector<uint64_t> leased;
+        for (const auto& [id, m] : model[k]) {
+          if (m.leased) leased.push_back(id);
+        }
+        if (leased.empty()) continue;
+        const uint64_t id = leased[pick(leased.size())];
+        Held& m = model[k][id];
+        if (what < 8) {
+          ASSERT_TRUE(h[k]->ack(m.receipt).ok());
+          model[k].erase(id);
+        } else if (what < 9) {
+          ASSERT_TRUE(h[k]->nack(m.receipt).ok());
+          m.leased = false;
+        } else {
+          ASSERT_TRUE(h[k]->extend(m.receipt, std::chrono::hours(2)).ok());
+        }
+      }
+      if (op % 50 == 49) {
+        auto c = h[0]->compact();
+        ASSERT_TRUE(c.ok()) << c.status().to_string();
+        for (size_t v = 0; v < views; ++v) {
+          auto st = h[v]->stats();
+          ASSERT_TRUE(st.ok());
+          uint64_t leased = 0;
+          for (const auto& [id, m] : model[v]) leased += m.leased ? 1 : 0;
+          EXPECT_EQ(st->in_flight, leased) << "view " << v;
+          EXPECT_EQ(st->ready, model[v].size() - leased) << "view " << v;
+        }
+      }
+    }
+    for (auto& q : h) q.reset();
+    const auto live = files();
+    ASSERT_EQ(live.at("1").at("count"), std::to_string(model[1].size()));
+    ASSERT_EQ(live.at("2").at("count"), std::to_string(model[2].size()));
+    std::filesystem::remove(qdir() + "/index");
+    std::filesystem::remove(qdir() + "/subs/1.index");
+    std::filesystem::remove(qdir() + "/subs/2.index");
+    h[0] = open();
+    ASSERT_NE(h[0], nullptr);
+    h[0].reset();
+    EXPECT_EQ(files(), live) << "the log replays into other views than the live calls left";
+  }
 }
 
 // A queue that never had a subscription makes no subscription files.
