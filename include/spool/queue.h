@@ -415,8 +415,9 @@ class Queue {
   // `from_start`, also every message in the queue then) with state of its own. Names are
   // 1-48 bytes of [A-Za-z0-9._-], not "default"; at most 16 at once. Adding a name that
   // exists, or a 17th, is kInvalidArgument; removing an unknown one kNotFound. Both are
-  // records in the log, synced before they return. (Receiving as a subscription is not
-  // there yet.)
+  // records in the log, synced before they return. A handle reads a subscription with
+  // QueueOptions::subscription. While any subscription exists, compaction removes nothing
+  // (not there yet: the log grows).
   Status add_subscription(std::string_view name, bool from_start = false);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
