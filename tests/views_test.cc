@@ -195,6 +195,35 @@ TEST(Views, ACopyGoesOnlyIntoTheViewsWhoseRecordsFollowIt) {
   for (uint16_t k : {0, 1}) EXPECT_EQ(r.check(k), "") << "view " << k;
 }
 
+// Every segment opens with a SUB add flagged RESTATED per active view. Of a view active
+// with that `from` it changes nothing (the log from its start); of a view not active (a
+// replay from a segment whose earlier ones compaction removed, the real add with them) it
+// activates the view empty, with that `from`: no "from start" fill, and the MSGs after it
+// fan out to it as to any view.
+TEST(Views, ARestatedAddKeepsAnActiveViewAndStartsAMissingOneEmpty) {
+  Views q;
+  q.send(1, "a");
+  const uint64_t added = q.sub(1, true, 0, "billing");  // from start: gets message 1
+  q.state(RecordType::kLease, 1, 1, 1, 0, kNow + 60 * kSecond);
+  q.sub(1, true, 1, "billing", format::kFlagRestated);
+  EXPECT_EQ(q.of(1, 1), "leased/1") << "a restatement of an active view emptied it";
+  EXPECT_EQ(q.cache(0).subs[0].added, added) << "a restatement moved the add's position";
+  EXPECT_EQ(q.cache(1).received_total, 1u);
+
+  Views r;  // the same log from a later segment on: message 1 is in view 0 only
+  r.send(1, "a");
+  r.sub(1, true, 2, "billing", format::kFlagRestated);
+  EXPECT_EQ(r.cache(0).subs[0].active, 1u);
+  EXPECT_EQ(r.cache(0).subs[0].from, 2u);
+  EXPECT_EQ(std::string(r.cache(0).subs[0].name, r.cache(0).subs[0].name_len), "billing");
+  EXPECT_EQ(r.of(1, 1), "none") << "a restated add filled the view as a from-start add";
+  r.send(2, "b");
+  EXPECT_EQ(r.of(1, 2), "ready/0") << "a message after the restatement missed the view";
+  EXPECT_EQ(r.of(0, 2), "ready/0");
+  EXPECT_EQ(r.cache(1).next_id, 3u);
+  for (uint16_t k : {0, 1}) EXPECT_EQ(r.check(k), "") << "view " << k;
+}
+
 // A view's index file (no process attached), field by field: its totals and its entries.
 std::map<std::string, std::string> view_file(const std::string& path) {
   std::map<std::string, std::string> out;

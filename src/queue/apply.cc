@@ -235,9 +235,15 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
   if (k == 0 || k > index::kSubscriptions) return {};
   auto& h = x.hdr();
   index::Subscription& sub = h.cache.subs[k - 1];
-  sub = index::Subscription{};
   const bool add = r.count != 0;
-  const bool from_start = add && r.id == 0 && (r.flags & format::kFlagRestated) == 0;
+  const bool restated = add && (r.flags & format::kFlagRestated) != 0;
+  // A restatement (every segment opens with one per active view): of a view active with
+  // that `from`, nothing (its add came before); else the log's prefix with the real add
+  // was compacted away, and the view starts here, empty: its messages come back from the
+  // copies' LEASE/RELEASE records and from the MSGs after this.
+  if (restated && sub.active != 0 && sub.from == r.id) return {};
+  sub = index::Subscription{};
+  const bool from_start = add && r.id == 0 && !restated;
   std::vector<Live> msgs;
   if (from_start) msgs = live_in_views(x, k, keys);
   if (add) {
@@ -250,7 +256,8 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
   index::SharedIndex* v = keys.views != nullptr ? (*keys.views)(k) : nullptr;
   if (v == nullptr) return {};
   v->assert_held();
-  if (Status s = clear_state(*v, msgs.empty() ? h.cache.next_id : msgs.front().id); !s.ok()) return s;
+  const uint64_t first = restated ? std::max<uint64_t>(1, r.id) : msgs.empty() ? h.cache.next_id : msgs.front().id;
+  if (Status s = clear_state(*v, first); !s.ok()) return s;
   raise_next_id(v->hdr(), h.cache.next_id - 1);
   for (const Live& m : msgs) {
     if (Status s = insert_message(*v, m.id, m.e, 0, keys.now.boot, m.priority, 0); !s.ok()) return s;

@@ -54,7 +54,7 @@ inline constexpr uint8_t kFlagExpired = 2;  // ACK written by a retention limit,
 inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's nack (counted)
 inline constexpr uint8_t kFlagExt = 8;      // MSG whose payload starts with an extension area
 inline constexpr uint8_t kFlagDeleted = 16;  // ACK written by a delete by id, not a consumer
-inline constexpr uint8_t kFlagRestated = 32;  // SUB add written by compaction: its state is in the copies
+inline constexpr uint8_t kFlagRestated = 32;  // SUB add that opens a segment: restates an active view
 
 // Whether a record of `type` may carry a view other than 0 (a SUB's is the subscription it
 // adds or removes; MSG, CHECKPOINT and CLOCK records are the queue's, not a view's).
