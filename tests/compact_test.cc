@@ -169,7 +169,7 @@ TEST_F(CompactTest, ALoneCopyLeftByAKilledCompactionKeepsTheReceiveCount) {
     ASSERT_TRUE(rec.ok());
     ASSERT_EQ(rec->end.seq, 2u);
     storage::Record copy{format::RecordType::kMsg, 0, target, t1, t2, target_body, format::kFlagCopy};
-    ASSERT_TRUE((*log)->append(rec->end, std::span(&copy, 1), next_id, nullptr).ok());
+    ASSERT_TRUE((*log)->append(rec->end, std::span(&copy, 1), next_id, {}).ok());
   }
   std::filesystem::remove(qdir() + "/index");
   {

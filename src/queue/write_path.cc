@@ -43,11 +43,22 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
     if (!t.ok()) return t.status();
     tail = *t;
   }
-  // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h).
-  const uint64_t boot = queue::boot_hash();
-  std::optional<Record> opener;
-  if (!read_only && h.cache.clock_n != 0) opener = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
-  auto res = log->append(Pos::unpack(h.cache.log_end), recs, h.cache.next_id, opener ? &*opener : nullptr, tail);
+  // Every segment opens with a CLOCK record restating the log clock (queue/log_clock.h),
+  // then a SUB add flagged RESTATED per active subscription, so that a log whose prefix
+  // compaction removed (with the subscriptions' own adds) still starts with every view
+  // that was active at that segment's roll (apply_sub: a no-op for a view already active).
+  std::array<Record, 1 + index::kSubscriptions> opener;
+  size_t n = 0;
+  if (!read_only && h.cache.clock_n != 0) {
+    opener[n++] = queue::restatement(h, queue::boot_hash(), boot_seen != 0 ? boot_seen : env->boot_ns());
+  }
+  for (uint16_t k = 1; !read_only && k <= index::kSubscriptions; ++k) {
+    const index::Subscription& sub = h.cache.subs[k - 1];
+    if (sub.active == 0) continue;
+    const std::string_view name(sub.name, std::min<size_t>(sub.name_len, index::kSubscriptionName));
+    opener[n++] = Record{RecordType::kSub, 1, sub.from, 0, 0, name, format::kFlagRestated, {}, k};
+  }
+  auto res = log->append(Pos::unpack(h.cache.log_end), recs, h.cache.next_id, std::span(opener.data(), n), tail);
   if (!res.ok()) {
     if (applied) (void)rebuild();
     return res.status();

@@ -462,9 +462,14 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
   return rec;
 }
 
-Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id, const Record* opener,
-                                 Segment* at_end) {
-  const uint64_t opener_size = opener == nullptr ? 0 : format::record_size(opener->ext.size() + opener->payload.size());
+Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t base_id,
+                                 std::span<const Record> opener, Segment* at_end) {
+  uint64_t opener_size = 0;
+  for (const Record& o : opener) opener_size += format::record_size(o.ext.size() + o.payload.size());
+  if (opener_size + format::kSegmentHeaderSize >= opts_.segment_size) {
+    return Status(Code::kTooLarge, "the records that open a segment (" + std::to_string(opener_size) +
+                                       " bytes) do not fit a segment of " + std::to_string(opts_.segment_size) + " bytes");
+  }
   const uint64_t capacity = opts_.segment_size - format::kSegmentHeaderSize - opener_size;
   for (const auto& r : recs) {
     const uint64_t len = r.ext.size() + r.payload.size();
@@ -500,7 +505,10 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   std::string& buf = scratch_gone ? exiting : scratch.buf;
   if (buf.capacity() > (16u << 20)) std::string().swap(buf);  // do not pin a huge batch's memory
   buf.clear();
-  if (end.off == format::kSegmentHeaderSize && opener != nullptr && !recs.empty()) seg->encode(*opener, buf);
+  auto open = [&] {
+    for (const Record& o : opener) seg->encode(o, buf);
+  };
+  if (end.off == format::kSegmentHeaderSize && !recs.empty()) open();
   std::vector<Written> written_exiting;
   std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;
   written.clear();
@@ -535,7 +543,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
       if (!next.ok()) return fail(next.status());
       seg = held.emplace_back(std::move(*next)).get();
       end = {end.seq + 1, format::kSegmentHeaderSize};
-      if (opener != nullptr) seg->encode(*opener, buf);
+      open();
     }
     at.push_back({end.seq, end.off + buf.size()});
     seg->encode(r, buf);

@@ -116,10 +116,11 @@ class Log {
   // is zeroed again (best effort), so recover() does not return it; a segment created on the
   // way may remain, empty. `base_id` is recorded in a new segment's header. `opener`, if
   // given, is written first into every segment this append starts (a queue states its
-  // clock there, so that each segment can be read without the ones before it).
+  // clock and its subscriptions there, so that each segment can be read without the ones
+  // before it).
   // `at_end`: segment(end.seq), when the caller holds it (check_end()'s), saving the lookup.
   Result<AppendResult> append(Pos end, std::span<const Record> recs, uint64_t base_id = 0,
-                              const Record* opener = nullptr, Segment* at_end = nullptr);
+                              std::span<const Record> opener = {}, Segment* at_end = nullptr);
 
   // Whether `end`, read from a shared index, can be the log's end: its segment exists, the
   // offset lies inside it and no record starts there (else an append would overwrite one).
