@@ -265,6 +265,27 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
   return {};
 }
 
+// A CHECKPOINT's totals of one view (view 0's, or a subscription's appended after them),
+// including what segments compaction removed held.
+Status apply_checkpoint(index::SharedIndex& x, const storage::Checkpoint& cp) REQUIRES(x) {
+  auto& h = x.hdr();
+  h.cache.sent_total = cp.sent_total;
+  h.cache.acked_total = cp.acked_total;
+  h.cache.dead_total = cp.dead_total;
+  h.cache.expired_total = cp.expired_total;
+  h.cache.nacked_total = cp.nacked_total;
+  h.cache.received_total = cp.received_total;
+  h.cache.redelivered_total = cp.redelivered_total;
+  if (cp.paused >= 0) h.cache.paused = static_cast<uint64_t>(cp.paused);  // its PAUSE may be compacted away
+  if (cp.purged_through > h.cache.purged_through) {
+    // The PURGE itself may have been compacted away: applied here.
+    Status s = drop_through(x, cp.purged_through);
+    h.cache.purged_through = cp.purged_through;
+    return s;
+  }
+  return {};
+}
+
 // Raises next_id past `id` in view 0 and in every active subscription's index.
 void raise_all(index::SharedIndex& x, const Keys& keys, uint64_t id, bool subs) REQUIRES(x) {
   raise_next_id(x.hdr(), id);
@@ -371,22 +392,16 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       // Totals of everything before it, including compacted-away segments.
       auto cp = storage::decode_checkpoint(r.payload);
       if (!cp) return {};
-      h.cache.sent_total = cp->sent_total;
-      h.cache.acked_total = cp->acked_total;
-      h.cache.dead_total = cp->dead_total;
-      h.cache.expired_total = cp->expired_total;
-      h.cache.nacked_total = cp->nacked_total;
-      h.cache.received_total = cp->received_total;
-      h.cache.redelivered_total = cp->redelivered_total;
       if (cp->next_id > 1) raise_all(x, keys, cp->next_id - 1, subs);
-      if (cp->paused >= 0) h.cache.paused = static_cast<uint64_t>(cp->paused);  // its PAUSE may be compacted away
-      if (cp->purged_through > h.cache.purged_through) {
-        // The PURGE itself may have been compacted away: applied here.
-        Status s = drop_through(x, cp->purged_through);
-        h.cache.purged_through = cp->purged_through;
-        return s;
+      // Each subscription's (issue 46): applied to its view when it is active here.
+      for (const auto& [k, vc] : storage::decode_view_checkpoints(r.payload)) {
+        if (h.cache.subs[k - 1].active == 0 || keys.views == nullptr) continue;
+        index::SharedIndex* v = (*keys.views)(k);
+        if (v == nullptr) continue;
+        v->assert_held();
+        if (Status s = apply_checkpoint(*v, vc); !s.ok()) return s;
       }
-      return {};
+      return apply_checkpoint(x, *cp);
     }
     case RecordType::kClock:
     case RecordType::kSub:

@@ -93,12 +93,30 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     live[last_i] += format::record_size(e.len);
   };
   index::SharedIndex::WindowView view{};
+  // Subscriptions (issue 46): the live set is the union of every view's entries; each copy
+  // is followed by one LEASE or RELEASE per view holding the message. The surviving log's
+  // first segment opens with every view active at its roll restated (write_path.cc), so a
+  // replay activates them before any record of theirs. A subscription added or removed
+  // while this copies (the lock is let go between batches) may hold messages gathered for
+  // no view: then nothing is removed (checked before the checkpoint and the unlinks).
+  std::array<index::Subscription, index::kSubscriptions> subs_at_start{};
+  auto subs_changed = [&]() REQUIRES(idx) {
+    return std::memcmp(subs_at_start.data(), h.cache.subs, sizeof(h.cache.subs)) != 0;
+  };
+  // View 0, then every active subscription's index (attached, held under view 0's lock).
+  auto held_views = [&]() REQUIRES(idx) {
+    std::vector<std::pair<uint16_t, index::SharedIndex*>> out{{0, &idx}};
+    for (uint16_t k : queue::active_views(idx)) {
+      if (index::SharedIndex* v = view_index(k)) out.emplace_back(k, v);
+    }
+    return out;
+  };
   {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
-    // Subscriptions (issue 46, in progress): compaction does not restate their state yet
-    // (their SUB records, their LEASE and RELEASE after each copy), so while any is active
-    // it removes nothing and the log grows.
-    if (!queue::active_views(idx).empty()) return res;
+    std::memcpy(subs_at_start.data(), h.cache.subs, sizeof(h.cache.subs));
+    if (held_views().size() != queue::active_views(idx).size() + 1) {
+      return Status(Code::kIo, "compaction stopped: a subscription's index cannot be opened");
+    }
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
@@ -118,6 +136,13 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     active = Pos::unpack(h.cache.log_end).seq;
     idx.for_each_overflow(add_live);
     view = idx.window_view();
+    // A subscription's entries are read under the lock (a message several views hold counts
+    // once per view: the estimate errs towards keeping segments).
+    for (auto [k, v] : held_views()) {
+      if (k == 0) continue;
+      v->assert_held();
+      if (!v->scan_entries(add_live)) return Status(Code::kIo, "compaction stopped: a subscription's index could not be read");
+    }
   }
   const bool read = idx.scan_window(view, add_live);
   {
@@ -152,10 +177,15 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   uint64_t rebuilds = 0;
   {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
-    const bool read_all = idx.scan_entries([&](uint64_t id, const Entry& e) {
-      if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
-    });
-    if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
+    for (auto [k, v] : held_views()) {
+      v->assert_held();
+      const bool read_all = v->scan_entries([&](uint64_t id, const Entry& e) {
+        if (Pos::unpack(e.loc).seq <= last) ids.push_back(id);
+      });
+      if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     rebuilds = h.disk.rebuilds;
   }
   // Progress counts messages to copy, then segments to remove.
@@ -166,33 +196,51 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   for (size_t next = 0; next < ids.size(); report(next)) {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
     const size_t batch_start = next;
-    std::vector<uint32_t> slots;
-    for (; next < ids.size() && slots.size() < kCopyBatch; ++next) {
-      int64_t slot = idx.find(ids[next]);
-      if (slot >= 0 && Pos::unpack(idx.entry(static_cast<uint32_t>(slot)).loc).seq <= last) {
-        slots.push_back(static_cast<uint32_t>(slot));
+    // Per message of the batch: the views holding it in the prefix, and its slot in each.
+    struct Holder {
+      uint16_t view;
+      index::SharedIndex* x;
+      uint32_t slot;
+    };
+    std::vector<std::vector<Holder>> batch;
+    const auto all = held_views();
+    for (; next < ids.size() && batch.size() < kCopyBatch; ++next) {
+      std::vector<Holder> holders;
+      for (auto [k, v] : all) {
+        v->assert_held();
+        const int64_t slot = v->find(ids[next]);
+        if (slot >= 0 && Pos::unpack(v->entry(static_cast<uint32_t>(slot)).loc).seq <= last) {
+          holders.push_back(Holder{k, v, static_cast<uint32_t>(slot)});
+        }
       }
+      if (!holders.empty()) batch.push_back(std::move(holders));
     }
-    if (slots.empty()) continue;
+    if (batch.empty()) continue;
     Clocks now = clocks();
     std::vector<Record> recs;
-    std::vector<std::shared_ptr<storage::Segment>> keep(slots.size());
-    for (size_t i = 0; i < slots.size(); ++i) {
-      const Entry& e = idx.entry(slots[i]);
+    std::vector<std::shared_ptr<storage::Segment>> keep(batch.size());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      index::SharedIndex& first = *batch[i].front().x;
+      first.assert_held();
+      const Entry& e = first.entry(batch[i].front().slot);
       auto v = log->read(Pos::unpack(e.loc), &keep[i]);
       if (!v.ok()) {
         // Never drop what cannot be copied: the prefix stays until verify/repair decides.
         return Status(v.status().code(), "compaction stopped: " + v.status().message());
       }
-      uint64_t key = idx.key(slots[i]);
-      uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
-      const uint64_t id = idx.id_of(slots[i]);
+      const uint64_t id = first.id_of(batch[i].front().slot);
       // The copy goes under the current anchor: its times are restated on today's log clock.
       const uint64_t at = e.loc;
       recs.push_back(Record{RecordType::kMsg, 0, id, queue::rebase(idx.hdr(), at, v->t1, now),
                             queue::rebase(idx.hdr(), at, v->t2, now), v->payload, format::kFlagCopy, v->ext});
-      recs.push_back(Record{e.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, e.count,
-                            id, now.rt, rt, {}});
+      for (const Holder& hv : batch[i]) {
+        hv.x->assert_held();
+        const Entry& ve = hv.x->entry(hv.slot);
+        const uint64_t key = hv.x->key(hv.slot);
+        const uint64_t rt = key >= now.boot ? now.rt + (key - now.boot) : now.rt - std::min(now.rt, now.boot - key);
+        recs.push_back(Record{ve.state == State::kLeased ? RecordType::kLease : RecordType::kRelease, ve.count, id,
+                              now.rt, rt, {}, 0, {}, hv.view});
+      }
     }
     uint64_t copy_bytes = 0, largest = 0;
     for (const Record& r : recs) {
@@ -211,7 +259,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     }
     // Each copy moves its entry once the LEASE or RELEASE after it is applied (apply_record).
     if (auto at = commit(recs, now, *tail); !at.ok()) return at.status();
-    res.messages_copied += slots.size();
+    res.messages_copied += batch.size();
   }
   // Everything the prefix still holds must have been copied. Live operations append every
   // record at the head, so an entry can point into the prefix again only after a rebuild
@@ -220,8 +268,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   auto prefix_left = [&]() REQUIRES(idx) -> Status {
     if (h.disk.rebuilds == rebuilds) return {};
     bool left = false;
-    const bool read_all = idx.scan_entries([&](uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
-    if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
+    for (auto [k, v] : held_views()) {
+      v->assert_held();
+      const bool read_all = v->scan_entries([&](uint64_t, const Entry& e) { left = left || Pos::unpack(e.loc).seq <= last; });
+      if (!read_all) return Status(Code::kIo, "compaction stopped: the index could not be read");
+    }
     if (left) return Status(Code::kCorrupt, "compaction stopped: a message of the prefix was not copied");
     return {};
   };
@@ -248,15 +299,21 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
     if (Status s = prefix_left(); !s.ok()) return s;
-    // A subscription added since the check at the start (the lock was let go between the
-    // batches) may hold messages of the prefix, which were copied for view 0 only: nothing
-    // is removed (see above).
-    if (!queue::active_views(idx).empty()) return res;
+    if (subs_changed()) return res;  // (see subs_at_start)
     storage::Checkpoint cp{h.cache.sent_total,     h.cache.acked_total,    h.cache.dead_total,
                            h.cache.next_id,        h.cache.purged_through, h.cache.expired_total,
                            h.cache.nacked_total,   h.cache.paused != 0 ? 1 : 0, h.cache.received_total,
                            h.cache.redelivered_total};
     std::string payload = storage::encode_checkpoint(cp);
+    // Each subscription's totals after view 0's (their MSGs and records may be in the prefix).
+    for (auto [k, v] : held_views()) {
+      if (k == 0) continue;
+      v->assert_held();
+      const auto& c = v->hdr().cache;
+      payload += storage::encode_view_checkpoint(
+          k, storage::Checkpoint{c.sent_total, c.acked_total, c.dead_total, c.next_id, c.purged_through, c.expired_total,
+                                 c.nacked_total, c.paused != 0 ? 1 : 0, c.received_total, c.redelivered_total});
+    }
     Record rec{RecordType::kCheckpoint, 0, 0, 0, 0, payload};
     auto at = commit(std::span(&rec, 1), clocks());
     if (!at.ok()) return at.status();
@@ -266,7 +323,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   env->crashpoint("compact.after_checkpoint");
   SPOOL_LOCK_OR_RETURN(held, *this, lock());
   if (Status s = prefix_left(); !s.ok()) return s;
-  if (!queue::active_views(idx).empty()) return res;  // (as before the checkpoint)
+  if (subs_changed()) return res;  // (as before the checkpoint)
   for (uint64_t seq : prefix) {
     std::string path = log->segment_path(seq);
     struct stat st {};

@@ -406,7 +406,7 @@ uint8_t ext_priority(std::string_view ext) {
 }
 
 std::string encode_checkpoint(const Checkpoint& c) {
-  std::string out(80, '\0');
+  std::string out(kCheckpointBytes, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   store<uint64_t>(p, c.sent_total);
   store<uint64_t>(p + 8, c.acked_total);
@@ -431,6 +431,24 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
                     payload.size() >= 64 ? static_cast<int>(load<uint64_t>(p + 56) != 0) : -1,
                     payload.size() >= 72 ? load<uint64_t>(p + 64) : 0,
                     payload.size() >= 80 ? load<uint64_t>(p + 72) : 0};
+}
+
+std::string encode_view_checkpoint(uint16_t view, const Checkpoint& c) {
+  std::string out(8, '\0');
+  store<uint64_t>(reinterpret_cast<uint8_t*>(out.data()), view);
+  return out + encode_checkpoint(c);
+}
+
+std::vector<std::pair<uint16_t, Checkpoint>> decode_view_checkpoints(std::string_view payload) {
+  std::vector<std::pair<uint16_t, Checkpoint>> out;
+  constexpr size_t kEach = 8 + kCheckpointBytes;
+  for (size_t at = kCheckpointBytes; at + kEach <= payload.size(); at += kEach) {
+    const uint64_t view = load<uint64_t>(reinterpret_cast<const uint8_t*>(payload.data() + at));
+    auto c = decode_checkpoint(payload.substr(at + 8, kCheckpointBytes));
+    if (view == 0 || view > format::kMaxSubscriptions || !c) continue;
+    out.emplace_back(static_cast<uint16_t>(view), *c);
+  }
+  return out;
 }
 
 void store_records(uint8_t* dst, const uint8_t* src, uint64_t len) {

@@ -193,6 +193,12 @@ struct Checkpoint {
 };
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);
+// A subscription's totals, appended after the queue's 80 bytes, one per active view: its
+// number (u64) then its own checkpoint (80 bytes; next_id is view 0's). Empty list for a
+// queue without subscriptions, whose checkpoints stay as before.
+inline constexpr size_t kCheckpointBytes = 80;
+std::string encode_view_checkpoint(uint16_t view, const Checkpoint& c);
+std::vector<std::pair<uint16_t, Checkpoint>> decode_view_checkpoints(std::string_view payload);
 
 // The contents of a MSG record's extension area (docs/format.md, "Message extension").
 struct MessageExt {
