@@ -416,8 +416,7 @@ class Queue {
   // 1-48 bytes of [A-Za-z0-9._-], not "default"; at most 16 at once. Adding a name that
   // exists, or a 17th, is kInvalidArgument; removing an unknown one kNotFound. Both are
   // records in the log, synced before they return. A handle reads a subscription with
-  // QueueOptions::subscription. While any subscription exists, compaction removes nothing
-  // (not there yet: the log grows).
+  // QueueOptions::subscription. Compaction keeps a message while any subscription holds it.
   Status add_subscription(std::string_view name, bool from_start = false);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
