@@ -4,6 +4,8 @@
 // private indexes (one per view), as a live commit and a replay both do.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <array>
 #include <filesystem>
 #include <map>
@@ -576,6 +578,88 @@ TEST_F(SubscriptionQueue, RandomStreamsAcrossThreeViewsMatchAModelAndTheLog) {
     h[0].reset();
     EXPECT_EQ(files(), live) << "the log replays into other views than the live calls left";
   }
+}
+
+// kill -9 at each step of a compaction with two subscriptions (after the copies, after
+// their sync, after the checkpoint, after the first unlink), then the index kept and the
+// index deleted: every view holds what it held before, in the same state, with the same
+// totals; a compaction after it completes the same way.
+TEST_F(SubscriptionQueue, KillNineAtEachCompactionStepKeepsEveryView) {
+  // Every view's file without the records' positions (compaction moves them).
+  auto logical = [&] {
+    auto out = files();
+    for (auto& [file, fields] : out) {
+      for (auto& [k, v] : fields) {
+        if (k.rfind("msg.", 0) == 0) v = v.substr(0, v.find(" loc ")) + v.substr(v.find(" len "));
+      }
+    }
+    return out;
+  };
+  auto drain = [](Queue& q, uint64_t keep_mod) {
+    auto got = q.receive(1000, std::chrono::hours(1), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    for (const auto& m : *got) {
+      if (m.id % keep_mod != 0) {
+        ASSERT_TRUE(q.ack(m.receipt).ok());
+      }
+    }
+  };
+  uint64_t removed = 0;
+  for (const char* point : {"compact.after_copy", "compact.after_sync", "compact.after_checkpoint", "compact.after_unlink"}) {
+    SCOPED_TRACE(point);
+    std::filesystem::remove_all(qdir());
+    auto q = open();
+    ASSERT_NE(q, nullptr);
+    ASSERT_TRUE(q->add_subscription("a").ok());
+    for (int i = 0; i < 300; ++i) {
+      if (i == 100) {
+        ASSERT_TRUE(q->add_subscription("b").ok());
+      }
+      ASSERT_TRUE(q->send("m" + std::to_string(i) + std::string(100, 'x')).ok());
+    }
+    std::array<std::unique_ptr<Queue>, 2> subs;
+    for (size_t k = 0; k < 2; ++k) {
+      QueueOptions o;
+      o.sync = SyncPolicy::kNever;
+      o.segment_size = 16 << 10;
+      o.subscription = k == 0 ? "a" : "b";
+      auto s = Queue::open(qdir(), o);
+      ASSERT_TRUE(s.ok()) << s.status().to_string();
+      subs[k] = std::move(s).value();
+    }
+    drain(*q, 5);
+    drain(*subs[0], 3);
+    drain(*subs[1], 4);
+    subs = {};
+    q.reset();
+    const auto before = logical();
+    ASSERT_EQ(before.count("2"), 1u);
+    const pid_t child = test::spawn([&] {
+      ::setenv("SPOOL_CRASHPOINT", point, 1);
+      auto c = open();
+      if (c == nullptr) return 2;
+      (void)c->compact();
+      return 3;
+    });
+    ASSERT_EQ(test::wait_exit(child), 128 + SIGKILL) << "the compaction did not reach " << point;
+    q = open();
+    ASSERT_NE(q, nullptr);
+    q.reset();
+    EXPECT_EQ(logical(), before) << "after kill -9 at " << point;
+    for (const char* f : {"/index", "/subs/1.index", "/subs/2.index"}) std::filesystem::remove(qdir() + f);
+    q = open();
+    ASSERT_NE(q, nullptr);
+    auto c = q->compact();
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    removed += c->segments_removed;
+    q.reset();
+    EXPECT_EQ(logical(), before) << "rebuilt after kill -9 at " << point << ", then compacted";
+    for (const char* f : {"/index", "/subs/1.index", "/subs/2.index"}) std::filesystem::remove(qdir() + f);
+    q = open();
+    q.reset();
+    EXPECT_EQ(logical(), before) << "rebuilt after the compaction that followed the kill at " << point;
+  }
+  EXPECT_GT(removed, 0u) << "no compaction removed a segment: the test tested nothing";
 }
 
 // A queue that never had a subscription makes no subscription files.
