@@ -19,6 +19,10 @@ tap_root cli
 
 # ---------------------------------------------------------------- helpers (used in tests)
 
+# The start of a log line of `spool work` (an ERE; the level and message follow): the one
+# log format of the library and spool work (src/logging.h).
+WORK_LOG='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3} spool work\[[0-9]+\] '
+
 # expect_full CODE CMD...: like expect, with stdout on /dev/full (every write fails ENOSPC).
 expect_full() {
   local want=$1
@@ -1494,15 +1498,19 @@ t_work_verbose_and_dead_letter_warning() {
   timeout 20 "$SPOOL" work q -v --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' \
     >"$D/out" 2>"$D/err"
   eq "exit code" "$?" 0
-  grep -qE '^spool work: message 1: command exited with status 0 after [0-9]+\.[0-9]{3}s; acked$' "$D/err" ||
+  grep -qE "$WORK_LOG"'info: message 1: command exited with status 0 after [0-9]+\.[0-9]{3}s; acked$' "$D/err" ||
     fail "no outcome line for message 1: $(cat "$D/err")"
-  grep -qE '^spool work: message 2: command exited with status 1 after [0-9.]+s; retry in 1s$' "$D/err" ||
+  grep -qE "$WORK_LOG"'warning: message 2: command exited with status 1 after [0-9.]+s; retry in 1s$' "$D/err" ||
     fail "no retry line for message 2: $(cat "$D/err")"
-  grep -qE '^spool work: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
+  grep -qE "$WORK_LOG"'warning: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
     fail "no dead-letter warning: $(cat "$D/err")"
   # Issue 43: the move is logged once (the library's own line about it was a second, in
   # another format).
   eq "lines about the move" "$(grep -c 'dead-letter queue' "$D/err")" 1
+  # The library logs in the same format, named "spool" (SPOOL_LOG=info shows its backend).
+  SPOOL_LOG=info "$SPOOL" stats q >/dev/null 2>"$D/lib.err" || fail "stats: $(cat "$D/lib.err")"
+  grep -qE "${WORK_LOG/spool work/spool}"'info: I/O backend ' "$D/lib.err" ||
+    fail "the library's log line is not in the one format: $(cat "$D/lib.err")"
   grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
   # The dead letter keeps its history and the command's failure.
@@ -1526,7 +1534,7 @@ t_work_verbose_and_dead_letter_warning() {
 # lines they appended to FILE.
 most_at_once() { awk '{ n += ($1 == "+") ? 1 : -1; if (n > m) m = n } END { print m + 0 }' "$1"; }
 # targets FILE: the targets `spool work -v --autoscale` logged in FILE, in order.
-targets() { sed -n 's/^spool work: autoscale: target \([0-9]*\) (.*/\1/p' "$1"; }
+targets() { sed -n 's/^.* spool work\[[0-9]*\] info: autoscale: target \([0-9]*\) (.*/\1/p' "$1"; }
 
 # --autoscale runs as many commands as the ready backlog needs to wait at most --latency,
 # between 1 and -j: more while the backlog is large, fewer as it drains, one for a small one.
@@ -1552,7 +1560,7 @@ t_work_autoscale() {
   ((most > 1 && most <= 8)) || fail "at most $most commands at once, want 2 to 8: $(cat "$D/work.err")"
   ((peak > 1 && peak <= 8)) || fail "peak target $peak, want 2 to 8: $(cat "$D/work.err")"
   eq "first target (nothing measured yet)" "$(targets "$D/work.err" | head -n 1)" 1
-  grep -qE '^spool work: autoscale: target [0-9]+ \(ready [0-9]+, [0-9.]+ messages/s per command, --latency 0\.5s\)$' \
+  grep -qE "$WORK_LOG"'info: autoscale: target [0-9]+ \(ready [0-9]+, [0-9.]+ messages/s per command, --latency 0\.5s\)$' \
     "$D/work.err" || fail "no target line with a measured rate: $(cat "$D/work.err")"
   # A small backlog: 4 messages at a given 5/s per command fit one command's second.
   seq 1 4 | "$SPOOL" send q --lines >/dev/null || fail "send"

@@ -45,7 +45,7 @@ void FaultIo::drop_unsynced(size_t keep) {
     Undo& u = unsynced_.back();
     // Straight to the file: restoring is the simulated disk, not an operation under test.
     if (::pwrite(u.fd, u.old.data(), u.old.size(), static_cast<off_t>(u.off)) < 0) {
-      spool::log().warn("spool: simulated power loss could not restore {} bytes: {}", u.old.size(), std::strerror(errno));
+      spool::log().warn("simulated power loss could not restore {} bytes: {}", u.old.size(), std::strerror(errno));
     }
     unsynced_.pop_back();
   }

@@ -59,7 +59,7 @@ void remember_dedup(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   auto dedup = storage::ext_entry(r.ext, format::ExtType::kDedupId);
   if (!dedup || dedup->empty()) return;
   if (Status s = x.dedup_reserve(1, keys.now.boot); !s.ok()) {
-    spool::log().warn("spool: message {}'s dedup id is not remembered: {}", r.id, s.message());
+    spool::log().warn("message {}'s dedup id is not remembered: {}", r.id, s.message());
     return;
   }
   x.dedup_insert(dedup_hash(*dedup), at, expires);

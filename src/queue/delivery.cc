@@ -65,7 +65,7 @@ Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis
 // of: a warning. (One a consumer asks for, dead_letter(), is its caller's to report: it is
 // logged at info only, so that spool work's own line about it is the only one by default.)
 void log_moved(const std::string& dir, uint64_t id, const char* reason, uint32_t count) {
-  spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
+  spool::log().warn("{}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
                     count);
 }
 }  // namespace
@@ -181,7 +181,7 @@ auto Queue::Impl::expire(uint32_t slot, const Clocks& now) -> Status {
   Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired};
   const uint32_t len = e.len;
   if (auto res = commit(std::span(&rec, 1), now); !res.ok()) return res.status();
-  spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, len);
+  spool::log().warn("{}: retention limit dropped message {} ({} bytes)", dir, id, len);
   return {};
 }
 

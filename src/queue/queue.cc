@@ -243,7 +243,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     // invariants cannot see (a flipped record position or receive count).
     bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state, impl->io, crash).ok() && impl->idx.refresh().ok();
     if (reuse && !impl->idx.unseal()) {
-      spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
+      spool::log().warn("{}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
     }
     impl->idx.assert_held();  // the first opener: the gate keeps every other process out
@@ -928,7 +928,7 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     end = q.idx.hdr().cache.log_end;
   }
   // The caller asked for it and is told it happened: info, not a warning (delivery.cc).
-  spool::log().info("spool: {}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
+  spool::log().info("{}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
   return q.written(end);
 }
 

@@ -37,7 +37,7 @@ auto Queue::Impl::seal_if_last() -> void {
   struct stat dir_st {};
   if (::stat(dir.c_str(), &dir_st) != 0) return;
   if (Status s = sys::flock_waiting(gate_fd, LOCK_EX, dir + "/gate", dir_st); !s.ok()) {
-    spool::log().warn("spool: {}: index not sealed at close: {}", dir, s.to_string());
+    spool::log().warn("{}: index not sealed at close: {}", dir, s.to_string());
     return;
   }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
@@ -56,7 +56,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
   // and a flag: SharedIndex::check_file_recent()).
   // A lost index is logged once: every later call fails the same way.
   auto lost = [this](Status s) {
-    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
+    if (!told_lost.exchange(true)) spool::log().error("{}", s.message());
     return s;
   };
   if (Status s = idx.check_file_recent(); !s.ok()) return lost(s);
@@ -75,7 +75,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
       break;
     case sys::RobustMutex::LockResult::kOwnerDied: {
       idx.assert_held();
-      spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+      spool::log().warn("{}: a process died holding the index lock; rebuilding from the log", dir);
       // It may have died creating a segment or a spare (both happen under this lock
       // only): its temp file would stay until the next first opener, which a queue with
       // long-lived processes never sees (the hour soak found 258 of them, 15.7 MB).
@@ -153,14 +153,14 @@ auto Queue::Impl::lock_to_change() -> Result<Locked> {
 
 auto Queue::Impl::repair_damage() -> Status {
   const std::string why = idx.damage();
-  spool::log().error("spool: {}/index is damaged ({}); rebuilding it from the log", dir, why);
+  spool::log().error("{}/index is damaged ({}); rebuilding it from the log", dir, why);
   idx.clear_damage();
   Status s = rebuild();
   if (s.ok() && !idx.damage().empty()) s = Status(Code::kCorrupt, idx.damage());
   idx.clear_damage();
   if (!s.ok()) {
     s = Status(s.code(), dir + "/index is damaged (" + why + ") and rebuilding it from the log failed: " + s.message());
-    spool::log().error("spool: {}", s.message());
+    spool::log().error("{}", s.message());
   }
   return s;
 }
@@ -226,7 +226,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   h.coord.durable_end.store(0);
   h.coord.durable_id.store(0);
   if (!rec->corrupt.empty()) {
-    spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
+    spool::log().error("{}: {} corrupt region(s) skipped while rebuilding the index", dir,
                   rec->corrupt.size());
   }
   return {};

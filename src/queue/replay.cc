@@ -146,7 +146,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
     Result<storage::MessageExt> ext = storage::MessageExt{};
     if (r.ok() && !r->ext.empty()) ext = storage::decode_ext(r->ext);
     if (!r.ok() || !ext.ok()) {
-      spool::log().warn("spool: {}: replay: message {} cannot be read: {}", q.dir, a.id,
+      spool::log().warn("{}: replay: message {} cannot be read: {}", q.dir, a.id,
                         (r.ok() ? ext.status() : r.status()).message());
       ++res.missing;
       continue;
@@ -167,7 +167,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
     keep.push_back(std::move(seg));
   }
   if (Status s = flush(); !s.ok()) return s;
-  spool::log().info("spool: {}: replay sent {} acked messages again{}{} ({} no longer in the log)", q.dir,
+  spool::log().info("{}: replay sent {} acked messages again{}{} ({} no longer in the log)", q.dir,
                     res.replayed, o.to.empty() ? "" : " to ", o.to, res.missing);
   return res;
 }
