@@ -545,7 +545,7 @@ void QueueView::give_back(const spool::Message& m) {
   auto q = queue();
   if (!q.ok()) return;
   if (Status s = (*q)->nack(m.receipt); !s.ok()) {
-    spdlog::warn("spoolfs: {}: giving back message {} failed ({}); it comes back when its lease ends",
+    spdlog::warn("{}: giving back message {} failed ({}); it comes back when its lease ends",
                  cfg_.label, m.id, s.to_string());
   }
 }
@@ -632,7 +632,7 @@ int QueueView::refuse_if_full(Handle* h, uint64_t size) {
   h->discarded = true;
   h->refused = EAGAIN;
   send_failures_.fetch_add(1);
-  spdlog::error("spoolfs: {} not sent to {}: the queue is full ({} messages waiting, max_ready {}; "
+  spdlog::error("{} not sent to {}: the queue is full ({} messages waiting, max_ready {}; "
                 "{} bytes queued, max_bytes {}); the writer was told EAGAIN",
                 h->name, cfg_.label, waiting, o.max_ready, st->bytes, o.max_bytes);
   return EAGAIN;
@@ -840,7 +840,7 @@ int QueueView::send(Handle* h, std::string_view data) {
   auto id = h->q->send(data);
   if (!id.ok()) {
     send_failures_.fetch_add(1);
-    spdlog::error("spoolfs: sending {} ({} bytes) to {} failed: {}", h->name, data.size(),
+    spdlog::error("sending {} ({} bytes) to {} failed: {}", h->name, data.size(),
                   cfg_.label, id.status().to_string());
     return errno_of(id.status());
   }
