@@ -269,6 +269,20 @@ t_near_empty_queue_is_small_and_segments_grow() {
 }
 
 # Issue 43 (plurals): verify's summary said "1 segments, ... 1 messages".
+# Issue 43 (plurals): counts say "1 message", not "1 messages", wherever spool prints one.
+t_counts_in_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" init r >/dev/null || fail "init r"
+  "$SPOOL" send q hello >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q --visibility 1h
+  expect 0 "$SPOOL" release q 1
+  expect 0 "$SPOOL" peek q
+  out_has "--- message 1 (received 1 time, enqueued "
+  out_has ", 5 bytes)"
+  expect 0 "$SPOOL" move q r
+  err_has "moved 1 message to r"
+}
+
 t_verify_summary_in_words() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q one >/dev/null || fail "send"
@@ -2185,6 +2199,7 @@ t_out_of_range_arguments_are_refused() {
 
 TESTS=(
   t_verify_summary_in_words
+  t_counts_in_words
   t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused

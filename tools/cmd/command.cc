@@ -235,8 +235,9 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
         std::fprintf(stderr, "attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
       }
     } else {
-      std::printf("--- message %" PRIu64 " (received %u times, enqueued %s, %zu bytes)\n", m.id,
-                  m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
+      std::printf("--- message %" PRIu64 " (received %s, enqueued %s, %s)\n", m.id,
+                  cli::count_of(m.receive_count, "time").c_str(), cli::iso_time(m.enqueued).c_str(),
+                  cli::count_of(m.payload.size(), "byte").c_str());
       for (const auto& [k, v] : m.attributes) {
         std::printf("attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
       }
