@@ -88,6 +88,7 @@ Status clear_for_replay(index::SharedIndex& x) {
   c.paused = 0;
   c.sent_total = c.acked_total = c.dead_total = c.expired_total = c.nacked_total = c.bytes_live = 0;
   c.received_total = c.redelivered_total = 0;
+  clear_anchors(x.hdr());
   return {};
 }
 
@@ -103,7 +104,10 @@ storage::RecordView view_of(const storage::Record& rec) {
 
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
   auto& h = x.hdr();
-  if (r.type == RecordType::kClock) return {};
+  if (r.type == RecordType::kClock) {
+    note_anchor(h, at, r);
+    return {};
+  }
   const uint64_t next = h.cache.next_id;  // before this record
   if (r.type != RecordType::kCheckpoint) raise_next_id(h, r.id);
   switch (r.type) {

@@ -201,8 +201,9 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   auto& h = x.hdr();
   ++h.layout.region_gen;  // forces every process (and us) to remap before the next access
   if (Status s = x.prepare_rebuild(); !s.ok()) return s;
+  const Clocks now = queue::read_clocks(h, *env);  // (the log clock of the anchors before the rebuild)
   if (Status s = queue::clear_for_replay(x); !s.ok()) return s;
-  queue::ReplayClock clock(h, queue::read_clocks(h, *env));
+  queue::ReplayClock clock(h, now);
   std::unordered_map<uint64_t, uint64_t> copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").
@@ -210,10 +211,16 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   uint64_t latest = 0;
   Status failed;
   // Replay is a loop of apply: every effect of a record is apply_record()'s, as for the
-  // live call that wrote it; the clock anchors are the ReplayClock's.
+  // live call that wrote it, the clock anchors included.
   auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
-    if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
+    if (r.type == RecordType::kClock) {
+      // Its anchor first: it dates the records from it on, itself included.
+      clock.clock_record(r);
+      (void)queue::apply_record(x, pos.pack(), r, queue::Keys{&clock, clock.now()});  // (cannot fail)
+      if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
+      return;
+    }
     if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
     const queue::Keys keys{&clock, clock.now(), keep_acked, latest, dedup_window_ns(), &copies};
     if (Status s = queue::apply_record(x, pos.pack(), r, keys); !s.ok()) failed = s;

@@ -99,7 +99,10 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
   std::vector<Acked> acks;
   std::unordered_map<uint64_t, size_t> want;  // id -> its entry in `acks`
   each_record(UINT64_MAX, [&](Pos pos, const storage::RecordView& r) {
-    if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
+    if (r.type == RecordType::kClock) {
+      queue::note_anchor(*anchors, pos.pack(), r);
+      clock.clock_record(r);
+    }
     latest = std::max(latest, clock.written_wall(pos.pack(), r));
     if (r.type != RecordType::kAck) return;
     if ((r.flags & (format::kFlagExpired | format::kFlagDeleted)) != 0) return;  // not a consumer's ack

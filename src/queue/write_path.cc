@@ -118,8 +118,7 @@ auto Queue::Impl::clocks() -> Clocks {
     spool::log().warn("{}: cannot write a clock record: {}", dir, at.status().to_string());
     return c;
   }
-  queue::add_anchor(h, at->at.front().pack(), next.rt - next.boot);
-  return next;
+  return next;  // (commit() applied the record: its anchor is in the header)
 }
 
 auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, uint64_t bytes, uint64_t largest,
