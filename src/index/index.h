@@ -197,9 +197,10 @@ struct KeptBucket {
 //  - the cache, which a replay of the log rebuilds (a damaged or foreign index is simply
 //    made again): `layout`, the shape of the index's own tables, written by SharedIndex's
 //    operations; and `cache`, the queue's state derived from the records, written by
-//    queue::apply_record() and nowhere else, but for the two things only the writer of
-//    records knows (`log_end`, published by the store's commit after an append, and the
-//    clock anchors of the CLOCK records it writes) and a rebuild, which empties it first;
+//    queue::apply_record() and nowhere else (the clock anchors too: a CLOCK record's), but
+//    for `log_end`, which only the writer of records knows (published by the store's commit
+//    after an append, by replay at the end of the log), and a rebuild, which empties it
+//    first;
 //  - `coord`, coordination between the attached processes: the locks, the futex words
 //    and the durable marks; never rebuilt from the log, and never sealed (they change
 //    without the index lock);
