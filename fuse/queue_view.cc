@@ -748,18 +748,17 @@ bool QueueView::exists(uint64_t id) {
 }
 
 // Replaces the listing with the first cfg_.limit ready messages of the queue (leased and
-// delayed ones are not listed). Queue::list reads no payloads and tells no enqueue time;
-// such files show the time of the listing until this view receives them.
+// delayed ones are not listed). Queue::list reads no payloads; a listed file's mtime is
+// the enqueue time it gives (its xattrs wait until this view receives the message).
 Status QueueView::refresh() {
   auto q = queue();
   if (!q.ok()) return q.status();
   auto msgs = (*q)->list(cfg_.limit, spool::StateFilter::only(spool::MessageState::kReady));
   if (!msgs.ok()) return msgs.status();
-  auto now = SysClock::now();
   std::map<uint64_t, Meta> fresh;
   for (const spool::MessageInfo& m : *msgs) {
     if (m.id > ino::kMaxMsgId) break;  // no inode for it (inode.h); ids only grow
-    fresh[m.id] = Meta{m.size, m.receive_count, now, false};
+    fresh[m.id] = Meta{m.size, m.receive_count, m.enqueued, false};
   }
   std::lock_guard lock(mu_);
   listing_ = std::move(fresh);

@@ -432,23 +432,27 @@ class CAPABILITY("index lock") SharedIndex {
   void punch_tail();
 
   // For stats, list and peek: the timer heap's items (in heap order), the due heap's (all
-  // ready now; keys are due_key()s) and the queued messages from the cursor on (in id
-  // order; f returns false to stop).
+  // ready now; keys are due_key()s) and the queued messages from the cursor (or from id
+  // `from`, if higher) on (in id order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
   uint64_t heap_size() const { return hdr_->layout.heap_size; }
   const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
   uint64_t due_size() const { return std::min(hdr_->layout.due_size, hcap_); }
   template <class F>
-  void for_each_queued(F&& f) {
+  void for_each_queued(F&& f, uint64_t from = 0) {
     uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
     // (From the cursor, which check_header() keeps at or above low_id.)
-    for (uint64_t id = std::max(hdr_->layout.cursor, hdr_->layout.low_id), left = hdr_->layout.queued; id < end && left != 0; ++id) {
+    const uint64_t first = std::max({hdr_->layout.cursor, hdr_->layout.low_id, from});
+    for (uint64_t id = first, left = hdr_->layout.queued; id < end && left != 0; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
       if (!f(s, id)) return;
     }
   }
+  // How many queued messages have ids above `after` (list's "N more"): the queued count,
+  // less those at or below `after`, or those above it counted, whichever side is shorter.
+  uint64_t queued_above(uint64_t after) const;
   // Every live message: the overflow table, then the window in id order.
   template <class F>
   void for_each_entry(F&& f) {

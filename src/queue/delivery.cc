@@ -9,11 +9,11 @@
 
 namespace spool {
 
-auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
+auto Queue::Impl::read_stored(uint32_t slot, std::shared_ptr<storage::Segment>* keep, const Clocks& now)
+    -> Result<Stored> {
   const Entry& e = idx.entry(slot);
   const uint64_t id = idx.id_of(slot);
-  std::shared_ptr<storage::Segment> keep;
-  auto r = log->read(Pos::unpack(e.loc), &keep);
+  auto r = log->read(Pos::unpack(e.loc), keep);
   if (!r.ok()) {
     // A record the index points at is gone or damaged: the rebuild before the unlock
     // drops it (or finds the message's record elsewhere), so receives move past it.
@@ -24,35 +24,41 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
     idx.damaged("message " + std::to_string(id) + " points at the record of another");  // rebuilt before the unlock
     return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(id));
   }
-  Message m;
-  m.id = id;
+  Stored out{*r, {}, 0};
   if (!r->ext.empty()) {
     auto ext = storage::decode_ext(r->ext);
     if (!ext.ok()) {
       return Status(Code::kCorrupt, "message " + std::to_string(id) + " (" + log->segment_path(Pos::unpack(e.loc).seq) +
                                         "): " + ext.status().message());
     }
-    m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
-    m.priority = ext->priority;
-    m.group = std::move(ext->group);
+    out.ext = std::move(*ext);
   }
-  if (mapped != nullptr) {
-    mapped->view = r->payload;
-    mapped->keep = std::move(keep);
-  } else {
-    m.payload.assign(r->payload);
-  }
-  m.receive_count = e.count;
-  // The wall clock of the send as of now: the record's time, converted to this boot's
-  // clock and back, so that a wall-clock step since moves it along.
+  out.age_ns = now.boot - queue::enqueue_key(idx, e.loc, r->t1, now);
+  return out;
+}
+
+auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
   // The caller's Clocks by reference: its real() is read once per lock hold, not per message.
   Clocks own;
   if (now == nullptr) own = queue::read_clocks(idx.hdr(), *env);
   const Clocks& c = now != nullptr ? *now : own;
-  const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
-  if (age_ns != nullptr) *age_ns = age;
-  m.enqueued = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real() - age)));
+  std::shared_ptr<storage::Segment> keep;
+  auto got = read_stored(slot, &keep, c);
+  if (!got.ok()) return got.status();
+  Message m;
+  m.id = idx.id_of(slot);
+  m.attributes.insert(got->ext.attributes.begin(), got->ext.attributes.end());
+  m.priority = got->ext.priority;
+  m.group = std::move(got->ext.group);
+  if (mapped != nullptr) {
+    mapped->view = got->r.payload;
+    mapped->keep = std::move(keep);
+  } else {
+    m.payload.assign(got->r.payload);
+  }
+  m.receive_count = idx.entry(slot).count;
+  if (age_ns != nullptr) *age_ns = got->age_ns;
+  m.enqueued = queue::wall_time(c.real() - got->age_ns);
   return m;
 }
 

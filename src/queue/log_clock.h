@@ -17,6 +17,7 @@
 //    it before its restatement): by the wall clock, as before.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "env/env.h"
@@ -58,6 +59,12 @@ struct Clocks {
   // The key of `t`, an instant on the current log clock (0 for instants before this boot).
   uint64_t key(uint64_t t) const { return key_at(t, rt - boot); }
 };
+
+// `real_ns` (CLOCK_REALTIME ns, as Clocks::real()) as the API's wall-clock times are given.
+inline std::chrono::system_clock::time_point wall_time(uint64_t real_ns) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(real_ns)));
+}
 
 // This boot's identity for CLOCK records: a hash of /proc/sys/kernel/random/boot_id, never 0.
 uint64_t boot_hash();

@@ -106,7 +106,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
   if (!d.ok()) return fail(d.status(), a.dir);
   auto msgs = (*d)->peek(n_given ? a.n : 100);
   if (!msgs.ok()) return fail(msgs.status(), a.dir);
-  print_messages(*msgs, a.json, false);
+  print_messages(*msgs, a.json, false, true);  // each named by its original id
   return 0;
 }
 
