@@ -10,11 +10,13 @@
 #include <string>
 #include <thread>
 
+#include "logging.h"
+
 namespace spoolfs {
 
 void log_to_stderr() {
   auto logger = std::make_shared<spdlog::logger>("spoolfs", std::make_shared<spdlog::sinks::stderr_sink_mt>());
-  logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %l %v");
+  logger->set_pattern(spool::kLogPattern);  // the library's one format (src/logging.h)
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
 }

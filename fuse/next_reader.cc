@@ -73,7 +73,7 @@ void NextReader::run() {
       if (got.status().code() == spool::Code::kEmpty) continue;
       // The queue cannot be received from (removed, unreadable): waiting reads fail with
       // what the queue said rather than wait for what cannot come.
-      spdlog::warn("spoolfs: .next: receive failed: {}", got.status().to_string());
+      spdlog::warn(".next: receive failed: {}", got.status().to_string());
       fail_all(errno_of(got.status()));
       continue;
     }

@@ -545,7 +545,7 @@ void QueueView::give_back(const spool::Message& m) {
   auto q = queue();
   if (!q.ok()) return;
   if (Status s = (*q)->nack(m.receipt); !s.ok()) {
-    spdlog::warn("spoolfs: {}: giving back message {} failed ({}); it comes back when its lease ends",
+    spdlog::warn("{}: giving back message {} failed ({}); it comes back when its lease ends",
                  cfg_.label, m.id, s.to_string());
   }
 }
@@ -632,7 +632,7 @@ int QueueView::refuse_if_full(Handle* h, uint64_t size) {
   h->discarded = true;
   h->refused = EAGAIN;
   send_failures_.fetch_add(1);
-  spdlog::error("spoolfs: {} not sent to {}: the queue is full ({} messages waiting, max_ready {}; "
+  spdlog::error("{} not sent to {}: the queue is full ({} messages waiting, max_ready {}; "
                 "{} bytes queued, max_bytes {}); the writer was told EAGAIN",
                 h->name, cfg_.label, waiting, o.max_ready, st->bytes, o.max_bytes);
   return EAGAIN;
@@ -748,18 +748,17 @@ bool QueueView::exists(uint64_t id) {
 }
 
 // Replaces the listing with the first cfg_.limit ready messages of the queue (leased and
-// delayed ones are not listed). Queue::list reads no payloads and tells no enqueue time;
-// such files show the time of the listing until this view receives them.
+// delayed ones are not listed). Queue::list reads no payloads; a listed file's mtime is
+// the enqueue time it gives (its xattrs wait until this view receives the message).
 Status QueueView::refresh() {
   auto q = queue();
   if (!q.ok()) return q.status();
   auto msgs = (*q)->list(cfg_.limit, spool::StateFilter::only(spool::MessageState::kReady));
   if (!msgs.ok()) return msgs.status();
-  auto now = SysClock::now();
   std::map<uint64_t, Meta> fresh;
   for (const spool::MessageInfo& m : *msgs) {
     if (m.id > ino::kMaxMsgId) break;  // no inode for it (inode.h); ids only grow
-    fresh[m.id] = Meta{m.size, m.receive_count, now, false};
+    fresh[m.id] = Meta{m.size, m.receive_count, m.enqueued, false};
   }
   std::lock_guard lock(mu_);
   listing_ = std::move(fresh);
@@ -840,7 +839,7 @@ int QueueView::send(Handle* h, std::string_view data) {
   auto id = h->q->send(data);
   if (!id.ok()) {
     send_failures_.fetch_add(1);
-    spdlog::error("spoolfs: sending {} ({} bytes) to {} failed: {}", h->name, data.size(),
+    spdlog::error("sending {} ({} bytes) to {} failed: {}", h->name, data.size(),
                   cfg_.label, id.status().to_string());
     return errno_of(id.status());
   }

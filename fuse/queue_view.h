@@ -111,8 +111,8 @@ class QueueView {
   struct Meta {
     uint64_t size = 0;
     uint32_t receive_count = 0;
-    std::chrono::system_clock::time_point enqueued;  // the listing's time unless enqueued_known
-    bool enqueued_known = false;
+    std::chrono::system_clock::time_point enqueued;
+    bool enqueued_known = false;  // for the xattr: the message is held (the mtime is always it)
     spool::Attributes attributes = {};  // known, like enqueued, only for messages held
     std::string group = {};             // likewise; empty: none
   };

@@ -12,6 +12,7 @@ spdlog::logger& log() {
   static spdlog::logger* const logger = [] {
     auto* l = new spdlog::logger("spool", std::make_shared<spdlog::sinks::stderr_sink_mt>());
     const char* level = std::getenv("SPOOL_LOG");
+    l->set_pattern(kLogPattern);
     l->set_level(level != nullptr ? spdlog::level::from_str(level) : spdlog::level::warn);
     return l;
   }();

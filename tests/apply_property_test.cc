@@ -107,6 +107,13 @@ Snapshot snapshot(const std::string& qdir, const std::set<std::string>& dedup_id
   s.header["kept.acks"] = kept_acks;
   s.header["kept.bytes"] = kept_bytes;
   s.header["kept.min_seq"] = kept_min_seq;
+  // The log clock's anchors (CLOCK records, apply_record's like every other effect).
+  s.header["clock_n"] = h.cache.clock_n;
+  s.header["clock_first"] = h.cache.clock_first;
+  for (uint32_t a = 0; a < std::min(h.cache.clock_n, index::kClockAnchors); ++a) {
+    s.header["clock[" + std::to_string(a) + "].at"] = h.cache.clock[a].at;
+    s.header["clock[" + std::to_string(a) + "].off"] = h.cache.clock[a].off;
+  }
   // Far enough ahead that a lease or delay of the stream (an hour) still counts as one, and
   // a message whose short delay has passed counts as ready in both snapshots.
   const uint64_t now = sys::boot_ns() + 60'000'000'000ull;

@@ -93,12 +93,18 @@ void Ledger::read_work(const Incarnation& in) {
     for (std::string line; std::getline(e, line);) {
       uint64_t id = 0;
       int end = 0;
-      if (std::sscanf(line.c_str(), "spool work: message %" SCNu64 ": ack failed%n", &id, &end) == 1 && end > 0) {
+      // A log line (src/logging.h): "<time> spool work[<pid>] <level>: <message>"; the
+      // library's own are named "spool[<pid>]".
+      const size_t work_at = line.find(" spool work[");
+      const size_t msg_at = work_at == std::string::npos ? std::string::npos : line.find("]", work_at);
+      const size_t colon = msg_at == std::string::npos ? std::string::npos : line.find(": ", msg_at);
+      const std::string msg = colon == std::string::npos ? std::string() : line.substr(colon + 2);
+      if (std::sscanf(msg.c_str(), "message %" SCNu64 ": ack failed%n", &id, &end) == 1 && end > 0) {
         ack_failed.insert(id);
         ++work_ack_failed;
         if (std::getenv("CAMPAIGN_DEBUG")) std::printf("%s: %s\n", who.c_str(), line.c_str());
       } else if (line.find("retry in") == std::string::npos && line.find("nack failed") == std::string::npos &&
-                 line.find("] [warning] ") == std::string::npos && line.find("] [info] ") == std::string::npos &&
+                 line.find("] warning: ") == std::string::npos && line.find("] info: ") == std::string::npos &&
                  !line.empty()) {
         errors.push_back(who + " stderr: " + line);
       }

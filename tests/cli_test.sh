@@ -19,6 +19,10 @@ tap_root cli
 
 # ---------------------------------------------------------------- helpers (used in tests)
 
+# The start of a log line of `spool work` (an ERE; the level and message follow): the one
+# log format of the library and spool work (src/logging.h).
+WORK_LOG='^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3} spool work\[[0-9]+\] '
+
 # expect_full CODE CMD...: like expect, with stdout on /dev/full (every write fails ENOSPC).
 expect_full() {
   local want=$1
@@ -265,6 +269,20 @@ t_near_empty_queue_is_small_and_segments_grow() {
 }
 
 # Issue 43 (plurals): verify's summary said "1 segments, ... 1 messages".
+# Issue 43 (plurals): counts say "1 message", not "1 messages", wherever spool prints one.
+t_counts_in_words() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" init r >/dev/null || fail "init r"
+  "$SPOOL" send q hello >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q --visibility 1h
+  expect 0 "$SPOOL" release q 1
+  expect 0 "$SPOOL" peek q
+  out_has "--- message 1 (received 1 time, enqueued "
+  out_has ", 5 bytes)"
+  expect 0 "$SPOOL" move q r
+  err_has "moved 1 message to r"
+}
+
 t_verify_summary_in_words() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q one >/dev/null || fail "send"
@@ -700,6 +718,10 @@ t_purge() {
 
 t_dlq_list_and_redrive() {
   "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
+  # Message 1 is acked, so that poison (2) becomes dead letter 1.
+  "$SPOOL" send q done >/dev/null || fail "send"
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" ack q "$(receipt_of)"
   "$SPOOL" send q poison >/dev/null || fail "send"
   expect 0 "$SPOOL" recv q
   expect 0 "$SPOOL" nack q "$(receipt_of)"
@@ -708,9 +730,11 @@ t_dlq_list_and_redrive() {
   eq "ready" "$(stat_of ready q)" 0
   expect 0 "$SPOOL" dlq q list
   out_has "poison"
+  out_has "--- message 1 (dead letter of message 2, received 0 times"
   expect 0 "$SPOOL" dlq q list --json
   eq "dead letters listed" "$(wc -l <"$D/out")" 1
   eq "dead letter payload" "$(jget payload)" poison
+  eq "dead letter's original id" "$(jget original_id)" 2
   expect 0 "$SPOOL" dlq q list -n 1
   out_has "poison"
   expect 0 "$SPOOL" dlq q redrive
@@ -1180,18 +1204,48 @@ t_work_prints_a_summary_and_a_live_line_on_a_terminal() {
   grep -qaE 'spool work: 4 messages in [0-9.]+s, [0-9.e+]+/s: 4 acked' tty.out || fail "no summary: $(cat -A tty.out)"
 }
 
-# Issue 43: list stops at -n N (default 100) and says, on stderr, how many it did not show.
+# Issue 43: list stops at -n N (default 100) and says, on stderr, how many it did not show
+# and the command for the next page (--after the last id shown).
 t_list_says_how_many_were_not_shown() {
   "$SPOOL" init q >/dev/null || fail "init"
   "$SPOOL" send q a b c d e >/dev/null || fail "send"
   expect 0 "$SPOOL" list q -n 2
   eq "rows (header and 2)" "$(lines "$D/out")" 3
-  grep -q "2 of 5 messages shown; 3 more not shown (-n 5 shows all)" "$D/err" || fail "list -n 2 said: $(cat "$D/err")"
+  eq "the more line" "$(cat "$D/err")" "spool: 2 shown, 3 more; next page: spool list q -n 2 --after 2"
+  expect 0 "$SPOOL" list q -n 2 --after 2
+  eq "second page" "$(awk 'NR > 1 {printf "%s ", $1}' "$D/out")" "3 4 "
+  eq "its more line" "$(cat "$D/err")" "spool: 2 shown, 1 more; next page: spool list q -n 2 --after 4"
+  expect 0 "$SPOOL" list q -n 2 --after 4
+  eq "last page" "$(awk 'NR > 1 {printf "%s ", $1}' "$D/out")" "5 "
+  [[ -s $D/err ]] && fail "the last page said: $(cat "$D/err")"
   expect 0 "$SPOOL" list q -n 5
   [[ -s $D/err ]] && fail "list of all said: $(cat "$D/err")"
   expect 0 "$SPOOL" list q -n 1 --state delayed
   [[ -s $D/err ]] && fail "list of no delayed message said: $(cat "$D/err")"
+  expect 64 "$SPOOL" list q --after x
   return 0
+}
+
+# Issue 43: paging through 250 messages in several states by following each page's
+# "next page" command visits every message exactly once, in id order.
+t_list_pages_with_after_visit_each_message_once() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  "$SPOOL" send q $(seq 1 250) >/dev/null || fail "send"
+  "$SPOOL" recv q -n 7 >/dev/null 2>&1 || fail "recv"           # 1-7 in flight
+  "$SPOOL" send q --delay 1h --priority 3 late >/dev/null || fail "send"  # 251, delayed
+  local cmd="spool list q -n 40" seen=() pages=0 first_err=
+  while [[ -n $cmd ]] && ((pages < 20)); do
+    # shellcheck disable=SC2086
+    expect 0 "$SPOOL" ${cmd#spool }
+    ((pages++ == 0)) && first_err=$(cat "$D/err")
+    mapfile -t -O "${#seen[@]}" seen < <(awk 'NR > 1 {print $1}' "$D/out")
+    cmd=$(sed -n 's/.*; next page: //p' "$D/err")
+  done
+  eq "first page's line" "$first_err" "spool: 40 shown, 211 more; next page: spool list q -n 40 --after 40"
+  eq "pages" "$pages" 7
+  eq "rows seen" "${#seen[@]}" 251
+  eq "each once, in id order" "$(printf '%s\n' "${seen[@]}" | sort -n -u | wc -l) $(printf '%s\n' "${seen[@]}" | sort -n -c && echo sorted)" "251 sorted"
+  eq "first and last" "${seen[0]} ${seen[250]}" "1 251"
 }
 
 # Issue 43: a new queue is private to its owner under the usual umask 022 (any local user
@@ -1357,25 +1411,33 @@ t_list_and_show_states() {
   err_has "message 1 moved to the dead-letter queue (max_receives after 1 deliveries)"
   expect 0 "$SPOOL" send q held ready1 --attribute k=v
   expect 0 "$SPOOL" send q --delay 1h later
+  expect 0 "$SPOOL" send q --priority 200 --group gq grouped
   : >"$D/started"
   bg "$SPOOL" work q -j 1 -- sh -c 'echo started >> "$0"; sleep 300' "$D/started"
   local pid=$BGPID
   started() { [[ $(lines "$D/started") == 1 ]]; }
   wait_for 10 started
   expect 0 "$SPOOL" list q
-  eq "header" "$(head -n 1 "$D/out" | tr -s ' ')" "ID STATE RECEIVES BYTES DUE HOLDER"
-  eq "rows" "$(lines "$D/out")" 5
-  # id state receives bytes due holder
-  eq "in flight, bound to spool work" "$(awk '$1 == 2 {print $2, $3, $4, $6}' "$D/out")" "in_flight 1 4 $pid"
-  [[ $(awk '$1 == 2 {print $5}' "$D/out") =~ ^20[0-9-]+T[0-9:.]+Z$ ]] || fail "no lease end: $(cat "$D/out")"
-  eq "ready" "$(awk '$1 == 3 {print $2, $3, $4, $5, $6}' "$D/out")" "ready 0 6 - -"
-  eq "delayed" "$(awk '$1 == 4 {print $2, $3, $4, $6}' "$D/out")" "delayed 0 5 -"
-  # The dead letter under its id in the dead-letter queue.
-  eq "dead" "$(awk '$2 == "dead" {print $1, $4}' "$D/out")" "1 4"
+  eq "header" "$(head -n 1 "$D/out" | tr -s ' ')" "ID STATE RECEIVES BYTES PRI AGE DUE HOLDER ORIGINAL GROUP"
+  eq "rows" "$(lines "$D/out")" 6
+  # id state receives bytes pri age due holder original group
+  eq "in flight, bound to spool work" "$(awk '$1 == 2 {print $2, $3, $4, $5, $8}' "$D/out")" "in_flight 1 4 128 $pid"
+  [[ $(awk '$1 == 2 {print $7}' "$D/out") =~ ^20[0-9-]+T[0-9:.]+Z$ ]] || fail "no lease end: $(cat "$D/out")"
+  [[ $(awk '$1 == 2 {print $6}' "$D/out") =~ ^[0-9.]+[smhd]$ ]] || fail "no age: $(cat "$D/out")"
+  eq "ready" "$(awk '$1 == 3 {print $2, $3, $4, $5, $7, $8, $9, $10}' "$D/out")" "ready 0 6 128 - - - -"
+  eq "delayed" "$(awk '$1 == 4 {print $2, $3, $4, $8}' "$D/out")" "delayed 0 5 -"
+  eq "priority and group" "$(awk '$1 == 5 {print $2, $5, $10}' "$D/out")" "ready 200 gq"
+  # The dead letter under its id in the dead-letter queue, naming its original id.
+  eq "dead" "$(awk '$2 == "dead" {print $1, $4, $9}' "$D/out")" "1 4 1"
   expect 0 "$SPOOL" list q --state in_flight,delayed --json
   eq "filtered" "$(lines "$D/out")" 2
   eq "first filtered" "$(jget state)" in_flight
   eq "holder in JSON" "$(jget holder_pid)" "$pid"
+  expect 0 "$SPOOL" list q --state ready,dead --after 3 --json
+  eq "priority in JSON" "$(jget priority)" 200
+  eq "group in JSON" "$(jget group)" gq
+  [[ $(jget age_s) =~ ^[0-9.]+(e-[0-9]+)?$ ]] || fail "no age_s: $(cat "$D/out")"
+  eq "original id in JSON" "$(jget original_id <(sed -n 2p "$D/out"))" 1
   expect 0 "$SPOOL" list q --state dead
   eq "only the dead letter" "$(awk 'NR > 1 {print $1, $2}' "$D/out")" "1 dead"
   expect 0 "$SPOOL" list q -n 1 --state ready
@@ -1411,7 +1473,7 @@ t_list_and_show_states() {
   [[ -e fresh/dlq ]] && fail "list created fresh/dlq"
   # Neither list nor show received anything.
   eq "still delayed" "$(stat_of delayed q)" 1
-  eq "still ready" "$(stat_of ready q)" 1
+  eq "still ready" "$(stat_of ready q)" 2
   kill -KILL "$pid"
   wait "$pid" 2>/dev/null || true
 }
@@ -1494,15 +1556,19 @@ t_work_verbose_and_dead_letter_warning() {
   timeout 20 "$SPOOL" work q -v --until-empty --grace 200ms -- sh -c '[ "$(cat)" = good ]' \
     >"$D/out" 2>"$D/err"
   eq "exit code" "$?" 0
-  grep -qE '^spool work: message 1: command exited with status 0 after [0-9]+\.[0-9]{3}s; acked$' "$D/err" ||
+  grep -qE "$WORK_LOG"'info: message 1: command exited with status 0 after [0-9]+\.[0-9]{3}s; acked$' "$D/err" ||
     fail "no outcome line for message 1: $(cat "$D/err")"
-  grep -qE '^spool work: message 2: command exited with status 1 after [0-9.]+s; retry in 1s$' "$D/err" ||
+  grep -qE "$WORK_LOG"'warning: message 2: command exited with status 1 after [0-9.]+s; retry in 1s$' "$D/err" ||
     fail "no retry line for message 2: $(cat "$D/err")"
-  grep -qE '^spool work: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
+  grep -qE "$WORK_LOG"'warning: message 2: .*delivery 2 of max_receives 2: it goes to the dead-letter queue' "$D/err" ||
     fail "no dead-letter warning: $(cat "$D/err")"
   # Issue 43: the move is logged once (the library's own line about it was a second, in
   # another format).
   eq "lines about the move" "$(grep -c 'dead-letter queue' "$D/err")" 1
+  # The library logs in the same format, named "spool" (SPOOL_LOG=info shows its backend).
+  SPOOL_LOG=info "$SPOOL" stats q >/dev/null 2>"$D/lib.err" || fail "stats: $(cat "$D/lib.err")"
+  grep -qE "${WORK_LOG/spool work/spool}"'info: I/O backend ' "$D/lib.err" ||
+    fail "the library's log line is not in the one format: $(cat "$D/lib.err")"
   grep -q "empty for 0.2s; exiting" "$D/err" || fail "no note on exiting: $(cat "$D/err")"
   eq "dead" "$(stat_of dead q)" 1
   # The dead letter keeps its history and the command's failure.
@@ -1526,7 +1592,7 @@ t_work_verbose_and_dead_letter_warning() {
 # lines they appended to FILE.
 most_at_once() { awk '{ n += ($1 == "+") ? 1 : -1; if (n > m) m = n } END { print m + 0 }' "$1"; }
 # targets FILE: the targets `spool work -v --autoscale` logged in FILE, in order.
-targets() { sed -n 's/^spool work: autoscale: target \([0-9]*\) (.*/\1/p' "$1"; }
+targets() { sed -n 's/^.* spool work\[[0-9]*\] info: autoscale: target \([0-9]*\) (.*/\1/p' "$1"; }
 
 # --autoscale runs as many commands as the ready backlog needs to wait at most --latency,
 # between 1 and -j: more while the backlog is large, fewer as it drains, one for a small one.
@@ -1552,7 +1618,7 @@ t_work_autoscale() {
   ((most > 1 && most <= 8)) || fail "at most $most commands at once, want 2 to 8: $(cat "$D/work.err")"
   ((peak > 1 && peak <= 8)) || fail "peak target $peak, want 2 to 8: $(cat "$D/work.err")"
   eq "first target (nothing measured yet)" "$(targets "$D/work.err" | head -n 1)" 1
-  grep -qE '^spool work: autoscale: target [0-9]+ \(ready [0-9]+, [0-9.]+ messages/s per command, --latency 0\.5s\)$' \
+  grep -qE "$WORK_LOG"'info: autoscale: target [0-9]+ \(ready [0-9]+, [0-9.]+ messages/s per command, --latency 0\.5s\)$' \
     "$D/work.err" || fail "no target line with a measured rate: $(cat "$D/work.err")"
   # A small backlog: 4 messages at a given 5/s per command fit one command's second.
   seq 1 4 | "$SPOOL" send q --lines >/dev/null || fail "send"
@@ -2177,6 +2243,7 @@ t_out_of_range_arguments_are_refused() {
 
 TESTS=(
   t_verify_summary_in_words
+  t_counts_in_words
   t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused
@@ -2201,6 +2268,7 @@ TESTS=(
   t_help_names_what_flags_take
   t_work_prints_a_summary_and_a_live_line_on_a_terminal
   t_list_says_how_many_were_not_shown
+  t_list_pages_with_after_visit_each_message_once
   t_a_new_queue_is_private_by_default
   t_too_large_exit_1
   t_io_errors_exit_1

@@ -1,5 +1,5 @@
 // What the queue-level fault tests share (tests/faults_common.h), and the gtest Environment
-// that puts the whole faults_test executable on the pwrite backend: registered here, once.
+// that quiets their log: registered here, once.
 #include "faults_common.h"
 
 #include <fcntl.h>
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "index/index.h"
+#include "io/io.h"
 #include "spool/queue.h"
 
 namespace spool::faults {
@@ -32,7 +34,19 @@ class QuietLog : public ::testing::Environment {
 };
 [[maybe_unused]] auto* const g_env = ::testing::AddGlobalTestEnvironment(new QuietLog);
 
+std::shared_ptr<FaultIo>& shared_fault_io() {
+  static auto* const shared = new std::shared_ptr<FaultIo>(std::make_shared<FaultIo>(io::make_pwrite_io()));
+  return *shared;
+}
+
 }  // namespace
+
+FaultIo& fault_io() { return *shared_fault_io(); }
+
+QueueOptions faulty(QueueOptions o) {
+  o.env = make_default_env(shared_fault_io());  // made now: it reads the SPOOL_TEST_PARK_* set so far
+  return o;
+}
 
 std::set<uint64_t> ids_of(Queue& q) {
   std::set<uint64_t> ids;

@@ -4,14 +4,12 @@
 //  - tests/faults_lock_holder_test.cc (2): a process killed with SIGKILL inside the index lock
 //    during each state-changing call, and a holder stopped with SIGSTOP (never overridden);
 //  - tests/faults_power_test.cc (3, 3b): power loss under sync=always: unsynced writes dropped
-//    (tests/sys_faults.h), the index deleted, torn or left from "before the reboot"; a garbage
+//    (tests/fault_io.h), the index deleted, torn or left from "before the reboot"; a garbage
 //    or torn index file on open;
 //  - tests/faults_disk_test.cc (4): a really full file system (a 2 MiB tmpfs) and injected EIO,
 //    ENOSPC and short writes.
-// Needs the pwrite backend (SPOOL_IO=pwrite, set by tests/meson.build and checked by
-// FaultsSetup in tests/faults_setup_test.cc): the fault injection sits at the system calls
-// that backend makes. The gtest Environment that keeps it is registered once, in
-// tests/faults_common.cc.
+// Their queues write through fault_io(), over the pwrite backend whatever SPOOL_IO says. The
+// gtest Environment that quiets the log is registered once, in tests/faults_common.cc.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -31,7 +29,7 @@
 #include "env/env.h"
 #include "proc_util.h"
 #include "spool/queue.h"
-#include "sys_faults.h"
+#include "fault_io.h"
 #include "test_util.h"
 
 namespace spool::faults {
@@ -44,15 +42,16 @@ using test::spawn;
 using test::TempDir;
 using test::wait_exit;
 using test::wait_for_file;
-namespace sf = test::sysfaults;
+using test::FaultIo;
 namespace fs = std::filesystem;
 
-// `o` with the fault-injecting Io (tests/sys_faults.h): what every queue of these tests is
-// opened with, but those of FullDisk, which fill a real disk on the default backend.
-inline QueueOptions faulty(QueueOptions o = {}) {
-  o.env = make_default_env(sf::io());  // made now: it reads the SPOOL_TEST_PARK_* set so far
-  return o;
-}
+// The fault-injecting Io of this process, shared with its fork children (never destroyed:
+// queues opened by static destructors or exit handlers may still use it).
+FaultIo& fault_io();
+
+// `o` with fault_io(): what every queue of these tests is opened with, but those of
+// FullDisk, which fill a real disk on the default backend.
+QueueOptions faulty(QueueOptions o = {});
 
 std::set<uint64_t> ids_of(Queue& q);
 

@@ -26,10 +26,10 @@
 #include <thread>
 
 #include "child_report.h"
+#include "fault_io.h"
 #include "faults_common.h"
 #include "proc_util.h"
 #include "spool/queue.h"
-#include "sys_faults.h"
 #include "test_util.h"
 
 namespace spool::faults {
@@ -275,12 +275,12 @@ TEST(IoErrors, WriteErrorsFailTheCallChangeNothingAndClear) {
     ASSERT_NE(p.q, nullptr);
     Queue& q = *p.q;
     auto expect_fails = [&](const char* what, const std::function<Status()>& call) {
-      uint64_t before = sf::counters().injected;
-      sf::fail(sf::Op::kWrite, 1, c.err);
+      uint64_t before = fault_io().counters().injected;
+      fault_io().fail(FaultIo::Op::kWrite, 1, c.err);
       Status s = call();
-      sf::clear();
+      fault_io().clear();
       // Every one of these calls writes (one write path: nothing is deferred).
-      if (sf::counters().injected == before) {
+      if (fault_io().counters().injected == before) {
         ADD_FAILURE() << what << " wrote nothing, so it met no error";
         return;
       }
@@ -325,14 +325,14 @@ TEST(IoErrors, AFailedWriteKeepsTheAcksAndLeasesMadeBeforeIt) {
     ASSERT_TRUE(q.ack(p.leased[1].receipt).ok());
     p.live.erase(p.leased[0].id);
     p.live.erase(p.leased[1].id);
-    uint64_t before = sf::counters().injected;
+    uint64_t before = fault_io().counters().injected;
     auto leased = q.receive(1, 60s);
     ASSERT_TRUE(leased.ok() && leased->size() == 1u);
-    ASSERT_EQ(sf::counters().injected, before);
-    sf::fail(sf::Op::kWrite, 1, err);
+    ASSERT_EQ(fault_io().counters().injected, before);
+    fault_io().fail(FaultIo::Op::kWrite, 1, err);
     auto sent = q.send("lost in the write");
-    sf::clear();
-    ASSERT_GT(sf::counters().injected, before) << "the send wrote nothing";
+    fault_io().clear();
+    ASSERT_GT(fault_io().counters().injected, before) << "the send wrote nothing";
     EXPECT_FALSE(sent.ok()) << "a send whose write failed returned an id";
     EXPECT_EQ(ids_of(q), p.live) << "the failed write undid an ack or kept the message";
     EXPECT_EQ(q.stats()->in_flight, 1u) << "the failed write undid the lease";
@@ -400,9 +400,9 @@ TEST(IoErrors, ShortWritesStillStoreEveryByte) {
   auto q = Queue::open(d / "q", o);
   ASSERT_TRUE(q.ok());
   std::map<uint64_t, std::string> sent;
-  uint64_t shortened = sf::counters().shortened;
+  uint64_t shortened = fault_io().counters().shortened;
   for (size_t limit : {1, 7, 48, 511, 4096}) {
-    sf::short_writes(limit);
+    fault_io().set_short_writes(limit);
     for (int i = 0; i < test::scaled(40); ++i) {
       std::string body = kPayloads.make("short" + std::to_string(limit) + "." + std::to_string(i));
       auto id = (*q)->send(body);
@@ -417,8 +417,8 @@ TEST(IoErrors, ShortWritesStillStoreEveryByte) {
       sent.erase(m.id);
     }
   }
-  sf::clear();
-  EXPECT_GT(sf::counters().shortened, shortened + 100);
+  fault_io().clear();
+  EXPECT_GT(fault_io().counters().shortened, shortened + 100);
   EXPECT_EQ(consistency(**q), "");
   q->reset();
   ::unlink((d / "q/index").c_str());  // and from the log alone
@@ -445,9 +445,9 @@ TEST(IoErrors, SyncErrorIsLoudStickyAndRecoverableByReopening) {
   ASSERT_TRUE(q.ok());
   std::set<uint64_t> returned;
   for (int i = 0; i < 20; ++i) returned.insert(*(*q)->send("ok" + std::to_string(i)));
-  sf::fail(sf::Op::kSync, 1, EIO);
+  fault_io().fail(FaultIo::Op::kSync, 1, EIO);
   auto bad = (*q)->send("meets EIO");
-  sf::clear();
+  fault_io().clear();
   ASSERT_FALSE(bad.ok()) << "a send whose fdatasync failed returned success";
   EXPECT_EQ(bad.status().code(), Code::kIo) << bad.status().to_string();
   EXPECT_NE(bad.status().message().find("fdatasync"), std::string::npos) << bad.status().to_string();
@@ -499,12 +499,12 @@ TEST(IoErrors, AFailedBackgroundSyncIsReportedByEveryLaterWrite) {
   ASSERT_TRUE(marker.ok());
   ASSERT_TRUE(until([&] { return (*q)->durable_id() >= *marker; })) << "the flusher never synced the first sends";
   // Only the flusher syncs on an interval queue: the next fdatasync of this process is its.
-  uint64_t injected = sf::counters().injected;
-  sf::fail(sf::Op::kSync, 1, EIO);
+  uint64_t injected = fault_io().counters().injected;
+  fault_io().fail(FaultIo::Op::kSync, 1, EIO);
   auto second = (*q)->send("its sync fails");
   ASSERT_TRUE(second.ok()) << "an interval send does not wait for the disk";
-  bool met = until([&] { return sf::counters().injected > injected; });
-  sf::clear();
+  bool met = until([&] { return fault_io().counters().injected > injected; });
+  fault_io().clear();
   ASSERT_TRUE(met) << "the flusher never synced after the second send";
   EXPECT_LT((*q)->durable_id(), *second) << "a send whose background sync failed counts as durable";
   // The fault counter moves inside fdatasync, before the flusher records the failure: a
@@ -555,8 +555,8 @@ TEST(IoErrors, SegmentCreationFailureIsCleanAndRetried) {
     std::set<uint64_t> sent;
     int failures[3] = {};  // in each stretch
     for (int i = 0; i < 350; ++i) {
-      if (i % 100 == 50) sf::fail(sf::Op::kAllocate, 1, err, true);  // sends 50-109: three segments' worth
-      if (i % 100 == 10) sf::clear();
+      if (i % 100 == 50) fault_io().fail(FaultIo::Op::kAllocate, 1, err, true);  // sends 50-109: three segments' worth
+      if (i % 100 == 10) fault_io().clear();
       auto id = (*q)->send(std::string(700, 'x'));
       if (id.ok()) {
         sent.insert(*id);
@@ -566,7 +566,7 @@ TEST(IoErrors, SegmentCreationFailureIsCleanAndRetried) {
         EXPECT_EQ(id.status().code(), err == ENOSPC ? Code::kNoSpace : Code::kIo) << id.status().to_string();
       }
     }
-    sf::clear();
+    fault_io().clear();
     for (int k = 0; k < 3; ++k) EXPECT_GT(failures[k], 0) << "no send met the failed allocations of stretch " << k;
     EXPECT_EQ(ids_of(**q), sent);
     EXPECT_EQ(consistency(**q), "");

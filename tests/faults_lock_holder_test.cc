@@ -26,10 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include "fault_io.h"
 #include "faults_common.h"
 #include "proc_util.h"
 #include "spool/queue.h"
-#include "sys_faults.h"
 #include "test_util.h"
 
 namespace spool::faults {
@@ -497,21 +497,21 @@ TEST(SyncLeaderDeath, AProducerKilledInsideItsSyncDoesNotStrandTheOthers) {
     if (!mine.ok()) return 3;
     // The first send also creates the segment (synced under the index lock): not that one.
     if (!(*mine)->send("warm-up").ok()) return 4;
-    sf::park_next_sync(parked);
+    fault_io().park_next_sync(parked);
     return (*mine)->send("from the leader").ok() ? 0 : 1;
   });
   ASSERT_TRUE(wait_for_file(parked, 10s)) << "the leader never reached its fdatasync";
   pid_t waiter = spawn([&] {
     auto mine = Queue::open(dir, o);
     if (!mine.ok()) return 3;
-    uint64_t before = sf::counters().syncs;
+    uint64_t before = fault_io().counters().syncs;
     auto id = (*mine)->send("from the waiter");
     if (!id.ok()) {
       std::fprintf(stderr, "waiter: %s\n", id.status().to_string().c_str());
       return 1;
     }
     // Nobody else completed a sync after its write: it must have synced itself.
-    return sf::counters().syncs > before ? 0 : 2;
+    return fault_io().counters().syncs > before ? 0 : 2;
   });
   // Waited for, not slept for: the leader is killed only once the waiter has written and
   // sleeps behind it (sync_to's sliced, timed futex wait). After a fixed sleep a slow waiter
@@ -632,7 +632,7 @@ TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
   test::IndexFile index(qdir);
   ASSERT_TRUE(index.ok());
   std::atomic<int> syncs{0}, under_lock{0};
-  sf::on_sync([&] {
+  fault_io().on_sync([&] {
     ++syncs;
     if (index.hdr().coord.mu.native()->__data.__owner == static_cast<int>(::gettid())) ++under_lock;
   });
@@ -645,7 +645,7 @@ TEST(LockHolder, NoSyncIsMadeWhileTheIndexLockIsHeld) {
     for (const auto& m : *got) ASSERT_TRUE((*q)->ack(m.receipt).ok());
   }
   ASSERT_TRUE((*q)->compact().ok());
-  sf::on_sync(nullptr);
+  fault_io().on_sync(nullptr);
   size_t segments = 0;
   for (const auto& e : std::filesystem::directory_iterator(qdir + "/segments")) {
     segments += e.path().filename().string().ends_with(".seg");
@@ -673,7 +673,7 @@ TEST(LockHolder, EveryRollTakesASpare) {
   std::mutex mu;
   std::vector<std::string> made_in_place;
   int from_spares = 0;
-  sf::on_rename([&](const std::string& from, const std::string& to) {
+  fault_io().on_rename([&](const std::string& from, const std::string& to) {
     if (!to.ends_with(".seg") || to.ends_with("/00000000000000000001.seg")) return;
     std::lock_guard lock(mu);
     if (from.find("/spare-") != std::string::npos) {
@@ -709,7 +709,7 @@ TEST(LockHolder, EveryRollTakesASpare) {
     EXPECT_EQ(st->ready + st->in_flight + st->delayed, 0u);
     EXPECT_EQ(st->acked_total, st->sent_total);
   }
-  sf::on_rename(nullptr);
+  fault_io().on_rename(nullptr);
   std::lock_guard lock(mu);
   EXPECT_GT(from_spares, 20) << "the hook did not see the queue's rolls";
   EXPECT_TRUE(made_in_place.empty()) << made_in_place.size() << " of " << made_in_place.size() + from_spares

@@ -1,5 +1,5 @@
 // 3. Power loss and 3b. a garbage, torn or hostile index file (docs/reliability.md): power
-// loss under sync=always: unsynced writes dropped (tests/sys_faults.h), the index deleted,
+// loss under sync=always: unsynced writes dropped (tests/fault_io.h), the index deleted,
 // torn or left from "before the reboot"; a garbage or torn index file on open.
 // Shared helpers (kPayloads, damage_index, consistency, ...) are in tests/faults_common.h.
 // Needs the pwrite backend, like all of faults_test (tests/faults_common.h).
@@ -31,12 +31,12 @@
 #include <vector>
 
 #include "child_report.h"
+#include "fault_io.h"
 #include "faults_common.h"
 #include "index/index.h"
 #include "proc_util.h"
 #include "spool/queue.h"
 #include "storage/format.h"
-#include "sys_faults.h"
 #include "test_util.h"
 
 namespace spool::faults {
@@ -50,7 +50,7 @@ namespace {
 // receive also moves messages past it to the dead-letter queue (dir/dlq).
 int power_child(const std::string& dir, const std::string& journal, int round, uint32_t seed,
                 SyncPolicy sync, uint32_t max_receives) {
-  sf::start_recording();
+  fault_io().start_recording();
   test::Journal j(journal);
   QueueOptions o = faulty();
   o.sync = sync;
@@ -149,7 +149,7 @@ void power_campaign(const std::string& qdir, const std::string& jdir, int rounds
   PowerFigures& fig = *out;
   PowerLedger led;
   std::mt19937_64 rng(seed);
-  sf::init_undo_log(512ull << 20);
+  fault_io().keep_undo_log(FaultIo::Undo::kShared, 512ull << 20);
   for (int round = 0; round < rounds; ++round) {
     SCOPED_TRACE("power cut " + std::to_string(round));
     std::string journal = jdir + "/power-" + std::to_string(round);
@@ -158,11 +158,11 @@ void power_campaign(const std::string& qdir, const std::string& jdir, int rounds
     std::this_thread::sleep_for(std::chrono::milliseconds(30 + rng() % 250));
     ::kill(child, SIGKILL);  // the power goes: the process and its page cache with it
     wait_exit(child);
-    if (sf::undo_log_overflowed()) {
+    if (fault_io().undo_log_overflowed()) {
       ADD_FAILURE() << "the undo log overflowed; the cut would be incomplete";
       return;
     }
-    sf::CutReport cut = sf::power_cut(qdir, rng);
+    FaultIo::CutReport cut = fault_io().power_cut(qdir, rng);
     auto how = static_cast<IndexAfterCut>(rng() % 4);
     damage_index(qdir, how, rng);
     // The dead-letter queue's index went through the same reboot.

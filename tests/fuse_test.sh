@@ -772,7 +772,8 @@ EOF
   grep -qi "temporarily unavailable" "$D/cp.err" || fail "cp said: $(cat "$D/cp.err")"
   sleep 0.3
   eq "sent" "$(stat_of sent_total "$D/q")" 3
-  grep -q "m4 not sent to .*the queue is full" "$D/daemon.log" || fail "the log does not name m4: $(cat "$D/daemon.log")"
+  grep -qE '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{12} spoolfs\[[0-9]+\] error: m4 not sent to .*the queue is full' "$D/daemon.log" ||
+    fail "the log does not name m4 (in the one log format): $(cat "$D/daemon.log")"
   # Room again: the next write goes through.
   "$SPOOL" recv "$D/q" >/dev/null || fail "spool recv failed"  # a leased message is not waiting
   echo 6 >"$M/m6" || fail "a send after room was made failed"

@@ -4,7 +4,7 @@
 //   no send, acks lost with the prefix's unsynced tail still counted by the checkpoint;
 // - the `interval` flusher waited a whole interval after a pass that had overrun it, so a
 //   send could stay unsynced for an interval plus a pass plus another interval.
-// The power cut is FaultIo's (src/io/fault_io.h): every write not yet synced is undone.
+// The power cut is FaultIo's (tests/fault_io.h): every write not yet synced is undone.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "env/env.h"
-#include "io/fault_io.h"
+#include "fault_io.h"
 #include "io/io.h"
 #include "spool/queue.h"
 #include "test_util.h"
@@ -47,7 +47,8 @@ TEST_F(PowerCutTest, ACutAfterACompactionsCheckpointLeavesCountersTheLogBearsOut
     // unsynced write) as soon as the compaction removed the first segment of its prefix: its
     // checkpoint is durable then, and the rest of the prefix is still there.
     pid_t child = spawn([&] {
-      auto fault = std::make_shared<io::FaultIo>(io::default_io());
+      auto fault = std::make_shared<FaultIo>(io::default_io());
+      fault->keep_undo_log(FaultIo::Undo::kPrivate, 64 << 20);
       QueueOptions o;
       o.env = make_default_env(fault);
       o.sync = SyncPolicy::kNever;  // only what compaction syncs survives the cut
@@ -80,7 +81,7 @@ TEST_F(PowerCutTest, ACutAfterACompactionsCheckpointLeavesCountersTheLogBearsOut
       auto r = q->compact([&](uint64_t, uint64_t) {
         if (!cut && !std::filesystem::exists(oldest)) {
           cut = true;
-          fault->drop_unsynced(0);
+          fault->power_cut(qdir(), 0);
           ::_exit(0);
         }
       });

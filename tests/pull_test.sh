@@ -309,7 +309,7 @@ t_once_does_not_wait_out_refused_messages() {
   echo "# --once with 6 messages over max_payload: exit $rc after $((SECONDS - start)) s"
   ((SECONDS - start <= 8)) || fail "took $((SECONDS - start)) s: $(cat "$D/once.err")"
   eq "exit code with refused messages" "$rc" 1
-  grep -qF -- "--once: 6 message(s) the queue can never take are left in the stream" "$D/once.err" ||
+  grep -qF -- "--once: 6 messages the queue can never take are left in the stream" "$D/once.err" ||
     fail "no reason given: $(cat "$D/once.err")"
   eq "queued" "$(qstat sent_total)" 5
   eq "left in the stream" "$(stream_count)" 6

@@ -511,6 +511,65 @@ TEST_F(QueueTest, ListTellsStatesAndShowGivesOneMessageById) {
   EXPECT_EQ(st->delayed, 1u);
 }
 
+// list(max, states, after) pages: 250 messages in every state (queued, leased, delayed,
+// redelivered, of another priority, blocked in a group), listed 30 at a time, each page
+// starting after the last id of the one before, visit each message exactly once, in id
+// order; count(states, after) says how many each page left. Each row carries the priority,
+// group and send time of its message.
+TEST_F(QueueTest, ListPagesWithAfterAndCountsWhatIsLeft) {
+  auto q = open();
+  const auto before = std::chrono::system_clock::now();
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 250; ++i) {
+    SendOptions o;
+    if (i % 11 == 4) o.priority = 7;
+    if (i % 13 == 6) o.group = "g" + std::to_string(i % 2);
+    if (i % 17 == 9) o.delay = 1h;
+    auto id = q->send("m" + std::to_string(i), o);
+    ASSERT_TRUE(id.ok()) << id.status().to_string();
+    ids.push_back(*id);
+  }
+  auto got = q->receive(20, 60s);
+  ASSERT_TRUE(got.ok());
+  for (size_t i = 0; i < got->size(); i += 3) ASSERT_TRUE(q->nack(got->at(i).receipt).ok());  // redelivered
+  for (StateFilter states : {StateFilter{}, StateFilter::only(MessageState::kReady), StateFilter{false, true, true, true}}) {
+    auto all = q->list(1000, states);
+    ASSERT_TRUE(all.ok());
+    auto total = q->count(states);
+    ASSERT_TRUE(total.ok());
+    EXPECT_EQ(*total, all->size());
+    std::vector<uint64_t> paged;
+    uint64_t after = 0;
+    for (int pages = 0; pages < 100; ++pages) {
+      auto page = q->list(30, states, after);
+      ASSERT_TRUE(page.ok()) << page.status().to_string();
+      if (page->empty()) break;
+      for (const MessageInfo& m : *page) paged.push_back(m.id);
+      after = page->back().id;
+      auto left = q->count(states, after);
+      ASSERT_TRUE(left.ok());
+      EXPECT_EQ(*left, all->size() - paged.size()) << "after " << after;
+    }
+    ASSERT_EQ(paged.size(), all->size());
+    for (size_t i = 0; i < paged.size(); ++i) EXPECT_EQ(paged[i], all->at(i).id) << i;
+  }
+  auto every = q->list(1000);
+  ASSERT_TRUE(every.ok());
+  ASSERT_EQ(every->size(), 250u);
+  EXPECT_EQ(q->count(StateFilter{}, ids.back()).value(), 0u);
+  EXPECT_EQ(q->count(StateFilter{}, UINT64_MAX).value(), 0u);
+  EXPECT_TRUE(q->list(10, StateFilter{}, UINT64_MAX)->empty());
+  for (size_t i = 0; i < every->size(); ++i) {
+    const MessageInfo& m = every->at(i);
+    EXPECT_EQ(m.id, ids[i]);
+    EXPECT_EQ(m.priority, i % 11 == 4 ? 7 : kDefaultPriority) << i;
+    EXPECT_EQ(m.group, i % 13 == 6 ? "g" + std::to_string(i % 2) : "") << i;
+    EXPECT_GE(m.enqueued, before - 1s) << i;
+    EXPECT_LE(m.enqueued, std::chrono::system_clock::now() + 1s) << i;
+    EXPECT_EQ(m.original_id, 0u);
+  }
+}
+
 // A dead letter keeps its history: its attributes, the original id, enqueue time, receive
 // count and the reason; redrive sends it back without that history.
 TEST_F(QueueTest, ADeadLetterKeepsItsHistory) {
@@ -538,6 +597,9 @@ TEST_F(QueueTest, ADeadLetterKeepsItsHistory) {
   EXPECT_EQ(a.at("k"), "v");
   EXPECT_EQ(a.at("spool.dead.reason"), "max_receives");
   EXPECT_EQ(a.at("spool.dead.original_id"), std::to_string(*id));
+  auto listed = (*dlq)->list(10);
+  ASSERT_TRUE(listed.ok() && listed->size() == 1u);
+  EXPECT_EQ(listed->at(0).original_id, *id) << "list() names the dead letter's original id";
   EXPECT_EQ(a.at("spool.dead.receive_count"), "1");
   // ISO 8601 of the send, to the millisecond; its minute is that of the clock read before
   // the send or of the one after (they differ when the send was at a minute's turn).

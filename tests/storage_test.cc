@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "io/fault_io.h"
+#include "fault_io.h"
 #include "io/io.h"
 #include "proc_util.h"
 #include "storage/log.h"
@@ -41,7 +41,7 @@ namespace {
 
 using format::kRecordHeaderSize;
 using format::record_size;
-using io::FaultIo;
+using test::FaultIo;
 using test::TempDir;
 
 std::string payload_for(uint64_t id, size_t len) {
@@ -633,6 +633,7 @@ TEST_F(LogTest, PowerCutLosesNoSyncedRecordAndReturnsNothingInvalid) {
     TempDir d;
     const std::string dir = d / "segments";
     auto fault = std::make_shared<FaultIo>(io::default_io());
+    fault->keep_undo_log(FaultIo::Undo::kPrivate, 64 << 20);
     // Some runs cut writes short, so a power cut can also tear a record in half.
     if (iter % 3 == 2) fault->set_short_writes(1 + rng() % 64);
     auto log = Log::open(dir, opts(4096, fault));
@@ -660,8 +661,8 @@ TEST_F(LogTest, PowerCutLosesNoSyncedRecordAndReturnsNothingInvalid) {
       }
     }
     const size_t unsynced = fault->unsynced_writes();
-    fault->drop_unsynced(rng() % (unsynced + 1));
-    log->reset();  // only now: the undo log names fds of this Log
+    fault->power_cut(dir, rng() % (unsynced + 1));
+    log->reset();
 
     auto after = Log::open(dir, opts(4096));
     ASSERT_TRUE(after.ok());
@@ -803,7 +804,7 @@ TEST_F(LogTest, SyncErrorIsStickyForItsSegment) {
   EXPECT_EQ(first.code(), Code::kIo);
   EXPECT_NE(first.message().find(log->segment_path(2)), std::string::npos) << first.to_string();
 
-  fault->clear_faults();  // the device would now report success
+  fault->clear();  // the device would now report success
   Status second = log->sync(2);
   EXPECT_FALSE(second.ok()) << "a retried fdatasync must not turn a lost write into a success";
   EXPECT_EQ(second.code(), Code::kIo);
@@ -813,6 +814,7 @@ TEST_F(LogTest, SyncErrorIsStickyForItsSegment) {
 
 TEST_F(LogTest, ShortWritesStillRoundTrip) {
   auto fault = std::make_shared<FaultIo>(io::default_io());
+  fault->keep_undo_log(FaultIo::Undo::kPrivate, 64 << 20);  // its entries count the writes
   fault->set_short_writes(5);
   auto log = open_log(8192, fault);
   ASSERT_NE(log, nullptr);

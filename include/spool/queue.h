@@ -199,6 +199,14 @@ struct MessageInfo {
   // In flight on a lease bound to its holder's life (bind_leases): the holder's pid as it
   // saw itself (its PID namespace's); 0 otherwise.
   int32_t holder_pid = 0;
+  // From the message's record, as show() gives them: its priority and ordered group (empty:
+  // none), and when it was sent (wall clock as of the call, as Message::enqueued).
+  uint8_t priority = kDefaultPriority;
+  std::string group = {};
+  std::chrono::system_clock::time_point enqueued{};
+  // A dead letter (a message of dead_letters()): the id it had in the queue it was
+  // dead-lettered from (its spool.dead.original_id attribute); 0 for a message without one.
+  uint64_t original_id = 0;
 };
 
 struct Stats {
@@ -366,8 +374,16 @@ class Queue {
   Status bind_leases();
   Status bind(std::string_view receipt);
 
-  // Up to `max` messages of the states in `states`, in id order, without payloads.
-  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states = {});
+  // Up to `max` messages of the states in `states` with ids above `after`, in id order,
+  // without payloads: a page, and the next page is the one after its last id. Reads the
+  // record of each message returned; the rest costs what the index holds out of id order
+  // (messages in flight, delayed, redelivered, of another priority or blocked), not the
+  // backlog.
+  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states = {}, uint64_t after = 0);
+  // How many messages of the states in `states` have ids above `after`: the rows list()
+  // would return without its `max`. For a page's "N more": it reads no records, and walks
+  // the never-received backlog on the shorter side of `after` (not at all for after = 0).
+  Result<uint64_t> count(StateFilter states = {}, uint64_t after = 0);
   // One message by id, in any state, without receiving it: its payload, attributes and
   // enqueue time (no receipt), and where it stands. kNotFound when the queue holds no
   // message `id` (never sent, or acked, removed, dead-lettered or purged).

@@ -1129,6 +1129,23 @@ void SharedIndex::erase(uint32_t slot) {
   if (h.layout.group_used != 0) group_leave(id);
 }
 
+uint64_t SharedIndex::queued_above(uint64_t after) const {
+  const auto& h = *hdr_;
+  const uint64_t total = h.layout.queued;
+  const uint64_t first = std::max(h.layout.cursor, h.layout.low_id);  // no queued id is lower
+  const uint64_t end = std::min(h.cache.next_id, h.layout.low_id + wcap_);
+  if (total == 0 || after < first) return total;
+  if (after >= end - 1) return 0;  // (end >= low_id >= 1)
+  auto queued_in = [&](uint64_t from, uint64_t to) {
+    uint64_t n = 0;
+    for (uint64_t id = from; id < to; ++id) n += win_[wslot(id)].state == State::kQueued ? 1 : 0;
+    return n;
+  };
+  // (Bounded by total, so a damaged header cannot make the count exceed the queued.)
+  if (after + 1 - first <= end - (after + 1)) return total - std::min(total, queued_in(first, after + 1));
+  return std::min(total, queued_in(after + 1, end));
+}
+
 int64_t SharedIndex::queue_head() {
   auto& h = *hdr_;
   if (h.layout.queued == 0) return -1;

@@ -197,9 +197,10 @@ struct KeptBucket {
 //  - the cache, which a replay of the log rebuilds (a damaged or foreign index is simply
 //    made again): `layout`, the shape of the index's own tables, written by SharedIndex's
 //    operations; and `cache`, the queue's state derived from the records, written by
-//    queue::apply_record() and nowhere else, but for the two things only the writer of
-//    records knows (`log_end`, published by the store's commit after an append, and the
-//    clock anchors of the CLOCK records it writes) and a rebuild, which empties it first;
+//    queue::apply_record() and nowhere else (the clock anchors too: a CLOCK record's), but
+//    for `log_end`, which only the writer of records knows (published by the store's commit
+//    after an append, by replay at the end of the log), and a rebuild, which empties it
+//    first;
 //  - `coord`, coordination between the attached processes: the locks, the futex words
 //    and the durable marks; never rebuilt from the log, and never sealed (they change
 //    without the index lock);
@@ -447,23 +448,27 @@ class CAPABILITY("index lock") SharedIndex {
   void punch_tail();
 
   // For stats, list and peek: the timer heap's items (in heap order), the due heap's (all
-  // ready now; keys are due_key()s) and the queued messages from the cursor on (in id
-  // order; f returns false to stop).
+  // ready now; keys are due_key()s) and the queued messages from the cursor (or from id
+  // `from`, if higher) on (in id order; f returns false to stop).
   const HeapItem* heap_begin() const { return heap_; }
   uint64_t heap_size() const { return hdr_->layout.heap_size; }
   const HeapItem* due_begin() const { return heap_ + hcap_ - due_size(); }
   uint64_t due_size() const { return std::min(hdr_->layout.due_size, hcap_); }
   template <class F>
-  void for_each_queued(F&& f) {
+  void for_each_queued(F&& f, uint64_t from = 0) {
     uint64_t end = std::min(hdr_->cache.next_id, hdr_->layout.low_id + wcap_);
     // (From the cursor, which check_header() keeps at or above low_id.)
-    for (uint64_t id = std::max(hdr_->layout.cursor, hdr_->layout.low_id), left = hdr_->layout.queued; id < end && left != 0; ++id) {
+    const uint64_t first = std::max({hdr_->layout.cursor, hdr_->layout.low_id, from});
+    for (uint64_t id = first, left = hdr_->layout.queued; id < end && left != 0; ++id) {
       auto s = wslot(id);
       if (win_[s].state != State::kQueued) continue;
       --left;
       if (!f(s, id)) return;
     }
   }
+  // How many queued messages have ids above `after` (list's "N more"): the queued count,
+  // less those at or below `after`, or those above it counted, whichever side is shorter.
+  uint64_t queued_above(uint64_t after) const;
   // Every live message: the overflow table, then the window in id order.
   template <class F>
   void for_each_entry(F&& f) {

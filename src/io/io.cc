@@ -99,12 +99,12 @@ std::shared_ptr<Io> default_io() {
     if (forced != nullptr && std::strcmp(forced, "io_uring") == 0) {
       if (auto u = make_uring_io(&why)) {
         *io = std::move(u);
-        spool::log().info("spool: I/O backend io_uring");
+        spool::log().info("I/O backend io_uring");
         return;
       }
     } else if (forced == nullptr || *forced == '\0' || std::strcmp(forced, "mmap") == 0) {  // SPOOL_IO= too
       *io = make_mmap_io();
-      spool::log().info("spool: I/O backend mmap");
+      spool::log().info("I/O backend mmap");
       return;
     } else if (std::strcmp(forced, "pwrite") != 0) {
       why = std::string("SPOOL_IO=") + forced + " is not a backend (mmap, pwrite, io_uring)";
@@ -114,7 +114,7 @@ std::shared_ptr<Io> default_io() {
       why = std::string("SPOOL_IO=") + forced;
     }
     *io = make_pwrite_io();
-    spool::log().info("spool: I/O backend pwrite ({})", why);
+    spool::log().info("I/O backend pwrite ({})", why);
   });
   return *io;
 }

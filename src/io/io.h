@@ -1,6 +1,7 @@
 // The one narrow interface through which spool touches files. Everything above src/io/
-// calls these and never read/write/fsync directly, so tests can swap in FaultIo (ENOSPC,
-// EIO, short writes, dropped unsynced data) and CI can run every test on both backends.
+// calls these and never read/write/fsync directly, so tests can swap in their FaultIo
+// (tests/fault_io.h: ENOSPC, EIO, short writes, dropped unsynced data) and CI can run every
+// test on each backend.
 //
 // Conventions follow liburing: functions return >= 0 on success and -errno on failure,
 // and never set errno for the caller. Implementations are thread-safe.
@@ -18,7 +19,7 @@ namespace spool::io {
 class Io {
  public:
   virtual ~Io() = default;
-  // "mmap", "io_uring" or "pwrite" (a FaultIo reports the backend whose writes it sees).
+  // "mmap", "io_uring" or "pwrite" (a test's FaultIo reports the backend whose writes it sees).
   virtual const char* name() const = 0;
   // Whether records may be stored through a writable shared mapping of a preallocated
   // segment instead of write_all() (the log decides per directory: storage/log.h). The
@@ -42,7 +43,6 @@ class Io {
  protected:
   // One write attempt: bytes written (may be short) or -errno.
   virtual int64_t write_some(int fd, const iovec* iov, int iovcnt, uint64_t off) = 0;
-  friend class FaultIo;
 };
 
 // The plain pwritev/fdatasync backend.

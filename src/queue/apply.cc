@@ -60,7 +60,7 @@ void remember_dedup(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   auto dedup = storage::ext_entry(r.ext, format::ExtType::kDedupId);
   if (!dedup || dedup->empty()) return;
   if (Status s = x.dedup_reserve(1, keys.now.boot); !s.ok()) {
-    spool::log().warn("spool: message {}'s dedup id is not remembered: {}", r.id, s.message());
+    spool::log().warn("message {}'s dedup id is not remembered: {}", r.id, s.message());
     return;
   }
   x.dedup_insert(dedup_hash(*dedup), at, expires);
@@ -192,6 +192,7 @@ Status clear_state(index::SharedIndex& x, uint64_t next) REQUIRES(x) {
   c.paused = 0;
   c.sent_total = c.acked_total = c.dead_total = c.expired_total = c.nacked_total = c.bytes_live = 0;
   c.received_total = c.redelivered_total = 0;
+  clear_anchors(x.hdr());
   return {};
 }
 
@@ -322,7 +323,10 @@ storage::RecordView view_of(const storage::Record& rec) {
 
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) {
   auto& h = x.hdr();
-  if (r.type == RecordType::kClock) return {};
+  if (r.type == RecordType::kClock) {
+    note_anchor(h, at, r);
+    return {};
+  }
   if (r.type == RecordType::kSub) return apply_sub(x, at, r, keys);
   const bool subs = any_subscription(x);
   const uint64_t next = h.cache.next_id;  // before this record

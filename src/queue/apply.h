@@ -71,7 +71,8 @@ struct Keys {
 // - LEASE and RELEASE set the receive count, state and deadline;
 // - ACK and DEAD drop the message (a consumer's ACK noted in the kept-acked buckets first,
 //   with keep_acked); PURGE drops every message up to its id; CHECKPOINT sets the totals
-//   (and the paused state, where it carries one); PAUSE sets the paused state.
+//   (and the paused state, where it carries one); PAUSE sets the paused state; CLOCK enters
+//   its anchor (note_anchor(), queue/log_clock.h).
 // Subscriptions (docs/format.md, "Views"): a record of view k > 0 does the above to view k's
 // index (keys.views) instead; a MSG (not a copy) is a message of view 0 and of every active
 // subscription whose first id is at most its id; every id raises each view's next_id; a SUB
@@ -81,8 +82,7 @@ struct Keys {
 // follows it moves that view's entry to the copy, or inserts it from the copy where the
 // view does not hold it.
 // Every total (sent, acked, expired, dead, nacked, bytes live) is counted here and nowhere
-// else. Records of messages the index does not hold change nothing but the totals. CLOCK
-// records are the ReplayClock's. An error means the index could not take the record (no
+// else. Records of messages the index does not hold change nothing but the totals. An error means the index could not take the record (no
 // room): the caller rebuilds the index from the log.
 Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x);
 
@@ -90,8 +90,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
 std::vector<uint16_t> active_views(const index::SharedIndex& x);
 
 // Empties the index's cache for a replay, which then applies every record: no messages, no
-// dedup ids or kept buckets, every total 0, next_id 1. The clock anchors are the
-// ReplayClock's; the owner registry and the disk bookkeeping stay (index.h). Lock held.
+// dedup ids or kept buckets, no clock anchors, every total 0, next_id 1. The owner registry
+// and the disk bookkeeping stay (index.h). Lock held.
 Status clear_for_replay(index::SharedIndex& x) REQUIRES(x);
 
 // The key (CLOCK_BOOTTIME) of the enqueue time `t1` of the MSG record at `at`; a time after

@@ -57,7 +57,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   if (guard.fd < 0) return sys::queue_file_error(errno, "open", lock_path);
   // Unregistered only past 256 guarded descriptors in one process: compaction still works,
   // only a fork during it would keep the lock (logged).
-  if (!guard.registered) spool::log().warn("spool: {}: compact.lock not guarded across fork", dir);
+  if (!guard.registered) spool::log().warn("{}: compact.lock not guarded across fork", dir);
   if (wait) {
     struct stat dir_st {};
     if (::stat(dir.c_str(), &dir_st) != 0) return errno_status(errno, "stat " + dir);
@@ -337,7 +337,7 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   log->forget_below(last + 1);
   Locked::release(std::move(held).value());
   if (int r = log->io().sync_dir(log->dir()); r < 0) return errno_status(-r, "sync " + log->dir());
-  spool::log().info("spool: {}: compaction removed {} segments, copied {} live messages", dir,
+  spool::log().info("{}: compaction removed {} segments, copied {} live messages", dir,
                     res.segments_removed, res.messages_copied);
   return res;
 }
@@ -346,7 +346,7 @@ Result<CompactResult> Queue::compact(const Progress& progress) { return impl_->c
 
 auto Queue::Impl::compact_by_policy() -> void {
   auto r = compact(false, false);
-  if (!r.ok()) spool::log().warn("spool: {}: compaction: {}", dir, r.status().to_string());
+  if (!r.ok()) spool::log().warn("{}: compaction: {}", dir, r.status().to_string());
 }
 
 }  // namespace spool

@@ -9,13 +9,13 @@
 
 namespace spool {
 
-auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
-  index::SharedIndex& v = vw();
+auto Queue::Impl::read_stored(uint32_t slot, std::shared_ptr<storage::Segment>* keep, const Clocks& now)
+    -> Result<Stored> {
+  index::SharedIndex& v = vw();  // the handle's view: its slots
   v.assert_held();
   const Entry& e = v.entry(slot);
   const uint64_t id = v.id_of(slot);
-  std::shared_ptr<storage::Segment> keep;
-  auto r = log->read(Pos::unpack(e.loc), &keep);
+  auto r = log->read(Pos::unpack(e.loc), keep);
   if (!r.ok()) {
     // A record the index points at is gone or damaged: the rebuild before the unlock
     // drops it (or finds the message's record elsewhere), so receives move past it.
@@ -26,35 +26,43 @@ auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_
     idx.damaged("message " + std::to_string(id) + " points at the record of another");  // rebuilt before the unlock
     return Status(Code::kCorrupt, "index points at the wrong record for message " + std::to_string(id));
   }
-  Message m;
-  m.id = id;
+  Stored out{*r, {}, 0};
   if (!r->ext.empty()) {
     auto ext = storage::decode_ext(r->ext);
     if (!ext.ok()) {
       return Status(Code::kCorrupt, "message " + std::to_string(id) + " (" + log->segment_path(Pos::unpack(e.loc).seq) +
                                         "): " + ext.status().message());
     }
-    m.attributes.insert(ext->attributes.begin(), ext->attributes.end());
-    m.priority = ext->priority;
-    m.group = std::move(ext->group);
+    out.ext = std::move(*ext);
   }
-  if (mapped != nullptr) {
-    mapped->view = r->payload;
-    mapped->keep = std::move(keep);
-  } else {
-    m.payload.assign(r->payload);
-  }
-  m.receive_count = e.count;
-  // The wall clock of the send as of now: the record's time, converted to this boot's
-  // clock and back, so that a wall-clock step since moves it along.
+  out.age_ns = now.boot - queue::enqueue_key(idx, e.loc, r->t1, now);
+  return out;
+}
+
+auto Queue::Impl::load(uint32_t slot, Mapped* mapped, const Clocks* now, uint64_t* age_ns) -> Result<Message> {
   // The caller's Clocks by reference: its real() is read once per lock hold, not per message.
   Clocks own;
   if (now == nullptr) own = queue::read_clocks(idx.hdr(), *env);
   const Clocks& c = now != nullptr ? *now : own;
-  const uint64_t age = c.boot - queue::enqueue_key(idx, e.loc, r->t1, c);
-  if (age_ns != nullptr) *age_ns = age;
-  m.enqueued = std::chrono::system_clock::time_point(
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(c.real() - age)));
+  std::shared_ptr<storage::Segment> keep;
+  auto got = read_stored(slot, &keep, c);
+  if (!got.ok()) return got.status();
+  index::SharedIndex& v = vw();
+  v.assert_held();
+  Message m;
+  m.id = v.id_of(slot);
+  m.attributes.insert(got->ext.attributes.begin(), got->ext.attributes.end());
+  m.priority = got->ext.priority;
+  m.group = std::move(got->ext.group);
+  if (mapped != nullptr) {
+    mapped->view = got->r.payload;
+    mapped->keep = std::move(keep);
+  } else {
+    m.payload.assign(got->r.payload);
+  }
+  m.receive_count = v.entry(slot).count;
+  if (age_ns != nullptr) *age_ns = got->age_ns;
+  m.enqueued = queue::wall_time(c.real() - got->age_ns);
   return m;
 }
 
@@ -67,7 +75,7 @@ Record lease_record(uint64_t id, uint32_t count, const Clocks& now, uint64_t vis
 // of: a warning. (One a consumer asks for, dead_letter(), is its caller's to report: it is
 // logged at info only, so that spool work's own line about it is the only one by default.)
 void log_moved(const std::string& dir, uint64_t id, const char* reason, uint32_t count) {
-  spool::log().warn("spool: {}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
+  spool::log().warn("{}: message {} moved to the dead-letter queue ({} after {} deliveries)", dir, id, reason,
                     count);
 }
 }  // namespace
@@ -190,7 +198,7 @@ auto Queue::Impl::expire(uint32_t slot, const Clocks& now) -> Status {
   Record rec{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired, {}, view_k};
   const uint32_t len = e.len;
   if (auto res = commit(std::span(&rec, 1), now); !res.ok()) return res.status();
-  spool::log().warn("spool: {}: retention limit dropped message {} ({} bytes)", dir, id, len);
+  spool::log().warn("{}: retention limit dropped message {} ({} bytes)", dir, id, len);
   return {};
 }
 

@@ -21,7 +21,7 @@ Status LeaseOwners::open_fd() {
   if (!fd_.compare_exchange_strong(none, fd)) {
     ::close(fd);
   } else if (!sys::close_in_fork_child(&fd_)) {
-    spool::log().warn("spool: {}: too many open queues to guard their liveness locks across fork()", dir_);
+    spool::log().warn("{}: too many open queues to guard their liveness locks across fork()", dir_);
   }
   return {};
 }

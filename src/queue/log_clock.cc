@@ -68,6 +68,8 @@ storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, u
   return anchor_record(c, boot);
 }
 
+namespace {
+
 void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off) {
   const uint32_t n = anchors(h);
   if (n == index::kClockAnchors) return;  // anchor_due() asks for no more
@@ -76,26 +78,31 @@ void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off) {
   h.cache.clock_n = n + 1;
 }
 
+}  // namespace
+
+void note_anchor(index::IndexHeader& h, uint64_t at, const storage::RecordView& r) {
+  uint64_t boot = 0;
+  if (r.payload.size() == sizeof boot) std::memcpy(&boot, r.payload.data(), sizeof boot);
+  if (boot != boot_hash()) return;
+  const uint32_t n = anchors(h);
+  if (n == 0 || h.cache.clock[n - 1].off != r.t1 - r.t2) add_anchor(h, at, r.t1 - r.t2);  // else a restatement
+}
+
+void clear_anchors(index::IndexHeader& h) {
+  h.cache.clock_n = 0;
+  h.cache.clock_first = 0;
+  std::memset(h.cache.clock, 0, sizeof h.cache.clock);
+}
+
 uint64_t rebase(const index::IndexHeader& h, uint64_t at, uint64_t t, const Clocks& now) {
   if (anchors(h) == 0 || at < h.cache.clock_first) return t + (now.rt - now.real());  // a wall-clock time
   return t - offset_at(h, at) + (now.rt - now.boot);
 }
 
-ReplayClock::ReplayClock(index::IndexHeader& h, const Clocks& now) : h_(h), now_(now) {
-  h_.cache.clock_n = 0;
-  h_.cache.clock_first = 0;
-  std::memset(h_.cache.clock, 0, sizeof h_.cache.clock);
-}
-
-void ReplayClock::clock_record(uint64_t at, const storage::RecordView& r) {
+void ReplayClock::clock_record(const storage::RecordView& r) {
   uint64_t boot = 0;
   if (r.payload.size() == sizeof boot) std::memcpy(&boot, r.payload.data(), sizeof boot);
-  if (boot == boot_hash()) {
-    const uint32_t n = anchors(h_);
-    if (n == 0 || h_.cache.clock[n - 1].off != r.t1 - r.t2) add_anchor(h_, at, r.t1 - r.t2);  // else a restatement
-  } else {
-    foreign_ = true;
-  }
+  if (boot != boot_hash()) foreign_ = true;
 }
 
 bool ReplayClock::this_boot(uint64_t at) const { return anchors(h_) != 0 && at >= h_.cache.clock_first; }

@@ -17,6 +17,7 @@
 //    it before its restatement): by the wall clock, as before.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "env/env.h"
@@ -59,6 +60,12 @@ struct Clocks {
   uint64_t key(uint64_t t) const { return key_at(t, rt - boot); }
 };
 
+// `real_ns` (CLOCK_REALTIME ns, as Clocks::real()) as the API's wall-clock times are given.
+inline std::chrono::system_clock::time_point wall_time(uint64_t real_ns) {
+  return std::chrono::system_clock::time_point(
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(real_ns)));
+}
+
 // This boot's identity for CLOCK records: a hash of /proc/sys/kernel/random/boot_id, never 0.
 uint64_t boot_hash();
 
@@ -74,18 +81,24 @@ storage::Record anchor_record(const Clocks& c, const uint64_t& boot);
 // time `boot_ns`. Only the offset (t1 - t2) is read back, so any boot time this boot has
 // seen will do: a caller passes the one it read last and saves a clock read.
 storage::Record restatement(const index::IndexHeader& h, const uint64_t& boot, uint64_t boot_ns);
-// Enters an anchor written at `at` (packed Pos) with offset `off` (none past kClockAnchors).
-void add_anchor(index::IndexHeader& h, uint64_t at, uint64_t off);
+// The CLOCK record `r` at `at` (packed Pos): an anchor of this boot enters the header's
+// anchors (none past kClockAnchors), unless it restates the newest one (a segment's opening
+// record); another boot's changes nothing. apply_record()'s, for live calls and replay alike
+// (replay after ack keeps anchors of its own in a private header the same way).
+void note_anchor(index::IndexHeader& h, uint64_t at, const storage::RecordView& r);
+// Forgets every anchor (a replay notes them again).
+void clear_anchors(index::IndexHeader& h);
 // `t`, a time a record at `at` stores, on the current log clock of `now`. Times of earlier
 // boots and of logs without anchors are taken as wall-clock times.
 uint64_t rebase(const index::IndexHeader& h, uint64_t at, uint64_t t, const Clocks& now);
 
-// Replay's side: which boot wrote the records seen so far. Replay resets the header's
-// anchors, then reports every CLOCK record in log order.
+// Replay's side: which boot wrote the records seen so far, and the keys of their times
+// through the header's anchors (which replay's apply_record() enters, note_anchor()). Replay
+// reports every CLOCK record in log order, after its anchor was noted.
 class ReplayClock {
  public:
-  ReplayClock(index::IndexHeader& h, const Clocks& now);
-  void clock_record(uint64_t at, const storage::RecordView& r);
+  ReplayClock(const index::IndexHeader& h, const Clocks& now) : h_(h), now_(now) {}
+  void clock_record(const storage::RecordView& r);
   // Keys for the times of a record at `at`: a lease deadline, a ready-at time (MSG with
   // its enqueue time as t1, RELEASE with its write time or 0).
   uint64_t lease_key(uint64_t at, uint64_t t2) const;
@@ -111,7 +124,7 @@ class ReplayClock {
 
  private:
   bool this_boot(uint64_t at) const;
-  index::IndexHeader& h_;
+  const index::IndexHeader& h_;
   Clocks now_;
   bool foreign_ = false;  // a CLOCK record of another boot was seen
 };

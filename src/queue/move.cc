@@ -109,7 +109,7 @@ Result<Queue::MoveResult> Queue::Impl::move_to(Queue& dst, const MoveOptions& op
   if (!at_start.ok()) return at_start.status();
   const uint64_t below = at_start->next_id;
   while (res.moved < opts.max) {
-    auto ready = list(std::min<uint64_t>(kMoveBatch, opts.max - res.moved), StateFilter::only(MessageState::kReady));
+    auto ready = list(std::min<uint64_t>(kMoveBatch, opts.max - res.moved), StateFilter::only(MessageState::kReady), 0);
     if (!ready.ok()) return ready.status();
     std::erase_if(*ready, [&](const MessageInfo& m) { return m.id >= below; });
     if (ready->empty()) break;

@@ -31,7 +31,7 @@ auto Queue::Impl::release_leases_of(std::span<const uint32_t> ks) -> void {
   for (uint32_t s : victims) idx.entry(s).owner = 0;
   // If it fails, the leases simply run out as usual.
   (void)commit(recs, now);
-  spool::log().info("spool: {}: released {} lease(s) of a process that is gone", dir, victims.size());
+  spool::log().info("{}: released {} lease(s) of a process that is gone", dir, victims.size());
 }
 
 auto Queue::Impl::reap_dead_owners(bool force) -> void {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <unordered_map>
 #include <utility>
@@ -246,7 +247,7 @@ Result<std::unique_ptr<Queue>> Queue::Impl::open_queue(const std::string& dir_in
     // invariants cannot see (a flipped record position or receive count).
     bool reuse = impl->idx.attach(index_path, false, false, impl->modes.state, impl->io, crash).ok() && impl->idx.refresh().ok();
     if (reuse && !impl->idx.unseal()) {
-      spool::log().warn("spool: {}: the index changed since the queue was last closed; rebuilding it", dir);
+      spool::log().warn("{}: the index changed since the queue was last closed; rebuilding it", dir);
       reuse = false;
     }
     impl->idx.assert_held();  // the first opener: the gate keeps every other process out
@@ -354,17 +355,18 @@ static MessageState state_at(const Entry& e, uint64_t key, uint64_t now) {
   return e.state == State::kLeased ? MessageState::kInFlight : MessageState::kDelayed;
 }
 
-// The slots of the `max` lowest ids among the messages whose state at boot time `now` is in
-// `states`, lowest first. Queued messages (never received, not delayed: all
-// ready) are in id order from the cursor on, so only the first `max` of them are read; the
-// heap (messages in flight, delayed or redelivered) is read whole, sequential memory.
-std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now) {
+// The slots of the `max` lowest ids above `after` among the messages whose state at boot
+// time `now` is in `states`, lowest first. Queued messages (never received, not delayed: all
+// ready) are in id order from the cursor on, so only the first `max` of them above `after`
+// are read; the heap (messages in flight, delayed or redelivered) is read whole, sequential
+// memory.
+std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, uint64_t now, uint64_t after) {
   if (max == 0) return {};
   index::SharedIndex& v = vw();  // (the handle's view: stats of a subscription)
   v.assert_held();
   std::vector<std::pair<uint64_t, uint32_t>> best;  // a max-heap of (id, slot), at most `max`
   auto offer = [&](uint64_t id, uint32_t slot) {
-    if (best.size() == max && id >= best.front().first) return;
+    if (id <= after || (best.size() == max && id >= best.front().first)) return;
     if (best.size() == max) {
       std::pop_heap(best.begin(), best.end());
       best.pop_back();
@@ -387,10 +389,12 @@ std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, ui
     const index::HeapItem* due = v.due_begin();
     for (uint64_t i = 0; i < v.due_size(); ++i) offer(due[i].id, static_cast<uint32_t>(v.find(due[i].id)));
     size_t seen = 0;
-    v.for_each_queued([&](uint32_t slot, uint64_t id) {
-      offer(id, slot);
-      return ++seen < max;
-    });
+    v.for_each_queued(
+        [&](uint32_t slot, uint64_t id) {
+          offer(id, slot);
+          return ++seen < max;
+        },
+        std::max(after, after + 1));  // (after + 1 but at UINT64_MAX, where offer() refuses all)
   }
   std::sort_heap(best.begin(), best.end());
   std::vector<uint32_t> slots;
@@ -856,31 +860,78 @@ static int bound_owner(const index::IndexHeader& h, const Entry& e) {
   return static_cast<int>(e.owner) - 1;
 }
 
-// Where the message in `slot` stands at `now`.
-MessageInfo Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
+// The id a dead letter had in its queue, from its spool.dead.original_id; 0 if none.
+static uint64_t original_id_in(const storage::MessageExt& ext) {
+  for (const auto& [k, v] : ext.attributes) {
+    if (k != "spool.dead.original_id") continue;
+    uint64_t id = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), id);
+    return ec == std::errc{} && end == v.data() + v.size() ? id : 0;
+  }
+  return 0;
+}
+
+// Where the message in `slot` stands at `now`, and what its record says of it.
+Result<MessageInfo> Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
   const Entry& e = idx.entry(slot);
   const uint64_t key = idx.key(slot);
   MessageInfo m{idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
+  std::shared_ptr<storage::Segment> keep;
+  auto stored = read_stored(slot, &keep, now);
+  if (!stored.ok()) return stored.status();
+  m.priority = stored->ext.priority;
+  m.group = std::move(stored->ext.group);
+  m.enqueued = queue::wall_time(now.real() - stored->age_ns);
+  m.original_id = original_id_in(stored->ext);
   if (m.ready) return m;
   m.state = state_at(e, key, now.boot);
   if (m.state == MessageState::kBlocked) return m;  // due: when the one before it goes
-  m.due = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::nanoseconds(now.real() + (key - now.boot))));
+  m.due = queue::wall_time(now.real() + (key - now.boot));
   const auto& h = idx.hdr();
   if (int k = bound_owner(h, e); m.state == MessageState::kInFlight && k >= 0) m.holder_pid = h.registry.owner_pid[k];
   return m;
 }
 
-Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states) { return impl_->list(max, states); }
+Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states, uint64_t after) {
+  return impl_->list(max, states, after);
+}
 
-Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states) {
+Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states, uint64_t after) {
   if (Status s = whole_queue_only("list"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
   const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
-  for (uint32_t slot : q.lowest_ids(max, states, now.boot)) out.push_back(q.info_of(slot, now));
+  for (uint32_t slot : q.lowest_ids(max, states, now.boot, after)) {
+    auto info = q.info_of(slot, now);
+    if (!info.ok()) return info.status();
+    out.push_back(std::move(*info));
+  }
   return out;
+}
+
+Result<uint64_t> Queue::count(StateFilter states, uint64_t after) { return impl_->count(states, after); }
+
+Result<uint64_t> Queue::Impl::count(StateFilter states, uint64_t after) {
+  if (Status s = whole_queue_only("count"); !s.ok()) return s;
+  Impl& q = *this;
+  SPOOL_LOCK_OR_RETURN(held, q, lock());
+  const uint64_t now = queue::read_clocks(q.idx.hdr(), *q.env).boot;
+  uint64_t n = 0;
+  // What lowest_ids() reads whole, counted as it takes them; then the queued above `after`.
+  const index::HeapItem* items = q.idx.heap_begin();
+  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+    if (items[i].id <= after) continue;
+    const int64_t slot = q.idx.find(items[i].id);
+    if (slot >= 0 && states.has(state_at(q.idx.entry(static_cast<uint32_t>(slot)), items[i].key, now))) ++n;
+  }
+  if (states.blocked) q.idx.for_each_blocked([&](uint32_t, uint64_t id) { n += id > after ? 1 : 0; });
+  if (states.ready) {
+    const index::HeapItem* due = q.idx.due_begin();
+    for (uint64_t i = 0; i < q.idx.due_size(); ++i) n += due[i].id > after ? 1 : 0;
+    n += q.idx.queued_above(after);
+  }
+  return n;
 }
 
 // kNotFound for a message id the queue does not hold.
@@ -901,7 +952,9 @@ Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
   const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
   if (!m.ok()) return m.status();
-  return std::make_pair(std::move(*m), q.info_of(static_cast<uint32_t>(slot), now));
+  auto info = q.info_of(static_cast<uint32_t>(slot), now);
+  if (!info.ok()) return info.status();
+  return std::make_pair(std::move(*m), std::move(*info));
 }
 
 Status Queue::Impl::change(std::string_view receipt, Change what, uint64_t ns, Durability durability) {
@@ -950,7 +1003,7 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     end = q.idx.hdr().cache.log_end;
   }
   // The caller asked for it and is told it happened: info, not a warning (delivery.cc).
-  spool::log().info("spool: {}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
+  spool::log().info("{}: message {} moved to the dead-letter queue, as its consumer asked", q.dir, m_id);
   return q.written(end);
 }
 

@@ -331,6 +331,16 @@ struct Queue::Impl {
   // the message was sent, on the boot clock.
   Result<Message> load(uint32_t slot, Mapped* mapped = nullptr, const Clocks* now = nullptr, uint64_t* age_ns = nullptr)
       REQUIRES(idx);
+  // What load() reads for the message in `slot`: its MSG record (`keep` holds the segment
+  // it points into), the decoded extension, and how long ago (ns, boot clock, as of `now`)
+  // the message was sent. A record that is gone, damaged or another's is recorded as damage
+  // (the index is rebuilt before the unlock) and returned as the error.
+  struct Stored {
+    storage::RecordView r;
+    storage::MessageExt ext;
+    uint64_t age_ns = 0;
+  };
+  Result<Stored> read_stored(uint32_t slot, std::shared_ptr<storage::Segment>* keep, const Clocks& now) REQUIRES(idx);
 
   // Compaction (compact.cc): every sealed segment with `everything`, else by policy;
   // waits for a running compaction with `wait`, else returns at once.
@@ -379,7 +389,8 @@ struct Queue::Impl {
   // methods forward here. Documented in spool/queue.h.
   enum class Change { kAck, kNack, kExtend };
   // The lowest `max` ids of messages in `states` (list, peek, stats' oldest ready).
-  std::vector<uint32_t> lowest_ids(size_t max, StateFilter states, uint64_t now) REQUIRES(idx);
+  // With `after`, only ids above it.
+  std::vector<uint32_t> lowest_ids(size_t max, StateFilter states, uint64_t now, uint64_t after = 0) REQUIRES(idx);
   // Every send: `payloads[i]` with extension `exts[i]` (none if empty) and dedup id
   // `dedup[i]` (none if empty) gets `ids[i]`; `duplicates`, if given, says which were
   // already sent within the dedup window.
@@ -395,8 +406,9 @@ struct Queue::Impl {
   Result<std::vector<Message>> receive_impl(size_t max, Millis visibility, Millis wait,
                                             std::vector<Mapped>* mapped);
   Result<Message> receive_id(uint64_t id, Millis visibility);
-  MessageInfo info_of(uint32_t slot, const Clocks& now) REQUIRES(idx);
-  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states);
+  Result<MessageInfo> info_of(uint32_t slot, const Clocks& now) REQUIRES(idx);
+  Result<std::vector<MessageInfo>> list(size_t max, StateFilter states, uint64_t after);
+  Result<uint64_t> count(StateFilter states, uint64_t after);
   Result<std::pair<Message, MessageInfo>> show(uint64_t id);
   Status change(std::string_view receipt, Change what, uint64_t ns,
                 Durability durability = Durability::kQueuePolicy);

@@ -37,7 +37,7 @@ auto Queue::Impl::seal_if_last() -> void {
   struct stat dir_st {};
   if (::stat(dir.c_str(), &dir_st) != 0) return;
   if (Status s = sys::flock_waiting(gate_fd, LOCK_EX, dir + "/gate", dir_st); !s.ok()) {
-    spool::log().warn("spool: {}: index not sealed at close: {}", dir, s.to_string());
+    spool::log().warn("{}: index not sealed at close: {}", dir, s.to_string());
     return;
   }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) == 0) {
@@ -56,7 +56,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
   // and a flag: SharedIndex::check_file_recent()).
   // A lost index is logged once: every later call fails the same way.
   auto lost = [this](Status s) {
-    if (!told_lost.exchange(true)) spool::log().error("spool: {}", s.message());
+    if (!told_lost.exchange(true)) spool::log().error("{}", s.message());
     return s;
   };
   if (Status s = idx.check_file_recent(); !s.ok()) return lost(s);
@@ -75,7 +75,7 @@ auto Queue::Impl::lock() -> Result<Locked> {
       break;
     case sys::RobustMutex::LockResult::kOwnerDied: {
       idx.assert_held();
-      spool::log().warn("spool: {}: a process died holding the index lock; rebuilding from the log", dir);
+      spool::log().warn("{}: a process died holding the index lock; rebuilding from the log", dir);
       // It may have died creating a segment or a spare (both happen under this lock
       // only): its temp file would stay until the next first opener, which a queue with
       // long-lived processes never sees (the hour soak found 258 of them, 15.7 MB).
@@ -153,14 +153,14 @@ auto Queue::Impl::lock_to_change() -> Result<Locked> {
 
 auto Queue::Impl::repair_damage() -> Status {
   const std::string why = idx.damage();
-  spool::log().error("spool: {}/index is damaged ({}); rebuilding it from the log", dir, why);
+  spool::log().error("{}/index is damaged ({}); rebuilding it from the log", dir, why);
   idx.clear_damage();
   Status s = rebuild();
   if (s.ok() && !idx.damage().empty()) s = Status(Code::kCorrupt, idx.damage());
   idx.clear_damage();
   if (!s.ok()) {
     s = Status(s.code(), dir + "/index is damaged (" + why + ") and rebuilding it from the log failed: " + s.message());
-    spool::log().error("spool: {}", s.message());
+    spool::log().error("{}", s.message());
   }
   return s;
 }
@@ -201,8 +201,9 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   auto& h = x.hdr();
   ++h.layout.region_gen;  // forces every process (and us) to remap before the next access
   if (Status s = x.prepare_rebuild(); !s.ok()) return s;
+  const Clocks now = queue::read_clocks(h, *env);  // (the log clock of the anchors before the rebuild)
   if (Status s = queue::clear_for_replay(x); !s.ok()) return s;
-  queue::ReplayClock clock(h, queue::read_clocks(h, *env));
+  queue::ReplayClock clock(h, now);
   queue::Copies copies;  // apply_record()'s unconfirmed compaction copies
   // Replay after ack: an ACK record stores no time; it is taken as the latest time of the
   // records before it (docs/semantics.md, "Replay after ack").
@@ -210,11 +211,17 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   uint64_t latest = 0;
   Status failed;
   // Replay is a loop of apply: every effect of a record is apply_record()'s, as for the
-  // live call that wrote it; the clock anchors are the ReplayClock's.
+  // live call that wrote it, the clock anchors included.
   replaying = true;
   auto rec = log->recover([&](Pos pos, const storage::RecordView& r) REQUIRES(x) {
     if (!failed.ok()) return;
-    if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
+    if (r.type == RecordType::kClock) {
+      // Its anchor first: it dates the records from it on, itself included.
+      clock.clock_record(r);
+      (void)queue::apply_record(x, pos.pack(), r, queue::Keys{&clock, clock.now()});  // (cannot fail)
+      if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
+      return;
+    }
     if (keep_acked != 0) latest = std::max(latest, clock.written_key(pos.pack(), r));
     // The subscriptions' indexes are the queue's, replayed only with its own (verify replays
     // view 0 alone into a private index).
@@ -231,7 +238,7 @@ auto Queue::Impl::replay(index::SharedIndex& x) -> Status {
   h.coord.durable_end.store(0);
   h.coord.durable_id.store(0);
   if (!rec->corrupt.empty()) {
-    spool::log().error("spool: {}: {} corrupt region(s) skipped while rebuilding the index", dir,
+    spool::log().error("{}: {} corrupt region(s) skipped while rebuilding the index", dir,
                   rec->corrupt.size());
   }
   return {};

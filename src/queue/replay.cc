@@ -100,7 +100,10 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
   std::vector<Acked> acks;
   std::unordered_map<uint64_t, size_t> want;  // id -> its entry in `acks`
   each_record(UINT64_MAX, [&](Pos pos, const storage::RecordView& r) {
-    if (r.type == RecordType::kClock) clock.clock_record(pos.pack(), r);
+    if (r.type == RecordType::kClock) {
+      queue::note_anchor(*anchors, pos.pack(), r);
+      clock.clock_record(r);
+    }
     latest = std::max(latest, clock.written_wall(pos.pack(), r));
     if (r.type != RecordType::kAck) return;
     if ((r.flags & (format::kFlagExpired | format::kFlagDeleted)) != 0) return;  // not a consumer's ack
@@ -147,7 +150,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
     Result<storage::MessageExt> ext = storage::MessageExt{};
     if (r.ok() && !r->ext.empty()) ext = storage::decode_ext(r->ext);
     if (!r.ok() || !ext.ok()) {
-      spool::log().warn("spool: {}: replay: message {} cannot be read: {}", q.dir, a.id,
+      spool::log().warn("{}: replay: message {} cannot be read: {}", q.dir, a.id,
                         (r.ok() ? ext.status() : r.status()).message());
       ++res.missing;
       continue;
@@ -168,7 +171,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
     keep.push_back(std::move(seg));
   }
   if (Status s = flush(); !s.ok()) return s;
-  spool::log().info("spool: {}: replay sent {} acked messages again{}{} ({} no longer in the log)", q.dir,
+  spool::log().info("{}: replay sent {} acked messages again{}{} ({} no longer in the log)", q.dir,
                     res.replayed, o.to.empty() ? "" : " to ", o.to, res.missing);
   return res;
 }

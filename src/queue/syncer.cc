@@ -130,7 +130,7 @@ void Syncer::start_flusher() {
       if (!idx_.check_file().ok()) break;  // truncated by another process: lock() reports it
       uint64_t end = __atomic_load_n(&idx_.hdr().cache.log_end, __ATOMIC_ACQUIRE);
       Status s = sync_to(end);
-      if (!s.ok()) spool::log().error("spool: {}: {}", dir_, s.to_string());
+      if (!s.ok()) spool::log().error("{}: {}", dir_, s.to_string());
       lk.lock();
       wait = std::chrono::steady_clock::now() - started >= opts_.sync_interval ? Millis(0) : opts_.sync_interval;
       if (!s.ok() && !failed_.load()) {

@@ -126,11 +126,10 @@ auto Queue::Impl::clocks() -> Clocks {
   Record r = queue::anchor_record(next, boot);
   auto at = commit(std::span(&r, 1), next);
   if (!at.ok()) {
-    spool::log().warn("spool: {}: cannot write a clock record: {}", dir, at.status().to_string());
+    spool::log().warn("{}: cannot write a clock record: {}", dir, at.status().to_string());
     return c;
   }
-  queue::add_anchor(h, at->at.front().pack(), next.rt - next.boot);
-  return next;
+  return next;  // (commit() applied the record: its anchor is in the header)
 }
 
 auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, uint64_t bytes, uint64_t largest,
@@ -243,7 +242,7 @@ auto Queue::Impl::top_up_spares() -> void {
     // store causes); a queue that never syncs saves the disk the segment's size in zeros.
     const bool zero_fill = cfg.opts.sync != SyncPolicy::kNever;
     if (Status st = make_spares(s, zero_fill); !st.ok()) {
-      spool::log().debug("spool: {}: spare ahead: {}", dir, st.to_string());
+      spool::log().debug("{}: spare ahead: {}", dir, st.to_string());
     }
   }
   log->warm_next_spares();

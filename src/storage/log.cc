@@ -146,9 +146,9 @@ Result<std::unique_ptr<Log>> Log::open(const std::string& dir, LogOptions opts) 
     std::string fs;
     mapped = allocates_at_fallocate(dir, &fs);
     if (mapped) {
-      spool::log().debug("spool: {}: records stored through the mapping ({})", dir, fs);
+      spool::log().debug("{}: records stored through the mapping ({})", dir, fs);
     } else {
-      spool::log().info("spool: {}: records written with pwrite: the filesystem ({}) may allocate at "
+      spool::log().info("{}: records written with pwrite: the filesystem ({}) may allocate at "
                         "writeback, where a mapped store could fail with SIGBUS", dir, fs);
     }
   }
@@ -229,7 +229,7 @@ Result<std::vector<uint64_t>> Log::segments() const {
     if (ec != std::errc() || end != name.data() + 20 || seq == 0 || seq > kMaxSegmentSeq) {
       sys::MutexLock lock(mu_);
       if (warned_names_.emplace(name).second) {
-        spool::log().warn("spool: {}/{}: ignored: not a segment of this log (a segment number is 1 to {})", dir_,
+        spool::log().warn("{}/{}: ignored: not a segment of this log (a segment number is 1 to {})", dir_,
                           name, kMaxSegmentSeq);
       }
       continue;
@@ -334,7 +334,7 @@ Result<std::shared_ptr<Segment>> Log::roll(uint64_t seq, uint64_t prev, uint64_t
     }
     // A spare that cannot serve (not a file, unreadable) is dropped; the count kept by the
     // caller is re-read at the next repair.
-    spool::log().warn("spool: {}: spare segment not used: {}", dir_, seg.status().message());
+    spool::log().warn("{}: spare segment not used: {}", dir_, seg.status().message());
     if (opts_.io->unlink(spare) == 0) {
       ++res->spares_used;
       res->spare_bytes_used += sized ? static_cast<uint64_t>(st.st_size) : 0;
@@ -422,7 +422,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
   while (!seqs->empty() && zero_header(segment_path(seqs->back()))) {
     const std::string path = segment_path(seqs->back());
     const std::string aside = path + ".no-header";
-    spool::log().warn("spool: {}: its header is all zeros (a roll a power cut cut short, or damage); moved "
+    spool::log().warn("{}: its header is all zeros (a roll a power cut cut short, or damage); moved "
                       "aside to {}, the log ends before it", path, aside);
     if (!opts_.read_only) (void)opts_.io->rename(path, aside);
     {
@@ -443,7 +443,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
       if (!sealed || (seg.status().code() != Code::kCorrupt && seg.status().code() != Code::kNotAQueue)) {
         return seg.status();
       }
-      spool::log().error("spool: {}: skipped: {}", segment_path(seq), seg.status().message());
+      spool::log().error("{}: skipped: {}", segment_path(seq), seg.status().message());
       struct stat st {};
       const uint64_t len = ::stat(segment_path(seq).c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
       rec.corrupt.push_back(Corruption{seq, 0, len});
@@ -452,7 +452,7 @@ Result<Recovery> Log::recover(const std::function<void(Pos, const RecordView&)>&
     ScanResult r = scan(**seg, format::kSegmentHeaderSize,
                         [&](const RecordView& v) { visit(Pos{seq, v.offset}, v); }, sealed);
     for (const auto& c : r.corrupt) {
-      spool::log().warn("spool: {}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
+      spool::log().warn("{}: skipped {} corrupt bytes at offset {}", segment_path(seq), c.length,
                    c.offset);
     }
     rec.records += r.records;
@@ -596,7 +596,7 @@ Status Log::clear_tail(Pos end) {
   // of a fresh segment is tens of MiB of zero-fill, read under the index lock.
   const uint64_t upto = end.off + format::record_size(max_payload());
   if (auto c = stored_after(**seg, end.off, upto)) {
-    spool::log().info("spool: {}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
+    spool::log().info("{}: zeroing {} bytes after the end of the log (a torn write)", (*seg)->path(),
                       c->length);
     unwrite(*opts_.io, {Written{seg->get(), c->offset, c->offset + c->length}});
   }

@@ -131,7 +131,7 @@ Status flock_waiting(int fd, int op, const std::string& path, const struct stat&
       }
       if (!warned && now - start > std::chrono::seconds(10)) {
         warned = true;
-        spool::log().warn("spool: {}: waiting for over 10 s for the lock held by {}", path,
+        spool::log().warn("{}: waiting for over 10 s for the lock held by {}", path,
                           holders.empty() ? std::string("an unknown process") : describe(holders));
       }
     }

@@ -69,7 +69,7 @@ void install() {
   sa.sa_sigaction = on_sigbus;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
   sigemptyset(&sa.sa_mask);
-  if (::sigaction(SIGBUS, &sa, &g_previous) != 0) spool::log().warn("spool: cannot install the SIGBUS guard");
+  if (::sigaction(SIGBUS, &sa, &g_previous) != 0) spool::log().warn("cannot install the SIGBUS guard");
 }
 
 }  // namespace
@@ -89,7 +89,7 @@ bool guard_mapping(const void* addr, size_t len, int prot, std::atomic<bool>* cu
   }
   static std::atomic<bool> told{false};
   if (!told.exchange(true)) {
-    spool::log().warn("spool: more than {} mapped queue files in this process; the others are not guarded against "
+    spool::log().warn("more than {} mapped queue files in this process; the others are not guarded against "
                       "truncation by another process (SIGBUS)", kMaxGuarded);
   }
   return false;

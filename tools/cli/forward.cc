@@ -469,13 +469,15 @@ class Forwarder {
     // is dropped there as a duplicate.
     for (const auto& e : left) (void)q_.nack(e.receipt);
     if (!left.empty()) {
-      std::fprintf(stderr, "spool forward: returned %zu unconfirmed message(s) to the queue\n", left.size());
+      std::fprintf(stderr, "spool forward: returned %s to the queue\n",
+                   count_of(left.size(), "unconfirmed message").c_str());
     }
   }
 
   int summary(int rc) {
-    std::fprintf(stderr, "spool forward: forwarded %" PRIu64 " messages (%" PRIu64 " already in the stream), %" PRIu64 " publish retries\n",
-                 forwarded_.load(), duplicates_.load(), retries_.load());
+    std::fprintf(stderr, "spool forward: forwarded %s (%" PRIu64 " already in the stream), %s\n",
+                 count_of(forwarded_.load(), "message").c_str(), duplicates_.load(),
+                 count_of(retries_.load(), "publish retry", "publish retries").c_str());
     return rc;
   }
 

@@ -1,10 +1,14 @@
 #include "cli/output.h"
 
+#include "cli/survey.h"
 #include "cli/units.h"
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -105,19 +109,23 @@ std::optional<std::string> unbase64(std::string_view s) {
   return out;
 }
 
+// A message's group under "group", or "group_base64" if it is not UTF-8; nothing if none.
+static void put_group(nlohmann::json& j, const std::string& group) {
+  if (group.empty()) return;
+  if (valid_utf8(group)) {
+    j["group"] = group;
+  } else {
+    j["group_base64"] = base64(group);
+  }
+}
+
 nlohmann::json message_json(const Message& m) {
   nlohmann::json j;
   j["id"] = m.id;
   if (!m.receipt.empty()) j["receipt"] = m.receipt;
   j["receive_count"] = m.receive_count;
   j["priority"] = m.priority;
-  if (!m.group.empty()) {
-    if (valid_utf8(m.group)) {
-      j["group"] = m.group;
-    } else {
-      j["group_base64"] = base64(m.group);
-    }
-  }
+  put_group(j, m.group);
   j["enqueued_at"] = iso_time(m.enqueued);
   if (valid_utf8(m.payload)) {
     j["payload"] = m.payload;
@@ -142,30 +150,45 @@ nlohmann::json message_json(const Message& m) {
   return j;
 }
 
+// Seconds since `t` (the wall clock's now less it; 0 for a time ahead of it).
+static double age_s(std::chrono::system_clock::time_point t) {
+  return std::max(0.0, std::chrono::duration<double>(std::chrono::system_clock::now() - t).count());
+}
+
 nlohmann::json info_json(const MessageInfo& m, bool dead) {
   nlohmann::json j;
   j["id"] = m.id;
   j["state"] = dead ? "dead" : state_name(m.state);
   j["receive_count"] = m.receive_count;
   j["size"] = m.size;
+  j["priority"] = m.priority;
+  put_group(j, m.group);
+  j["enqueued_at"] = iso_time(m.enqueued);
+  j["age_s"] = std::round(age_s(m.enqueued) * 1000) / 1000;
   if (!dead && m.state != MessageState::kReady && m.state != MessageState::kBlocked) j["due_at"] = iso_time(m.due);
   if (!dead && m.holder_pid != 0) j["holder_pid"] = m.holder_pid;
+  if (m.original_id != 0) j["original_id"] = m.original_id;
   return j;
 }
 
 std::string list_header() {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, "%-10s %-9s %8s %10s %-24s %s", "ID", "STATE", "RECEIVES", "BYTES", "DUE", "HOLDER");
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%-10s %-9s %8s %10s %3s %-6s %-24s %-8s %-10s %s", "ID", "STATE", "RECEIVES", "BYTES",
+                "PRI", "AGE", "DUE", "HOLDER", "ORIGINAL", "GROUP");
   return buf;
 }
 
 std::string info_line(const MessageInfo& m, bool dead) {
   const std::string due = dead || m.state == MessageState::kReady || m.state == MessageState::kBlocked ? "-" : iso_time(m.due);
   const std::string holder = !dead && m.holder_pid != 0 ? std::to_string(m.holder_pid) : "-";
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "%-10" PRIu64 " %-9s %8u %10u %-24s %s", m.id, dead ? "dead" : state_name(m.state),
-                m.receive_count, m.size, due.c_str(), holder.c_str());
-  return buf;
+  const std::string original = m.original_id != 0 ? std::to_string(m.original_id) : "-";
+  const double age = age_s(m.enqueued);
+  const std::string shown_age = age > 0 ? human_age(age) : "0s";
+  char buf[192];
+  std::snprintf(buf, sizeof buf, "%-10" PRIu64 " %-9s %8u %10u %3u %-6s %-24s %-8s %-10s ", m.id,
+                dead ? "dead" : state_name(m.state), m.receive_count, m.size, m.priority, shown_age.c_str(), due.c_str(),
+                holder.c_str(), original.c_str());
+  return buf + (m.group.empty() ? std::string("-") : one_line(m.group));
 }
 
 nlohmann::json stats_json(const Stats& s) {

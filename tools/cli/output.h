@@ -26,12 +26,14 @@ std::string one_line(std::string_view s);
 using sys::iso_time;
 // id, receipt (if any), receive_count, enqueued_at, and payload or payload_base64.
 nlohmann::json message_json(const Message& m);
-// id, state, receive_count, size; due_at (in flight, delayed) and holder_pid (a bound lease)
-// when the message has them. `dead`: a dead letter's info (as the DLQ's list() gives it),
-// shown with state "dead".
+// id, state, receive_count, size, priority, group (if any), enqueued_at, age_s; due_at (in
+// flight, delayed), holder_pid (a bound lease) and original_id (a dead letter) when the
+// message has them. `dead`: a dead letter's info (as the DLQ's list() gives it), shown
+// with state "dead".
 nlohmann::json info_json(const MessageInfo& m, bool dead = false);
-// One line of `spool list`: ID STATE RECEIVES BYTES DUE HOLDER ("-" where there is none);
-// list_header() names the columns.
+// One line of `spool list`: ID STATE RECEIVES BYTES PRI AGE DUE HOLDER ORIGINAL GROUP ("-"
+// where there is none; the group last, as one_line() writes it); list_header() names the
+// columns.
 std::string info_line(const MessageInfo& m, bool dead = false);
 std::string list_header();
 nlohmann::json stats_json(const Stats& s);

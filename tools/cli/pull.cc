@@ -195,9 +195,9 @@ class Puller {
     // Acks are sent without waiting for the server; they reach it before the exit.
     natsConnection_FlushTimeout(nc_, 2000);
     if (rc == 0 && args_.once && !refused_seqs_.empty()) {
-      std::fprintf(stderr, "spool pull: --once: %zu message(s) the queue can never take are left in the stream "
+      std::fprintf(stderr, "spool pull: --once: %s the queue can never take %s left in the stream "
                            "(warnings above); raise the queue's limits, or take them out with NATS tools\n",
-                   refused_seqs_.size());
+                   count_of(refused_seqs_.size(), "message").c_str(), refused_seqs_.size() == 1 ? "is" : "are");
       rc = 1;
     }
     return summary(rc);
@@ -732,9 +732,8 @@ class Puller {
   }
 
   int summary(int rc) {
-    std::fprintf(stderr, "spool pull: pulled %lu messages (%lu already in the queue), %lu returned to the stream, "
-                         "%lu refused\n",
-                 pulled_, duplicates_, returned_, refused_);
+    std::fprintf(stderr, "spool pull: pulled %s (%lu already in the queue), %lu returned to the stream, %lu refused\n",
+                 count_of(pulled_, "message").c_str(), duplicates_, returned_, refused_);
     return rc;
   }
 

@@ -63,4 +63,8 @@ std::string format_size(uint64_t bytes) {
   return buf;
 }
 
+std::string count_of(uint64_t n, const std::string& noun, const std::string& plural) {
+  return std::to_string(n) + " " + (n == 1 ? noun : plural.empty() ? noun + "s" : plural);
+}
+
 }  // namespace spool::cli

@@ -23,6 +23,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/progress.h"
+#include "logging.h"
 #include "cli/stderr_tee.h"
 #include "cli/supervisor.h"
 #include "spool/lease_keeper.h"
@@ -77,13 +78,13 @@ class LogSink final : public spdlog::sinks::base_sink<std::mutex> {
   void flush_() override { std::fflush(stderr); }
 };
 
-// spool work's log, on stderr, every line starting "spool work: ". Warnings (a command
-// failed, a message goes to the dead-letter queue) by default; -v adds one info line per
-// message and the reasons it stops. Payloads never reach it.
+// spool work's log, on stderr, in the library's format (spool::kLogPattern), named "spool
+// work". Warnings (a command failed, a message goes to the dead-letter queue) by default; -v
+// adds one info line per message and the reasons it stops. Payloads never reach it.
 spdlog::logger& wlog() {
   static spdlog::logger* const logger = [] {
     auto* l = new spdlog::logger("spool work", std::make_shared<LogSink>());
-    l->set_pattern("spool work: %v");
+    l->set_pattern(spool::kLogPattern);
     l->set_level(spdlog::level::warn);
     return l;
   }();

@@ -97,9 +97,9 @@ int run_verify(const AdminArgs& a) {
   } else {
     for (const auto& p : r->problems) std::printf("problem: %s\n", p.c_str());
     for (const auto& p : r->repairs) std::printf("repaired: %s\n", p.c_str());
-    auto count = [](uint64_t n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); };
-    std::printf("%s: %s, %s, %s%s\n", a.dir.c_str(), count(r->segments, "segment").c_str(),
-                count(r->records, "record").c_str(), count(r->messages, "message").c_str(), r->ok() ? ", ok" : "");
+    std::printf("%s: %s, %s, %s%s\n", a.dir.c_str(), cli::count_of(r->segments, "segment").c_str(),
+                cli::count_of(r->records, "record").c_str(), cli::count_of(r->messages, "message").c_str(),
+                r->ok() ? ", ok" : "");
   }
   return r->ok() ? 0 : kExitError;
 }

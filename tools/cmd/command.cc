@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <map>
 
@@ -28,7 +29,7 @@ void name_flag_values(CLI::App& app) {
       {"max-bytes", "SIZE"}, {"max-payload", "SIZE"}, {"retention-max-bytes", "SIZE"}, {"segment-size", "SIZE"},
       {"batch", "N"}, {"depth", "N"}, {"j", "N"}, {"max", "N"}, {"max-messages", "N"}, {"max-ready", "N"},
       {"max-receives", "N"}, {"n", "N"}, {"priority", "N"}, {"rate", "N"},
-      {"id", "ID"}, {"attribute", "KEY=VALUE"}, {"mode", "MODE"}, {"group", "GROUP"}, {"dedup-id", "ID"},
+      {"id", "ID"}, {"after", "ID"}, {"attribute", "KEY=VALUE"}, {"mode", "MODE"}, {"group", "GROUP"}, {"dedup-id", "ID"},
       {"log", "FILE"}, {"to", "DIR"}, {"nats", "URL"}, {"stream", "NAME"}};
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (auto* opt : sub->get_options([](CLI::Option* o) { return o->get_items_expected_max() > 0; })) {
@@ -218,10 +219,23 @@ bool stdout_ok() {
   return first_errno == 0;
 }
 
-void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) {
+// The id a dead letter had in its queue (its spool.dead.original_id attribute), 0 if none
+// (as MessageInfo::original_id, which list() gives; peek gives attributes).
+static uint64_t original_id(const Message& m) {
+  auto a = m.attributes.find("spool.dead.original_id");
+  if (a == m.attributes.end()) return 0;
+  uint64_t id = 0;
+  auto [end, ec] = std::from_chars(a->second.data(), a->second.data() + a->second.size(), id);
+  return ec == std::errc{} && end == a->second.data() + a->second.size() ? id : 0;
+}
+
+void print_messages(const std::vector<Message>& msgs, bool json, bool receipts, bool dead_letters) {
   for (const auto& m : msgs) {
+    const uint64_t was = dead_letters ? original_id(m) : 0;
     if (json) {
-      std::printf("%s\n", cli::message_json(m).dump().c_str());
+      auto j = cli::message_json(m);
+      if (was != 0) j["original_id"] = was;
+      std::printf("%s\n", j.dump().c_str());
     } else if (receipts) {
       std::fwrite(m.payload.data(), 1, m.payload.size(), stdout);
       // On a terminal the receipt that follows on stderr starts a line of its own: a payload
@@ -235,8 +249,10 @@ void print_messages(const std::vector<Message>& msgs, bool json, bool receipts) 
         std::fprintf(stderr, "attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
       }
     } else {
-      std::printf("--- message %" PRIu64 " (received %u times, enqueued %s, %zu bytes)\n", m.id,
-                  m.receive_count, cli::iso_time(m.enqueued).c_str(), m.payload.size());
+      const std::string of = was == 0 ? "" : "dead letter of message " + std::to_string(was) + ", ";
+      std::printf("--- message %" PRIu64 " (%sreceived %s, enqueued %s, %s)\n", m.id, of.c_str(),
+                  cli::count_of(m.receive_count, "time").c_str(), cli::iso_time(m.enqueued).c_str(),
+                  cli::count_of(m.payload.size(), "byte").c_str());
       for (const auto& [k, v] : m.attributes) {
         std::printf("attribute: %s=%s\n", cli::one_line(k).c_str(), cli::one_line(v).c_str());
       }

@@ -82,6 +82,6 @@ std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err);
 bool stdout_ok();
 // Messages as recv (`receipts`: payload on stdout, receipt on stderr), peek and dlq list
 // print them.
-void print_messages(const std::vector<Message>& msgs, bool json, bool receipts);
+void print_messages(const std::vector<Message>& msgs, bool json, bool receipts, bool dead_letters = false);
 
 }  // namespace spool::cmd

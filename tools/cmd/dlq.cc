@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cli/progress.h"
+#include "cli/units.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
@@ -21,7 +22,7 @@ void print_redriven(bool json, uint64_t moved) {
   if (json) {
     std::printf("{\"redriven\":%" PRIu64 "}\n", moved);
   } else {
-    std::fprintf(stderr, "redrove %" PRIu64 " messages\n", moved);
+    std::fprintf(stderr, "redrove %s\n", cli::count_of(moved, "message").c_str());
   }
 }
 
@@ -76,7 +77,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
     if (a.json) {
       std::printf("{\"purged\":%" PRIu64 "}\n", *count);
     } else {
-      std::fprintf(stderr, "purged %" PRIu64 " dead letters\n", *count);
+      std::fprintf(stderr, "purged %s\n", cli::count_of(*count, "dead letter").c_str());
     }
     return 0;
   }
@@ -105,7 +106,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
   if (!d.ok()) return fail(d.status(), a.dir);
   auto msgs = (*d)->peek(n_given ? a.n : 100);
   if (!msgs.ok()) return fail(msgs.status(), a.dir);
-  print_messages(*msgs, a.json, false);
+  print_messages(*msgs, a.json, false, true);  // each named by its original id
   return 0;
 }
 

@@ -14,7 +14,7 @@ namespace spool::cmd {
 namespace {
 
 struct MessageArgs {
-  std::string dir, receipt, visibility, wait, delay, dur;
+  std::string dir, receipt, visibility, wait, delay, dur, after;
   std::vector<std::string> receipts, states, ids;
   size_t n = 1;
   std::string id;  // show's ID, checked as delete's are (CLI11 read "-1" as 18446744073709551615)
@@ -92,7 +92,19 @@ int run_peek(const MessageArgs& a) {
   return 0;
 }
 
-int run_list(const MessageArgs& a, size_t max) {
+// `s` as a shell word: as is when it holds only characters no shell treats specially,
+// otherwise in single quotes (for the next-page command list prints).
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-+,:=@") ==
+                        std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int run_list(const MessageArgs& a, size_t max, bool n_given) {
   StateFilter states{false, false, false, false};
   bool dead = a.states.empty();
   for (const auto& st : a.states) {
@@ -103,24 +115,32 @@ int run_list(const MessageArgs& a, size_t max) {
     if (st == "dead") dead = true;
   }
   if (a.states.empty()) states = StateFilter{};
+  const bool live = states.ready || states.in_flight || states.delayed || states.blocked;
+  const uint64_t after = a.after.empty() ? 0 : count_arg("--after", a.after);
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
   std::vector<MessageInfo> infos;
-  if (states.ready || states.in_flight || states.delayed || states.blocked) {
-    auto got = q->list(max, states);
+  if (live) {
+    auto got = q->list(max, states, after);
     if (!got.ok()) return fail(got.status(), a.dir);
     infos = std::move(*got);
   }
   // Dead letters after the queue's messages, under their ids in the dead-letter queue
   // (as dlq list, show --dlq and delete --dlq take them). A queue that never had one
-  // has none: list creates nothing (and a read-only user could not).
-  std::vector<MessageInfo> dead_infos;
+  // has none: list creates nothing (and a read-only user could not). --after is an id of
+  // the queue's messages, or of the dead letters when only they are listed: so a page that
+  // ends among the dead letters names its next page with --state dead.
+  Queue* dlq = nullptr;
   struct stat dlq_conf {};
-  if (dead && infos.size() < max && ::stat((a.dir + "/dlq/spool.conf").c_str(), &dlq_conf) == 0) {
+  if (dead && ::stat((a.dir + "/dlq/spool.conf").c_str(), &dlq_conf) == 0) {
     auto d = q->dead_letters();
     if (!d.ok()) return fail(d.status(), a.dir);
-    auto got = (*d)->list(max - infos.size());
+    dlq = *d;
+  }
+  std::vector<MessageInfo> dead_infos;
+  if (dlq != nullptr && infos.size() < max) {
+    auto got = dlq->list(max - infos.size(), StateFilter{}, live ? 0 : after);
     if (!got.ok()) return fail(got.status(), a.dir);
     dead_infos = std::move(*got);
   }
@@ -131,21 +151,32 @@ int run_list(const MessageArgs& a, size_t max) {
   for (const auto& m : dead_infos) {
     std::printf("%s\n", a.json ? cli::info_json(m, true).dump().c_str() : cli::info_line(m, true).c_str());
   }
-  // Stopping at N is said, on stderr (stdout stays the rows): how many were not shown, from
-  // the counters (the listing and the counters are two looks, so the count may be off by
-  // what changed in between).
+  // Stopping at N is said, on stderr (stdout stays the rows): how many more there are after
+  // the last row shown, and the command that lists them. (Counted after the listing, so a
+  // message sent or taken in between makes it that much off.)
   const size_t shown = infos.size() + dead_infos.size();
-  if (shown == max) {
-    if (auto st = q->stats(); st.ok()) {
-      uint64_t total = (states.ready ? st->ready : 0) + (states.in_flight ? st->in_flight : 0) +
-                       (states.delayed ? st->delayed : 0) + (states.blocked ? st->blocked : 0) + (dead ? st->dead : 0);
-      if (total > shown) {
-        std::fflush(stdout);
-        std::fprintf(stderr, "spool: %zu of %" PRIu64 " messages shown; %" PRIu64 " more not shown (-n %" PRIu64 " shows all)\n",
-                     shown, total, total - shown, total);
-      }
+  if (shown == 0 || shown < max) return 0;
+  uint64_t more = 0, next_after = 0;
+  std::string next_states;
+  if (!dead_infos.empty()) {
+    next_after = dead_infos.back().id;
+    next_states = "dead";
+    if (auto c = dlq->count(StateFilter{}, next_after); c.ok()) more = *c;
+  } else {
+    next_after = infos.back().id;
+    for (const auto& st : a.states) next_states += (next_states.empty() ? "" : ",") + st;
+    if (auto c = q->count(states, next_after); c.ok()) more = *c;
+    if (dlq != nullptr) {
+      if (auto c = dlq->count(); c.ok()) more += *c;
     }
   }
+  if (more == 0) return 0;
+  std::string next = "spool list " + shell_word(a.dir);
+  if (n_given) next += " -n " + std::to_string(max);
+  if (!next_states.empty()) next += " --state " + next_states;
+  next += " --after " + std::to_string(next_after);
+  std::fflush(stdout);
+  std::fprintf(stderr, "spool: %zu shown, %" PRIu64 " more; next page: %s\n", shown, more, next.c_str());
   return 0;
 }
 
@@ -157,8 +188,8 @@ uint64_t id_arg(const std::string& text) {
 }
 
 // The dead letter that was message `id` of the queue in `dir` (its spool.dead.original_id),
-// or 0. Reads the dead letters one at a time (show, not peek: one payload in memory at once),
-// at most kMaxLook of them: an error path, not a hot one.
+// or 0. Looks through at most kMaxLook dead letters (no payloads read): an error path, not a
+// hot one.
 uint64_t dead_letter_of(Queue& q, const std::string& dir, uint64_t id) {
   constexpr size_t kMaxLook = 100000;
   struct stat dlq_conf {};
@@ -167,13 +198,8 @@ uint64_t dead_letter_of(Queue& q, const std::string& dir, uint64_t id) {
   if (!d.ok()) return 0;
   auto infos = (*d)->list(kMaxLook);
   if (!infos.ok()) return 0;
-  const std::string want = std::to_string(id);
   for (const auto& info : *infos) {
-    auto got = (*d)->show(info.id);
-    if (!got.ok()) continue;
-    for (const auto& [k, v] : got->first.attributes) {
-      if (k == "spool.dead.original_id" && v == want) return info.id;
-    }
+    if (info.original_id == id) return info.id;
   }
   return 0;
 }
@@ -199,7 +225,7 @@ int run_show(const MessageArgs& a) {
   const char* state = a.dlq ? "dead" : state_name(info.state);
   if (a.json) {
     auto j = cli::message_json(m);
-    j.update(cli::info_json(info, a.dlq));  // state, size, due_at, holder_pid
+    j.update(cli::info_json(info, a.dlq));  // state, size, age_s, due_at, holder_pid, original_id
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -312,14 +338,21 @@ std::vector<Command> add_message_commands(CLI::App& app) {
     auto* list = app.add_subcommand("list", "List messages with their state, without payloads");
     add_dir(list, a->dir);
     list->add_option("-n", a->n, "Up to this many, lowest ids first (default 100)");
+    list->add_option("--after", a->after, "Only ids above ID: the next page (as the 'next page' line on stderr names it)");
     list->add_option("--state", a->states, "Only these: ready, in_flight, delayed, blocked (behind an earlier message of their group), dead (the dead letters)")
         ->delimiter(',')
         ->check(CLI::IsMember({"ready", "in_flight", "delayed", "blocked", "dead"}));
     list->add_flag("--json", a->json, "One JSON object per line");
-    list->footer("Columns: ID STATE RECEIVES BYTES DUE (lease end or delay end) HOLDER (pid of a process whose\n"
-                 "lease is bound to its life). Nothing is received, and nothing is written to the queue.\n"
-                 "Examples: spool list q   |   spool list q --state in_flight,delayed   |   spool list q --json | jq .id");
-    out.push_back({list, [a, list] { return run_list(*a, list->count("-n") != 0 ? a->n : 100); }});
+    list->footer("Columns: ID STATE RECEIVES BYTES PRI (priority) AGE (since sent) DUE (lease end or delay end)\n"
+                 "HOLDER (pid of a process whose lease is bound to its life) ORIGINAL (a dead letter's id in its queue)\n"
+                 "GROUP (ordered group). Nothing is received, and nothing is written to the queue. When more than\n"
+                 "N match, stderr says how many more and the command for the next page (--after the last id).\n"
+                 "Examples: spool list q   |   spool list q --state in_flight,delayed   |   spool list q --after 100\n"
+                 "          spool list q --json | jq .id");
+    out.push_back({list, [a, list] {
+                     const bool n_given = list->count("-n") != 0;
+                     return run_list(*a, n_given ? a->n : 100, n_given);
+                   }});
     out.back().stdout_data = output;
   }
   {

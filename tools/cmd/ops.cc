@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/units.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
@@ -75,8 +76,9 @@ int run_move(const OpsArgs& a) {
     std::printf("{\"moved\":%" PRIu64 ",\"already_there\":%" PRIu64 ",\"missing\":%zu}\n", r->moved, r->already,
                 r->missing.size());
   } else {
-    std::fprintf(stderr, "moved %" PRIu64 " messages to %s%s\n", r->moved, a.dst.c_str(),
-                 r->already != 0 ? (" (" + std::to_string(r->already) + " were there already)").c_str() : "");
+    std::fprintf(stderr, "moved %s to %s%s\n", cli::count_of(r->moved, "message").c_str(), a.dst.c_str(),
+                 r->already == 0 ? "" : r->already == 1 ? " (1 was there already)"
+                                  : (" (" + std::to_string(r->already) + " were there already)").c_str());
   }
   return r->missing.empty() ? 0 : kExitError;
 }

@@ -12,6 +12,7 @@
 
 #include "cli/output.h"
 #include "cli/pinned.h"
+#include "cli/units.h"
 #include "cmd/command.h"
 
 namespace spool::cmd {
@@ -27,8 +28,8 @@ struct StatsArgs {
 // "removed, open  2 segments (128.0 MiB) held by pids 12, 34 ..." for the human output.
 std::string pinned_line(const cli::Pinned& p) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "removed, open  %llu segment(s) (%.1f MiB) held by pid",
-                static_cast<unsigned long long>(p.segments), static_cast<double>(p.bytes) / (1 << 20));
+  std::snprintf(buf, sizeof buf, "removed, open  %s (%.1f MiB) held by pid%s", cli::count_of(p.segments, "segment").c_str(),
+                static_cast<double>(p.bytes) / (1 << 20), p.pids.size() == 1 ? "" : "s");
   std::string out = buf;
   for (size_t i = 0; i < p.pids.size(); ++i) out += (i == 0 ? " " : ", ") + std::to_string(p.pids[i]);
   return out + ": compaction cannot free that disk until they close them\n";

@@ -3,6 +3,7 @@
 // `spool serve` runs, so that the core `spool` binary does not link an HTTP server and
 // OpenSSL: a host that only runs workers and shell pipelines needs neither.
 #include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "cli/std_fds.h"
+#include "logging.h"
 #include "serve/dash_part.h"
 #include "serve/server.h"
 #include "serve/sqs_part.h"
@@ -80,6 +82,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "spool serve: %s (run 'spool serve --help' for usage)\n", e.what());
     return kExitUsage;
   }
+  // Its own lines in the library's one format (src/logging.h), named "spool serve".
+  auto logger = std::make_shared<spdlog::logger>("spool serve", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  logger->set_pattern(spool::kLogPattern);
+  spdlog::set_default_logger(std::move(logger));
   spdlog::set_level(verbose >= 2   ? spdlog::level::debug
                     : verbose == 1 ? spdlog::level::info
                                    : spdlog::level::warn);

@@ -42,7 +42,7 @@ Status Server::bind() {
                                    " (in use, or not an address of this host)");
     }
     for (Part* p : l.parts)
-      spdlog::info("spool serve: {} on http://{}:{}", p->name(), l.host, l.port);
+      spdlog::info("{} on http://{}:{}", p->name(), l.host, l.port);
   }
   return {};
 }
