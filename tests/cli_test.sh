@@ -85,7 +85,7 @@ t_help_and_version() {
   done
   out_has "Exit codes"
   for c in init send recv ack nack extend peek purge delete dlq stats replay mount compact verify work forward pull \
-           pause resume release move top; do
+           pause resume release move top sub; do
     expect 0 "$SPOOL" "$c" --help
     out_has "Usage:"
     out_has "Example"  # issue 24: each command's own examples
@@ -2241,11 +2241,75 @@ t_out_of_range_arguments_are_refused() {
   err_has 'attribute: path=C:\\dir'
 }
 
+# Issue 46: two services read one stream. `billing` reads the queue itself, `audit` a
+# subscription: each gets every message, with leases and receipts of its own, from one
+# stored copy; `sub list`, `stats` and `--sub` on the reading commands show it.
+t_subscriptions_two_services_read_one_stream() {
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" send q early
+  expect 0 "$SPOOL" sub add q audit
+  err_has "added subscription 'audit'"
+  expect 0 "$SPOOL" sub add q replayer --from start
+  err_has "it gets 1 message, from message 1 on"
+  expect 1 "$SPOOL" sub add q audit
+  err_has "exists already"
+  expect 64 "$SPOOL" sub add q
+  expect 1 "$SPOOL" sub add q 'bad name'
+  err_has "only letters, digits"
+  expect 0 "$SPOOL" send q one two
+  expect 0 "$SPOOL" sub list q --json
+  eq "subscriptions" "$(lines "$D/out")" 2
+  eq "audit holds what was sent after it" "$(jget messages <(grep '"audit"' "$D/out"))" 2
+  eq "replayer holds every message" "$(jget messages <(grep '"replayer"' "$D/out"))" 3
+  # The queue's own readers (billing) drain it; the subscriptions keep theirs.
+  expect 0 "$SPOOL" recv q -n 10 --json
+  eq "billing got all three" "$(lines "$D/out")" 3
+  local r
+  for r in $(sed -n 's/.*"receipt":"\([^"]*\)".*/\1/p' "$D/out"); do
+    expect 0 "$SPOOL" ack q "$r"
+  done
+  expect 0 "$SPOOL" recv q --sub audit
+  eq "audit's first" "$(cat "$D/out")" one
+  local audit_receipt
+  audit_receipt=$(receipt_of)
+  # A receipt is its view's: the queue's own readers cannot ack audit's lease.
+  expect 1 "$SPOOL" ack q "$audit_receipt"
+  err_has "belongs to another queue"
+  expect 0 "$SPOOL" list q --sub audit
+  eq "audit's list" "$(awk 'NR > 1 {print $1, $2}' "$D/out" | tr '\n' ' ')" "2 in_flight 3 ready "
+  expect 0 "$SPOOL" show q 3 --sub audit
+  out_has "two"
+  expect 0 "$SPOOL" ack q "$audit_receipt" --sub audit
+  expect 0 "$SPOOL" peek q --sub replayer -n 5
+  out_has "early"
+  # spool work on a subscription: runs once per message of that subscription only.
+  expect 0 "$SPOOL" work q --sub replayer --until-empty -- sh -c 'cat >> "$0"; echo >> "$0"' "$D/seen"
+  eq "replayer's worker saw every message" "$(tr '\n' ' ' <"$D/seen")" "early one two "
+  expect 0 "$SPOOL" stats q
+  out_has "subscription   audit: 1 message, 0 in flight"
+  out_has "subscription   replayer: 0 messages, 0 in flight"
+  expect 0 "$SPOOL" stats q --sub audit --json
+  eq "audit's ready" "$(jget ready)" 1
+  eq "named" "$(jget subscription)" audit
+  # One stored copy: one MSG record per message in the log, whatever the subscriptions.
+  "$(dirname "$SPOOL")/spool-dump" q/segments/*.seg >"$D/dump" || fail "spool-dump"
+  eq "MSG records" "$(grep -c ' MSG ' "$D/dump")" 3
+  expect 1 "$SPOOL" recv q --sub nobody
+  err_has "no subscription 'nobody'"
+  expect 0 "$SPOOL" sub rm q audit
+  err_has "removed subscription 'audit'"
+  expect 1 "$SPOOL" recv q --sub audit
+  expect 0 "$SPOOL" sub list q
+  out_has "replayer"
+  out_lacks "audit"
+}
+
 TESTS=(
   t_verify_summary_in_words
   t_counts_in_words
   t_parser_errors_in_spools_words
   t_help_and_version
+  t_subscriptions_two_services_read_one_stream
   t_out_of_range_arguments_are_refused
   t_usage_errors_exit_64
   t_bad_durations_exit_64

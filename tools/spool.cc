@@ -54,6 +54,7 @@ int run(int argc, char** argv, const spool::cli::StdFds& closed) {
   for (auto& c : add_nats_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_ops_commands(app)) commands.push_back(std::move(c));
   commands.push_back(add_top(app));
+  commands.push_back(add_sub(app));
 
   // `spool` alone lists the commands, as git does (on stdout; the error is still one line on
   // stderr, and exit 64); `spool help` is `spool --help`, `spool help CMD` is `spool CMD --help`.

@@ -74,10 +74,12 @@ struct QueueOptions {
   // keeps the segments that hold it until then (docs/semantics.md, "Replay after ack"). 0 to 30 days.
   Millis keep_acked{0};
   // Not stored: the subscription (Queue::add_subscription) this handle reads; empty: the
-  // queue's own view. receive, ack, nack, extend, dead_letter and bind act on that
-  // subscription's messages (issue 46, in progress: the other reading and operator calls
-  // are kInvalidArgument on a subscription's handle for now). An unknown name is kNotFound
-  // at open; a removed one at the next call.
+  // queue's own view. receive, ack, nack, extend, dead_letter, bind, bind_leases, peek, list,
+  // count, show and stats act on that subscription's messages; remove, purge, pause,
+  // resume, release, receive_id, move_to and replay are the queue's own (kInvalidArgument on
+  // a subscription's handle). A subscription's dead letters go to the queue's dead-letter
+  // queue, marked spool.dead.subscription. An unknown name is kNotFound at open; a removed
+  // one at the next call.
   std::string subscription = {};
   bool create = true;              // create the queue if the directory holds none
   // At creation only (the directory holds no spool.conf yet): the mode of the queue's
@@ -426,7 +428,7 @@ class Queue {
   Result<MoveResult> move_to(Queue& dst, const MoveOptions& opts);
   Result<Stats> stats();
 
-  // Subscriptions (docs/format.md, "Views"; issue 46, in progress): named readers of the
+  // Subscriptions (docs/semantics.md, "Subscriptions"; docs/format.md, "Views"): named readers of the
   // queue's one stream, each getting every message sent after it was added (with
   // `from_start`, also every message in the queue then) with state of its own. Names are
   // 1-48 bytes of [A-Za-z0-9._-], not "default"; at most 16 at once. Adding a name that

@@ -126,8 +126,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     *end = h.cache.log_end;
     return std::optional<Message>();
   }
-  // (Instant release on death walks view 0 only yet: a subscription's lease is not bound.)
-  e.owner = view_k == 0 ? owners.new_lease_tag(idx) : 0;
+  e.owner = owners.new_lease_tag(idx);
   const uint32_t count = e.count + 1;
   // The LEASE record log_leases() commits for it, applied now: the next message is picked
   // from the state this one leaves. The caller reserved heap room for every message it
@@ -181,6 +180,8 @@ auto Queue::Impl::bury(uint32_t slot, Message& msg, std::string_view body, const
   history.emplace_back("spool.dead.original_id", std::to_string(id));
   history.emplace_back("spool.dead.receive_count", std::to_string(count));
   history.emplace_back("spool.dead.enqueued_at", sys::iso_time(msg.enqueued));
+  // A subscription's dead letters share the queue's dead-letter queue, named by it.
+  if (view_k != 0) history.emplace_back("spool.dead.subscription", view_name);
   if (dropped != 0) history.emplace_back("spool.dead.dropped_attributes", std::to_string(dropped));
   add_within_bounds(keep.attributes, history);
   if (auto sent = (*dead_q)->send(body, keep); !sent.ok()) return sent.status();

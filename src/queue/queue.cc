@@ -873,9 +873,11 @@ static uint64_t original_id_in(const storage::MessageExt& ext) {
 
 // Where the message in `slot` stands at `now`, and what its record says of it.
 Result<MessageInfo> Queue::Impl::info_of(uint32_t slot, const Clocks& now) {
-  const Entry& e = idx.entry(slot);
-  const uint64_t key = idx.key(slot);
-  MessageInfo m{idx.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
+  index::SharedIndex& v = vw();  // the handle's view: its slots
+  v.assert_held();
+  const Entry& e = v.entry(slot);
+  const uint64_t key = v.key(slot);
+  MessageInfo m{v.id_of(slot), e.len, e.count, key <= now.boot && e.state != State::kBlocked};
   std::shared_ptr<storage::Segment> keep;
   auto stored = read_stored(slot, &keep, now);
   if (!stored.ok()) return stored.status();
@@ -897,9 +899,9 @@ Result<std::vector<MessageInfo>> Queue::list(size_t max, StateFilter states, uin
 }
 
 Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter states, uint64_t after) {
-  if (Status s = whole_queue_only("list"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
+  if (auto viewed = q.here(); !viewed.ok()) return viewed.status();
   const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);  // list() writes nothing, no CLOCK record either
   std::vector<MessageInfo> out;
   for (uint32_t slot : q.lowest_ids(max, states, now.boot, after)) {
@@ -913,23 +915,26 @@ Result<std::vector<MessageInfo>> Queue::Impl::list(size_t max, StateFilter state
 Result<uint64_t> Queue::count(StateFilter states, uint64_t after) { return impl_->count(states, after); }
 
 Result<uint64_t> Queue::Impl::count(StateFilter states, uint64_t after) {
-  if (Status s = whole_queue_only("count"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
+  auto viewed = q.here();
+  if (!viewed.ok()) return viewed.status();
+  index::SharedIndex& v = **viewed;
+  v.assert_held();
   const uint64_t now = queue::read_clocks(q.idx.hdr(), *q.env).boot;
   uint64_t n = 0;
   // What lowest_ids() reads whole, counted as it takes them; then the queued above `after`.
-  const index::HeapItem* items = q.idx.heap_begin();
-  for (uint64_t i = 0; i < q.idx.heap_size(); ++i) {
+  const index::HeapItem* items = v.heap_begin();
+  for (uint64_t i = 0; i < v.heap_size(); ++i) {
     if (items[i].id <= after) continue;
-    const int64_t slot = q.idx.find(items[i].id);
-    if (slot >= 0 && states.has(state_at(q.idx.entry(static_cast<uint32_t>(slot)), items[i].key, now))) ++n;
+    const int64_t slot = v.find(items[i].id);
+    if (slot >= 0 && states.has(state_at(v.entry(static_cast<uint32_t>(slot)), items[i].key, now))) ++n;
   }
-  if (states.blocked) q.idx.for_each_blocked([&](uint32_t, uint64_t id) { n += id > after ? 1 : 0; });
+  if (states.blocked) v.for_each_blocked([&](uint32_t, uint64_t id) { n += id > after ? 1 : 0; });
   if (states.ready) {
-    const index::HeapItem* due = q.idx.due_begin();
-    for (uint64_t i = 0; i < q.idx.due_size(); ++i) n += due[i].id > after ? 1 : 0;
-    n += q.idx.queued_above(after);
+    const index::HeapItem* due = v.due_begin();
+    for (uint64_t i = 0; i < v.due_size(); ++i) n += due[i].id > after ? 1 : 0;
+    n += v.queued_above(after);
   }
   return n;
 }
@@ -944,10 +949,13 @@ static Status not_in_queue(uint64_t id) {
 Result<std::pair<Message, MessageInfo>> Queue::show(uint64_t id) { return impl_->show(id); }
 
 Result<std::pair<Message, MessageInfo>> Queue::Impl::show(uint64_t id) {
-  if (Status s = whole_queue_only("show"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
-  const int64_t slot = q.idx.find(id);
+  auto viewed = q.here();
+  if (!viewed.ok()) return viewed.status();
+  index::SharedIndex& v = **viewed;
+  v.assert_held();
+  const int64_t slot = v.find(id);
   if (slot < 0) return not_in_queue(id);
   const Clocks now = queue::read_clocks(q.idx.hdr(), *q.env);
   auto m = q.load(static_cast<uint32_t>(slot), nullptr, &now);
@@ -1037,7 +1045,6 @@ Status Queue::Impl::remove(uint64_t id, Durability durability) {
 Status Queue::bind_leases() { return impl_->bind_leases(); }
 
 Status Queue::Impl::bind_leases() {
-  if (Status s = whole_queue_only("bind_leases"); !s.ok()) return s;
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
@@ -1053,7 +1060,9 @@ Status Queue::Impl::bind(std::string_view receipt) {
   if (Status s = q.writable(); !s.ok()) return s;
   SPOOL_LOCK_OR_RETURN(f, q, lock_fenced(receipt));
   if (Status s = q.claim_owner_slot(); !s.ok()) return s;
-  Entry& e = q.idx.entry(f->slot);
+  index::SharedIndex& v = q.vw();  // (lock_fenced() found the slot in the handle's view)
+  v.assert_held();
+  Entry& e = v.entry(f->slot);
   if (e.state != State::kLeased) {
     return Status(Code::kLeaseLost, "message " + std::to_string(f->id) + " is not leased (it was nacked)");
   }
@@ -1076,9 +1085,9 @@ Status Queue::extend(std::string_view receipt, Millis visibility) {
 Result<std::vector<Message>> Queue::peek(size_t max) { return impl_->peek(max); }
 
 Result<std::vector<Message>> Queue::Impl::peek(size_t max) {
-  if (Status s = whole_queue_only("peek"); !s.ok()) return s;
   Impl& q = *this;
   SPOOL_LOCK_OR_RETURN(held, q, lock());
+  if (auto viewed = q.here(); !viewed.ok()) return viewed.status();
   std::vector<Message> out;
   for (uint32_t slot : q.lowest_ids(max, StateFilter{}, 0)) {
     auto m = q.load(slot);

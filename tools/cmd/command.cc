@@ -18,6 +18,10 @@ namespace spool::cmd {
 
 void add_dir(CLI::App* sub, std::string& dir) { sub->add_option("DIR", dir, "Queue directory")->required(); }
 
+void add_subscription_flag(CLI::App* sub, std::string& name) {
+  sub->add_option("--sub", name, "Read subscription NAME of the queue (spool sub list shows them)");
+}
+
 void name_flag_values(CLI::App& app) {
   // By flag name: the same name takes the same kind of value in every command.
   static const std::map<std::string, std::string> kKinds = {
@@ -30,7 +34,7 @@ void name_flag_values(CLI::App& app) {
       {"batch", "N"}, {"depth", "N"}, {"j", "N"}, {"max", "N"}, {"max-messages", "N"}, {"max-ready", "N"},
       {"max-receives", "N"}, {"n", "N"}, {"priority", "N"}, {"rate", "N"},
       {"id", "ID"}, {"after", "ID"}, {"attribute", "KEY=VALUE"}, {"mode", "MODE"}, {"group", "GROUP"}, {"dedup-id", "ID"},
-      {"log", "FILE"}, {"to", "DIR"}, {"nats", "URL"}, {"stream", "NAME"}};
+      {"log", "FILE"}, {"to", "DIR"}, {"nats", "URL"}, {"stream", "NAME"}, {"sub", "NAME"}};
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     for (auto* opt : sub->get_options([](CLI::Option* o) { return o->get_items_expected_max() > 0; })) {
       std::string name = opt->get_single_name();
@@ -200,9 +204,10 @@ int fail(const Status& s, const std::string& dir) {
   return s.code() == Code::kQueueFull ? kExitTryLater : kExitError;
 }
 
-std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err) {
+std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err, const std::string& subscription) {
   QueueOptions o;
   o.create = false;
+  o.subscription = subscription;
   auto q = Queue::open(dir, o);
   if (!q.ok()) {
     *err = q.status();

@@ -58,9 +58,12 @@ void end_work_options_at_command(CLI::App& work, std::vector<std::string>& args)
 std::vector<Command> add_nats_commands(CLI::App& app);  // forward pull
 std::vector<Command> add_ops_commands(CLI::App& app);   // pause resume release move
 Command add_top(CLI::App& app);
+Command add_sub(CLI::App& app);  // sub add|list|rm
 
 // What the commands share.
 void add_dir(CLI::App* sub, std::string& dir);  // the DIR argument every command takes
+// --sub NAME: the command reads subscription NAME of the queue (open_existing's `subscription`).
+void add_subscription_flag(CLI::App* sub, std::string& name);
 // Names what each flag of every command takes, for --help: DUR (a duration), SIZE, N (a
 // count or number), ID, in place of CLI11's TEXT, UINT or FLOAT.
 void name_flag_values(CLI::App& app);
@@ -75,8 +78,9 @@ uint64_t count_arg(const std::string& flag, const std::string& text);  // digits
 // Prints `s` on stderr (for a path that is not a queue, with what `spool init` would say of
 // it) and returns the exit code it stands for.
 int fail(const Status& s, const std::string& dir = "");
-// The queue in `dir`, never created; nullptr with `err` set if it cannot be opened.
-std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err);
+// The queue in `dir`, never created, read through `subscription` (QueueOptions::subscription;
+// empty: the queue's own view); nullptr with `err` set if it cannot be opened.
+std::unique_ptr<Queue> open_existing(const std::string& dir, Status* err, const std::string& subscription = "");
 // Flushes stdout; false (errno set to the first failure's) if anything written to it was
 // lost (disk full, EIO).
 bool stdout_ok();

@@ -14,7 +14,7 @@ namespace spool::cmd {
 namespace {
 
 struct MessageArgs {
-  std::string dir, receipt, visibility, wait, delay, dur, after;
+  std::string dir, receipt, visibility, wait, delay, dur, after, sub;
   std::vector<std::string> receipts, states, ids;
   size_t n = 1;
   std::string id;  // show's ID, checked as delete's are (CLI11 read "-1" as 18446744073709551615)
@@ -31,7 +31,7 @@ int run_recv(const MessageArgs& a) {
   Millis vis = a.visibility.empty() ? Millis(0) : duration_arg("--visibility", a.visibility);
   Millis w = a.wait.empty() ? Millis(0) : duration_arg("--wait", a.wait);
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto msgs = q->receive(a.n, vis, w);
   if (!msgs.ok()) return fail(msgs.status(), a.dir);
@@ -50,7 +50,7 @@ int run_recv(const MessageArgs& a) {
 
 int run_ack(const MessageArgs& a) {
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   int rc = 0;
   for (const auto& r : a.receipts) {
@@ -66,7 +66,7 @@ int run_ack(const MessageArgs& a) {
 int run_nack(const MessageArgs& a) {
   Millis d = a.delay.empty() ? Millis(0) : duration_arg("--delay", a.delay);
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   Status s = q->nack(a.receipt, d);
   return s.ok() ? 0 : fail(s, a.dir);
@@ -76,7 +76,7 @@ int run_extend(const MessageArgs& a) {
   Millis d = duration_arg("DUR", a.dur);
   if (d.count() <= 0) throw UsageError{"DUR must be more than 0"};
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   Status s = q->extend(a.receipt, d);
   return s.ok() ? 0 : fail(s, a.dir);
@@ -84,7 +84,7 @@ int run_extend(const MessageArgs& a) {
 
 int run_peek(const MessageArgs& a) {
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto msgs = q->peek(a.n);
   if (!msgs.ok()) return fail(msgs.status(), a.dir);
@@ -118,7 +118,7 @@ int run_list(const MessageArgs& a, size_t max, bool n_given) {
   const bool live = states.ready || states.in_flight || states.delayed || states.blocked;
   const uint64_t after = a.after.empty() ? 0 : count_arg("--after", a.after);
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   std::vector<MessageInfo> infos;
   if (live) {
@@ -207,7 +207,7 @@ uint64_t dead_letter_of(Queue& q, const std::string& dir, uint64_t id) {
 int run_show(const MessageArgs& a) {
   const uint64_t id = id_arg(a.id);
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto which = queue_or_dead_letters(*q, a.dlq);
   if (!which.ok()) return fail(which.status(), a.dir);
@@ -248,7 +248,7 @@ int run_show(const MessageArgs& a) {
 int run_purge(const MessageArgs& a) {
   if (!a.yes) throw UsageError{"purge deletes every message in " + a.dir + "; add --yes to confirm"};
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto count = q->purge();
   if (!count.ok()) return fail(count.status(), a.dir);
@@ -268,7 +268,7 @@ int run_delete(const MessageArgs& a) {
     ids.push_back(id_arg(text));
   }
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto which = queue_or_dead_letters(*q, a.dlq);
   if (!which.ok()) return fail(which.status(), a.dir);
@@ -297,6 +297,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
 
   {
     auto [recv, a] = add("recv", "Receive (lease) messages", run_recv);
+    add_subscription_flag(recv, a->sub);
     recv->add_option("-n", a->n, "Up to this many messages (default 1)")->check(CLI::Range(size_t{1}, size_t{100000}));
     recv->add_option("--visibility", a->visibility, "Lease length (default: the queue's)");
     recv->add_option("--wait", a->wait, "Long poll: wait up to this long for a message (default 0)");
@@ -308,6 +309,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
   }
   {
     auto [ack, a] = add("ack", "Acknowledge (delete) received messages", run_ack);
+    add_subscription_flag(ack, a->sub);
     ack->add_option("RECEIPT", a->receipts, "Receipts printed by recv")->required();
     ack->add_flag("--durable", a->durable, "Return only once the ack is on disk, whatever the queue's --sync");
     ack->footer("Exit code 3 when a receipt is stale (its lease expired and the message was received again).\n"
@@ -315,18 +317,21 @@ std::vector<Command> add_message_commands(CLI::App& app) {
   }
   {
     auto [nack, a] = add("nack", "Return a received message to the queue", run_nack);
+    add_subscription_flag(nack, a->sub);
     nack->add_option("RECEIPT", a->receipt, "Receipt printed by recv")->required();
     nack->add_option("--delay", a->delay, "Ready again after this long (default now)");
     nack->footer("Exit codes as for ack. Example: spool nack q 17.1.9f3a22c1 --delay 30s");
   }
   {
     auto [extend, a] = add("extend", "Renew a lease to DUR from now", run_extend);
+    add_subscription_flag(extend, a->sub);
     extend->add_option("RECEIPT", a->receipt, "Receipt printed by recv")->required();
     extend->add_option("DUR", a->dur, "New lease length")->required();
     extend->footer("Exit codes as for ack. Example: spool extend q 17.1.9f3a22c1 5m   (spool work renews its leases itself)");
   }
   {
     auto [peek, a] = add("peek", "Show messages without receiving them", run_peek);
+    add_subscription_flag(peek, a->sub);
     peek->add_option("-n", a->n, "Up to this many, oldest first (default 1)");
     peek->add_flag("--json", a->json, "One JSON object per line");
     peek->footer("Ready, in flight and delayed messages alike; nothing is received.\n"
@@ -337,6 +342,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
     auto a = std::make_shared<MessageArgs>();
     auto* list = app.add_subcommand("list", "List messages with their state, without payloads");
     add_dir(list, a->dir);
+    add_subscription_flag(list, a->sub);
     list->add_option("-n", a->n, "Up to this many, lowest ids first (default 100)");
     list->add_option("--after", a->after, "Only ids above ID: the next page (as the 'next page' line on stderr names it)");
     list->add_option("--state", a->states, "Only these: ready, in_flight, delayed, blocked (behind an earlier message of their group), dead (the dead letters)")
@@ -357,6 +363,7 @@ std::vector<Command> add_message_commands(CLI::App& app) {
   }
   {
     auto [show, a] = add("show", "Show one message by id, in any state, without receiving it", run_show);
+    add_subscription_flag(show, a->sub);
     show->add_option("ID", a->id, "Message id, as send, list or peek print it")->required();
     show->add_flag("--dlq", a->dlq, "ID is a dead letter's (as dlq list prints it)");
     show->add_flag("--json", a->json, "One JSON object");

@@ -20,7 +20,7 @@ namespace {
 
 struct StatsArgs {
   std::vector<std::string> dirs;
-  std::string target;
+  std::string target, sub;
   double rate = 0;
   bool json = false, watch = false, prom = false;
 };
@@ -78,13 +78,28 @@ bool show(const StatsArgs& a, Watched& w, double target_s, bool several, std::st
     j["pinned_by"] = pinned.pids;
     j["pinned_unexamined_processes"] = pinned.unexamined;
     if (several) j["queue"] = w.dir;
+    if (!a.sub.empty()) j["subscription"] = a.sub;
+    if (auto subs = w.q->subscriptions(); subs.ok() && !subs->empty() && a.sub.empty()) {
+      j["subscriptions"] = nlohmann::json::array();
+      for (const auto& s : *subs) {
+        j["subscriptions"].push_back({{"name", s.name}, {"from", s.from}, {"messages", s.messages}, {"in_flight", s.leased}});
+      }
+    }
     if (a.watch) j["time"] = cli::iso_time(std::chrono::system_clock::now());
     if (a.rate > 0) j["recommended_workers"] = st->workers_needed(a.rate, target_s);
     *out += j.dump() + "\n";
   } else {
     cli::DiskUse disk = cli::disk_use(w.dir);
     if (several && !out->empty()) *out += "\n";
+    if (!a.sub.empty()) *out += "subscription   " + a.sub + "\n";
     *out += cli::human_stats(w.dir, *st, w.prev ? &*w.prev : nullptr, seconds, &disk);
+    // The queue's own stats name its subscriptions, each with what it holds.
+    if (auto subs = w.q->subscriptions(); subs.ok() && a.sub.empty()) {
+      for (const auto& s : *subs) {
+        *out += "subscription   " + s.name + ": " + cli::count_of(s.messages, "message") + ", " +
+                std::to_string(s.leased) + " in flight (spool stats " + w.dir + " --sub " + s.name + ")\n";
+      }
+    }
     if (const Millis keep = w.q->options().keep_acked; keep.count() != 0 && st->kept_acked == 0) {
       *out += "kept acked     0 (keep_acked " + std::to_string(keep.count()) + " ms)\n";
     }
@@ -110,7 +125,7 @@ int run_stats(const StatsArgs& a) {
   std::vector<Watched> queues;
   for (const auto& dir : a.dirs) {
     Status err;
-    auto q = open_existing(dir, &err);
+    auto q = open_existing(dir, &err, a.sub);
     if (!q) {
       rc = fail(err, dir);
       continue;
@@ -148,6 +163,7 @@ Command add_stats(CLI::App& app) {
   auto a = std::make_shared<StatsArgs>();
   auto* stats = app.add_subcommand("stats", "Show queue depth and totals");
   stats->add_option("DIR", a->dirs, "Queue directories (one or more)")->required();
+  add_subscription_flag(stats, a->sub);
   stats->add_flag("--json", a->json, "As one JSON object");
   stats->add_flag("--watch", a->watch, "Refresh every second until interrupted");
   stats->add_flag("--prometheus", a->prom, "Prometheus text exposition format");

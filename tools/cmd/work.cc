@@ -12,7 +12,7 @@ namespace spool::cmd {
 namespace {
 
 struct WorkArgs {
-  std::string dir, visibility, max_runtime, grace, max_messages, latency, rate;
+  std::string dir, visibility, max_runtime, grace, max_messages, latency, rate, subscription;
   std::vector<std::string> command;
   size_t jobs = 1;
   bool until_empty = false, verbose = false, autoscale = false;
@@ -58,7 +58,7 @@ int run_work(const WorkArgs& a) {
   o.command = a.command;
   o.autoscale = autoscale_arg(a);
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.subscription);
   if (!q) return fail(err, a.dir);
   return cli::run_work(*q, o);
 }
@@ -95,6 +95,7 @@ Command add_work(CLI::App& app) {
   auto a = std::make_shared<WorkArgs>();
   auto* work = app.add_subcommand("work", "Run CMD once per message, payload on stdin");
   add_dir(work, a->dir);
+  add_subscription_flag(work, a->subscription);
   work->add_option("-j", a->jobs, "Run up to N commands at once (default 1)")->check(CLI::Range(size_t{1}, size_t{1024}));
   work->add_option("--visibility", a->visibility, "Lease length, renewed while CMD runs (default: the queue's)");
   work->add_option("--max-runtime", a->max_runtime, "Stop CMD (SIGTERM, then SIGKILL) and nack after this long");
