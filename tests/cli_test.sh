@@ -14,6 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 tap_args PATH_TO_SPOOL_BINARY "$@"
 SPOOL=$(abs "$1")
 PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
+FORGE_KEY=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/forge_attr_key.py
 CLI_DOC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/cli.md
 tap_root cli
 
@@ -2241,12 +2242,36 @@ t_out_of_range_arguments_are_refused() {
   err_has 'attribute: path=C:\\dir'
 }
 
+# Issue 48: an attribute key that is not UTF-8 in a stored record (a send refuses one; the
+# test forges one, checksum and all) made recv, peek and show --json abort (nlohmann's
+# type_error 316, exit 134), recv after leasing. Each prints valid JSON, the key escaped as
+# the "attribute:" lines escape it (k\xff), and the received message can be acked.
+t_a_stored_key_that_is_not_utf8_is_escaped_in_json() {
+  "$SPOOL" init q >/dev/null && "$SPOOL" send q -a kk=v forged >/dev/null || fail "init, send"
+  /usr/bin/python3 "$FORGE_KEY" q 1 kk 'k\xff' || fail "forge_attr_key.py"
+  json_has_key() {
+    /usr/bin/python3 -c 'import json, sys; sys.exit(json.load(sys.stdin)["attributes"] != {"k\\xff": "v"})' \
+      <"$D/out" || fail "$1: not valid JSON with the key escaped (k\\xff): $(cat "$D/out")"
+  }
+  expect 0 "$SPOOL" peek q --json
+  json_has_key "peek --json"
+  expect 0 "$SPOOL" show q 1 --json
+  json_has_key "show --json"
+  expect 0 "$SPOOL" show q 1
+  out_has 'attribute: k\xff=v'
+  expect 0 "$SPOOL" recv q --json
+  json_has_key "recv --json"
+  expect 0 "$SPOOL" ack q "$(jget receipt)"
+  eq "acked" "$(stat_of acked_total q)" 1
+}
+
 TESTS=(
   t_verify_summary_in_words
   t_counts_in_words
   t_parser_errors_in_spools_words
   t_help_and_version
   t_out_of_range_arguments_are_refused
+  t_a_stored_key_that_is_not_utf8_is_escaped_in_json
   t_usage_errors_exit_64
   t_bad_durations_exit_64
   t_bad_sizes_exit_64
