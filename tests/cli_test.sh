@@ -14,6 +14,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/tap.sh"
 tap_args PATH_TO_SPOOL_BINARY "$@"
 SPOOL=$(abs "$1")
 PROM_CHECK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/prom_check.py
+FORGE_KEY=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/forge_attr_key.py
 CLI_DOC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/docs/cli.md
 tap_root cli
 
@@ -1316,15 +1317,24 @@ t_stats_shows_holders() {
   "$SPOOL" send q 1 2 3 4 5 >/dev/null || fail "send"
   expect 0 "$SPOOL" recv q
   : >runs
-  bg "$SPOOL" work q -j 3 -- sh -c 'echo run >> runs; while [ ! -e go ]; do sleep 0.1; done'
+  # (A lease of 1h: no renewal by extend during the test.)
+  bg "$SPOOL" work q -j 3 --visibility 1h -- sh -c 'echo run >> runs; while [ ! -e go ]; do sleep 0.1; done'
   local pid=$BGPID
   three() { [[ $(lines runs) == 3 ]]; }
   wait_for 10 three
   expect 0 "$SPOOL" stats q --json
-  out_has "\"holders\":[{\"in_flight\":3,\"pid\":$pid}]"
+  # With the time since its last renewal (its last receive; issue 44): the commands
+  # started within the last few seconds, and the clock runs on.
+  out_has "\"holders\":[{\"in_flight\":3,\"pid\":$pid,\"renewed_ago_s\":"
+  local ago
+  ago=$(jget renewed_ago_s)
+  awk -v a="$ago" 'BEGIN { exit !(a >= 0 && a < 10) }' || fail "renewed_ago_s $ago"
   eq "in_flight (3 bound, 1 not)" "$(jget in_flight)" 4
+  sleep 0.3
+  expect 0 "$SPOOL" stats q --json
+  awk -v a="$ago" -v b="$(jget renewed_ago_s)" 'BEGIN { exit !(b >= a + 0.2) }' || fail "renewed_ago_s did not grow"
   expect 0 "$SPOOL" stats q
-  out_has "pid $pid: 3"
+  grep -qE "pid $pid: 3 \(renewed [0-9.]+s ago\)" "$D/out" || fail "human stats: $(cat "$D/out")"
   expect 0 "$SPOOL" stats q --prometheus
   out_has "spool_holder_in_flight{queue=\"q\",pid=\"$pid\"} 3"
   touch go
@@ -1335,6 +1345,18 @@ t_stats_shows_holders() {
   stop_work "$pid" TERM
   expect 0 "$SPOOL" stats q
   ! grep -q "held by" "$D/out" || fail "a holder shown with none: $(cat "$D/out")"
+  # An extend renews too: spool work's keeper extends a 900ms lease every 300ms, so 2.5 s
+  # after the receive its holder renewed well under a second ago.
+  "$SPOOL" send q slow >/dev/null || fail "send"
+  bg "$SPOOL" work q --visibility 900ms -- sh -c 'echo run >> runs; sleep 4'
+  pid=$BGPID
+  four() { [[ $(lines runs) == 4 ]]; }
+  wait_for 10 four
+  sleep 2.5
+  expect 0 "$SPOOL" stats q --json
+  out_has "\"pid\":$pid,\"renewed_ago_s\":"
+  awk -v a="$(jget renewed_ago_s)" 'BEGIN { exit !(a >= 0 && a < 0.9) }' || fail "not renewed by extend: $(cat "$D/out")"
+  stop_work "$pid" TERM
 }
 
 t_work_max_runtime() {
@@ -2302,6 +2324,27 @@ t_subscriptions_two_services_read_one_stream() {
   expect 0 "$SPOOL" sub list q
   out_has "replayer"
   out_lacks "audit"
+# Issue 48: an attribute key that is not UTF-8 in a stored record (a send refuses one; the
+# test forges one, checksum and all) made recv, peek and show --json abort (nlohmann's
+# type_error 316, exit 134), recv after leasing. Each prints valid JSON, the key escaped as
+# the "attribute:" lines escape it (k\xff), and the received message can be acked.
+t_a_stored_key_that_is_not_utf8_is_escaped_in_json() {
+  "$SPOOL" init q >/dev/null && "$SPOOL" send q -a kk=v forged >/dev/null || fail "init, send"
+  /usr/bin/python3 "$FORGE_KEY" q 1 kk 'k\xff' || fail "forge_attr_key.py"
+  json_has_key() {
+    /usr/bin/python3 -c 'import json, sys; sys.exit(json.load(sys.stdin)["attributes"] != {"k\\xff": "v"})' \
+      <"$D/out" || fail "$1: not valid JSON with the key escaped (k\\xff): $(cat "$D/out")"
+  }
+  expect 0 "$SPOOL" peek q --json
+  json_has_key "peek --json"
+  expect 0 "$SPOOL" show q 1 --json
+  json_has_key "show --json"
+  expect 0 "$SPOOL" show q 1
+  out_has 'attribute: k\xff=v'
+  expect 0 "$SPOOL" recv q --json
+  json_has_key "recv --json"
+  expect 0 "$SPOOL" ack q "$(jget receipt)"
+  eq "acked" "$(stat_of acked_total q)" 1
 }
 
 TESTS=(
@@ -2311,6 +2354,7 @@ TESTS=(
   t_help_and_version
   t_subscriptions_two_services_read_one_stream
   t_out_of_range_arguments_are_refused
+  t_a_stored_key_that_is_not_utf8_is_escaped_in_json
   t_usage_errors_exit_64
   t_bad_durations_exit_64
   t_bad_sizes_exit_64

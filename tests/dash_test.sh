@@ -241,6 +241,41 @@ t_sqs_and_dashboard_on_one_address() {
 # The page in a real browser: after its script ran (virtual time), the DOM holds every
 # queue's row with the numbers of `spool stats`, and the detail pane of the queue the URL
 # names with its dead letter's reason.
+# Issue 44: the API gives each queue's running bridges, read from their status files
+# (bridge.PID, as spool forward/pull write them: here written by the test, for a live pid),
+# ignoring a stale one, one of a dead process and a planted link; and each bound lease
+# holder's time since its last renewal.
+t_api_shows_bridges_and_renewals() {
+  mkdir roots && "$SPOOL" init roots/a >/dev/null && "$SPOOL" init roots/b >/dev/null || fail "init"
+  "$SPOOL" send roots/a x >/dev/null || fail "send"
+  bg "$SPOOL" work roots/a --visibility 1h -- sleep 60
+  local worker=$BGPID now
+  taken() { [[ $(stat_of in_flight roots/a) == 1 ]]; }
+  wait_for 10 taken
+  now=$(date +%s)
+  status() {  # PID UPDATED_AT: a status file's text
+    printf '{"kind":"forward","pid":%d,"peer":"nats://127.0.0.1:4222 subject up","moved":7,"last_id":7,' "$1"
+    printf '"last_at":%d,"lag":42,"lag_s":1.5,"updated_at":%d}\n' "$2" "$2"
+  }
+  status $$ "$now" >"roots/a/bridge.$$"
+  status $$ $((now - 60)) >"roots/b/bridge.$$"
+  bash -c 'exit 0' &
+  local dead=$!
+  wait "$dead"
+  status "$dead" "$now" >"roots/b/bridge.$dead"
+  status 1 "$now" >elsewhere
+  ln -s ../../elsewhere roots/b/bridge.1
+  serve
+  curl -sf "$URL/api/v1/queues" >q.json || fail "GET /api/v1/queues"
+  eq "a's bridges" "$(field q.json "[(x['kind'], x['pid'], x['lag'], x['moved']) for x in q('a')['bridges']]")" \
+    "[[\"forward\", $$, 42, 7]]"
+  eq "b's bridges (stale, dead, a link)" "$(field q.json "q('b')['bridges']")" "[]"
+  curl -sf "$URL/api/v1/queue?name=a" >a.json || fail "GET /api/v1/queue?name=a"
+  eq "a's holder" "$(field a.json '[x["pid"] for x in d["lease_holders"]]')" "[$worker]"
+  field a.json '0 <= d["lease_holders"][0]["renewed_ago_s"] < 30' | grep -qx true ||
+    fail "renewed_ago_s: $(field a.json 'd["lease_holders"]')"
+}
+
 t_browser_renders_queues() {
   local chrome
   chrome=$(command -v chromium || command -v chromium-browser || command -v google-chrome) || {
@@ -322,6 +357,7 @@ TESTS=(
   t_actions_need_the_token
   t_detail_payloads_need_the_token
   t_sqs_and_dashboard_on_one_address
+  t_api_shows_bridges_and_renewals
   t_browser_renders_queues
 )
 

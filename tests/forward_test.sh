@@ -212,6 +212,39 @@ t_sigterm_returns_unconfirmed() {
   exactly_once 500
 }
 
+# Issue 44: a running forwarder writes q/bridge.PID about once a second, which spool top
+# shows as the queue's BRIDGE LAG (messages not yet forwarded): 0, then 500 while the
+# server is stopped, then 0 again; gone when the forwarder stops, ignored once it is killed.
+t_top_shows_bridge_lag() {
+  "$SPOOL" init q || fail "init"
+  start_server
+  forward_bg --ack-timeout 2s
+  wait_for 10 grep -q "forwarding q" "$D/fwd.err"
+  lag_is() {
+    "$SPOOL" top . --depth 1 --once >"$D/top" || fail "top failed"
+    grep -qE "^q .* $1\$" "$D/top"
+  }
+  wait_for 10 lag_is "fwd 0"
+  kill -STOP "$SERVER"
+  send_range q 1 500
+  wait_for 10 lag_is "fwd 500"
+  grep -q '"kind":"forward".*"moved":0,' "q/bridge.$FWD" || fail "status: $(cat "q/bridge.$FWD")"
+  kill -CONT "$SERVER"
+  wait_for 30 lag_is "fwd 0"
+  wait_for 10 grep -q '"moved":500,' "q/bridge.$FWD"
+  grep -q "\"pid\":$FWD," "q/bridge.$FWD" || fail "status: $(cat "q/bridge.$FWD")"
+  stop "$FWD" forwarder
+  [[ -e q/bridge.$FWD ]] && fail "the status file outlived the forwarder"
+  lag_is "-" || fail "top: $(cat "$D/top")"
+  forward_bg
+  wait_for 10 lag_is "fwd 0"
+  kill -KILL "$FWD"
+  wait "$FWD" 2>/dev/null
+  [[ -e q/bridge.$FWD ]] || fail "no status file left by the killed forwarder"
+  lag_is "-" || fail "top shows a killed forwarder: $(cat "$D/top")"
+  exactly_once 500
+}
+
 t_errors_are_one_line() {
   "$SPOOL" init q || fail "init"
   send_range q 1 10
@@ -453,6 +486,7 @@ TESTS=(
   t_forwarder_killed_and_restarted
   t_server_down_at_start
   t_sigterm_returns_unconfirmed
+  t_top_shows_bridge_lag
   t_errors_are_one_line
   t_credentials_by_file_and_environment_never_shown
   t_token_by_environment_and_file

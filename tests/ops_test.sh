@@ -246,6 +246,25 @@ t_top_in_tmux() {
   tmux -S "$sock" send-keys Enter Down Enter
   wait_for 10 shows "^queue +$D/roots/beta"
   wait_for 10 shows 'unbound +3 +[0-9.]+[mh]'
+  # v peeks at beta's payloads, control bytes escaped; / then searches them.
+  printf 'needle\tin\001hay' | "$SPOOL" send roots/beta >/dev/null || fail "send to beta"
+  tmux -S "$sock" send-keys v
+  wait_for 10 shows 'searched all 8 messages'
+  wait_for 10 shows '^.{58}  7 +1B +7$'
+  wait_for 10 shows '^.{58}  8 +13B +needle\\tin\\x01hay$'
+  tmux -S "$sock" send-keys / n e e d Enter
+  wait_for 10 shows 'searched all 8 messages, 1 hold "need"'
+  shows '^.{58}  7 +1B' && fail "the search kept message 7: $(cat screen.txt)"
+  # It reads at most the first 200 messages, and says so.
+  seq 1 300 | "$SPOOL" send roots/beta --lines >/dev/null || fail "send to beta"
+  wait_for 10 shows 'searched the first 200 messages, 1 hold "need"'
+  # A holder bound to its process (spool work binds): its leases with the time since its
+  # last renewal (its receive).
+  bg "$SPOOL" work roots/alpha --visibility 1h -- sleep 60
+  local worker=$BGPID
+  tmux -S "$sock" send-keys v Up
+  wait_for 10 shows "^queue +$D/roots/alpha"
+  wait_for 10 shows "^.{58}  $worker +1 +[0-9.]+[smh]  renewed [0-9.]+s ago"
   tmux -S "$sock" send-keys q
   wait_for 10 shows '^top exited 0$'
   cp screen.txt "$ROOT/top-screen.txt"

@@ -125,6 +125,11 @@ t_full_queue_holds_the_rest_in_the_stream() {
   echo "# full: $queued queued, $held held by the puller"
   ((queued <= 500 && queued == $(qstat ready))) || fail "queued $queued, ready $(qstat ready) (max_ready 500)"
   ((held > 0 && held <= 100 && queued + held > 500)) || fail "held $held with $queued queued: not one batch (-j 100) waiting for room"
+  # Issue 44: spool top shows the pull's lag, the consumer's pending messages (those not
+  # fetched yet), from the status file it writes (q/bridge.PID).
+  "$SPOOL" top . --depth 1 --once >"$D/top" || fail "top failed"
+  grep -qE "^q .* pull [1-9][0-9]*\$" "$D/top" || fail "top shows no pull lag: $(cat "$D/top")"
+  grep -q '"kind":"pull"' "q/bridge.$PULL" || fail "status: $(cat "q/bridge.$PULL")"
   wait_for 10 stream_is $((2000 - queued))
   local start=$SECONDS
   stop "$PULL" "spool pull waiting for room"
@@ -145,6 +150,8 @@ t_full_queue_holds_the_rest_in_the_stream() {
   done
   acked_is 2000 || fail "only $(qstat acked_total) of 2000 acked"
   wait_for 20 stream_is 0
+  pull_lag_0() { "$SPOOL" top . --depth 1 --once | grep -qE "^q .* pull 0\$"; }
+  wait_for 10 pull_lag_0
   stop "$PULL" "spool pull"
   sort -n "$D/got" | cmp -s - <(seq 1 2000) || fail "received: $(sort -n "$D/got" | diff - <(seq 1 2000) | head -5)"
   eq "sent into the queue" "$(qstat sent_total)" 2000

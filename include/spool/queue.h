@@ -243,6 +243,9 @@ struct Stats {
   struct Holder {
     int32_t pid = 0;  // as the holder saw itself (as list() shows it)
     uint64_t in_flight = 0;
+    // Seconds since its last receive or extend of a lease it holds bound (its last renewal);
+    // -1 when none is recorded (its leases were taken by another handle and bound with bind()).
+    double renewed_ago_s = -1;
   };
   std::vector<Holder> holders;  // by pid
   // Workers needed to drain the ready backlog within `latency_target_s` when each worker

@@ -56,7 +56,8 @@ AttributeValue = Union[bytes, bytearray, memoryview, str]
 Attributes = Mapping[str, AttributeValue]
 """A message's attributes at send: at most 16; keys 1 to 64 characters of [A-Za-z0-9._-];
 values at most 1024 bytes; keys and values together at most 4096 bytes (InvalidArgument
-naming the key and the bound otherwise)."""
+naming the key and the bound otherwise). Keys are encoded with errors="surrogateescape",
+the rule received keys are decoded with (see :class:`Message`)."""
 
 library_path: str = _capi._find()
 """What the C library was loaded as (``$SPOOL_LIBRARY``, or the name found)."""
@@ -197,7 +198,7 @@ def _c_attributes(attributes: Optional[Attributes], keep: list[Any]) -> tuple[An
             raise TypeError(f"an attribute key is str, not {type(key).__name__}")
         if "\0" in key:
             raise InvalidArgument(f"invalid argument: attribute key {key!r} holds a NUL", 4)
-        k = key.encode()
+        k = key.encode(errors="surrogateescape")  # a received key's bytes back (Message)
         v = _bytes(value, f"attribute {key!r}")
         keep.extend((k, v))
         arr[i].key = k
@@ -320,8 +321,13 @@ class Message:
     the values decoded; ``priority`` the one it was sent with (0 most urgent to 255;
     :data:`DEFAULT_PRIORITY` if none); ``group`` its ordered group as bytes, as the
     attribute values are (a str group comes back UTF-8 encoded; a key may be any bytes),
-    or None. Settle it once with :meth:`ack` or :meth:`nack`; :meth:`extend` renews
-    the lease. Messages from :meth:`Queue.peek` have no receipt and cannot be settled."""
+    or None. An attribute key that is not UTF-8 (a send refuses one; only a forged record
+    holds one) is decoded with errors="surrogateescape", as os.fsdecode does: a byte that is
+    not UTF-8 becomes a lone surrogate (b"k\\xff" -> "k\\udcff"), and
+    ``key.encode(errors="surrogateescape")`` gives the stored bytes back; so a receive never
+    fails on a key after leasing. Settle it once with :meth:`ack` or :meth:`nack`;
+    :meth:`extend` renews the lease. Messages from :meth:`Queue.peek` have no receipt and
+    cannot be settled."""
 
     __slots__ = ("id", "payload", "attributes", "priority", "group", "receive_count", "enqueued",
                  "receipt", "_queue", "_keeper", "settled", "lease_lost")
@@ -656,7 +662,11 @@ class Queue:
         attrs = ctypes.POINTER(_capi.spool_attribute)()
         n = ctypes.c_size_t()
         _check(_lib.spool_message_attributes(ptr, i, ctypes.byref(attrs), ctypes.byref(n)))
-        return {attrs[k].key.decode(): ctypes.string_at(attrs[k].value, attrs[k].value_len)
+        # A key decodes with surrogateescape, which cannot fail: a stored key is not always
+        # UTF-8 (a send refuses one, a forged record may hold one), and a decode error here
+        # came after the receive had leased the whole batch (issue 48).
+        return {attrs[k].key.decode(errors="surrogateescape"):
+                ctypes.string_at(attrs[k].value, attrs[k].value_len)
                 for k in range(n.value)}
 
     @staticmethod

@@ -186,6 +186,41 @@ def test_attribute_bounds_raise_invalid_argument_naming_the_problem(qdir):
         assert q.stats().sent_total == sent
 
 
+def _forge_key(qdir: str, msg_id: int, old: bytes, new: bytes) -> None:
+    """tests/forge_attr_key.py's forge_key: rewrites a stored key in place, checksum and all."""
+    import importlib.util
+    path = os.path.join(HERE, "..", "..", "tests", "forge_attr_key.py")
+    spec = importlib.util.spec_from_file_location("forge_attr_key", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.forge_key(qdir, msg_id, old, new)
+
+
+def test_a_stored_key_that_is_not_utf8_is_escaped_not_a_leased_crash(qdir):
+    # Issue 48: a forged record's key b"k\xff" raised UnicodeDecodeError from receive()
+    # after the whole batch was leased (both messages in flight, neither returned).
+    with spool.Queue.create(qdir) as q:
+        forged = q.send("forged", attributes={"kk": "v", "ok": "1"})
+        after = q.send("after")
+    _forge_key(qdir, forged, b"kk", b"k\xff")
+    with spool.Queue(qdir) as q:
+        msgs = q.receive(max=10)
+        assert [m.id for m in msgs] == [forged, after]
+        key = min(msgs[0].attributes)
+        assert key == "k\udcff" and key.encode(errors="surrogateescape") == b"k\xff"
+        assert msgs[0].text_attributes == {"k\udcff": "v", "ok": "1"}
+        # Given back to a send, the key is its stored bytes, which the library refuses.
+        with pytest.raises(spool.InvalidArgument, match="attribute key"):
+            q.send("again", attributes=msgs[0].attributes)
+        msgs[0].nack()
+        assert q.peek()[0].attributes == {"k\udcff": b"v", "ok": b"1"}
+        msgs[1].ack()
+        q.receive(max=1)[0].ack()
+        s = q.stats()
+        assert (s.ready, s.in_flight, s.acked_total) == (0, 0, 2)
+
+
 def test_dedup_same_id_once_different_ids_twice(qdir):
     with spool.Queue.create(qdir, dedup_window=60) as q:
         assert q.dedup_window == 60

@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 23;
+inline constexpr uint32_t kIndexVersion = 24;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -306,6 +306,11 @@ struct OwnerRegistry {
   uint32_t owners_claimed;             // number of claimed owner slots
   uint8_t owner_claimed[kOwnerSlots];  // slot k is held by a live process's OFD lock on byte k of dir/owners
   int32_t owner_pid[kOwnerSlots];      // the pid its claimant saw for itself (shown by list(), never trusted)
+  // Boot time of the last receive or extend that renewed a lease bound to slot k, in tenths
+  // of a second (renew_stamp(); 0: none since it was claimed; 32 bits so that the header
+  // stays one page, wrapping after 13 years of uptime); shown by stats() as the holder's time
+  // since its last renewal. One store per lease taken or extended, under the lock.
+  uint32_t owner_renew_ds[kOwnerSlots];
 };
 
 // Guarded by the index lock; recounted by a rebuild.
@@ -347,6 +352,12 @@ static_assert(alignof(Entry) == 8 && alignof(HeapItem) == 8 && alignof(OvfEntry)
 static_assert(offsetof(IndexHeader, cache) == offsetof(IndexHeader, layout) + sizeof(IndexLayout) &&
                   offsetof(IndexHeader, registry) + sizeof(OwnerRegistry) <= sizeof(IndexHeader),
               "seal() checksums layout..registry as one range");
+// owner_renew_ds's value for boot time `boot_ns` (never 0), and back to ns.
+inline uint32_t renew_stamp(uint64_t boot_ns) {
+  const auto ds = static_cast<uint32_t>(boot_ns / 100'000'000);
+  return ds == 0 ? 1 : ds;
+}
+inline uint64_t renew_stamp_ns(uint32_t stamp) { return uint64_t{stamp} * 100'000'000; }
 // The header pages; the region follows. (8 KiB since the subscription table.)
 inline constexpr uint64_t kHeaderBytes = 8192;
 static_assert(sizeof(IndexHeader) <= kHeaderBytes);

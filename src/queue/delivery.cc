@@ -127,6 +127,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
     return std::optional<Message>();
   }
   e.owner = owners.new_lease_tag(idx);
+  if (e.owner != 0) h.registry.owner_renew_ds[e.owner - 1] = index::renew_stamp(now.boot);
   const uint32_t count = e.count + 1;
   // The LEASE record log_leases() commits for it, applied now: the next message is picked
   // from the state this one leaves. The caller reserved heap room for every message it

@@ -47,6 +47,7 @@ Status LeaseOwners::claim(index::SharedIndex& x, const Release& release) {
     slot_ = static_cast<int>(k);
     pid_ = ::getpid();
     h.registry.owner_pid[k] = pid_;
+    h.registry.owner_renew_ds[k] = 0;
     return {};
   }
   if (unclaimed_locked > 0) {
@@ -73,6 +74,7 @@ void LeaseOwners::free(index::SharedIndex& x, std::span<const uint32_t> ks) {
     if (h.registry.owner_claimed[k] == 0) continue;
     h.registry.owner_claimed[k] = 0;
     h.registry.owner_pid[k] = 0;
+    h.registry.owner_renew_ds[k] = 0;
     if (h.registry.owners_claimed != 0) --h.registry.owners_claimed;
   }
 }

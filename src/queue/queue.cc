@@ -976,7 +976,13 @@ Status Queue::Impl::change(std::string_view receipt, Change what, uint64_t ns, D
     if (what == Change::kNack) {
       rec = {RecordType::kRelease, f->gen, f->id, now.rt, now.rt + ns, {}, format::kFlagNack};
     }
-    if (what == Change::kExtend) rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
+    if (what == Change::kExtend) {
+      rec = {RecordType::kLease, f->gen, f->id, now.rt, now.rt + ns, {}};
+      index::SharedIndex& v = q.vw();  // (lock_fenced() found the slot in the handle's view)
+      v.assert_held();
+      auto& h = q.idx.hdr();
+      if (int k = bound_owner(h, v.entry(f->slot)); k >= 0) h.registry.owner_renew_ds[k] = index::renew_stamp(now.boot);
+    }
     rec.view = q.view_k;
     auto res = q.commit(std::span(&rec, 1), now);
     if (!res.ok()) return res.status();
@@ -1205,7 +1211,11 @@ Result<Stats> Queue::Impl::stats() {
       if (int k = bound_owner(owners_h, e); k >= 0) ++bound[k];
     }
     for (uint32_t k = 0; k < index::kOwnerSlots; ++k) {
-      if (bound[k] != 0) st.holders.push_back({owners_h.registry.owner_pid[k], bound[k]});
+      if (bound[k] == 0) continue;
+      const uint32_t stamp = owners_h.registry.owner_renew_ds[k];
+      const uint64_t renewed = index::renew_stamp_ns(stamp);
+      const double ago = stamp != 0 && renewed <= now ? static_cast<double>(now - renewed) / 1e9 : -1;
+      st.holders.push_back({owners_h.registry.owner_pid[k], bound[k], ago});
     }
     std::sort(st.holders.begin(), st.holders.end(), [](const auto& a, const auto& b) { return a.pid < b.pid; });
     if (!head.empty()) {

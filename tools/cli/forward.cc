@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/bridge_status.h"
 #include "cli/nats_conn.h"
 #include "cli/output.h"
 #include "cli/units.h"
@@ -125,7 +126,7 @@ class Forwarder {
         ack_timeout_(ack_timeout),
         // Longer than a publish can be outstanding (the PubAck timeout turns it into a retry),
         // so a lease does not run out under a live forwarder; renew_leases() is the backstop.
-        lease_(std::max(Millis(1000), 4 * ack_timeout)) {}
+        lease_(std::max(Millis(1000), 4 * ack_timeout)), status_(q.dir()) {}
 
   ~Forwarder() {
     // The library's threads call back into this object: they are gone once this returns.
@@ -279,6 +280,7 @@ class Forwarder {
   int forward() {
     auto next_renewal = Clock::now() + lease_ / 4;
     while (!g_stop) {
+      report();
       auto now = Clock::now();
       if (now >= next_renewal) {
         renew_leases();
@@ -381,6 +383,8 @@ class Forwarder {
       Status s = q_.ack(e.receipt);
       if (s.ok()) {
         ++forwarded_;
+        last_id_ = e.id;
+        last_at_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
         if (pa->Duplicate) ++duplicates_;
       } else {
         // The stream has the message; the local copy stays (say the lease was lost), and its
@@ -442,6 +446,24 @@ class Forwarder {
       }
     }
     for (const auto& r : due) (void)q_.extend(r, lease_);  // fails only if acked or nacked since
+  }
+
+  // The status file viewers read (cli/bridge_status.h), about once a second: the lag is
+  // what drained() waits for, every message not yet forwarded (ready, delayed: a publish
+  // retried after its backoff, leased: a publish awaiting its PubAck).
+  void report() {
+    if (!status_.due()) return;
+    BridgeStatus b;
+    b.kind = "forward";
+    b.peer = url_ + " subject " + args_.subject + (stream_.empty() ? "" : " (stream " + stream_ + ")");
+    b.moved = forwarded_.load();
+    b.last_id = last_id_.load();
+    b.last_at = last_at_.load();
+    if (auto st = q_.stats(); st.ok()) {
+      b.lag = static_cast<int64_t>(st->ready + st->delayed + st->in_flight);
+      b.lag_s = st->oldest_ready_age_s;
+    }
+    status_.write(std::move(b));
   }
 
   // Nothing left to forward: no message ready, delayed or leased (by anyone).
@@ -508,6 +530,9 @@ class Forwarder {
   Clock::time_point pause_until_;
 
   std::atomic<uint64_t> forwarded_{0}, duplicates_{0}, retries_{0};
+  std::atomic<uint64_t> last_id_{0};  // the last message acked after its PubAck
+  std::atomic<double> last_at_{0};    // when (Unix time)
+  BridgeStatusFile status_;           // forward() only; removed when this ends
 };
 
 }  // namespace

@@ -193,7 +193,11 @@ std::string info_line(const MessageInfo& m, bool dead) {
 
 nlohmann::json stats_json(const Stats& s) {
   nlohmann::json holders = nlohmann::json::array();
-  for (const auto& h : s.holders) holders.push_back({{"pid", h.pid}, {"in_flight", h.in_flight}});
+  for (const auto& h : s.holders) {
+    nlohmann::json x{{"pid", h.pid}, {"in_flight", h.in_flight}};
+    if (h.renewed_ago_s >= 0) x["renewed_ago_s"] = h.renewed_ago_s;
+    holders.push_back(std::move(x));
+  }
   return {{"ready", s.ready},
           {"in_flight", s.in_flight},
           {"delayed", s.delayed},
@@ -359,6 +363,10 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
     for (size_t i = 0; i < s.holders.size(); ++i) {
       out += (i == 0 ? " pid " : ", pid ") + std::to_string(s.holders[i].pid) + ": " +
              std::to_string(s.holders[i].in_flight);
+      if (s.holders[i].renewed_ago_s >= 0) {
+        std::snprintf(buf, sizeof buf, " (renewed %.1fs ago)", s.holders[i].renewed_ago_s);
+        out += buf;
+      }
     }
     out += "\n";
   }

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cli/bridge_status.h"
 #include "cli/output.h"
 #include "cli/units.h"
 #include "sys/crashpoint.h"
@@ -159,7 +160,7 @@ class Puller {
  public:
   Puller(Queue& q, const PullArgs& a, Credentials creds)
       : q_(q), args_(a), creds_(std::move(creds)), warnings_("spool pull", creds_.secrets),
-        url_(redact_url(a.nats.url)) {}
+        url_(redact_url(a.nats.url)), status_(q.dir()) {}
 
   ~Puller() {
     closing_ = true;
@@ -482,6 +483,8 @@ class Puller {
       natsMsgList list{};
       jsErrCode jerr = static_cast<jsErrCode>(0);
       natsStatus s = natsSubscription_Fetch(&list, sub_, static_cast<int>(batch), 1000, &jerr);
+      if (list.Count == 0 && s == NATS_TIMEOUT) pending_ = 0;  // nothing came within the fetch's second
+      report();
       if (list.Count > 0) {
         last_seen = SteadyClock::time_point::min();
         std::vector<natsMsg*> msgs(list.Msgs, list.Msgs + list.Count);
@@ -520,6 +523,21 @@ class Puller {
       if (!sleep_unless(g_stop, Millis(250))) break;
     }
     return 0;
+  }
+
+  // The status file viewers read (cli/bridge_status.h), about once a second: the lag is
+  // the consumer's pending count as the last message fetched told it.
+  void report() {
+    if (!status_.due()) return;
+    BridgeStatus b;
+    b.kind = "pull";
+    b.peer = url_ + " stream " + args_.stream + " consumer " + args_.consumer;
+    b.moved = pulled_;
+    b.last_id = last_seq_;
+    b.last_at = last_at_;
+    b.lag = pending_;
+    b.lag_s = last_age_s_;
+    status_.write(std::move(b));
   }
 
   // What the consumer holds for us: nothing (nothing left to deliver, nothing delivered
@@ -579,6 +597,8 @@ class Puller {
         continue;
       }
       Item it{m, meta->Sequence.Stream, "", {}};
+      pending_ = static_cast<int64_t>(meta->NumPending);  // the consumer's, after this message
+      published_ns_ = meta->Timestamp;
       jsMsgMetaData_Destroy(meta);
       if (refused_seqs_.count(it.seq) != 0) {  // --once: refused before, back after its delay: not tried again
         natsMsg_NakWithDelay(m, refused_delay(), nullptr);
@@ -638,6 +658,7 @@ class Puller {
     auto next_renewal = SteadyClock::now() + ack_wait_ / 3;
     bool said_full = false;
     for (;;) {
+      report();  // also while it waits for room (the status would go stale)
       uint64_t next_id = 0;
       if (auto st = q_.stats(); st.ok()) next_id = st->next_id;
       auto ids = q_.send_batch(std::span<const SendItem>(batch), so);
@@ -648,6 +669,9 @@ class Puller {
           remember(items[i].seq);
           ++((*ids)[i] >= next_id ? pulled_ : duplicates_);
         }
+        last_seq_ = items.back().seq;
+        last_at_ = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        last_age_s_ = published_ns_ > 0 ? std::max(0.0, last_at_ - static_cast<double>(published_ns_) / 1e9) : 0;
         if (said_full) warnings_.warn("the queue has room again; fetching", "room");
         return -1;
       }
@@ -765,6 +789,13 @@ class Puller {
   std::unordered_set<uint64_t> refused_seqs_;  // --once: stream sequences refused (naked with a delay)
   ConsumerShape shape_;                       // the consumer as last set up
   unsigned long pulled_ = 0, duplicates_ = 0, returned_ = 0, refused_ = 0;
+  // For the status file: the consumer's pending count after the last message fetched (-1:
+  // none yet), that message's publish time (ns), the last sequence queued, when, and how old.
+  int64_t pending_ = -1;
+  int64_t published_ns_ = 0;
+  uint64_t last_seq_ = 0;
+  double last_at_ = 0, last_age_s_ = 0;
+  BridgeStatusFile status_;  // removed when this ends
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 namespace spool::cli {
@@ -150,6 +151,7 @@ void Survey::sample(SurveyedQueue& r) {
   r.at = now;
   r.have = true;
   r.room = headroom(*r.q, r.st);
+  r.bridges = read_bridges(r.dir);
   r.history.push_back(Sample{std::chrono::system_clock::now(), r.rates, r.st.ready, r.st.in_flight, r.st.dead});
   while (r.history.size() > kHistory) r.history.pop_front();
 }
@@ -201,6 +203,39 @@ Detail read_detail(Queue& q, const Stats& st, size_t max_leases, size_t max_dead
     }
   }
   return d;
+}
+
+Result<Peeked> peek_payloads(Queue& q, size_t max, std::string_view text, size_t kept) {
+  auto msgs = q.peek(max);
+  if (!msgs.ok()) return msgs.status();
+  Peeked p;
+  p.read = msgs->size();
+  p.more = max > 0 && p.read >= max;
+  for (Message& m : *msgs) {
+    if (!text.empty() && m.payload.find(text) == std::string::npos) continue;
+    ++p.matched;
+    if (p.shown.size() < kept) p.shown.push_back(std::move(m));
+  }
+  return p;
+}
+
+std::string printable_prefix(std::string_view payload, size_t width) {
+  std::string out;
+  for (unsigned char c : payload) {
+    char esc[8];
+    if (c == '\\') {
+      std::snprintf(esc, sizeof esc, "\\\\");
+    } else if (c == '\t' || c == '\n' || c == '\r') {
+      std::snprintf(esc, sizeof esc, "\\%c", c == '\t' ? 't' : c == '\n' ? 'n' : 'r');
+    } else if (c >= 0x20 && c < 0x7f) {
+      std::snprintf(esc, sizeof esc, "%c", c);
+    } else {
+      std::snprintf(esc, sizeof esc, "\\x%02x", c);
+    }
+    if (out.size() + std::strlen(esc) > width) break;
+    out += esc;
+  }
+  return out;
 }
 
 std::string ascii_sparkline(const std::vector<double>& values, size_t width) {

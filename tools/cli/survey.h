@@ -13,9 +13,11 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "cli/bridge_status.h"
 #include "spool/queue.h"
 
 namespace spool::cli {
@@ -60,6 +62,7 @@ struct SurveyedQueue {
   bool have_rates = false;  // rates was computed (two refreshes)
   Rates rates;
   Headroom room;
+  std::vector<BridgeStatus> bridges;  // the live forward/pull bridges of this queue (bridge.* files)
   std::chrono::steady_clock::time_point at;
   std::deque<Sample> history;  // oldest first, at most Survey::kHistory
 };
@@ -106,6 +109,23 @@ struct Detail {
   std::vector<DeadLetter> dead;                   // the first dead_kept
 };
 Detail read_detail(Queue& q, const Stats& st, size_t max_leases, size_t max_dead, size_t dead_kept);
+
+// What top's peek shows of a queue: its first `max` messages in id order (Queue::peek:
+// ready, in flight and delayed alike; never more, so a queue of 10M costs what one of `max`
+// does), those whose payload holds `text` (every one for an empty text), the first `kept`
+// of them with their payloads.
+struct Peeked {
+  size_t read = 0;      // messages read
+  bool more = false;    // read == max: the queue may hold messages not searched
+  size_t matched = 0;   // of those read, the ones whose payload holds the text
+  std::vector<Message> shown;  // the first `kept` of them
+};
+Result<Peeked> peek_payloads(Queue& q, size_t max, std::string_view text, size_t kept);
+
+// The first bytes of `payload` as at most `width` printable ASCII characters: a backslash
+// as \\, tab, newline and carriage return as \t \n \r, every other byte outside ' '..'~'
+// as \xHH (UTF-8 text too: a terminal's locale is not known). An escape is never cut.
+std::string printable_prefix(std::string_view payload, size_t width);
 
 // A sparkline of `values` in `width` characters of " .:-=+*#%@" (the last `width` values;
 // scaled from 0 to their largest), for terminals without line drawing.

@@ -14,6 +14,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "cli/output.h"
@@ -34,6 +35,10 @@ struct TopArgs {
   int depth = 3;
   bool once = false;
 };
+
+// Peek (v): messages read at most per refresh, and of them shown.
+constexpr size_t kPeekRead = 200;
+constexpr size_t kPeekShown = 40;
 
 enum SortKey { kByName, kByReady, kByInFlight, kByDead, kBySend, kByAck, kByAge, kByDisk, kSortKeys };
 const char* kSortNames[kSortKeys] = {"name", "ready", "in flight", "dead", "send/s", "ack/s", "oldest", "disk"};
@@ -73,8 +78,8 @@ class Top {
 
   static std::string header() {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-28s %-6s %9s %9s %8s %8s %9s %9s %8s %8s %9s", "QUEUE", "STATE", "READY", "INFLIGHT",
-                  "DELAYED", "DEAD", "SEND/s", "ACK/s", "OLDEST", "DISK", "ROOM");
+    std::snprintf(buf, sizeof buf, "%-28s %-6s %9s %9s %8s %8s %9s %9s %8s %8s %9s %10s", "QUEUE", "STATE", "READY",
+                  "INFLIGHT", "DELAYED", "DEAD", "SEND/s", "ACK/s", "OLDEST", "DISK", "ROOM", "BRIDGE LAG");
     return buf;
   }
 
@@ -95,10 +100,26 @@ class Top {
     const auto [left, what] = r.room.tightest();
     char room[32] = "-";
     if (*what != '\0') std::snprintf(room, sizeof room, "%.0f%% %s", left * 100, what);
-    std::snprintf(buf, sizeof buf, "%-28s %-6s %9" PRIu64 " %9" PRIu64 " %8" PRIu64 " %8" PRIu64 " %9s %9s %8s %8s %9s",
-                  name.c_str(), s.paused ? "paused" : "run", s.ready, s.in_flight, s.delayed, s.dead, send, ack,
-                  human_age(s.oldest_ready_age_s).c_str(), human_bytes(s.bytes_on_disk).c_str(), room);
+    std::snprintf(buf, sizeof buf,
+                  "%-28s %-6s %9" PRIu64 " %9" PRIu64 " %8" PRIu64 " %8" PRIu64 " %9s %9s %8s %8s %9s %10s", name.c_str(),
+                  s.paused ? "paused" : "run", s.ready, s.in_flight, s.delayed, s.dead, send, ack,
+                  human_age(s.oldest_ready_age_s).c_str(), human_bytes(s.bytes_on_disk).c_str(), room,
+                  bridge_lag(r.bridges).c_str());
     return buf;
+  }
+
+  // The BRIDGE LAG column: "fwd 12" or "pull 3" for one bridge (its lag, "?" before it
+  // knows), "2: 15" for two (the sum of the lags known), "-" for none.
+  static std::string bridge_lag(const std::vector<cli::BridgeStatus>& bs) {
+    if (bs.empty()) return "-";
+    int64_t sum = 0;
+    bool known = false;
+    for (const auto& b : bs) {
+      if (b.lag >= 0) sum += b.lag, known = true;
+    }
+    const std::string lag = known ? std::to_string(sum) : "?";
+    if (bs.size() > 1) return std::to_string(bs.size()) + ": " + lag;
+    return (bs[0].kind == "forward" ? "fwd " : bs[0].kind + " ") + lag;
   }
 
   // --once: the table as text on stdout.
@@ -117,6 +138,11 @@ class Top {
   // The detail pane's second part: each rate's sparkline, the leases by holder, the dead
   // letters by reason.
   static std::string detail_text(const Row& r);
+  // Instead of it with peek on (v): the first kPeekRead messages' payloads, those holding
+  // search_, as lines of at most `width` characters. Read again at most once per interval.
+  std::string peek_text(const Row& r, size_t width);
+  // Edits `text` on the bottom line after `prompt`: Enter keeps the edit, Esc clears it.
+  std::string edit_line(const char* prompt, std::string text);
   void act(int key);
   // Asks a yes/no question on the bottom line; true for y.
   bool confirm(const std::string& question);
@@ -133,6 +159,12 @@ class Top {
   SortKey sort_ = kByName;
   size_t sel_ = 0, first_ = 0;
   bool detail_ = false, quit_ = false;
+  bool peek_ = false;
+  std::string search_;  // peek: the text payloads must hold (empty: all)
+  // The last peek, of which queue, with which search, when.
+  cli::Peeked peeked_;
+  std::string peeked_dir_, peeked_search_, peek_error_;
+  Clock::time_point peeked_at_;
 };
 
 void Top::draw() {
@@ -142,8 +174,10 @@ void Top::draw() {
   auto v = shown();
   if (!v.empty()) sel_ = std::min<size_t>(sel_, v.size() - 1);
   attron(A_BOLD);
-  mvprintw(0, 0, "spool top: %zu queues%s%s  sort: %s  (q quit, s sort, / filter, enter detail, p pause, r resume, d redrive)",
-           v.size(), filter_.empty() ? "" : "  filter: ", filter_.c_str(), kSortNames[sort_]);
+  mvprintw(0, 0, "spool top: %zu queues%s%s  sort: %s  (q quit, s sort, / %s, enter detail, v peek, p pause, r resume, "
+           "d redrive)",
+           v.size(), filter_.empty() ? "" : "  filter: ", filter_.c_str(), kSortNames[sort_],
+           detail_ && peek_ ? "search payloads" : "filter");
   attroff(A_BOLD);
   attron(A_REVERSE);
   mvprintw(1, 0, "%-*s", w, header().c_str());
@@ -163,10 +197,11 @@ void Top::draw() {
     int y = 2 + list_h;
     mvhline(y++, 0, '-', w);  // (not ACS_HLINE: terminals without line drawing show it as 'q')
     std::string text = r.error.empty() ? cli::human_stats(r.dir, r.st, nullptr, 0) : r.dir + ": " + r.error + "\n";
-    const std::string more = r.q && r.error.empty() ? detail_text(r) : "";
-    // The rates, leases and dead letters in a column of their own where the screen is wide
-    // enough, else below the figures.
+    // The rates, leases and dead letters (or the peek) in a column of their own where the
+    // screen is wide enough, else below the figures.
     const int col = w >= 120 ? 58 : 0;
+    std::string more;
+    if (r.q && r.error.empty()) more = peek_ ? peek_text(r, static_cast<size_t>(w - col)) : detail_text(r);
     if (col == 0) text += more;
     std::istringstream in(text);
     std::string first;  // "queue  DIR": the whole width, above the columns
@@ -187,6 +222,16 @@ std::string Top::detail_text(const Row& r) {
   std::string out;
   char buf[256];
   const size_t width = 40;
+  const double unix_now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const cli::BridgeStatus& b : r.bridges) {
+    out += (b.kind == "forward" ? "forward to " : b.kind + " from ") + b.peer + " (pid " + std::to_string(b.pid) + ")\n";
+    std::snprintf(buf, sizeof buf, "  moved %" PRIu64 ", lag %s%s%s%s, last %s %" PRIu64 " %s ago\n", b.moved,
+                  b.lag >= 0 ? std::to_string(b.lag).c_str() : "?", b.lag_s > 0 ? " (" : "",
+                  b.lag_s > 0 ? human_age(b.lag_s).c_str() : "", b.lag_s > 0 ? ")" : "",
+                  b.kind == "forward" ? "id" : "seq", b.last_id,
+                  b.last_at > 0 ? human_age(std::max(unix_now - b.last_at, 1e-3)).c_str() : "-");
+    out += buf;
+  }
   auto spark = [&](const char* name, double now, auto pick) {
     std::vector<double> v;
     for (const cli::Sample& x : r.history) v.push_back(pick(x));
@@ -208,14 +253,21 @@ std::string Top::detail_text(const Row& r) {
   const cli::Detail d = cli::read_detail(*r.q, r.st, 1000, 200, 5);
   if (!d.leases.empty()) {
     const auto now = std::chrono::system_clock::now();
-    out += "leases by holder (pid: leases, the next to end in)\n";
+    out += "leases by holder (pid, leases, next to end in, last renewed)\n";
     for (const auto& [pid, n] : d.leases_by_holder) {
       double soonest = 1e18;
       for (const MessageInfo& m : d.leases) {
         if (m.holder_pid == pid) soonest = std::min(soonest, std::chrono::duration<double>(m.due - now).count());
       }
-      std::snprintf(buf, sizeof buf, "  %-8s %6" PRIu64 "  %s%s\n", pid == 0 ? "unbound" : std::to_string(pid).c_str(), n,
-                    human_age(soonest).c_str(), d.leases.size() >= 1000 ? " (of the first 1000 leases)" : "");
+      // A bound holder's last receive or extend (Stats::Holder); unbound leases have none.
+      std::string renewed;
+      for (const Stats::Holder& x : r.st.holders) {
+        if (pid != 0 && x.pid == pid && x.renewed_ago_s >= 0) {
+          renewed = "  renewed " + human_age(std::max(x.renewed_ago_s, 1e-3)) + " ago";  // (human_age(0) is "-")
+        }
+      }
+      std::snprintf(buf, sizeof buf, "  %-8s %6" PRIu64 "  %s%s%s\n", pid == 0 ? "unbound" : std::to_string(pid).c_str(), n,
+                    human_age(soonest).c_str(), renewed.c_str(), d.leases.size() >= 1000 ? " (of the first 1000 leases)" : "");
       out += buf;
     }
   }
@@ -234,6 +286,55 @@ std::string Top::detail_text(const Row& r) {
     }
   }
   return out;
+}
+
+std::string Top::peek_text(const Row& r, size_t width) {
+  const auto now = Clock::now();
+  if (r.dir != peeked_dir_ || search_ != peeked_search_ || now - peeked_at_ >= interval_) {
+    auto p = cli::peek_payloads(*r.q, kPeekRead, search_, kPeekShown);
+    peek_error_ = p.ok() ? "" : p.status().message();
+    peeked_ = p.ok() ? std::move(*p) : cli::Peeked{};
+    peeked_dir_ = r.dir;
+    peeked_search_ = search_;
+    peeked_at_ = now;
+  }
+  if (!peek_error_.empty()) return "peek: " + peek_error_ + "\n";
+  const cli::Peeked& p = peeked_;
+  std::string out = "peek (v closes, / searches payloads): ";
+  if (p.read == 0) return out + "the queue holds no message\n";
+  // Says how far it looked: a search never reads past the first kPeekRead messages.
+  out += (p.more ? "searched the first " : "searched all ") + std::to_string(p.read) + " messages";
+  if (!search_.empty()) out += ", " + std::to_string(p.matched) + " hold \"" + search_ + "\"";
+  out += "\n";
+  char buf[64];
+  for (const Message& m : p.shown) {
+    std::snprintf(buf, sizeof buf, "  %-8" PRIu64 " %7s  ", m.id, human_bytes(m.payload.size()).c_str());
+    out += buf + cli::printable_prefix(m.payload, width > 22 ? width - 22 : 1) + "\n";
+  }
+  if (p.matched > p.shown.size()) out += "  (" + std::to_string(p.matched - p.shown.size()) + " more)\n";
+  return out;
+}
+
+std::string Top::edit_line(const char* prompt, std::string text) {
+  timeout(-1);
+  for (;;) {
+    int h = 0, w = 0;
+    getmaxyx(stdscr, h, w);
+    move(h - 1, 0);
+    clrtoeol();
+    mvprintw(h - 1, 0, "%s: %.*s", prompt, std::max(1, w - static_cast<int>(std::strlen(prompt)) - 3), text.c_str());
+    refresh();
+    int c = getch();
+    if (c == '\n' || c == KEY_ENTER) break;
+    if (c == 27) {
+      text.clear();
+      break;
+    }
+    if ((c == KEY_BACKSPACE || c == 127 || c == 8) && !text.empty()) text.pop_back();
+    if (c >= 32 && c < 127) text += static_cast<char>(c);
+  }
+  timeout(static_cast<int>(interval_.count()));
+  return text;
 }
 
 bool Top::confirm(const std::string& question) {
@@ -270,31 +371,20 @@ void Top::act(int key) {
     case 'S': sort_ = static_cast<SortKey>((sort_ + kSortKeys - 1) % kSortKeys); return;
     case '\n':
     case KEY_ENTER: detail_ = !detail_; return;
-    case '/': {
-      // The filter, edited on the bottom line: Enter keeps it, Esc clears it.
-      std::string f = filter_;
-      timeout(-1);
-      for (;;) {
-        int h = 0, w = 0;
-        getmaxyx(stdscr, h, w);
-        move(h - 1, 0);
-        clrtoeol();
-        mvprintw(h - 1, 0, "filter: %.*s", w - 9, f.c_str());
-        refresh();
-        int c = getch();
-        if (c == '\n' || c == KEY_ENTER) break;
-        if (c == 27) {
-          f.clear();
-          break;
-        }
-        if ((c == KEY_BACKSPACE || c == 127 || c == 8) && !f.empty()) f.pop_back();
-        if (c >= 32 && c < 127) f += static_cast<char>(c);
+    case 'v':
+      // Peek opens the detail pane; closing the peek leaves the pane open.
+      peek_ = !(peek_ && detail_);
+      detail_ = true;
+      return;
+    case '/':
+      // With the peek shown: the text payloads must hold; else the filter by name.
+      if (detail_ && peek_) {
+        search_ = edit_line("search payloads", search_);
+        return;
       }
-      timeout(static_cast<int>(interval_.count()));
-      filter_ = f;
+      filter_ = edit_line("filter", filter_);
       sel_ = first_ = 0;
       return;
-    }
     default: break;
   }
   Row* r = selected();
@@ -363,6 +453,7 @@ Command add_top(CLI::App& app) {
   top->add_option("--depth", a->depth, "How many directory levels under a root to search for queues (default 3)");
   top->add_flag("--once", a->once, "Print the table once on stdout and exit (no terminal needed)");
   top->footer("Keys: up/down (j/k) select, s/S sort key, / filter by name (Enter keeps, Esc clears), Enter detail pane,\n"
+              "      v peek at the first 200 messages' payloads in the detail pane (then / searches them),\n"
               "      p pause, r resume, d redrive dead letters (asks first), q quit.\n"
               "Examples: spool top /var/spool   |   SPOOL_ROOTS=/srv/a:/srv/b spool top   |   spool top q --once");
   Command c{top, [a] {

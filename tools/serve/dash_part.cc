@@ -79,6 +79,13 @@ json row_json(const cli::SurveyedQueue& r, size_t history, bool all_series) {
                    {"max_bytes", r.room.max_bytes}, {"bytes_left", r.room.bytes_left},
                    {"fs_size", r.room.fs_size},     {"fs_free", r.room.fs_free},
                    {"tightest", what},              {"tightest_left", left}};
+  // The forward/pull bridges running on it (cli/bridge_status.h); only those, in the list.
+  json bridges = json::array();
+  for (const cli::BridgeStatus& b : r.bridges) {
+    bridges.push_back({{"kind", b.kind}, {"pid", b.pid}, {"peer", b.peer}, {"moved", b.moved}, {"last_id", b.last_id},
+                       {"last_at", b.last_at}, {"lag", b.lag}, {"lag_s", b.lag_s}, {"updated_at", b.updated_at}});
+  }
+  j["bridges"] = std::move(bridges);
   json h{{"send", json::array()}, {"ack", json::array()}};
   if (all_series) {
     for (const char* k : {"t", "receive", "redeliver", "nack", "dead_lettered", "ready", "in_flight", "dead"}) {
@@ -278,7 +285,14 @@ void DashPart::detail(const httplib::Request& req, httplib::Response& res) {
   }
   j["leases"] = std::move(leases);
   j["lease_holders"] = json::array();
-  for (const auto& [pid, n] : d.leases_by_holder) j["lease_holders"].push_back({{"pid", pid}, {"leases", n}});
+  for (const auto& [pid, n] : d.leases_by_holder) {
+    json x{{"pid", pid}, {"leases", n}};
+    // A bound holder's time since its last receive or extend (Stats::Holder).
+    for (const Stats::Holder& h : st.holders) {
+      if (pid != 0 && h.pid == pid && h.renewed_ago_s >= 0) x["renewed_ago_s"] = h.renewed_ago_s;
+    }
+    j["lease_holders"].push_back(std::move(x));
+  }
   json dead{{"count", st.dead}, {"by_reason", d.dead_by_reason}, {"letters", json::array()}, {"scanned", d.dead_read}};
   for (const cli::DeadLetter& x : d.dead) {
     json letter{{"id", x.id}, {"reason", x.reason}, {"original_id", x.original_id}, {"receive_count", x.receive_count},

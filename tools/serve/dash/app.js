@@ -255,7 +255,11 @@ function renderDetail(j) {
     ['max ready', o.max_ready || 'none'], ['max bytes', o.max_bytes ? fmtBytes(o.max_bytes) : 'none'],
     ['retention', o.retention_max_age_ms ? fmtAge(o.retention_max_age_ms / 1000) : 'none'],
     ['dedup window', fmtAge((o.dedup_window_ms || 0) / 1000)]]);
-  listRows($('d-holders'), ['pid', 'leases'], (j.lease_holders || []).map((x) => [x.pid || 'unbound', x.leases]));
+  listRows($('d-bridges'), ['bridge', 'pid', 'peer', 'moved', 'lag', 'last'], (j.bridges || []).map((b) => [
+    b.kind, b.pid, b.peer, b.moved, b.lag < 0 ? '?' : b.lag + (b.lag_s > 0 ? ` (${fmtAge(b.lag_s)})` : ''),
+    b.last_at > 0 ? `${b.kind === 'forward' ? 'id' : 'seq'} ${b.last_id}, ${fmtAge(Date.now() / 1000 - b.last_at)} ago` : '-']));
+  listRows($('d-holders'), ['pid', 'leases', 'renewed'], (j.lease_holders || []).map((x) => [x.pid || 'unbound', x.leases,
+    x.renewed_ago_s === undefined ? '-' : `${x.renewed_ago_s.toFixed(1)}s ago`]));
   const canAct = state.data && state.data.actions && state.token;
   listRows($('d-leases'), ['id', 'receives', 'ends in', 'holder', ''], (j.leases || []).map((l) => [
     l.id, l.receive_count, fmtAge(l.ends_in_s), l.holder_pid || '-',
