@@ -24,11 +24,12 @@
 // ACK alike. "dirtied" = the sum over every process of the run of write_bytes in
 // /proc/self/io: file pages they dirtied (log and index files), counted when a clean page is
 // dirtied, so a page dirtied again after writeback counts again. Index = the index files'
-// sizes (QUEUE/index and QUEUE/subs/*.index) at the end; RSS = each reader's VmRSS when it
-// was done; CPU = CPU time of all processes per delivery (N x readers).
+// sizes (QUEUE/index and QUEUE/subs/*.index) at the end; RSS and anon = each reader's VmRSS
+// and RssAnon when it was done (RSS counts the mapped log and index pages it touched, which
+// the processes share); CPU = CPU time of all processes per delivery (N x readers).
 //
 // Usage: bench_fanout [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog]
-//                     [--sync=never|interval|always] [--keep]
+//                     [--sync=never|interval|always] [--setups=A,B] [--keep]
 // Files go to a fresh directory under /var/tmp (SPOOL_BENCH_DIR overrides), removed at the end.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -80,6 +81,7 @@ struct Child {
   std::atomic<uint64_t> cpu_ns;       // its CPU time (user + system)
   std::atomic<uint64_t> write_bytes;  // /proc/self/io at the end
   std::atomic<uint64_t> rss_kb;       // VmRSS at the end
+  std::atomic<uint64_t> anon_kb;      // RssAnon at the end
 };
 
 struct Shared {
@@ -91,6 +93,7 @@ struct Shared {
 
 Shared* g_sh = nullptr;
 std::string g_root;
+std::string g_setups = "A,B";  // --setups: A, B or both (for profiling one of them)
 bool g_keep = false;  // --keep: leave the queues of the last round for a look
 
 void reset_shared() { std::memset(static_cast<void*>(g_sh), 0, sizeof(Shared)); }
@@ -114,7 +117,9 @@ void finish(Child& c) {
   c.t_end = mono_ns();
   c.cpu_ns = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
   c.write_bytes = proc_write_bytes();
-  c.rss_kb = static_cast<uint64_t>(proc_status()["VmRSS"]);
+  auto st = proc_status();
+  c.rss_kb = static_cast<uint64_t>(st["VmRSS"]);
+  c.anon_kb = static_cast<uint64_t>(st["RssAnon"]);
 }
 
 std::unique_ptr<Queue> open_queue(const std::string& dir, SyncPolicy sync, const std::string& sub = {}) {
@@ -211,6 +216,7 @@ struct Result1 {
   uint64_t log = 0;                   // the logs' record bytes at the end
   uint64_t index = 0;                 // index files' bytes
   std::vector<double> rss_mib;        // per reader
+  std::vector<double> anon_mib;       // per reader
   double cpu_us_per_delivery = 0;     // all processes' CPU / (N * readers)
 };
 
@@ -334,6 +340,7 @@ Result1 run(const Setup& s, SyncPolicy sync, uint64_t n, size_t size, bool live)
     if (c.acked.load() != n) return out;
     out.reader_rates.push_back(static_cast<double>(n) / secs(c.t_end.load() - t0));
     out.rss_mib.push_back(static_cast<double>(c.rss_kb.load()) / 1024);
+    out.anon_mib.push_back(static_cast<double>(c.anon_kb.load()) / 1024);
     last = std::max(last, c.t_end.load());
     cpu += c.cpu_ns.load();
     out.written += c.write_bytes.load();
@@ -367,24 +374,24 @@ void print_row(const char* label, const Result1& r, uint64_t n) {
   }
   auto rates = r.reader_rates;
   std::sort(rates.begin(), rates.end());
-  std::printf("%-9s %9s %9s %9s %9s %7.2f %8.1f %7.0f %8.1f %8.1f %7.1f %7.2f\n", label, human(r.prod_rate).c_str(),
+  std::printf("%-9s %9s %9s %9s %9s %7.2f %8.1f %7.0f %8.1f %8.1f %7.1f %6.1f %7.2f\n", label, human(r.prod_rate).c_str(),
               human(rates.front()).c_str(), human(median(rates)).c_str(), human(rates.back()).c_str(), r.wall,
               mib(static_cast<double>(r.log)), static_cast<double>(r.log) / static_cast<double>(n),
               mib(static_cast<double>(r.written)), mib(static_cast<double>(r.index)), median(r.rss_mib),
-              r.cpu_us_per_delivery);
+              median(r.anon_mib), r.cpu_us_per_delivery);
 }
 
 void print_header() {
-  std::printf("%-9s %9s %9s %9s %9s %7s %8s %7s %8s %8s %7s %7s\n", "", "producer", "reader", "reader", "reader",
-              "wall", "log", "log", "dirtied", "index", "RSS", "CPU");
-  std::printf("%-9s %9s %9s %9s %9s %7s %8s %7s %8s %8s %7s %7s\n", "", "msgs/s", "min/s", "median/s", "max/s", "s",
-              "MiB", "B/msg", "MiB", "MiB", "MiB", "us/dlv");
+  std::printf("%-9s %9s %9s %9s %9s %7s %8s %7s %8s %8s %7s %6s %7s\n", "", "producer", "reader", "reader", "reader",
+              "wall", "log", "log", "dirtied", "index", "RSS", "anon", "CPU");
+  std::printf("%-9s %9s %9s %9s %9s %7s %8s %7s %8s %8s %7s %6s %7s\n", "", "msgs/s", "min/s", "median/s", "max/s", "s",
+              "MiB", "B/msg", "MiB", "MiB", "MiB", "MiB", "us/dlv");
 }
 
 // The medians over the rounds of each figure (each figure on its own).
 Result1 medians(const std::vector<Result1>& rs) {
   Result1 m;
-  std::vector<double> prod, mn, med, mx, wall, wr, lg, idx, rss, cpu;
+  std::vector<double> prod, mn, med, mx, wall, wr, lg, idx, rss, anon, cpu;
   for (const Result1& r : rs) {
     if (!r.ok) continue;
     auto rates = r.reader_rates;
@@ -398,6 +405,7 @@ Result1 medians(const std::vector<Result1>& rs) {
     lg.push_back(static_cast<double>(r.log));
     idx.push_back(static_cast<double>(r.index));
     rss.push_back(median(r.rss_mib));
+    anon.push_back(median(r.anon_mib));
     cpu.push_back(r.cpu_us_per_delivery);
   }
   if (prod.empty()) return m;
@@ -409,6 +417,7 @@ Result1 medians(const std::vector<Result1>& rs) {
   m.log = static_cast<uint64_t>(median(lg));
   m.index = static_cast<uint64_t>(median(idx));
   m.rss_mib = {median(rss)};
+  m.anon_mib = {median(anon)};
   m.cpu_us_per_delivery = median(cpu);
   return m;
 }
@@ -431,34 +440,41 @@ void section(bool live, SyncPolicy sync, uint64_t n, size_t size, int readers, i
     char la[16], lb[16];
     std::snprintf(la, sizeof la, "A r%d", r + 1);
     std::snprintf(lb, sizeof lb, "B r%d", r + 1);
+    auto run_a = [&] {
+      if (!selected(g_setups, "A")) return;
+      ra.push_back(run(a, sync, n, size, live));
+      print_row(la, ra.back(), n);
+    };
+    auto run_b = [&] {
+      if (!selected(g_setups, "B")) return;
+      rb.push_back(run(b, sync, n, size, live));
+      print_row(lb, rb.back(), n);
+    };
     if (r % 2 == 0) {
-      ra.push_back(run(a, sync, n, size, live));
-      print_row(la, ra.back(), n);
-      rb.push_back(run(b, sync, n, size, live));
-      print_row(lb, rb.back(), n);
+      run_a();
+      run_b();
     } else {
-      rb.push_back(run(b, sync, n, size, live));
-      print_row(lb, rb.back(), n);
-      ra.push_back(run(a, sync, n, size, live));
-      print_row(la, ra.back(), n);
+      run_b();
+      run_a();
     }
     std::fflush(stdout);
   }
   Result1 ma = medians(ra), mb = medians(rb);
   std::printf("\nmedians of %d rounds (each column on its own):\n", rounds);
   print_header();
-  print_row("A subs", ma, n);
-  print_row("B queues", mb, n);
+  if (!ra.empty()) print_row("A subs", ma, n);
+  if (!rb.empty()) print_row("B queues", mb, n);
   if (ma.ok && mb.ok) {
     auto ratio = [](double x, double y) { return y > 0 ? x / y : 0.0; };
-    std::printf("%-9s %8.2fx %8.2fx %8.2fx %8.2fx %6.2fx %7.2fx %6.2fx %7.2fx %7.2fx %6.2fx %6.2fx\n", "B/A",
+    std::printf("%-9s %8.2fx %8.2fx %8.2fx %8.2fx %6.2fx %7.2fx %6.2fx %7.2fx %7.2fx %6.2fx %5.2fx %6.2fx\n", "B/A",
                 ratio(mb.prod_rate, ma.prod_rate), ratio(mb.reader_rates[0], ma.reader_rates[0]),
                 ratio(mb.reader_rates[1], ma.reader_rates[1]), ratio(mb.reader_rates[2], ma.reader_rates[2]),
                 ratio(mb.wall, ma.wall), ratio(static_cast<double>(mb.log), static_cast<double>(ma.log)),
                 ratio(static_cast<double>(mb.log), static_cast<double>(ma.log)),
                 ratio(static_cast<double>(mb.written), static_cast<double>(ma.written)),
                 ratio(static_cast<double>(mb.index), static_cast<double>(ma.index)),
-                ratio(mb.rss_mib[0], ma.rss_mib[0]), ratio(mb.cpu_us_per_delivery, ma.cpu_us_per_delivery));
+                ratio(mb.rss_mib[0], ma.rss_mib[0]), ratio(mb.anon_mib[0], ma.anon_mib[0]),
+                ratio(mb.cpu_us_per_delivery, ma.cpu_us_per_delivery));
   }
   std::fflush(stdout);
 }
@@ -483,6 +499,8 @@ int main(int argc, char** argv) {
       rounds = std::atoi(a.c_str() + 9);
     } else if (a.starts_with("--mode=")) {
       modes = a.substr(7);
+    } else if (a.starts_with("--setups=")) {
+      g_setups = a.substr(9);
     } else if (a == "--keep") {
       g_keep = true;
     } else if (a.starts_with("--sync=")) {
@@ -493,21 +511,23 @@ int main(int argc, char** argv) {
       else return std::fprintf(stderr, "--sync: always, interval or never\n"), 2;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog] [--sync=P] [--keep]\n"
+                   "usage: %s [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog] [--sync=P] [--setups=A,B] [--keep]\n"
                    "  --n        messages (default 200000)\n"
                    "  --size     payload bytes (default 100)\n"
                    "  --readers  readers in each setup, 2..17 (default 10)\n"
                    "  --rounds   rounds of A and B, interleaved (default 3)\n"
                    "  --mode     live (producer and readers together), backlog (fill, then drain), or both\n"
                    "  --sync     the queues' sync policy (default never)\n"
+                   "  --setups   run A (subscriptions), B (queues) or both (default)\n"
                    "  --keep     leave the last round's queues (and print where)\n",
                    argv[0]);
       return 2;
     }
   }
   if (n == 0 || size == 0 || readers < 2 || readers > static_cast<int>(kMaxReaders) || rounds < 1 ||
-      (!selected(modes, "live") && !selected(modes, "backlog"))) {
-    std::fprintf(stderr, "%s: --n and --size must be > 0, --readers 2..17, --rounds >= 1, --mode live and/or backlog\n",
+      (!selected(modes, "live") && !selected(modes, "backlog")) ||
+      (!selected(g_setups, "A") && !selected(g_setups, "B"))) {
+    std::fprintf(stderr, "%s: --n and --size must be > 0, --readers 2..17, --rounds >= 1, --mode live and/or backlog, --setups A and/or B\n",
                  kName);
     return 2;
   }
@@ -520,7 +540,8 @@ int main(int argc, char** argv) {
   std::printf("log = bytes of the queues' logs holding records at the end, compaction held off during the run\n");
   std::printf("(so: every record appended; B/msg per distinct message); dirtied = write_bytes of /proc/self/io\n");
   std::printf("summed over producer and readers (file pages dirtied: log and index files); index = the\n");
-  std::printf("index files' sizes (QUEUE/index + QUEUE/subs/*.index); RSS = a reader's VmRSS when done (median);\n");
+  std::printf("index files' sizes (QUEUE/index + QUEUE/subs/*.index); RSS, anon = a reader's VmRSS and RssAnon\n");
+  std::printf("when done (median; RSS includes the mapped log and index pages, shared between processes);\n");
   std::printf("CPU = CPU time of all processes per delivery (N x readers). Receive in batches of %zu, one ack each.\n",
               kBatch);
   uint64_t t0 = mono_ns();
