@@ -2324,6 +2324,8 @@ t_subscriptions_two_services_read_one_stream() {
   expect 0 "$SPOOL" sub list q
   out_has "replayer"
   out_lacks "audit"
+}
+
 # Issue 48: an attribute key that is not UTF-8 in a stored record (a send refuses one; the
 # test forges one, checksum and all) made recv, peek and show --json abort (nlohmann's
 # type_error 316, exit 134), recv after leasing. Each prints valid JSON, the key escaped as
