@@ -1195,7 +1195,8 @@ static void test_old_struct_sizes(void) {
 
 /* Subscriptions (issue 46): a handle opened as a subscription and the queue's own handle each
  * receive the one message, with leases and acks of their own; a receipt of one is refused by
- * the other; bad names and NULLs refused with a text that names them. */
+ * the other; receive by id on a subscription; bad names and NULLs refused with a text that
+ * names them. */
 static void test_subscriptions(void) {
   char dir[300];
   path_in_root(dir, sizeof dir, "subs");
@@ -1282,6 +1283,14 @@ static void test_subscriptions(void) {
   CHECK_CODE(spool_list(l, 10, 0, &infos, &ni), SPOOL_OK);
   CHECK(ni == 1 && infos[0].id == id && infos[0].ready == 1, "late lists the message");
   spool_free(infos);
+  /* Received by id in the subscription: leased there only. */
+  CHECK_CODE(spool_receive_id(l, id, 60000, &a), SPOOL_OK);
+  CHECK(a[0].id == id && a[0].receive_count == 1, "late's first delivery of %llu", (unsigned long long)id);
+  CHECK_CODE(spool_receive_id(l, id, 60000, &b), SPOOL_EMPTY);
+  CHECK_CODE(spool_receive_id(l, id + 1, 60000, &b), SPOOL_NOT_FOUND);
+  CHECK(strstr(spool_last_error(), "late") != NULL, "names the subscription");
+  CHECK_CODE(spool_ack(l, a[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(a);
   /* The queue's own operations are refused on a subscription's handle. */
   CHECK_CODE(spool_purge(l, NULL), SPOOL_INVALID_ARGUMENT);
   CHECK_CODE(spool_remove(l, id, SPOOL_DURABILITY_QUEUE), SPOOL_INVALID_ARGUMENT);
