@@ -59,6 +59,7 @@ int Mount::open_queue_dir(const std::string& dir, QueueId* id) {
 struct Mount::Slot {
   size_t index = 0;
   std::string dir;
+  std::string subscription;  // the one this slot's Queue reads ("": the queue's own view)
   QueueId id;         // --root: which queue
   bool gone = false;  // guarded by Mount::mu_
   std::unique_ptr<QueueView> view, dlq_view;
@@ -79,6 +80,7 @@ struct Mount::Slot {
     if (!queue) {
       spool::QueueOptions o;
       o.create = false;
+      o.subscription = subscription;
       auto q = Queue::open(dir, o);
       if (!q.ok()) return q.status();
       queue = std::move(*q);
@@ -170,6 +172,7 @@ Mount::Slot* Mount::add_slot(const std::string& dir, const QueueId& id) {
   Slot* s = slot.get();
   s->index = slots_.size();
   s->dir = dir;
+  s->subscription = cfg_.subscription;
   s->id = id;
   // A single-queue mount shows the queue as the mount root; a --root mount, as a child of it.
   fuse_ino_t dir_ino =

@@ -32,6 +32,7 @@ class Mount {
     bool root_mode = false;
     spool::Millis visibility{0};  // lease of a message opened for reading; 0: the queue's
     size_t limit = 1000;          // list at most this many messages per directory
+    std::string subscription;     // --sub: the subscription a single-queue mount reads
   };
 
   explicit Mount(Config cfg);

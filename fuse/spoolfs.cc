@@ -131,7 +131,7 @@ const fuse_lowlevel_ops kOps = [] {
 void usage(FILE* out) {
   std::fprintf(
       out,
-      "usage: spoolfs QUEUE_DIR MOUNTPOINT [-o OPT[,OPT...]] [--limit N] [--log FILE] [-f] [-d]\n"
+      "usage: spoolfs QUEUE_DIR MOUNTPOINT [--sub NAME] [-o OPT[,OPT...]] [--limit N] [--log FILE] [-f] [-d]\n"
       "       spoolfs --root DIR MOUNTPOINT [...]\n"
       "\n"
       "Mounts the spool queue in QUEUE_DIR (it must exist: spool init QUEUE_DIR) as a\n"
@@ -144,6 +144,8 @@ void usage(FILE* out) {
       "See docs/filesystem.md.\n"
       "\n"
       "  --root             the first argument is a directory of queues\n"
+      "  --sub NAME         read subscription NAME of the queue (spool sub add): cat\n"
+      "                     receives and rm acks in it only (not with --root)\n"
       "  -o visibility=DUR  lease of a message opened for reading (500ms, 30s, 5m, 2h;\n"
       "                     default: the queue's)\n"
       "  -o limit=N, --limit N\n"
@@ -218,6 +220,9 @@ int parse_args(int argc, char** argv, Options* o) {
       o->debug = o->foreground = true;
     } else if (a == "--root") {
       o->mount.root_mode = true;
+    } else if (a == "--sub" || a.rfind("--sub=", 0) == 0) {
+      o->mount.subscription = a == "--sub" ? (i + 1 < argc ? argv[++i] : "") : a.substr(6);
+      if (o->mount.subscription.empty()) return bad_usage("--sub needs a subscription name");
     } else if (a == "--limit" || a.rfind("--limit=", 0) == 0) {
       std::string v = a == "--limit" ? (i + 1 < argc ? argv[++i] : "") : a.substr(8);
       if (!parse_limit(v, &o->mount.limit))
@@ -234,6 +239,9 @@ int parse_args(int argc, char** argv, Options* o) {
       pos.push_back(a);
     }
   }
+  // A --root mount opens every queue in DIR, which need not share subscription names.
+  if (o->mount.root_mode && !o->mount.subscription.empty())
+    return bad_usage("--sub mounts one queue's subscription: it cannot be used with --root");
   if (pos.size() != 2)
     return bad_usage(o->mount.root_mode ? "expected DIR and MOUNTPOINT"
                                         : "expected QUEUE_DIR and MOUNTPOINT");
@@ -265,9 +273,10 @@ bool dir_is_empty(const std::string& dir) {
 // Checks the queue before mounting, so that mistakes are reported here and not by a
 // daemon. The Queue is closed again: it must not be used across the fork of
 // fuse_daemonize. Returns false (having said why) if it cannot be mounted.
-bool check_queue(const std::string& dir) {
+bool check_queue(const std::string& dir, const std::string& subscription) {
   spool::QueueOptions qo;
   qo.create = false;  // spoolfs never creates a queue it is asked to mount
+  qo.subscription = subscription;
   auto q = Queue::open(dir, qo);
   if (q.ok()) return true;
   if (q.status().code() == Code::kNotAQueue) {
@@ -382,7 +391,7 @@ int main(int argc, char** argv) {
   }
   Options o;
   if (int rc = parse_args(argc, argv, &o); rc >= 0) return rc;
-  if (!(o.mount.root_mode ? check_root(o.mount.dir) : check_queue(o.mount.dir))) return 1;
+  if (!(o.mount.root_mode ? check_root(o.mount.dir) : check_queue(o.mount.dir, o.mount.subscription))) return 1;
 
   // auto_unmount: fusermount3 unmounts when the daemon dies, even by SIGKILL, so a crash
   // leaves no "Transport endpoint is not connected" mount behind (dead_mount.h: where it

@@ -4,7 +4,7 @@
  * holds a bound lease; stale receipts; the error texts and their thread-locality; the size
  * field of the option structs, and callers built against 0.1.0's shorter structs; dead
  * letters and redrive; attributes, dedup ids, priorities and ordered groups (issue 26) with
- * their bounds, and the flag that tells a duplicate send.
+ * their bounds, and the flag that tells a duplicate send; subscriptions (issue 46).
  *
  *   capi_test            (exit 0: all passed; 1: a check failed, named on stderr)
  */
@@ -1193,6 +1193,120 @@ static void test_old_struct_sizes(void) {
   printf("ok: 0.1.0-sized option, send option, item and stats structs\n");
 }
 
+/* Subscriptions (issue 46): a handle opened as a subscription and the queue's own handle each
+ * receive the one message, with leases and acks of their own; a receipt of one is refused by
+ * the other; receive by id on a subscription; bad names and NULLs refused with a text that
+ * names them. */
+static void test_subscriptions(void) {
+  char dir[300];
+  path_in_root(dir, sizeof dir, "subs");
+  spool_queue* q = NULL;
+  CHECK_CODE(spool_open(dir, NULL, &q), SPOOL_OK);
+  spool_subscription_info* subs = (spool_subscription_info*)1;
+  size_t ns = 9;
+  CHECK_CODE(spool_subscriptions(q, &subs, &ns), SPOOL_OK);
+  CHECK(subs == NULL && ns == 0, "no subscriptions yet");
+
+  /* Bad names and arguments, each with a text naming what is wrong. */
+  spool_queue* s = (spool_queue*)1;
+  CHECK_CODE(spool_open_subscription(dir, NULL, "audit", &s), SPOOL_NOT_FOUND);
+  CHECK(s == NULL, "out is NULL after a failed open");
+  CHECK(strstr(spool_last_error(), "audit") != NULL, "unknown name named");
+  CHECK_CODE(spool_open_subscription(dir, NULL, NULL, &s), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "subscription is NULL") != NULL, "NULL name");
+  CHECK_CODE(spool_open_subscription(dir, NULL, "", &s), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "subscription is \"\"") != NULL, "empty name");
+  CHECK_CODE(spool_open_subscription(NULL, NULL, "audit", &s), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_open_subscription(dir, NULL, "audit", NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_add_subscription(q, NULL, 0), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_add_subscription(NULL, "audit", 0), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_add_subscription(q, "no/slash", 0), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "no/slash") != NULL, "bad name named");
+  CHECK_CODE(spool_add_subscription(q, "default", 0), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_add_subscription(q, "", 0), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_remove_subscription(q, "audit"), SPOOL_NOT_FOUND);
+  CHECK_CODE(spool_remove_subscription(q, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_subscriptions(q, NULL, &ns), SPOOL_INVALID_ARGUMENT);
+
+  /* "early" is added before the first send and gets it; "late" with from_start gets it too. */
+  CHECK_CODE(spool_add_subscription(q, "early", 0), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription(q, "early", 0), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "exists") != NULL, "a second add says it exists");
+  uint64_t id = 0;
+  CHECK_CODE(spool_send(q, "one", 3, NULL, &id), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription(q, "late", 1), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription(q, "later", 0), SPOOL_OK);
+  CHECK_CODE(spool_subscriptions(q, &subs, &ns), SPOOL_OK);
+  CHECK(ns == 3, "3 subscriptions, %zu", ns);
+  int seen = 0;
+  for (size_t i = 0; i < ns; ++i) {
+    if (strcmp(subs[i].name, "early") == 0 || strcmp(subs[i].name, "late") == 0) {
+      CHECK(subs[i].messages == 1 && subs[i].in_flight == 0, "%s holds the message", subs[i].name);
+      CHECK(subs[i].from <= id, "%s from %llu", subs[i].name, (unsigned long long)subs[i].from);
+      ++seen;
+    } else {
+      CHECK(strcmp(subs[i].name, "later") == 0, "name %s", subs[i].name);
+      CHECK(subs[i].messages == 0 && subs[i].from > id, "later gets only later messages");
+    }
+  }
+  CHECK(seen == 2, "early and late listed");
+  spool_free(subs);
+
+  CHECK_CODE(spool_open_subscription(dir, NULL, "early", &s), SPOOL_OK);
+  spool_message *a = NULL, *b = NULL;
+  size_t na = 0, nb = 0;
+  CHECK_CODE(spool_receive(q, 10, 60000, 0, &a, &na), SPOOL_OK);
+  CHECK_CODE(spool_receive(s, 10, 60000, 0, &b, &nb), SPOOL_OK);
+  CHECK(na == 1 && nb == 1 && a[0].id == id && b[0].id == id, "both get message %llu",
+        (unsigned long long)id);
+  CHECK(b[0].payload_len == 3 && memcmp(b[0].payload, "one", 3) == 0, "the subscription's payload");
+  /* Each receipt belongs to its own reader only. */
+  CHECK_CODE(spool_ack(s, a[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "early") != NULL, "text names the subscription");
+  CHECK_CODE(spool_ack(q, b[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_INVALID_ARGUMENT);
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(s, &st), SPOOL_OK);
+  CHECK(st.in_flight == 1 && st.ready == 0, "the subscription's lease");
+  CHECK_CODE(spool_ack(s, b[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  CHECK_CODE(spool_get_stats(s, &st), SPOOL_OK);
+  CHECK(st.in_flight == 0 && st.ready == 0, "acked in the subscription");
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.in_flight == 1, "still leased in the queue's own view");
+  CHECK_CODE(spool_ack(q, a[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(a);
+  spool_messages_free(b);
+  /* "late" still holds it: acks in the others did not touch it. */
+  spool_queue* l = NULL;
+  CHECK_CODE(spool_open_subscription(dir, NULL, "late", &l), SPOOL_OK);
+  spool_message_info* infos = NULL;
+  size_t ni = 0;
+  CHECK_CODE(spool_list(l, 10, 0, &infos, &ni), SPOOL_OK);
+  CHECK(ni == 1 && infos[0].id == id && infos[0].ready == 1, "late lists the message");
+  spool_free(infos);
+  /* Received by id in the subscription: leased there only. */
+  CHECK_CODE(spool_receive_id(l, id, 60000, &a), SPOOL_OK);
+  CHECK(a[0].id == id && a[0].receive_count == 1, "late's first delivery of %llu", (unsigned long long)id);
+  CHECK_CODE(spool_receive_id(l, id, 60000, &b), SPOOL_EMPTY);
+  CHECK_CODE(spool_receive_id(l, id + 1, 60000, &b), SPOOL_NOT_FOUND);
+  CHECK(strstr(spool_last_error(), "late") != NULL, "names the subscription");
+  CHECK_CODE(spool_ack(l, a[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(a);
+  /* The queue's own operations are refused on a subscription's handle. */
+  CHECK_CODE(spool_purge(l, NULL), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_remove(l, id, SPOOL_DURABILITY_QUEUE), SPOOL_INVALID_ARGUMENT);
+  /* Removed from another handle: the open handle gets NOT_FOUND at its next call. */
+  CHECK_CODE(spool_remove_subscription(q, "late"), SPOOL_OK);
+  CHECK_CODE(spool_receive(l, 1, 0, 0, &a, &na), SPOOL_NOT_FOUND);
+  CHECK(a == NULL && na == 0, "no batch");
+  spool_close(l);
+  CHECK_CODE(spool_subscriptions(s, &subs, &ns), SPOOL_OK);
+  CHECK(ns == 2, "2 left, %zu", ns);
+  spool_free(subs);
+  spool_close(s);
+  spool_close(q);
+  printf("ok: subscriptions\n");
+}
+
 int main(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(g_root, sizeof g_root, "%s/spool-capi-test.XXXXXX", tmp ? tmp : "/tmp");
@@ -1209,6 +1323,7 @@ int main(void) {
   test_duplicate_flags();
   test_groups();
   test_old_struct_sizes();
+  test_subscriptions();
   test_killed_consumer();
   test_competing_processes();
   char cmd[400];

@@ -821,6 +821,42 @@ t_spool_mount_runs_spoolfs() {
   "$SPOOL" umount "$D/mnt-root" || fail "spool umount of the --root mount failed"
 }
 
+# Issue 46: --sub mounts one subscription: cat receives and rm acks there only; the queue's
+# own reader still has the message.
+t_sub_mounts_one_subscription() {
+  new_queue "$D/q"
+  "$SPOOL" sub add "$D/q" audit >/dev/null || fail "spool sub add failed"
+  "$SPOOL" send "$D/q" "for everyone" >/dev/null || fail "spool send failed"
+  local M=$D/mnt
+  mount_fs "$D/q" "$M" --sub audit
+  eq "listed in the subscription" "$(names "$M")" 1
+  eq "cat" "$(cat "$M/1")" "for everyone"
+  eq "leased in the subscription" "$(stat_of in_flight "$D/q" --sub audit)" 1
+  eq "the queue's own view untouched" "$(stat_of ready "$D/q")" 1
+  grep -q '^in flight *1$' "$M/.stats" || fail ".stats is not the subscription's: $(cat "$M/.stats")"
+  rm "$M/1" || fail "rm failed"
+  eq "nothing left in it" "$(stat_of ready "$D/q" --sub audit)/$(stat_of in_flight "$D/q" --sub audit)" 0/0
+  "$SPOOL" list "$D/q" >"$D/list" || fail "spool list failed"
+  eq "the queue's own reader lists message 1" "$(awk 'NR > 1 {print $1}' "$D/list")" 1
+  eq "still ready in the queue's own view" "$(stat_of ready "$D/q")" 1
+  # A file written is sent to the queue: every reader gets it.
+  echo "from the mount" >"$M/job" || fail "echo > MNT/job failed"
+  wait_for 10 count_is "$M" 1
+  eq "both readers have it" "$(stat_of ready "$D/q")" 2
+  # Refusals: an unknown subscription, --sub with --root, spool mount passing --sub on.
+  mkdir -p "$D/mnt2"
+  MNTS+=("$D/mnt2")
+  "$SPOOLFS" "$D/q" "$D/mnt2" --sub nosuch 2>"$D/err" && fail "mounted an unknown subscription"
+  grep -q "nosuch" "$D/err" || fail "the refusal does not name it: $(cat "$D/err")"
+  "$SPOOLFS" --root "$D" "$D/mnt2" --sub audit 2>"$D/err"
+  eq "--sub with --root" "$?" 64
+  mkdir -p "$D/mnt3"
+  MNTS+=("$D/mnt3")
+  "$SPOOL" mount "$D/q" "$D/mnt3" --sub audit 2>"$D/err" || fail "spool mount --sub failed: $(cat "$D/err")"
+  eq "spool mount --sub lists the subscription's" "$(names "$D/mnt3")" 2
+  "$SPOOL" umount "$D/mnt3" || fail "spool umount failed"
+}
+
 # Issue 24: spoolfs (and spool mount, which runs it) on a mount point that already holds a
 # spoolfs mount stacked a second daemon on top and exited 0.
 t_a_second_mount_on_a_live_one_is_refused() {
@@ -1067,6 +1103,7 @@ TESTS=(
   t_grep_r_on_an_empty_queue_returns
   t_stats_follows_under_tail_and_held_counts_live_leases
   t_spool_mount_runs_spoolfs
+  t_sub_mounts_one_subscription
   t_a_second_mount_on_a_live_one_is_refused
   t_not_a_queue_is_refused
   t_shell_round_trip

@@ -74,11 +74,11 @@ wait_for() {
   done
 }
 
-# stat_of FIELD QUEUE: one field of `"$SPOOL" stats QUEUE --json` (a number, or a string
-# without its quotes); fails the test if stats fails.
+# stat_of FIELD QUEUE [ARGS...]: one field of `"$SPOOL" stats QUEUE ARGS... --json` (a number,
+# or a string without its quotes); fails the test if stats fails.
 stat_of() {
   local out
-  out=$("$SPOOL" stats "$2" --json 2>&1) || fail "spool stats $2 failed: $out"
+  out=$("$SPOOL" stats "$2" "${@:3}" --json 2>&1) || fail "spool stats $2 failed: $out"
   sed -n "s/.*\"$1\":\(\"[^\"]*\"\|[^,}]*\).*/\1/p" <<<"$out" | head -n 1 | sed 's/^"\(.*\)"$/\1/'
 }
 

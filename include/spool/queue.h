@@ -74,10 +74,10 @@ struct QueueOptions {
   // keeps the segments that hold it until then (docs/semantics.md, "Replay after ack"). 0 to 30 days.
   Millis keep_acked{0};
   // Not stored: the subscription (Queue::add_subscription) this handle reads; empty: the
-  // queue's own view. receive, ack, nack, extend, dead_letter, bind, bind_leases, peek, list,
-  // count, show and stats act on that subscription's messages; remove, purge, pause,
-  // resume, release, receive_id, move_to and replay are the queue's own (kInvalidArgument on
-  // a subscription's handle). A subscription's dead letters go to the queue's dead-letter
+  // queue's own view. receive, receive_id, ack, nack, extend, dead_letter, bind, bind_leases,
+  // peek, list, count, show and stats act on that subscription's messages; remove, purge,
+  // pause, resume, release, move_to and replay are the queue's own (kInvalidArgument on a
+  // subscription's handle). A subscription's dead letters go to the queue's dead-letter
   // queue, marked spool.dead.subscription. An unknown name is kNotFound at open; a removed
   // one at the next call.
   std::string subscription = {};

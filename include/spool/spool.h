@@ -106,6 +106,19 @@ void spool_options_init(spool_options* opts);
  * SPOOL_IO, SPOOL_INVALID_ARGUMENT. */
 spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** out);
 
+/* Opens the queue in `dir` (as spool_open) as subscription `subscription` (see
+ * spool_add_subscription below): the handle's spool_receive, spool_receive_id, spool_ack,
+ * spool_nack, spool_extend, spool_bind, spool_bind_leases, spool_peek, spool_list and
+ * spool_get_stats act on that subscription's messages, with leases and acks of its own;
+ * spool_remove, spool_purge, spool_pause, spool_resume, spool_release and spool_replay are
+ * the queue's own (SPOOL_INVALID_ARGUMENT on this handle). A receipt of one
+ * subscription (or of the queue's own view) is SPOOL_INVALID_ARGUMENT on another's handle.
+ * Errors: those of spool_open; SPOOL_INVALID_ARGUMENT if `subscription` is NULL or not a
+ * valid name; SPOOL_NOT_FOUND if the queue has no subscription of that name (a removed
+ * one is SPOOL_NOT_FOUND at the handle's next call). */
+spool_code spool_open_subscription(const char* dir, const spool_options* opts,
+                                   const char* subscription, spool_queue** out);
+
 /* Closes the queue (releases the leases it bound; see spool_bind). NULL is a no-op, and so
  * is the handle of spool_dead_letters (its queue closes it). Free every message batch of
  * this queue before closing it. */
@@ -418,6 +431,30 @@ spool_code spool_compact(spool_queue* q, spool_compact_result* out);
  * `repair`, rebuilds the index from the log if they disagree. *report (if not NULL) gets a
  * text, one problem or repair per line, freed with spool_free. */
 spool_code spool_verify(spool_queue* q, int repair, size_t* problems, char** report);
+
+/* ---------------------------------------------------------------------- subscriptions */
+
+/* Subscriptions (docs/semantics.md, "Subscriptions"): named readers of the queue's one
+ * stream, each getting every message sent after it was added (with from_start != 0, also
+ * every message in the queue then) from the one stored copy, with leases and acks of its
+ * own. A name is 1 to 48 bytes of [A-Za-z0-9._-], not "default"; at most 16 at once.
+ * Adding a name that exists, a 17th or a bad name is SPOOL_INVALID_ARGUMENT; removing an
+ * unknown one SPOOL_NOT_FOUND. Both are synced before they return. q may be any handle of
+ * the queue (its own view or a subscription's). */
+spool_code spool_add_subscription(spool_queue* q, const char* name, int from_start);
+spool_code spool_remove_subscription(spool_queue* q, const char* name);
+
+/* A subscription as spool_subscriptions tells it. */
+typedef struct spool_subscription_info {
+  const char* name;   /* NUL-terminated, in the same allocation as the array */
+  uint64_t from;      /* the first message id it gets */
+  uint64_t messages;  /* in it now, leased or not */
+  uint64_t in_flight; /* of them, leased */
+} spool_subscription_info;
+
+/* The queue's subscriptions: *subs is an array of *count (NULL and 0 when it has none),
+ * freed whole, names included, with one spool_free. */
+spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count);
 
 /* ---------------------------------------------------------------------- dead letters */
 

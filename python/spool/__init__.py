@@ -41,7 +41,7 @@ from . import _capi
 from ._capi import lib as _lib
 
 __all__ = [
-    "Queue", "Message", "SendItem", "SentId", "Stats", "Error", "Empty", "LeaseLost", "NotFound",
+    "Queue", "Message", "SendItem", "SentId", "Stats", "Subscription", "Error", "Empty", "LeaseLost", "NotFound",
     "InvalidArgument", "TooLarge", "QueueFull", "NotAQueue", "Incompatible", "NoSpace",
     "IoError", "Corrupt", "ReadOnly", "DEFAULT_PRIORITY", "MAX_GROUP", "library_path",
     "__version__",
@@ -171,6 +171,12 @@ def _cstr(text: bytes, what: str) -> bytes:
     return text
 
 
+def _subscription_name(name: str) -> bytes:
+    if not isinstance(name, str):
+        raise TypeError(f"a subscription name is a str, not {type(name).__name__}")
+    return _cstr(name.encode(errors="surrogateescape"), "the subscription name")
+
+
 def _bytes(payload: Payload, what: str = "a payload") -> bytes:
     if isinstance(payload, str):
         return payload.encode()
@@ -286,6 +292,15 @@ class Stats:
         handles ``rate_per_worker`` messages a second: ceil(ready / (rate x target))."""
         s = _capi.spool_stats(size=ctypes.sizeof(_capi.spool_stats), ready=self.ready)
         return int(_lib.spool_workers_needed(ctypes.byref(s), rate_per_worker, latency_target))
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A subscription of a queue (:meth:`Queue.subscriptions`)."""
+    name: str
+    from_id: int  # the first message id it gets
+    messages: int  # in it now, leased or not
+    in_flight: int  # of them, leased
 
 
 @dataclass(frozen=True)
@@ -415,6 +430,11 @@ class Queue:
     :param keep_acked: [stored] replay after ack: keep acked messages in the log this many
         seconds after their ack, for :meth:`replay` (0: off, the default; at most 30 days)
     :param create: create the queue if the directory holds none (False: NotAQueue)
+    :param subscription: read this subscription (:meth:`add_subscription`) instead of the
+        queue's own view: receive, receive_id, ack, nack, extend, bind_leases, peek,
+        stats and ``len()`` act on its messages, with leases and acks of its own; remove,
+        purge, pause, resume, release and replay raise InvalidArgument. NotFound if
+        the queue has no subscription of that name.
 
     Raises NotAQueue, Incompatible, ReadOnly, IoError. Use as a context manager, or call
     :meth:`close`.
@@ -426,7 +446,8 @@ class Queue:
                  max_payload: Optional[int] = None, retention_max_age: Optional[float] = None,
                  retention_max_bytes: Optional[int] = None, max_ready: Optional[int] = None,
                  max_bytes: Optional[int] = None, dedup_window: Optional[float] = None,
-                 keep_acked: Optional[float] = None, create: bool = False) -> None:
+                 keep_acked: Optional[float] = None, create: bool = False,
+                 subscription: Optional[str] = None) -> None:
         if not create:
             given = [name for name, value in (
                 ("visibility", visibility), ("max_receives", max_receives), ("sync", sync),
@@ -468,8 +489,14 @@ class Queue:
         self._owner: Optional[Queue] = None
         self._pid = os.getpid()
         self._dir = os.fsdecode(path)  # for repr, also once closed
-        code = _lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o),
-                               ctypes.byref(handle))
+        self._subscription: Optional[str] = subscription
+        if subscription is None:
+            code = _lib.spool_open(_cstr(os.fsencode(path), "the queue path"), ctypes.byref(o),
+                                   ctypes.byref(handle))
+        else:
+            code = _lib.spool_open_subscription(
+                _cstr(os.fsencode(path), "the queue path"), ctypes.byref(o),
+                _subscription_name(subscription), ctypes.byref(handle))
         if code == NotAQueue.code and not create and not os.path.exists(path):
             raise NotAQueue((_lib.spool_last_error() or b"").decode(errors="replace") +
                             "; to create it: spool.Queue.create(path), Queue(path, "
@@ -488,6 +515,7 @@ class Queue:
     def _borrowed(cls, owner: "Queue", handle: int) -> "Queue":
         q = cls.__new__(cls)
         q._h, q._owner, q._pid = handle, owner, owner._pid
+        q._subscription = None
         q._dir = os.fsdecode(_lib.spool_dir(handle))
         return q
 
@@ -893,9 +921,44 @@ class Queue:
                                  ctypes.byref(n), ctypes.byref(missing)))
         return {"replayed": n.value, "missing": missing.value}
 
+    # -- subscriptions
+
+    @property
+    def subscription(self) -> Optional[str]:
+        """The subscription this handle reads; None for the queue's own view."""
+        return self._subscription
+
+    def add_subscription(self, name: str, from_start: bool = False) -> None:
+        """Adds subscription ``name``: a reader of this queue's stream that gets every
+        message sent from now on (with ``from_start``, also every message in the queue now)
+        from the one stored copy, with leases and acks of its own; open it with
+        ``Queue(path, subscription=name)``. Names are 1 to 48 characters of
+        [A-Za-z0-9._-], not "default"; at most 16 at once. InvalidArgument for a bad name,
+        one that exists or a 17th."""
+        _check(_lib.spool_add_subscription(self._handle(), _subscription_name(name),
+                                           1 if from_start else 0))
+
+    def remove_subscription(self, name: str) -> None:
+        """Removes subscription ``name`` and its state (NotFound if there is none); a handle
+        reading it gets NotFound at its next call."""
+        _check(_lib.spool_remove_subscription(self._handle(), _subscription_name(name)))
+
+    def subscriptions(self) -> list[Subscription]:
+        """The queue's subscriptions, from any handle of it."""
+        subs = ctypes.POINTER(_capi.spool_subscription_info)()
+        n = ctypes.c_size_t()
+        _check(_lib.spool_subscriptions(self._handle(), ctypes.byref(subs), ctypes.byref(n)))
+        try:
+            return [Subscription(name=(subs[i].name or b"").decode(errors="replace"),
+                                 from_id=subs[i].from_id, messages=subs[i].messages,
+                                 in_flight=subs[i].in_flight) for i in range(n.value)]
+        finally:
+            _lib.spool_free(subs)
+
     def __repr__(self) -> str:
         state = "closed" if self._h is None else "open"
-        return f"<spool.Queue {self._dir!r} {state}>"
+        sub = f" subscription={self._subscription!r}" if self._subscription is not None else ""
+        return f"<spool.Queue {self._dir!r}{sub} {state}>"
 
     def __len__(self) -> int:
         """The messages in the queue, not yet acked: ready, in flight, delayed and blocked

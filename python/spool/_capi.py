@@ -112,6 +112,15 @@ class spool_stats(ctypes.Structure):
     ]
 
 
+class spool_subscription_info(ctypes.Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("from_id", c_uint64),  # spool.h's `from`, a Python keyword
+        ("messages", c_uint64),
+        ("in_flight", c_uint64),
+    ]
+
+
 class spool_compact_result(ctypes.Structure):
     _fields_ = [
         ("segments_removed", c_uint64),
@@ -158,6 +167,8 @@ def _load() -> ctypes.CDLL:
         # init macros are not reachable from ctypes).
         "spool_options_init_size": (None, [POINTER(spool_options), c_size_t]),
         "spool_open": (c_int, [c_char_p, POINTER(spool_options), POINTER(c_void_p)]),
+        "spool_open_subscription": (c_int, [c_char_p, POINTER(spool_options), c_char_p,
+                                            POINTER(c_void_p)]),
         "spool_close": (None, [q]),
         "spool_dir": (c_char_p, [q]),
         "spool_get_options": (c_int, [q, POINTER(spool_options)]),
@@ -202,6 +213,10 @@ def _load() -> ctypes.CDLL:
         "spool_verify": (c_int, [q, c_int, POINTER(c_size_t), POINTER(c_void_p)]),
         "spool_dead_letters": (c_int, [q, POINTER(c_void_p)]),
         "spool_redrive": (c_int, [q, c_size_t, POINTER(c_uint64)]),
+        "spool_add_subscription": (c_int, [q, c_char_p, c_int]),
+        "spool_remove_subscription": (c_int, [q, c_char_p]),
+        "spool_subscriptions": (c_int, [q, POINTER(POINTER(spool_subscription_info)),
+                                        POINTER(c_size_t)]),
         "spool_replay": (c_int, [q, c_uint64, c_uint64, c_char_p, POINTER(c_uint64), POINTER(c_uint64)]),
     }
     for fn, (restype, argtypes) in sigs.items():

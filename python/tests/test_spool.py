@@ -86,6 +86,65 @@ def test_pause_resume_and_release_from_python(qdir):
             q.release(999)
 
 
+def test_subscriptions_each_get_every_message_with_acks_of_their_own(qdir):
+    """issue 46: Queue(path, subscription=name) reads one subscription of the queue's stream."""
+    with spool.Queue.create(qdir, visibility=30) as q:
+        assert q.subscriptions() == [] and q.subscription is None
+        q.add_subscription("audit")
+        first = q.send("one")
+        q.add_subscription("replica", from_start=True)
+        q.add_subscription("late")
+        with spool.Queue(qdir, subscription="audit") as audit:
+            assert audit.subscription == "audit" and "subscription='audit'" in repr(audit)
+            [mine] = q.receive(wait=1)
+            [theirs] = audit.receive(wait=1)
+            assert mine.id == theirs.id == first and theirs.text == "one"
+            # A receipt belongs to its reader: the other handle refuses it, naming why.
+            with pytest.raises(spool.InvalidArgument, match="audit"):
+                audit.ack(mine.receipt)
+            with pytest.raises(spool.InvalidArgument):
+                q.ack(theirs.receipt)
+            theirs.ack()
+            assert (audit.stats().in_flight, len(audit)) == (0, 0)
+            assert q.stats().in_flight == 1  # the queue's own lease is untouched
+            mine.ack()
+            # The queue's own operations are refused on a subscription's handle.
+            with pytest.raises(spool.InvalidArgument, match="subscription"):
+                audit.purge()
+            subs = {s.name: s for s in audit.subscriptions()}
+            assert set(subs) == {"audit", "replica", "late"}
+            assert subs["replica"] == spool.Subscription("replica", subs["replica"].from_id, 1, 0)
+            assert subs["replica"].from_id <= first < subs["late"].from_id
+            assert (subs["audit"].messages, subs["late"].messages) == (0, 0)
+            with spool.Queue(qdir, subscription="replica") as replica:
+                m = replica.receive_id(first)  # by id, in the subscription only
+                assert m.id == first and m.text == "one" and m.receive_count == 1
+                with pytest.raises(spool.Empty):
+                    replica.receive_id(first)  # leased there now
+                leased = {s.name: s.in_flight for s in replica.subscriptions()}
+                assert leased == {"audit": 0, "replica": 1, "late": 0}
+            q.remove_subscription("audit")
+            with pytest.raises(spool.NotFound, match="audit"):
+                audit.receive()
+        assert sorted(s.name for s in q.subscriptions()) == ["late", "replica"]
+        # Bad names and unknown ones, each refused with the name.
+        with pytest.raises(spool.NotFound, match="nosuch"):
+            spool.Queue(qdir, subscription="nosuch")
+        for bad in ("", "default", "a/b", "x" * 49):
+            with pytest.raises(spool.InvalidArgument):
+                q.add_subscription(bad)
+        with pytest.raises(spool.InvalidArgument):
+            spool.Queue(qdir, subscription="")
+        with pytest.raises(spool.InvalidArgument, match="exists"):
+            q.add_subscription("late")
+        with pytest.raises(spool.NotFound):
+            q.remove_subscription("audit")
+        with pytest.raises(ValueError, match="NUL"):
+            q.add_subscription("a\0b")
+        with pytest.raises(TypeError):
+            q.add_subscription(b"bytes")  # type: ignore[arg-type]
+
+
 def test_errors_are_exceptions_per_code(qdir, tmp_path):
     not_a_queue = tmp_path / "file"
     not_a_queue.write_text("hi")

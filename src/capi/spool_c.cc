@@ -392,6 +392,31 @@ char* c_string(const std::string& s) {
   return p;
 }
 
+// spool_open and spool_open_subscription: `subscription` NULL opens the queue's own view.
+spool_code open_queue(const char* fn, const char* dir, const spool_options* opts, const char* subscription,
+                      spool_queue** out) {
+  return guard(fn, [&] {
+    if (out == nullptr) return null_arg(fn, "out");
+    *out = nullptr;
+    if (dir == nullptr) return null_arg(fn, "dir");
+    spool::QueueOptions qo;
+    std::string why;
+    if (!to_queue_options(opts, &qo, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
+    if (subscription != nullptr) {
+      // The C++ option reads "" as the queue's own view; here a name is required.
+      if (*subscription == '\0') return fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": subscription is \"\"");
+      qo.subscription = subscription;
+    }
+    auto q = spool::Queue::open(dir, qo);
+    if (!q.ok()) return fail(q.status());
+    auto h = std::make_unique<spool_queue>();
+    h->owned = std::move(*q);
+    h->queue = h->owned.get();
+    *out = h.release();
+    return SPOOL_OK;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -411,20 +436,17 @@ void spool_options_init_size(spool_options* opts, size_t size) {
 void(spool_options_init)(spool_options* opts) { spool_options_init_size(opts, kOptionsSize010); }
 
 spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** out) {
-  return guard("spool_open", [&] {
-    if (out == nullptr) return null_arg("spool_open", "out");
-    *out = nullptr;
-    if (dir == nullptr) return null_arg("spool_open", "dir");
-    spool::QueueOptions qo;
-    std::string why;
-    if (!to_queue_options(opts, &qo, &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
-    auto q = spool::Queue::open(dir, qo);
-    if (!q.ok()) return fail(q.status());
-    auto h = std::make_unique<spool_queue>();
-    h->owned = std::move(*q);
-    h->queue = h->owned.get();
-    *out = h.release();
-    return SPOOL_OK;
+  return open_queue("spool_open", dir, opts, nullptr, out);
+}
+
+spool_code spool_open_subscription(const char* dir, const spool_options* opts, const char* subscription,
+                                   spool_queue** out) {
+  return guard("spool_open_subscription", [&] {
+    if (subscription == nullptr) {
+      if (out != nullptr) *out = nullptr;
+      return null_arg("spool_open_subscription", "subscription");
+    }
+    return open_queue("spool_open_subscription", dir, opts, subscription, out);
   });
 }
 
@@ -887,6 +909,50 @@ spool_code spool_verify(spool_queue* q, int repair, size_t* problems, char** rep
       for (const auto& p : r->repairs) text += "repair: " + p + "\n";
       *report = c_string(text);
     }
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_add_subscription(spool_queue* q, const char* name, int from_start) {
+  return guard("spool_add_subscription", [&] {
+    if (q == nullptr || name == nullptr) return null_arg("spool_add_subscription", "q or name");
+    spool::Status s = q->queue->add_subscription(name, from_start != 0);
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_remove_subscription(spool_queue* q, const char* name) {
+  return guard("spool_remove_subscription", [&] {
+    if (q == nullptr || name == nullptr) return null_arg("spool_remove_subscription", "q or name");
+    spool::Status s = q->queue->remove_subscription(name);
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
+spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count) {
+  return guard("spool_subscriptions", [&] {
+    if (subs == nullptr || count == nullptr) return null_arg("spool_subscriptions", "subs or count");
+    *subs = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg("spool_subscriptions", "q");
+    auto r = q->queue->subscriptions();
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    // One block, so one spool_free frees it: the array, then the names.
+    size_t bytes = r->size() * sizeof(spool_subscription_info);
+    for (const auto& sub : *r) bytes += sub.name.size() + 1;
+    auto* block = static_cast<char*>(std::malloc(bytes));
+    if (block == nullptr) throw std::bad_alloc();
+    auto* out = reinterpret_cast<spool_subscription_info*>(block);
+    char* names = block + r->size() * sizeof(spool_subscription_info);
+    for (size_t i = 0; i < r->size(); ++i) {
+      const auto& sub = (*r)[i];
+      std::memcpy(names, sub.name.c_str(), sub.name.size() + 1);
+      out[i] = spool_subscription_info{names, sub.from, sub.messages, sub.leased};
+      names += sub.name.size() + 1;
+    }
+    *subs = out;
+    *count = r->size();
     return SPOOL_OK;
   });
 }

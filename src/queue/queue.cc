@@ -789,26 +789,33 @@ Result<Message> Queue::Impl::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
-  if (Status s = whole_queue_only("receive by id"); !s.ok()) return s;
   if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
   {
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
-    if (q.idx.hdr().cache.paused != 0 && !even_paused) {
+    // The view this handle reads (the queue's own, or a subscription's), as receive_impl.
+    auto viewed = q.here();
+    if (!viewed.ok()) return viewed.status();
+    index::SharedIndex& v = **viewed;
+    v.assert_held();
+    if (v.hdr().cache.paused != 0 && !even_paused) {
       return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
     }
-    if (Status s = q.idx.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
-    int64_t slot = q.idx.find(id);
-    if (slot < 0) return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the queue");
+    if (Status s = v.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
+    int64_t slot = v.find(id);
+    if (slot < 0) {
+      return Status(Code::kNotFound, "message " + std::to_string(id) + " is not in the " +
+                                         (q.view_k != 0 ? "subscription '" + q.view_name + "'" : std::string("queue")));
+    }
     Clocks now = q.clocks();
-    const Entry& e = q.idx.entry(static_cast<uint32_t>(slot));
+    const Entry& e = v.entry(static_cast<uint32_t>(slot));
     if (e.state == State::kBlocked) {
       return Status(Code::kEmpty, "message " + std::to_string(id) + " waits for message " +
-                                      std::to_string(q.idx.group_first(id)) + " of its group");
+                                      std::to_string(v.group_first(id)) + " of its group");
     }
-    if (q.idx.key(static_cast<uint32_t>(slot)) > now.boot) {
+    if (v.key(static_cast<uint32_t>(slot)) > now.boot) {
       return Status(Code::kEmpty, "message " + std::to_string(id) +
                                       (e.state == State::kLeased ? " is leased" : " is delayed"));
     }

@@ -17,7 +17,7 @@ namespace spool::cmd {
 namespace {
 
 struct AdminArgs {
-  std::string dir, mountpoint, log;
+  std::string dir, mountpoint, log, sub;
   std::vector<std::string> mount_args;
   bool json = false, repair = false, root = false;
 };
@@ -49,6 +49,7 @@ int exec_sibling(const std::string& exe_name, const std::string& build_dir, cons
 int run_mount(const AdminArgs& a) {
   std::vector<std::string> args = {a.dir, a.mountpoint};
   if (a.root) args.push_back("--root");
+  if (!a.sub.empty()) args.insert(args.end(), {"--sub", a.sub});
   if (!a.log.empty()) args.insert(args.end(), {"--log", a.log});
   args.insert(args.end(), a.mount_args.begin(), a.mount_args.end());
   return exec_sibling("spoolfs", "../fuse", args);
@@ -114,10 +115,12 @@ std::vector<Command> add_admin_commands(CLI::App& app) {
     add_dir(mount, a->dir);
     mount->add_option("MOUNTPOINT", a->mountpoint, "Where to mount (an empty directory)")->required();
     mount->add_flag("--root", a->root, "DIR is a directory of queues: each is a subdirectory of the mount");
+    mount->add_option("--sub", a->sub, "Mount subscription NAME of the queue: cat receives and rm acks in it only (not with --root)");
     mount->add_option("--log", a->log, "Append spoolfs's errors to FILE (default: syslog)");
     mount->add_option("SPOOLFS_ARGS", a->mount_args, "Further spoolfs options, after --: -o visibility=DUR, --limit N, -f, -d");
     mount->footer("Example: spool mount /var/spool/jobs ~/jobs -- -o visibility=5m\n"
                   "Example: spool mount /var/spool ~/queues --root\n"
+                  "Example: spool mount /var/spool/jobs ~/audit --sub audit\n"
                   "Unmount with: spool umount MOUNTPOINT. See docs/filesystem.md.");
     out.push_back({mount, [a] { return run_mount(*a); }});
   }
