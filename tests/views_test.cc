@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "index/index.h"
@@ -429,6 +430,37 @@ TEST_F(SubscriptionQueue, ASubscriptionsHandleReceivesAcksAndNacksItsOwnMessages
   auto replayed = files();
   // (A lease's deadline is a key of the replay's clock; the entries name state and count.)
   EXPECT_EQ(replayed, live) << "a rebuild from the log made other views";
+}
+
+// A pause is the queue's: a subscription's handle gets nothing (receive and receive by id)
+// until resume, and its long poll ends with the resume.
+TEST_F(SubscriptionQueue, APauseHoldsBackEverySubscription) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->add_subscription("audit").ok());
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  o.subscription = "audit";
+  auto opened = Queue::open(qdir(), o);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto a = std::move(opened).value();
+  auto id = q->send("held");
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(q->pause().ok());
+  EXPECT_EQ(a->pause().code(), Code::kInvalidArgument) << "a pause on a subscription's handle";
+  auto none = a->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_TRUE(none->empty()) << "a paused queue's subscription delivered";
+  EXPECT_EQ(a->receive_id(*id, std::chrono::seconds(60)).status().code(), Code::kEmpty);
+  std::thread resumer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_TRUE(q->resume().ok());
+  });
+  auto got = a->receive(1, std::chrono::seconds(60), std::chrono::seconds(10));
+  resumer.join();
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 1u) << "the long poll did not end with the resume";
+  EXPECT_EQ((*got)[0].payload, "held");
 }
 
 // The model test: random sends, receives, acks, nacks and extends across the queue's own

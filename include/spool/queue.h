@@ -77,9 +77,9 @@ struct QueueOptions {
   // queue's own view. receive, receive_id, ack, nack, extend, dead_letter, bind, bind_leases,
   // peek, list, count, show and stats act on that subscription's messages; remove, purge,
   // pause, resume, release, move_to and replay are the queue's own (kInvalidArgument on a
-  // subscription's handle). A subscription's dead letters go to the queue's dead-letter
-  // queue, marked spool.dead.subscription. An unknown name is kNotFound at open; a removed
-  // one at the next call.
+  // subscription's handle), and a pause holds back every subscription too. A subscription's
+  // dead letters go to the queue's dead-letter queue, marked spool.dead.subscription. An
+  // unknown name is kNotFound at open; a removed one at the next call.
   std::string subscription = {};
   bool create = true;              // create the queue if the directory holds none
   // At creation only (the directory holds no spool.conf yet): the mode of the queue's

@@ -725,8 +725,8 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
       // one cannot fail halfway (the others have theirs).
       if (Status s = v.reserve_heap(std::min<uint64_t>(max, v.hdr().layout.queued)); !s.ok()) return s;
       // Paused (Queue::pause): nothing is taken, and the wait below lasts until resume()
-      // bumps wake_seq or the wait runs out.
-      paused = v.hdr().cache.paused != 0;
+      // bumps wake_seq or the wait runs out. A pause is the queue's: every subscription too.
+      paused = q.idx.hdr().cache.paused != 0;
       for (int64_t slot; !paused && out.size() < max && (slot = v.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
@@ -800,7 +800,7 @@ auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Re
     if (!viewed.ok()) return viewed.status();
     index::SharedIndex& v = **viewed;
     v.assert_held();
-    if (v.hdr().cache.paused != 0 && !even_paused) {
+    if (q.idx.hdr().cache.paused != 0 && !even_paused) {  // (the queue's pause: every view's)
       return Status(Code::kEmpty, q.dir + " is paused (spool resume delivers again)");
     }
     if (Status s = v.reserve_heap(1); !s.ok()) return s;  // before find: it may remap
