@@ -1303,7 +1303,12 @@ std::string Queue::Impl::check_index() {
   auto held = lock();
   if (!held.ok()) return held.status().to_string();
   holds(*held);
-  return idx.check_invariants();
+  if (std::string bad = idx.check_invariants(); !bad.empty()) return bad;
+  if (view_k == 0) return "";
+  auto viewed = here();
+  if (!viewed.ok()) return viewed.status().to_string();
+  if (std::string bad = (*viewed)->check_invariants(); !bad.empty()) return "subscription " + view_name + "'s index: " + bad;
+  return "";
 }
 
 }  // namespace spool
