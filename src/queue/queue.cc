@@ -1307,7 +1307,9 @@ std::string Queue::Impl::check_index() {
   if (view_k == 0) return "";
   auto viewed = here();
   if (!viewed.ok()) return viewed.status().to_string();
-  if (std::string bad = (*viewed)->check_invariants(); !bad.empty()) return "subscription " + view_name + "'s index: " + bad;
+  index::SharedIndex& v = **viewed;
+  v.assert_held();  // guarded by view 0's lock, held here
+  if (std::string bad = v.check_invariants(); !bad.empty()) return "subscription " + view_name + "'s index: " + bad;
   return "";
 }
 
