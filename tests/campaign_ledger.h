@@ -34,6 +34,7 @@ struct Incarnation {
   std::string journal, err;
   uint64_t killed_at = 0;  // boot_ns of the SIGKILL
   bool bound = false;      // leases bound to its life
+  int view = 0;            // a consumer's view: 0 the queue's own, k subscription "sK"
 };
 
 struct Ledger {

@@ -20,6 +20,13 @@
 // SPOOL_CAMPAIGN_MAX_RECEIVES=N (meson's crash-campaign/dlq: 2) gives the queue a dead-letter
 // limit, and the ledger accounts for the dead-letter queue too.
 //
+// SPOOL_CAMPAIGN_SUBSCRIPTIONS=N (1-3; meson's crash-campaign/subs: 3) adds subscriptions
+// s1..sN when the queue is made, so each message is read by N+1 views of one stored copy:
+// C0 reads s1, C1 (leases bound) s2, W0 (`spool work --sub`) s3 (the last one there is),
+// and a third consumer C2 the queue's own view. Each view has its own ledger, its own quiet
+// checks (check_index and depth = recount on a handle opened as the subscription) and its
+// own drain and accounting: nothing lost, acked back, duplicated or unexplained in any view.
+//
 // Size: SPOOL_TEST_SCALE scales the kills (300 at scale 1); SPOOL_SOAK_SECONDS=N runs
 // cycles until N seconds have passed instead (see docs/reliability.md).
 //
@@ -74,6 +81,7 @@ namespace fs = std::filesystem;
 constexpr Millis kConsumerVis{1500};
 constexpr Millis kWorkVis{2000};
 constexpr uint64_t kSlackNs = 50'000'000;  // clock conversions, /proc/uptime's 10 ms steps
+constexpr const char* kUnjournaled = "receiver killed before it journaled the delivery";
 
 constexpr test::TaggedPayloads kPayloads{30, 1800, 'A', 48};
 
@@ -86,11 +94,30 @@ uint32_t campaign_max_receives() {
   return s != nullptr ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : 0;
 }
 
-QueueOptions campaign_options() {
+// SPOOL_CAMPAIGN_SUBSCRIPTIONS (default 0: the queue's own view only).
+int campaign_subscriptions() {
+  const char* s = std::getenv("SPOOL_CAMPAIGN_SUBSCRIPTIONS");
+  return s != nullptr ? std::clamp(std::atoi(s), 0, 3) : 0;
+}
+
+// View 0 is the queue's own; view k is subscription "sk".
+std::string view_name(int view) { return view == 0 ? std::string() : "s" + std::to_string(view); }
+std::string view_label(int view) { return view == 0 ? std::string("the queue's own view") : "subscription " + view_name(view); }
+
+// The view a consumer reads (campaign_subscriptions()).
+int view_of(char role, int slot) {
+  const int n = campaign_subscriptions();
+  if (n == 0 || (role != 'C' && role != 'W')) return 0;
+  if (role == 'W') return n;
+  return slot < 2 ? std::min(slot + 1, n) : 0;
+}
+
+QueueOptions campaign_options(int view = 0) {
   QueueOptions o;
   o.segment_size = 64 << 10;
   o.visibility = kConsumerVis;
   o.max_receives = campaign_max_receives();
+  o.subscription = view_name(view);
   return o;
 }
 
@@ -155,10 +182,10 @@ int producer(const std::string& q_dir, const std::string& journal, int slot, int
   }
 }
 
-int consumer(const std::string& q_dir, const std::string& journal, bool bind, uint32_t seed,
+int consumer(const std::string& q_dir, const std::string& journal, bool bind, uint32_t seed, int view,
              const SurvivorHook& hook = {}) {
   Journal j(journal);
-  auto q = test::open_journaled(j, q_dir, campaign_options());
+  auto q = test::open_journaled(j, q_dir, campaign_options(view));
   if (q == nullptr) return 1;
   if (bind) {
     Status s = q->bind_leases();
@@ -221,7 +248,7 @@ int compactor(const std::string& q_dir, const std::string& journal, uint32_t see
 // fork + exec of `spool work`; the command journals "id count uptime" per message and fails
 // (nack, 1 s backoff) the first delivery of every 17th id.
 pid_t start_work(const std::string& cli, const std::string& q_dir, const std::string& journal,
-                 const std::string& err_path) {
+                 const std::string& err_path, int view) {
   pid_t pid = ::fork();
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -235,9 +262,14 @@ pid_t start_work(const std::string& cli, const std::string& q_dir, const std::st
         "IFS=: read -r tag rest; read up rest < /proc/uptime; "
         "echo \"$SPOOL_MESSAGE_ID $SPOOL_RECEIVE_COUNT $up $tag\" >> \"$J\"; "
         "[ $((SPOOL_MESSAGE_ID % 17)) -ne 0 ] || [ \"$SPOOL_RECEIVE_COUNT\" -gt 1 ]";
-    std::string vis = std::to_string(kWorkVis.count()) + "ms";
-    ::execl(cli.c_str(), cli.c_str(), "work", q_dir.c_str(), "--visibility", vis.c_str(), "--", "sh", "-c", script,
-            static_cast<char*>(nullptr));
+    std::string vis = std::to_string(kWorkVis.count()) + "ms", sub = view_name(view);
+    if (view == 0) {
+      ::execl(cli.c_str(), cli.c_str(), "work", q_dir.c_str(), "--visibility", vis.c_str(), "--", "sh", "-c", script,
+              static_cast<char*>(nullptr));
+    } else {
+      ::execl(cli.c_str(), cli.c_str(), "work", q_dir.c_str(), "--sub", sub.c_str(), "--visibility", vis.c_str(), "--",
+              "sh", "-c", script, static_cast<char*>(nullptr));
+    }
     ::_exit(127);
   }
   return pid;
@@ -262,10 +294,15 @@ struct Figures {
 class Campaign {
  public:
   Campaign(std::string root, std::string cli, uint64_t seed, bool survivors, Millis sample_period)
-      : root_(std::move(root)), qdir_(root_ + "/q"), cli_(std::move(cli)), rng_(seed), sample_period_(sample_period) {
+      : root_(std::move(root)), qdir_(root_ + "/q"), cli_(std::move(cli)), rng_(seed), sample_period_(sample_period),
+        views_(1 + campaign_subscriptions()), leds_(views_), drained_(views_), dead_letters_(views_) {
     fs::create_directories(root_ + "/j");
     auto q = Queue::open(qdir_, campaign_options());
     EXPECT_TRUE(q.ok()) << q.status().to_string();
+    for (int k = 1; q.ok() && k < views_; ++k) {
+      Status s = (*q)->add_subscription(view_name(k));
+      EXPECT_TRUE(s.ok()) << s.to_string();
+    }
     if (survivors) {
       void* m = ::mmap(nullptr, sizeof(SurvivorControl), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
       if (m == MAP_FAILED) ADD_FAILURE() << "mmap: " << std::strerror(errno);
@@ -301,7 +338,8 @@ class Campaign {
   }
 
   const Figures& figures() const { return fig_; }
-  const Ledger& ledger() const { return led_; }
+  int views() const { return views_; }
+  const Ledger& ledger(int view) const { return leds_[static_cast<size_t>(view)]; }
   bool work_enabled() const { return !cli_.empty(); }
   const std::vector<Sample>& samples() const { return samples_; }
   const std::vector<std::string>& survivor_names() const { return survivor_names_; }
@@ -327,7 +365,7 @@ class Campaign {
       int inc = next_inc_++;
       switch (s.role) {
         case 'P': s.pid = test::spawn([=] { return producer(q, j, 2, inc, seed, true, hook); }); break;
-        case 'C': s.pid = test::spawn([=] { return consumer(q, j, false, seed, hook); }); break;
+        case 'C': s.pid = test::spawn([=] { return consumer(q, j, false, seed, view_of('C', 2), hook); }); break;
         default: s.pid = test::spawn([=] { return compactor(q, j, seed, hook, 1000ms); }); break;
       }
       survivors_.push_back(s);
@@ -389,6 +427,7 @@ class Campaign {
     in.slot = s.slot;
     in.inc = next_inc_++;
     in.pid = s.pid;
+    in.view = view_of(s.role, s.slot);
     in.journal = survivor_journal(s.base, epoch);
     return in;
   }
@@ -457,17 +496,25 @@ class Campaign {
     samples_.push_back(std::move(s));
   }
 
+  // A consumer's journal goes to its view's ledger, a producer's (what was sent) to every
+  // view's, a compactor's to view 0's; its E lines are reported once.
   void absorb(const Incarnation& in) {
-    if (in.role == 'W') led_.read_work(in);
-    else led_.read_library(in);
-    for (const auto& e : led_.errors) {
-      if (known_bug_symptom(e)) {
-        ++fig_.known_bug_symptoms;
-        continue;
+    const bool reader = in.role == 'C' || in.role == 'W';
+    for (int k = 0; k < views_; ++k) {
+      if (reader ? k != in.view : in.role != 'P' && k != 0) continue;
+      Ledger& led = leds_[static_cast<size_t>(k)];
+      if (in.role == 'W') led.read_work(in);
+      else led.read_library(in);
+      for (const auto& e : led.errors) {
+        if (!reader && k != 0) break;
+        if (known_bug_symptom(e)) {
+          ++fig_.known_bug_symptoms;
+          continue;
+        }
+        ADD_FAILURE() << e;
       }
-      ADD_FAILURE() << e;
+      led.errors.clear();
     }
-    led_.errors.clear();
     dead_.push_back(in);
   }
 
@@ -481,20 +528,21 @@ class Campaign {
     in.role = s.role;
     in.slot = s.slot;
     in.inc = next_inc_++;
+    in.view = view_of(s.role, s.slot);
     std::string base = root_ + "/j/" + std::string(1, s.role) + std::to_string(s.slot) + "-" + std::to_string(in.inc);
     in.journal = base + ".log";
     in.err = base + ".err";
     uint32_t seed = static_cast<uint32_t>(rng_());
     std::string q = qdir_, j = in.journal;
-    int slot = s.slot, inc = in.inc;
+    int slot = s.slot, inc = in.inc, view = in.view;
     switch (s.role) {
       case 'P': in.pid = test::spawn([=, hb = hold_back_] { return producer(q, j, slot, inc, seed, hb); }); break;
       case 'C':
         in.bound = slot == 1;
-        in.pid = test::spawn([=] { return consumer(q, j, slot == 1, seed); });
+        in.pid = test::spawn([=] { return consumer(q, j, slot == 1, seed, view); });
         break;
       case 'K': in.pid = test::spawn([=] { return compactor(q, j, seed); }); break;
-      case 'W': in.pid = start_work(cli_, q, j, in.err); break;
+      case 'W': in.pid = start_work(cli_, q, j, in.err, view); break;
     }
     running_.push_back(in);
   }
@@ -517,6 +565,7 @@ class Campaign {
   void cycle(int kills) {
     std::vector<Slot> slots = {{'P', 0}, {'P', 1}, {'C', 0}, {'C', 1}, {'K', 0}};
     if (work_enabled()) slots.push_back({'W', 0});
+    if (views_ > 1) slots.push_back({'C', 2});  // the queue's own view
     for (Slot s : slots) start(s);
     for (int k = 0; k < kills; ++k) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5 + rng_() % 115));
@@ -592,21 +641,51 @@ class Campaign {
       }
     }
     auto st = Q.stats();
-    auto all = Q.peek(SIZE_MAX);
-    ASSERT_TRUE(st.ok() && all.ok());
-    uint64_t depth = st->ready + st->in_flight + st->delayed;
-    if (depth != all->size() || depth != v->messages) {
-      ++fig_.check_failures;
-      ADD_FAILURE() << "depth " << depth << ", listed " << all->size() << ", in the log " << v->messages;
-    }
-    const std::map<std::string, uint64_t> dead = dead_letter_tags(Q, "in the dead-letter queue");
+    ASSERT_TRUE(st.ok());
     uint64_t dead_depth = 0;
-    for (auto& [tag, n] : dead) dead_depth += n;
+    for (int k = 0; k < views_; ++k) {
+      SCOPED_TRACE(view_label(k));
+      if (k == 0) {
+        check_view(Q, k, v->messages, &dead_depth);
+        continue;
+      }
+      // A subscription's own depth: what its handle counts and lists, and what
+      // subscriptions() says it holds.
+      auto subs = Q.subscriptions();
+      ASSERT_TRUE(subs.ok()) << subs.status().to_string();
+      auto info = std::find_if(subs->begin(), subs->end(), [&](const SubscriptionInfo& i) { return i.name == view_name(k); });
+      ASSERT_NE(info, subs->end()) << "the subscription is gone";
+      auto h = Queue::open(qdir_, campaign_options(k));
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      if (std::string sub_inv = (*h)->check_index(); !sub_inv.empty()) {
+        ++fig_.check_failures;
+        ADD_FAILURE() << "check_index: " << sub_inv;
+      }
+      check_view(**h, k, info->messages, &dead_depth);
+    }
     if (st->dead != dead_depth + dead_unreadable_) {
       ++fig_.check_failures;
       ADD_FAILURE() << "stats counts " << st->dead << " dead letters, the dead-letter queue lists "
                     << dead_depth + dead_unreadable_;
     }
+  }
+
+  // The quiet checks of one view, on a handle `Q` that reads it: depth = listed = `expected`
+  // (view 0: the messages in the log), each listed message sent, nothing gone unacked,
+  // nothing still there after its ack. Adds the view's dead letters to `dead_depth`.
+  void check_view(Queue& Q, int k, uint64_t expected, uint64_t* dead_depth) {
+    const Ledger& led = leds_[static_cast<size_t>(k)];
+    auto st = Q.stats();
+    auto all = Q.peek(SIZE_MAX);
+    ASSERT_TRUE(st.ok() && all.ok()) << st.status().to_string() << " " << all.status().to_string();
+    uint64_t depth = st->ready + st->in_flight + st->delayed;
+    if (depth != all->size() || depth != expected) {
+      ++fig_.check_failures;
+      ADD_FAILURE() << "depth " << depth << ", listed " << all->size() << (k == 0 ? ", in the log " : ", held ")
+                    << expected;
+    }
+    const std::map<std::string, uint64_t> dead = dead_letter_tags(Q, "in the dead-letter queue", k);
+    for (auto& [tag, n] : dead) *dead_depth += n;
     std::set<uint64_t> present;
     for (auto& m : *all) {
       present.insert(m.id);
@@ -614,19 +693,19 @@ class Campaign {
       if (!kPayloads.check(m.payload, &tag)) {
         ++fig_.bad_payload;
         ADD_FAILURE() << "message " << m.id << " has a damaged payload";
-      } else if (!led_.attempted.count(tag)) {
+      } else if (!led.attempted.count(tag)) {
         ++fig_.phantom;
         ADD_FAILURE() << "message " << m.id << " (" << tag << ") was never sent";
       }
     }
-    for (auto& [id, tag] : led_.sent) {
-      if (!present.count(id) && !led_.ack_tried_ids.count(id) && !dead.count(tag) && !known_unreadable(Q, id)) {
+    for (auto& [id, tag] : led.sent) {
+      if (!present.count(id) && !led.ack_tried_ids.count(id) && !dead.count(tag) && !known_unreadable(Q, id)) {
         ++fig_.check_failures;
         ADD_FAILURE() << "message " << id << " (" << tag << ") is gone, but nobody tried to ack it and it is not "
                       << "in the dead-letter queue";
       }
     }
-    for (uint64_t id : led_.acked_ids) {
+    for (uint64_t id : led.acked_ids) {
       if (present.count(id)) {
         ++fig_.check_failures;
         ADD_FAILURE() << "message " << id << " is still queued after its ack returned";
@@ -661,12 +740,13 @@ class Campaign {
             e.find("compaction stopped: a message of the prefix was not copied") != std::string::npos);
   }
 
-  // The tags of the messages in the dead-letter queue, with their copies. A payload that is
-  // no campaign payload, or a tag never sent, is a failure (`where` names the moment);
-  // "could not be read" entries (known bug COMPACT_REPAIR) are counted in dead_unreadable_.
-  std::map<std::string, uint64_t> dead_letter_tags(Queue& q, const char* where) {
+  // The tags of view k's messages in the dead-letter queue (a subscription's are marked
+  // spool.dead.subscription), with their copies. A payload that is no campaign payload, or
+  // a tag never sent, is a failure (`where` names the moment); "could not be read" entries
+  // (known bug COMPACT_REPAIR) are counted in dead_unreadable_ (with view 0's).
+  std::map<std::string, uint64_t> dead_letter_tags(Queue& q, const char* where, int k) {
     std::map<std::string, uint64_t> tags;
-    dead_unreadable_ = 0;
+    if (k == 0) dead_unreadable_ = 0;
     auto dlq = q.dead_letters();
     if (!dlq.ok()) {
       ADD_FAILURE() << "dead_letters: " << dlq.status().to_string();
@@ -678,9 +758,11 @@ class Campaign {
       return tags;
     }
     for (auto& m : *dead) {
+      auto of = m.attributes.find("spool.dead.subscription");
+      if ((of == m.attributes.end() ? std::string() : of->second) != view_name(k)) continue;
       std::string tag;
       if (kPayloads.check(m.payload, &tag)) {
-        if (!led_.attempted.count(tag)) {
+        if (!leds_[static_cast<size_t>(k)].attempted.count(tag)) {
           ++fig_.phantom;
           ADD_FAILURE() << "dead letter " << m.id << " (" << tag << ") " << where << " was never sent";
         }
@@ -731,7 +813,19 @@ class Campaign {
       if (std::system(cmd.c_str()) != 0) std::printf("could not copy %s\n", root_.c_str());
     }
     if (std::getenv("SPOOL_KNOWN_BUG_REUSE_AFTER_OWNER_DEATH") != nullptr) fs::remove(qdir_ + "/index");
-    auto q = Queue::open(qdir_, campaign_options());
+    for (int k = 0; k < views_; ++k) {
+      SCOPED_TRACE(view_label(k));
+      drain_view(k);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+    if (!kept_.empty() && !keep_) fs::remove_all(kept_);
+  }
+
+  // Drains view k through a handle that reads it, journaling each delivery in its ledger,
+  // then accounts for the view.
+  void drain_view(int k) {
+    Ledger& led = leds_[static_cast<size_t>(k)];
+    auto q = Queue::open(qdir_, campaign_options(k));
     ASSERT_TRUE(q.ok()) << q.status().to_string();
     Queue& Q = **q;
     auto until = std::chrono::steady_clock::now() + 60s;
@@ -758,7 +852,7 @@ class Campaign {
         if (!kPayloads.check(m.payload, &tag)) {
           ++fig_.bad_payload;
           ADD_FAILURE() << "drained message " << m.id << " has a damaged payload";
-        } else if (!led_.attempted.count(tag)) {
+        } else if (!led.attempted.count(tag)) {
           ++fig_.phantom;
           ADD_FAILURE() << "drained message " << m.id << " (" << tag << ") was never sent";
         }
@@ -766,51 +860,55 @@ class Campaign {
         Status s = Q.ack(m.receipt);
         EXPECT_TRUE(s.ok()) << s.to_string();
         d.acked = s.ok();
-        led_.add(d);
-        drained_.insert(m.id);
-        led_.ack_tried_ids.insert(m.id);
+        led.add(d);
+        drained_[static_cast<size_t>(k)].insert(m.id);
+        led.ack_tried_ids.insert(m.id);
       }
     }
     EXPECT_EQ(Q.check_index(), "");
-    dead_letters_ = dead_letter_tags(Q, "after the drain");
-    account(Q);
+    dead_letters_[static_cast<size_t>(k)] = dead_letter_tags(Q, "after the drain", k);
+    account(Q, k);
   }
 
-  // Every send that returned was delivered and acked (or is in the drain); every
-  // redelivery has a reason.
-  void account(Queue& Q) {
+  // In view k: every send that returned was delivered and acked (or is in the drain);
+  // every redelivery has a reason.
+  void account(Queue& Q, int k) {
+    const Ledger& led = leds_[static_cast<size_t>(k)];
+    const std::set<uint64_t>& drained = drained_[static_cast<size_t>(k)];
+    const std::map<std::string, uint64_t>& dead_letters = dead_letters_[static_cast<size_t>(k)];
     std::map<std::string, const Incarnation*> by_who;
     for (const auto& in : dead_) by_who[std::string(1, in.role) + std::to_string(in.slot) + "." + std::to_string(in.inc)] = &in;
-    for (auto& [id, tag] : led_.sent) {
-      if (!led_.ack_tried_ids.count(id) && !drained_.count(id) && !dead_letters_.count(tag) && !known_unreadable(Q, id)) {
+    for (auto& [id, tag] : led.sent) {
+      if (!led.ack_tried_ids.count(id) && !drained.count(id) && !dead_letters.count(tag) && !known_unreadable(Q, id)) {
         if (++fig_.lost <= 10) ADD_FAILURE() << "message " << id << " (" << tag << ") lost";
       }
     }
-    fig_.dead_lettered = dead_letters_.size();
+    fig_.dead_lettered += dead_letters.size();
     std::set<uint64_t> dead_ids;
-    for (auto& [id, tag] : led_.sent) {
-      if (dead_letters_.count(tag)) dead_ids.insert(id);
+    for (auto& [id, tag] : led.sent) {
+      if (dead_letters.count(tag)) dead_ids.insert(id);
     }
-    for (auto& [tag, n] : dead_letters_) fig_.dlq_extra_copies += n - 1;
-    for (uint64_t id : dead_ids) fig_.acked_and_dead += led_.acked_ids.count(id);
+    for (auto& [tag, n] : dead_letters) fig_.dlq_extra_copies += n - 1;
+    for (uint64_t id : dead_ids) fig_.acked_and_dead += led.acked_ids.count(id);
     // Past the limit: a receive that finds a message delivered max_receives times moves it
     // to the DLQ instead of delivering it, so no delivery count exceeds the limit.
     const uint32_t limit = campaign_max_receives();
-    for (auto& [key, d] : led_.deliveries) {
+    for (auto& [key, d] : led.deliveries) {
       if (limit == 0 || key.second <= limit) continue;
       if (++fig_.past_limit <= 10) {
         ADD_FAILURE() << "message " << key.first << " was delivered to " << d.who << " with receive count "
                       << key.second << " though max_receives is " << limit;
       }
     }
-    fig_.duplicate = led_.duplicate_deliveries.size();
-    if (std::getenv("CAMPAIGN_DEBUG") != nullptr && !led_.duplicate_deliveries.empty()) {
+    fig_.duplicate += led.duplicate_deliveries.size();
+    if (std::getenv("CAMPAIGN_DEBUG") != nullptr && !led.duplicate_deliveries.empty()) {
       // Keep the evidence: the queue directory and the journals, and the log's records of
       // each message delivered twice with one count.
+      keep_ = true;
       const std::string& keep = kept_;
       std::string cmd;
       std::string dump = cli_.empty() ? std::string("spool-dump") : fs::path(cli_).parent_path().string() + "/spool-dump";
-      for (auto& [id, count] : led_.duplicate_deliveries) {
+      for (auto& [id, count] : led.duplicate_deliveries) {
         std::printf("kept %s; records of message %" PRIu64 " (delivery %u twice):\n", keep.c_str(), id, count);
         std::fflush(stdout);
         cmd = "for f in '" + keep + "'/q/segments/*.seg; do echo \"== $f\"; '" + dump + "' \"$f\" | grep 'id " +
@@ -818,13 +916,12 @@ class Campaign {
               " ' '" + keep + "'/j/*.log";
         (void)std::system(cmd.c_str());
       }
-    } else if (!kept_.empty()) {
-      fs::remove_all(kept_);
     }
-    for (auto& detail : led_.duplicate_details) ADD_FAILURE() << "delivered twice with one receive count: " << detail;
+    for (auto& detail : led.duplicate_details) ADD_FAILURE() << "delivered twice with one receive count: " << detail;
     // Walk each message's deliveries in receive-count order.
     const Delivery* prev = nullptr;
-    for (auto& [key, d] : led_.deliveries) {
+    uint64_t unjournaled = 0;
+    for (auto& [key, d] : led.deliveries) {
       if (prev != nullptr && prev->id != d.id) prev = nullptr;
       const Delivery* before = prev;
       prev = &d;
@@ -848,21 +945,22 @@ class Campaign {
         }
       } else {
         ++fig_.explained[why];
+        unjournaled += why == kUnjournaled;
       }
     }
-    // Deliveries no process lived to journal: bounded by the receiver kills.
+    // Deliveries no process lived to journal: bounded by the kills of the view's receivers.
     uint64_t receiver_kills = 0;
-    for (const auto& in : dead_) receiver_kills += in.role == 'C' ? 4 : in.role == 'W' ? 1 : 0;
-    if (fig_.explained["receiver killed before it journaled the delivery"] > receiver_kills) {
+    for (const auto& in : dead_) {
+      if (in.view == k) receiver_kills += in.role == 'C' ? 4 : in.role == 'W' ? 1 : 0;
+    }
+    if (unjournaled > receiver_kills) {
       ADD_FAILURE() << "more unjournaled deliveries than receivers killed could explain";
     }
   }
 
   std::string explain(const Delivery* before, const Delivery& d,
                       const std::map<std::string, const Incarnation*>& by_who) {
-    if (before == nullptr || before->count + 1 != d.count) {
-      return "receiver killed before it journaled the delivery";
-    }
+    if (before == nullptr || before->count + 1 != d.count) return kUnjournaled;
     if (before->nack_tried) return "nacked";
     if (before->w_failed) return "spool work command failed (nack)";
     auto it = by_who.find(before->who);
@@ -888,6 +986,7 @@ class Campaign {
 
   std::string root_, qdir_, cli_;
   std::string kept_;  // CAMPAIGN_DEBUG: a copy of root_ before the drain
+  bool keep_ = false;  // kept_ holds evidence of a duplicate delivery
   std::mt19937_64 rng_;
   SurvivorControl* ctl_ = nullptr;  // null: no survivors
   std::vector<Survivor> survivors_;
@@ -898,10 +997,13 @@ class Campaign {
   bool hold_back_ = false;
   int next_inc_ = 0;
   std::vector<Incarnation> running_, dead_;
-  Ledger led_;
+  int views_;                 // 1 + subscriptions
+  std::vector<Ledger> leds_;  // per view
   Figures fig_;
-  std::set<uint64_t> drained_, unreadable_, counted_unreadable_;
-  std::map<std::string, uint64_t> dead_letters_;  // tag -> copies in the dead-letter queue after the drain
+  std::vector<std::set<uint64_t>> drained_;  // per view
+  std::set<uint64_t> unreadable_, counted_unreadable_;
+  // Per view: tag -> copies in the dead-letter queue after the drain.
+  std::vector<std::map<std::string, uint64_t>> dead_letters_;
   uint64_t dead_unreadable_ = 0;         // "could not be read" dead letters (COMPACT_REPAIR)
 };
 
@@ -984,7 +1086,7 @@ TEST(CrashCampaign, KillNineAnyProcessAtAnyMomentLosesNothingAndExplainsEveryRed
   c.run(cycles, per_cycle, soak);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Figures& f = c.figures();
-  const Ledger& l = c.ledger();
+  const Ledger& l = c.ledger(0);
   std::printf("[figures] crash campaign (seed %" PRIu64 ", %.0f s%s): cycles=%d random_kills=%" PRIu64
               " cycle_end_kills=%" PRIu64 " restarts=%" PRIu64 "\n",
               seed, secs, c.work_enabled() ? "" : ", without spool work", f.cycles, f.kills, f.cycle_end_kills,
@@ -1010,11 +1112,21 @@ TEST(CrashCampaign, KillNineAnyProcessAtAnyMomentLosesNothingAndExplainsEveryRed
                 " acked_and_dead_lettered=%" PRIu64 " delivered_past_the_limit=%" PRIu64 "\n",
                 limit, f.dead_lettered, f.dlq_extra_copies, f.acked_and_dead, f.past_limit);
   }
+  for (int k = 1; k < c.views(); ++k) {
+    const Ledger& s = c.ledger(k);
+    std::printf("[figures]   subscription %s: acked=%" PRIu64 " nacked=%" PRIu64 " extended=%" PRIu64
+                " lease_lost=%" PRIu64 " spool_work_handled=%" PRIu64 " spool_work_ack_failed=%" PRIu64
+                " deliveries=%zu\n",
+                view_name(k).c_str(), s.acks, s.nacks, s.extends, s.lease_lost, s.work_handled, s.work_ack_failed,
+                s.deliveries.size());
+  }
   for (auto& [why, n] : f.explained) std::printf("[figures]   redelivered, %s: %" PRIu64 "\n", why.c_str(), n);
   report_samples(c, soak > 0);
   EXPECT_GE(f.kills, static_cast<uint64_t>(soak > 0 ? 1 : cycles * per_cycle));
   EXPECT_GT(l.sends, 100u) << "the producers did no real work";
-  EXPECT_GT(l.acks, 50u) << "the consumers did no real work";
+  for (int k = 0; k < c.views(); ++k) {
+    EXPECT_GT(c.ledger(k).acks + c.ledger(k).work_handled, 50u) << view_label(k) << ": the consumers did no real work";
+  }
   EXPECT_EQ(f.lost, 0u);
   EXPECT_EQ(f.acked_came_back, 0u);
   EXPECT_EQ(f.unexplained, 0u);

@@ -482,7 +482,8 @@ class Queue {
   const std::string& dir() const;
   // The queue's stored settings (visibility, max_receives, sync, sizes).
   const QueueOptions& options() const;
-  // Checks the shared index's invariants (O(n)); "" when they hold. For tests and verify.
+  // Checks the shared index's invariants (O(n)), and on a subscription's handle that
+  // subscription's index's too; "" when they hold. For tests and verify.
   std::string check_index();
 
   struct Impl;

@@ -1320,7 +1320,14 @@ std::string Queue::Impl::check_index() {
   auto held = lock();
   if (!held.ok()) return held.status().to_string();
   holds(*held);
-  return idx.check_invariants();
+  if (std::string bad = idx.check_invariants(); !bad.empty()) return bad;
+  if (view_k == 0) return "";
+  auto viewed = here();
+  if (!viewed.ok()) return viewed.status().to_string();
+  index::SharedIndex& v = **viewed;
+  v.assert_held();  // guarded by view 0's lock, held here
+  if (std::string bad = v.check_invariants(); !bad.empty()) return "subscription " + view_name + "'s index: " + bad;
+  return "";
 }
 
 }  // namespace spool
