@@ -111,7 +111,8 @@ spool_code spool_open(const char* dir, const spool_options* opts, spool_queue** 
  * spool_nack, spool_extend, spool_bind, spool_bind_leases, spool_peek, spool_list and
  * spool_get_stats act on that subscription's messages, with leases and acks of its own;
  * spool_remove, spool_purge, spool_pause, spool_resume, spool_release and spool_replay are
- * the queue's own (SPOOL_INVALID_ARGUMENT on this handle). A receipt of one
+ * the queue's own (SPOOL_INVALID_ARGUMENT on this handle; a pause holds back every
+ * subscription too). A receipt of one
  * subscription (or of the queue's own view) is SPOOL_INVALID_ARGUMENT on another's handle.
  * Errors: those of spool_open; SPOOL_INVALID_ARGUMENT if `subscription` is NULL or not a
  * valid name; SPOOL_NOT_FOUND if the queue has no subscription of that name (a removed
