@@ -47,10 +47,12 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
   // then a SUB add flagged RESTATED per active subscription, so that a log whose prefix
   // compaction removed (with the subscriptions' own adds) still starts with every view
   // that was active at that segment's roll (apply_sub: a no-op for a view already active).
+  // (The CLOCK record's payload is a view of `boot`, which outlives the append.)
+  const uint64_t boot = queue::boot_hash();
   std::array<Record, 1 + index::kSubscriptions> opener;
   size_t n = 0;
   if (!read_only && h.cache.clock_n != 0) {
-    opener[n++] = queue::restatement(h, queue::boot_hash(), boot_seen != 0 ? boot_seen : env->boot_ns());
+    opener[n++] = queue::restatement(h, boot, boot_seen != 0 ? boot_seen : env->boot_ns());
   }
   for (uint16_t k = 1; !read_only && k <= index::kSubscriptions; ++k) {
     const index::Subscription& sub = h.cache.subs[k - 1];
