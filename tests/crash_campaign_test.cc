@@ -1125,7 +1125,11 @@ TEST(CrashCampaign, KillNineAnyProcessAtAnyMomentLosesNothingAndExplainsEveryRed
   EXPECT_GE(f.kills, static_cast<uint64_t>(soak > 0 ? 1 : cycles * per_cycle));
   EXPECT_GT(l.sends, 100u) << "the producers did no real work";
   for (int k = 0; k < c.views(); ++k) {
-    EXPECT_GT(c.ledger(k).acks + c.ledger(k).work_handled, 50u) << view_label(k) << ": the consumers did no real work";
+    // The last subscription's one consumer is `spool work` (a fork and exec per message, and
+    // a restart per kill): under ASan on a loaded machine it handled 19 in a 7 s run.
+    const bool work_only = k != 0 && k == campaign_subscriptions();
+    EXPECT_GT(c.ledger(k).acks + c.ledger(k).work_handled, work_only ? 5u : 50u)
+        << view_label(k) << ": the consumers did no real work";
   }
   EXPECT_EQ(f.lost, 0u);
   EXPECT_EQ(f.acked_came_back, 0u);

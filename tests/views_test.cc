@@ -264,10 +264,12 @@ std::map<std::string, std::string> view_file(const std::string& path) {
 
 class SubscriptionQueue : public ::testing::Test {
  protected:
-  std::unique_ptr<Queue> open() {
+  // The queue's own handle, or subscription `sub`'s.
+  std::unique_ptr<Queue> open(const std::string& sub = "") {
     QueueOptions o;
     o.sync = SyncPolicy::kNever;
     o.segment_size = 16 << 10;
+    o.subscription = sub;
     auto q = Queue::open(qdir(), o);
     EXPECT_TRUE(q.ok()) << q.status().to_string();
     return q.ok() ? std::move(q).value() : nullptr;
@@ -438,12 +440,8 @@ TEST_F(SubscriptionQueue, APauseHoldsBackEverySubscription) {
   auto q = open();
   ASSERT_NE(q, nullptr);
   ASSERT_TRUE(q->add_subscription("audit").ok());
-  QueueOptions o;
-  o.sync = SyncPolicy::kNever;
-  o.subscription = "audit";
-  auto opened = Queue::open(qdir(), o);
-  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
-  auto a = std::move(opened).value();
+  auto a = open("audit");
+  ASSERT_NE(a, nullptr);
   auto id = q->send("held");
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(q->pause().ok());
@@ -460,6 +458,38 @@ TEST_F(SubscriptionQueue, APauseHoldsBackEverySubscription) {
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   ASSERT_EQ(got->size(), 1u) << "the long poll did not end with the resume";
   EXPECT_EQ((*got)[0].payload, "held");
+}
+
+// Long polls of every view sleep on one futex word: a send wakes a subscription's poll
+// even while the queue's own view has pollers that slept first (a send used to wake one
+// sleeper, the first, and the subscription's poll slept out its 1 s slice).
+TEST_F(SubscriptionQueue, ASendWakesASubscriptionsLongPollAtOnce) {
+  auto s = open();
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->add_subscription("audit").ok());
+  std::vector<std::unique_ptr<Queue>> own;
+  for (int i = 0; i < 2; ++i) own.push_back(open());
+  auto a = open("audit");
+  ASSERT_NE(a, nullptr);
+  std::vector<std::thread> polls;
+  for (auto& q : own) {
+    polls.emplace_back([&q] { (void)q->receive(1, std::chrono::seconds(60), std::chrono::seconds(3)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  std::chrono::steady_clock::time_point got_at{};
+  std::thread audit([&] {
+    auto got = a->receive(1, std::chrono::seconds(60), std::chrono::seconds(3));
+    got_at = std::chrono::steady_clock::now();
+    EXPECT_TRUE(got.ok() && got->size() == 1) << got.status().to_string();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // every poll asleep
+  const auto sent_at = std::chrono::steady_clock::now();
+  ASSERT_TRUE(s->send("for everyone").ok());
+  audit.join();
+  ASSERT_TRUE(s->send("for the other poll").ok());
+  for (auto& t : polls) t.join();
+  // Its slice would end about 900 ms after the send.
+  EXPECT_LT(got_at - sent_at, std::chrono::milliseconds(450)) << "the subscription's poll slept through the send";
 }
 
 // The model test: random sends, receives, acks, nacks and extends across the queue's own

@@ -88,6 +88,8 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
 
 // The active subscriptions in view 0's table `x` (held), by view number.
 std::vector<uint16_t> active_views(const index::SharedIndex& x);
+// Whether view 0's table `x` (held) has any active subscription.
+bool any_subscription(const index::SharedIndex& x);
 
 // Empties the index's cache for a replay, which then applies every record: no messages, no
 // dedup ids or kept buckets, no clock anchors, every total 0, next_id 1. The owner registry

@@ -134,7 +134,12 @@ Queue::Impl::Locked::~Locked() {
   // into it, sleeps on the mutex and has to be woken a second time by the unlock (two
   // context switches per message on the long-poll path). Waiters cannot miss the wake:
   // they read wake_seq under the lock before they sleep, and it is bumped only now.
-  const uint64_t woken = impl_->idx.promotions() - promotions_ + std::exchange(impl_->wake_pending, 0);
+  uint64_t woken = impl_->idx.promotions() - promotions_ + std::exchange(impl_->wake_pending, 0);
+  // Long polls of every view sleep on view 0's wake_seq, and a MSG is receivable in each
+  // active view: with subscriptions every sleeper is woken, else a subscription's poll
+  // could sleep out its slice while the wakes went to view 0's pollers. Those with nothing
+  // to take go back to sleep.
+  if (woken != 0 && queue::any_subscription(impl_->idx)) woken = INT32_MAX;
   const bool room = std::exchange(impl_->room_pending, false);
   impl_->idx.hdr().coord.mu.unlock();
   if (woken != 0) impl_->wake(woken);
