@@ -1168,6 +1168,40 @@ TEST_F(LogTest, AViewRecordRollsASegmentOfAnOlderVersion) {
   EXPECT_EQ(views, (std::vector<uint16_t>{0, 0, 1, 1}));
 }
 
+// An empty segment an older spool left at the end: a segment's opener (the restated
+// subscriptions) does not go into it, where its readers would refuse the SUB records and
+// take the rest of the segment for damage.
+TEST_F(LogTest, AnOpenerWithSubscriptionsRollsAnEmptySegmentOfAnOlderVersion) {
+  {
+    auto log = open_log();
+    ASSERT_NE(log, nullptr);
+    auto res = log->append(Pos{}, std::span<const Record>{});  // segment 1, no record
+    ASSERT_TRUE(res.ok()) << res.status().to_string();
+    ASSERT_EQ(res->end.seq, 1u);
+  }
+  ASSERT_NO_FATAL_FAILURE(set_header_version(dir() + "/00000000000000000001.seg", format::kFirstViewVersion - 1));
+  auto log = open_log();
+  ASSERT_NE(log, nullptr);
+  auto rec = recover_all(*log);
+  ASSERT_TRUE(rec.ok()) << rec.status().to_string();
+  const Pos end = rec->info.end;
+  ASSERT_EQ(end.seq, 1u);
+  ASSERT_EQ(end.off, format::kSegmentHeaderSize);
+  Record sub{format::RecordType::kSub, 1, 1, 0, 0, "s", format::kFlagRestated, {}, 1};
+  Record msg{format::RecordType::kMsg, 0, 1, 1, 1, "m"};
+  auto res = log->append(end, std::span(&msg, 1), 1, std::span(&sub, 1));
+  ASSERT_TRUE(res.ok()) << res.status().to_string();
+  EXPECT_EQ(res->at[0].seq, 2u) << "the opener went into a segment before views";
+  log.reset();
+  log = open_log();
+  std::vector<std::pair<format::RecordType, uint16_t>> seen;
+  auto again = log->recover([&](Pos, const RecordView& v) { seen.emplace_back(v.type, v.view); });
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  EXPECT_TRUE(again->corrupt.empty());
+  EXPECT_EQ(seen, (std::vector<std::pair<format::RecordType, uint16_t>>{{format::RecordType::kSub, 1},
+                                                                        {format::RecordType::kMsg, 0}}));
+}
+
 TEST_F(SegmentOpenTest, TruncatedHeaderIsNotAQueue) {
   {
     auto seg = Segment::create(io(), seg_path(), 1, 0, 4096);

@@ -508,7 +508,15 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   auto open = [&] {
     for (const Record& o : opener) seg->encode(o, buf);
   };
-  if (end.off == format::kSegmentHeaderSize && !recs.empty()) open();
+  // Whether `r` may not go into a segment of `version`: an extended record never goes into
+  // a segment of a version before extensions, whose readers would take the extension for
+  // payload; likewise a GROUP entry (an order older readers would not keep); and a record
+  // of a subscription (a view, or SUB). Such a segment is sealed first.
+  auto too_new_for = [](const Record& r, uint32_t version) {
+    return (!r.ext.empty() && (version < format::kFirstExtVersion ||
+                               (version < format::kFirstGroupVersion && storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
+           (version < format::kFirstViewVersion && (r.view != 0 || r.type == format::RecordType::kSub));
+  };
   std::vector<Written> written_exiting;
   std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;
   written.clear();
@@ -516,6 +524,19 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     unwrite(*opts_.io, written);
     return s;
   };
+  if (end.off == format::kSegmentHeaderSize && !recs.empty()) {
+    // An empty segment an older spool made at the end: the opener's restated subscriptions
+    // would be records its readers refuse (and take the rest of the segment for damage).
+    const uint32_t version = seg->info().version;
+    if (std::any_of(opener.begin(), opener.end(), [&](const Record& o) { return too_new_for(o, version); })) {
+      const uint64_t first = format::record_size(recs.front().ext.size() + recs.front().payload.size());
+      auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + first, recs.front().id, &res);
+      if (!next.ok()) return next.status();
+      seg = held.emplace_back(std::move(*next)).get();
+      end = {end.seq + 1, format::kSegmentHeaderSize};
+    }
+    open();
+  }
   auto flush = [&]() -> Status {
     if (buf.empty()) return {};
     written.push_back({seg, end.off, end.off + buf.size()});
@@ -528,16 +549,7 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   };
   for (const auto& r : recs) {
     uint64_t sz = format::record_size(r.ext.size() + r.payload.size());
-    // An extended record never goes into a segment of a version before extensions, whose
-    // readers would take the extension for payload: such a segment is sealed first.
-    // Likewise a GROUP entry (an order older readers would not keep) and a segment before it.
-    // And a record of a subscription (a view, or SUB) and a segment before views.
-    const uint32_t version = seg->info().version;
-    const bool old_version = (!r.ext.empty() && (version < format::kFirstExtVersion ||
-                                                 (version < format::kFirstGroupVersion &&
-                                                  storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
-                             (version < format::kFirstViewVersion && (r.view != 0 || r.type == format::RecordType::kSub));
-    if (end.off + buf.size() + sz > seg->info().size || old_version) {
+    if (end.off + buf.size() + sz > seg->info().size || too_new_for(r, seg->info().version)) {
       if (Status s = flush(); !s.ok()) return fail(s);
       auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + sz, r.id, &res);
       if (!next.ok()) return fail(next.status());
