@@ -175,32 +175,56 @@ TEST_F(FullDisk, GrowingSegmentsSendsFailCleanlyAndWorkAgainAfterSpaceFrees) {
 
 // docs/durability.md: on a full disk receive, ack and compaction keep working, so a full queue
 // can be drained, and then accepts sends again.
-void drain_full(FullDisk& t, uint64_t segment_size) {
+// Fills the disk with sends, then drains every reader: the queue's own and, with `subs`,
+// that many subscriptions (names of the longest length, so each segment's opener restates
+// the most), each through its own handle. Every receive and ack succeeds: the drain reserve
+// counts each reader's records and each segment's opener.
+void drain_full(FullDisk& t, uint64_t segment_size, int subs = 0) {
   t.in_child_on_queue("drain a full disk", [&](Report& r, Queue& Q) {
+    std::vector<std::string> names;
+    for (int k = 0; k < subs; ++k) {
+      names.push_back(std::string(47, static_cast<char>('a' + k)) + std::to_string(k));
+      Status added = Q.add_subscription(names.back());
+      if (!r.check(added.ok(), "add_subscription: " + added.to_string())) return;
+    }
     std::set<uint64_t> sent;
     for (int i = 0; i < 100000; ++i) {
       auto id = Q.send(std::string(1000, 'a'));
       if (!id.ok()) break;
       sent.insert(*id);
     }
-    size_t acked = 0;
-    Status rs;
-    while (acked < sent.size() && rs.ok()) {
-      auto got = Q.receive(64, 60s);
-      if (!got.ok()) {
-        rs = got.status();
-        break;
-      }
-      for (auto& m : *got) {
-        if (rs = Q.ack(m.receipt); !rs.ok()) break;
-        ++acked;
-      }
+    r.check(!sent.empty(), "no send succeeded");
+    std::vector<std::pair<std::string, std::unique_ptr<Queue>>> readers;
+    readers.emplace_back("the queue's own readers", nullptr);
+    for (const std::string& name : names) {
+      QueueOptions o;
+      o.subscription = name;
+      auto h = Queue::open(t.qdir(), o);
+      if (!r.check(h.ok(), "open subscription: " + h.status().to_string())) return;
+      readers.emplace_back("subscription " + name, std::move(h).value());
     }
-    r.check(rs.ok(), "draining a full queue failed after " + std::to_string(acked) + " of " +
-                         std::to_string(sent.size()) + " acks: " + rs.to_string());
+    for (auto& [who, handle] : readers) {
+      Queue& V = handle ? *handle : Q;
+      size_t acked = 0;
+      Status rs;
+      while (acked < sent.size() && rs.ok()) {
+        auto got = V.receive(64, 60s);
+        if (!got.ok()) {
+          rs = got.status();
+          break;
+        }
+        for (auto& m : *got) {
+          if (rs = V.ack(m.receipt); !rs.ok()) break;
+          ++acked;
+        }
+      }
+      r.check(rs.ok(), who + ": draining a full queue failed after " + std::to_string(acked) + " of " +
+                           std::to_string(sent.size()) + " acks: " + rs.to_string());
+    }
+    readers.clear();
     auto comp = Q.compact();
     r.check(comp.ok(), "compaction on a full disk: " + comp.status().to_string());
-    if (comp.ok()) r.info("drained " + std::to_string(acked) + "; compaction freed " + std::to_string(comp->bytes_freed) + " bytes");
+    if (comp.ok()) r.info("drained " + std::to_string(sent.size()) + "; compaction freed " + std::to_string(comp->bytes_freed) + " bytes");
     auto after = Q.send("room again");
     r.check(after.ok(), "send after draining and compacting: " + after.status().to_string());
     std::string c = consistency(Q);
@@ -212,6 +236,10 @@ TEST_F(FullDisk, AFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) { drain_f
 
 TEST_F(FullDisk, GrowingSegmentsAFullQueueCanBeDrainedAndCompactedWhileTheDiskIsFull) {
   drain_full(*this, QueueOptions{}.segment_size);
+}
+
+TEST_F(FullDisk, ASubscribedFullQueueCanBeDrainedByEveryReaderWhileTheDiskIsFull) {
+  drain_full(*this, 128 << 10, 3);
 }
 
 // The index is a mapped file: growing it on a full disk must be an error, never SIGBUS.

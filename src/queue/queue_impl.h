@@ -270,6 +270,9 @@ struct Queue::Impl {
     // grows with every send between rolls, so a top-up only at the rolls would leave senders
     // to make spares themselves.
     bool low = false;
+    // What each segment cannot hold of drain records: its header and its opener (the CLOCK
+    // record and the restated subscriptions), and a tail a record did not fit.
+    uint64_t per_segment = 0;
   };
   // `tail`: log_tail()'s segment. `largest`: the record size of the largest record about to
   // be written (0: none). `ahead`: the room of one more segment, of the size the next roll

@@ -9,9 +9,16 @@ namespace spool {
 namespace {
 
 // What a segment cannot hold of drain records: its header, the CLOCK record that opens it,
-// and the tail a drain record did not fit.
-constexpr uint64_t kPerSegment = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
-constexpr uint64_t drain_cap(uint64_t size) { return size - std::min(size, kPerSegment); }
+// the tail a drain record did not fit, and the restated subscriptions (SUB records) of the
+// opener.
+uint64_t per_segment(const index::IndexHeader& h) {
+  uint64_t n = format::kSegmentHeaderSize + 2 * format::kRecordHeaderSize + 8;
+  for (const auto& sub : h.cache.subs) {
+    if (sub.active != 0) n += format::record_size(sub.name_len);
+  }
+  return n;
+}
+uint64_t drain_cap(uint64_t size, uint64_t per_segment) { return size - std::min(size, per_segment); }
 
 }  // namespace
 
@@ -138,26 +145,38 @@ auto Queue::Impl::spares_short(const storage::Segment* tail, uint64_t new_msgs, 
                                bool ahead) -> SpareShort {
   constexpr uint64_t kDrainBytesPerMsg = 2 * format::kRecordHeaderSize;
   constexpr uint64_t kSlack = 4096;
-  auto cap = drain_cap;
   auto& h = idx.hdr();
+  const uint64_t per_seg = per_segment(h);
+  auto cap = [per_seg](uint64_t size) { return drain_cap(size, per_seg); };
   Pos end = Pos::unpack(h.cache.log_end);
   const uint64_t active = tail == nullptr ? 0 : tail->info().size;
   // A spare beyond the last segment number a position can hold is never rolled into; when
   // there are more spares than numbers, each one left counts as the smallest a spare can be.
   const uint64_t numbers_left = storage::kMaxSegmentSeq - std::min(end.seq, storage::kMaxSegmentSeq);
   uint64_t usable = std::min(h.disk.spares, numbers_left);
-  const uint64_t spare_room = usable == h.disk.spares ? h.disk.spare_bytes - std::min(h.disk.spare_bytes, h.disk.spares * kPerSegment)
+  const uint64_t spare_room = usable == h.disk.spares ? h.disk.spare_bytes - std::min(h.disk.spare_bytes, h.disk.spares * per_seg)
                                                  : usable * cap(log->first_size());
   uint64_t room = active - std::min(active, end.off) + spare_room;
+  // Every reader drains its own: a LEASE and an ACK of each message it holds, in each
+  // subscription's view as in the queue's own.
+  uint64_t to_drain = h.layout.count + new_msgs;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    if (h.cache.subs[k - 1].active == 0) continue;
+    index::SharedIndex* v = view_index(k);
+    if (v == nullptr) continue;
+    v->assert_held();
+    to_drain += v->hdr().layout.count + new_msgs;
+  }
   // Twice the records: a roll wastes the tail of a segment the next record does not fit.
-  uint64_t need = (h.layout.count + new_msgs) * kDrainBytesPerMsg + 2 * bytes + kSlack;
+  uint64_t need = to_drain * kDrainBytesPerMsg + 2 * bytes + kSlack;
   if (ahead) need += cap(log->next_size(active));
   if (room >= need) {
     // While segments still grow, rolls come often and each tops up; the largest can take
     // hundreds of thousands of sends between rolls, while the reserve grows with each.
-    return SpareShort{.low = !ahead && active >= log->max_size() && room - need < cap(active)};
+    return SpareShort{.low = !ahead && active >= log->max_size() && room - need < cap(active), .per_segment = per_seg};
   }
   SpareShort s;
+  s.per_segment = per_seg;
   s.missing = need - room;
   // The size of the roll after the spares there are (each roll doubles).
   uint64_t size = log->next_size(active);
@@ -202,7 +221,7 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     // below the first segment's size: smaller spares would cut the log of a nearly full disk
     // into many small segments, each send making one.
     const uint64_t fits =
-        (std::max({missing + kPerSegment, s.at_least, log->first_size()}) + 4095) & ~uint64_t{4095};
+        (std::max({missing + s.per_segment, s.at_least, log->first_size()}) + 4095) & ~uint64_t{4095};
     if (made.code() == Code::kNoSpace && fits < bytes) {
       bytes = fits;
       made = log->make_spare(bytes, zero_fill);
@@ -217,7 +236,7 @@ auto Queue::Impl::make_spares(const SpareShort& s, bool zero_fill) -> Status {
     }
     ++idx.hdr().disk.spares;
     idx.hdr().disk.spare_bytes += bytes;
-    missing -= std::min(missing, drain_cap(bytes));
+    missing -= std::min(missing, drain_cap(bytes, s.per_segment));
   }
   return {};
 }
