@@ -2379,6 +2379,7 @@ TESTS=(
   t_parser_errors_in_spools_words
   t_help_and_version
   t_subscriptions_two_services_read_one_stream
+  t_a_stalled_subscription_shows_the_disk_it_holds_back
   t_out_of_range_arguments_are_refused
   t_a_stored_key_that_is_not_utf8_is_escaped_in_json
   t_usage_errors_exit_64
