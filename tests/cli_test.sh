@@ -2326,6 +2326,30 @@ t_subscriptions_two_services_read_one_stream() {
   out_lacks "audit"
 }
 
+# Issue 46: a subscription that receives nothing while the queue's own readers drain it
+# holds back the segments only its messages keep: `sub list --json` and `stats --sub` say
+# how much; once it drains, nothing.
+t_a_stalled_subscription_shows_the_disk_it_holds_back() {
+  "$SPOOL" init q --segment-size 16K >/dev/null || fail "init"
+  expect 0 "$SPOOL" sub add q stalled
+  local body i args=()
+  body=$(head -c 1000 /dev/zero | tr '\0' x)
+  for i in $(seq 40); do args+=("$body"); done
+  expect 0 "$SPOOL" send q "${args[@]}"
+  expect 0 "$SPOOL" work q --until-empty -- true
+  expect 0 "$SPOOL" sub list q --json
+  local held
+  held=$(jget held_back_bytes)
+  [ "$held" -gt 16000 ] || fail "held back by the stalled subscription: '$held' bytes, expected a segment or more"
+  expect 0 "$SPOOL" stats q --sub stalled --json
+  eq "stats --sub says the same" "$(jget held_back_bytes)" "$held"
+  expect 0 "$SPOOL" stats q
+  out_has "subscription   stalled: 40 messages, 0 in flight, 0 expired, holds back"
+  expect 0 "$SPOOL" work q --sub stalled --until-empty -- true
+  expect 0 "$SPOOL" sub list q --json
+  eq "held back once drained" "$(jget held_back_bytes)" 0
+}
+
 # Issue 48: an attribute key that is not UTF-8 in a stored record (a send refuses one; the
 # test forges one, checksum and all) made recv, peek and show --json abort (nlohmann's
 # type_error 316, exit 134), recv after leasing. Each prints valid JSON, the key escaped as
@@ -2355,6 +2379,7 @@ TESTS=(
   t_parser_errors_in_spools_words
   t_help_and_version
   t_subscriptions_two_services_read_one_stream
+  t_a_stalled_subscription_shows_the_disk_it_holds_back
   t_out_of_range_arguments_are_refused
   t_a_stored_key_that_is_not_utf8_is_escaped_in_json
   t_usage_errors_exit_64

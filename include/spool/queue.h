@@ -58,12 +58,15 @@ struct QueueOptions {
   // [stored] Retention, off (0) by default: ready messages older than max_age, and the
   // oldest ready messages while the queue holds more than max_bytes of payload, are
   // dropped (logged at warn level, counted in Stats::expired_total). Enforced when messages
-  // are received (age) and sent (bytes); leased and delayed messages are never dropped.
+  // are received (age), sent (bytes; age now and then) and at compaction's start, in every
+  // subscription too (each counts its own bytes: docs/semantics.md, "Subscriptions");
+  // leased and delayed messages are never dropped.
   Millis retention_max_age{0};
   uint64_t retention_max_bytes = 0;
   // [stored] Back-pressure, off (0) by default: a send that would leave more than max_ready
   // messages waiting (ready or delayed, not leased), or more than max_bytes of payload in
-  // the queue, fails with kQueueFull (or waits for room, see SendOptions).
+  // the queue, fails with kQueueFull (or waits for room, see SendOptions). With
+  // subscriptions the fullest reader counts, unless a retention limit is set.
   uint64_t max_ready = 0;
   uint64_t max_bytes = 0;
   // [stored] How long a deduplication id is remembered after its message was sent
@@ -103,6 +106,10 @@ struct SubscriptionInfo {
   uint64_t from = 0;      // the first message id it gets
   uint64_t messages = 0;  // in it now, leased or not
   uint64_t leased = 0;
+  uint64_t expired_total = 0;  // dropped from it by a retention limit
+  // Disk it alone holds back: the segments from the one holding its oldest message up to
+  // the oldest one the queue's other views (or the log's head) need (Stats::held_back_bytes).
+  uint64_t held_back_bytes = 0;
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue
@@ -228,6 +235,11 @@ struct Stats {
   uint64_t bytes = 0;          // payload bytes of the messages in the queue (leased included)
   uint64_t bytes_on_disk = 0;
   uint64_t segments = 0;
+  // With subscriptions: the disk this handle's view alone holds back, i.e. what compaction
+  // could free if it acked its messages older than every other view's oldest: the segments
+  // from the one holding its oldest message's record up to, not including, the oldest one
+  // another view (or the log's head) needs. 0 without subscriptions.
+  uint64_t held_back_bytes = 0;
   uint64_t next_id = 0;
   // Deduplication ids remembered now: those of messages sent with one within the queue's
   // dedup_window (a count of the index's dedup table, O(table size)).

@@ -395,6 +395,8 @@ typedef struct spool_stats {
   uint64_t kept_acked_bytes; /* and their payload bytes */
   uint64_t blocked;   /* in an ordered group, behind an earlier message of it */
   uint64_t paused;    /* 1 while the queue is paused (spool_pause), else 0 */
+  /* with subscriptions: disk this handle's reader alone holds back (Stats::held_back_bytes) */
+  uint64_t held_back_bytes;
 } spool_stats;
 
 /* Fills the fields of *out that fit in out->size (SPOOL_INVALID_ARGUMENT if it is 0). */

@@ -827,7 +827,7 @@ spool_code spool_get_stats(spool_queue* q, spool_stats* out) {
                      s.oldest_ready_age_s, s.sent_total, s.acked_total, s.dead_lettered_total,
                      s.expired_total, s.nacked_total, s.bytes, s.bytes_on_disk, s.segments,
                      s.next_id, s.dedup_ids, s.kept_acked, s.kept_acked_bytes, s.blocked,
-                     s.paused ? 1u : 0u};
+                     s.paused ? 1u : 0u, s.held_back_bytes};
     const size_t size = out->size;
     std::memcpy(static_cast<void*>(out), &full, size < sizeof full ? size : sizeof full);
     out->size = size;

@@ -117,13 +117,23 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     if (held_views().size() != queue::active_views(idx).size() + 1) {
       return Status(Code::kIo, "compaction stopped: a subscription's index cannot be opened");
     }
+    // Retention reaches every view without a receive in it (a stalled subscription): what
+    // it drops here is not live below. A failure (a full disk) must not stop the
+    // compaction that frees disk: it is logged, and the next send or compaction retries.
+    if (Status s = retain(clocks(), true); !s.ok()) {
+      spool::log().warn("{}: retention before compaction: {}", dir, s.message());
+    }
     // A dedup id is confirmed against its SEND record and rebuilt from it: a segment holding
     // one still inside the window stays (docs/compaction.md).
     // Replay after ack likewise: the segments from the oldest MSG record of a message acked
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
     const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
-    removed = h.cache.acked_total + h.cache.dead_total + h.cache.expired_total + h.cache.purged_through;
+    removed = 0;  // what every view has let go of so far: compaction may have work if it grew
+    for (auto [k, v] : held_views()) {
+      const auto& c = v->hdr().cache;
+      removed += c.acked_total + c.dead_total + c.expired_total + c.purged_through;
+    }
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {
       return res;

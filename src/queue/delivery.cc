@@ -1,6 +1,7 @@
 // Delivery: reading a message from its record, taking it for a receive (or handing it to
 // the dead-letter queue past max_receives, or dropping it for retention), and logging
 // the leases taken.
+#include <algorithm>
 #include <cctype>
 
 #include "queue/queue_impl.h"
@@ -201,6 +202,55 @@ auto Queue::Impl::expire(uint32_t slot, const Clocks& now) -> Status {
   const uint32_t len = e.len;
   if (auto res = commit(std::span(&rec, 1), now); !res.ok()) return res.status();
   spool::log().warn("{}: retention limit dropped message {} ({} bytes)", dir, id, len);
+  return {};
+}
+
+auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
+  const uint64_t max_age = ms_to_ns(cfg.opts.retention_max_age);
+  const uint64_t max_bytes = cfg.opts.retention_max_bytes;
+  by_age = by_age && max_age != 0;
+  if (!by_age && max_bytes == 0) return {};
+  std::vector<uint16_t> ks{0};
+  for (uint16_t k : queue::active_views(idx)) ks.push_back(k);
+  std::vector<Record> recs;
+  std::vector<std::pair<uint64_t, uint32_t>> oldest;  // (id, slot) of a view's ready messages
+  for (uint16_t k : ks) {
+    index::SharedIndex* v = k == 0 ? &idx : view_index(k);
+    if (v == nullptr) continue;
+    v->assert_held();
+    uint64_t bytes = v->hdr().cache.bytes_live;
+    if (!by_age && bytes <= max_bytes) continue;
+    (void)v->next(now.boot);  // moves the delayed messages due now into the due heap
+    // Its oldest ready messages: the first queued ones (in id order) and the due heap's
+    // (redeliveries, heap order; a backlog of them is read in part: bounded work).
+    oldest.clear();
+    v->for_each_queued([&](uint32_t slot, uint64_t id) {
+      oldest.emplace_back(id, slot);
+      return oldest.size() < kRetainBatch;
+    });
+    const index::HeapItem* due = v->due_begin();
+    for (uint64_t i = 0; i < std::min<uint64_t>(v->due_size(), 4 * kRetainBatch); ++i) {
+      if (int64_t slot = v->find(due[i].id); slot >= 0) oldest.emplace_back(due[i].id, static_cast<uint32_t>(slot));
+    }
+    std::sort(oldest.begin(), oldest.end());
+    if (oldest.size() > kRetainBatch) oldest.resize(kRetainBatch);
+    for (auto [id, slot] : oldest) {
+      const Entry& e = v->entry(slot);
+      bool drop = max_bytes != 0 && bytes > max_bytes;
+      if (!drop && by_age) {
+        std::shared_ptr<storage::Segment> seg;
+        auto r = log->read(Pos::unpack(e.loc), &seg);
+        if (!r.ok()) break;  // a receive meets it and reports it (the index is rebuilt)
+        drop = now.boot - queue::enqueue_key(idx, e.loc, r->t1, now) > max_age;
+      }
+      if (!drop) break;  // the rest are younger (ids follow the send order)
+      bytes -= std::min<uint64_t>(bytes, e.len);
+      recs.push_back(Record{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired, {}, k});
+    }
+  }
+  if (recs.empty()) return {};
+  if (auto res = commit(recs, now); !res.ok()) return res.status();
+  spool::log().warn("{}: retention limit dropped {} message(s) across {} view(s)", dir, recs.size(), ks.size());
   return {};
 }
 

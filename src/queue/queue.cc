@@ -561,18 +561,16 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
       if (duplicates != nullptr) (*duplicates)[i] = first[i] != 0 || from[i] != SIZE_MAX;
     }
     if (recs.empty()) return {};  // every message was a duplicate: nothing written
-    // Retention by bytes: drop the oldest receivable messages while over the limit (their
-    // records go after the messages just written). next() is the oldest unless priorities or
-    // redeliveries are ready (it would take the most urgent); then the lowest ready id.
-    while (q.cfg.opts.retention_max_bytes != 0 && h.cache.bytes_live > q.cfg.opts.retention_max_bytes) {
-      int64_t oldest = q.idx.next(now.boot);
-      if (oldest >= 0 && q.idx.due_size() != 0) {
-        auto lowest = q.lowest_ids(1, StateFilter::only(MessageState::kReady), now.boot);
-        oldest = lowest.empty() ? -1 : lowest.front();
-      }
-      if (oldest < 0) break;
-      if (Status s = q.expire(static_cast<uint32_t>(oldest), now); !s.ok()) return s;
+    // Retention, in every view (the records go after the messages just written): by bytes
+    // at each send; by age at most every eighth of retention_max_age (at least 10 ms
+    // apart), as it reads the oldest messages' records. Receives and compaction check too.
+    bool by_age = false;
+    if (const uint64_t age = ms_to_ns(q.cfg.opts.retention_max_age); age != 0) {
+      const uint64_t last = q.retained_at.load(std::memory_order_relaxed);
+      by_age = now.boot - std::min(now.boot, last) >= std::max<uint64_t>(age / 8, 10'000'000);
+      if (by_age) q.retained_at.store(now.boot, std::memory_order_relaxed);
     }
+    if (Status s = q.retain(now, by_age); !s.ok()) return s;
     end = h.cache.log_end;
     break;
   }
@@ -1239,6 +1237,7 @@ Result<Stats> Queue::Impl::stats() {
     st.bytes = h.cache.bytes_live;
     st.next_id = h.cache.next_id;
     st.paused = h.cache.paused != 0;
+    st.held_back_bytes = q.held_back(q.view_k);
     st.dedup_ids = q.idx.dedup_live(now);  // expiries are boot-clock keys
     v.kept_live(now, ms_to_ns(q.cfg.opts.keep_acked), &st.kept_acked, &st.kept_acked_bytes);
   }

@@ -175,6 +175,11 @@ struct Queue::Impl {
   Status add_subscription(std::string_view name, bool from_start);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
+  // Disk view k alone holds back (Stats::held_back_bytes): the bytes of the segments from
+  // the one holding its oldest message's record up to, not including, the oldest segment
+  // any other view (or the log's head) needs; 0 without subscriptions. Visits every entry
+  // of every view.
+  uint64_t held_back(uint16_t k) REQUIRES(idx);
 
   // ---- deduplication (docs/semantics.md, "Deduplication") -------------------------------
   // (Remembering a new message's dedup id is apply_record()'s.)
@@ -369,6 +374,17 @@ struct Queue::Impl {
   // Drops the message in `slot` for a retention limit: an ACK record flagged EXPIRED, so
   // the drop is durable and counted apart from consumer acks.
   Status expire(uint32_t slot, const Clocks& now) REQUIRES(idx);
+
+  // Retention in every view (view 0 and each active subscription), without a receive in
+  // it: drops (ACK flagged EXPIRED, carrying the view) each view's oldest ready messages
+  // past retention_max_age (`by_age`: it reads their records), and, while the view's stored
+  // bytes exceed retention_max_bytes, its oldest ready ones. Leased and delayed messages
+  // stay, as for a receive (they go once ready again). Bounded: at most kRetainBatch
+  // messages per view per call, walked from the view's oldest. The writes go in one append.
+  static constexpr size_t kRetainBatch = 1024;
+  Status retain(const Clocks& now, bool by_age) REQUIRES(idx);
+  // A send's retention check by age runs at most once per this many ns (it reads records).
+  std::atomic<uint64_t> retained_at{0};
 
   // Logs the leases of messages just taken, in one append. If it fails the
   // index is rebuilt from the log, which undoes the leases. *end is the log end to honour

@@ -187,10 +187,42 @@ auto Queue::Impl::subscriptions() -> Result<std::vector<SubscriptionInfo>> {
     if (index::SharedIndex* v = q.view_index(k)) {
       info.messages = v->hdr().layout.count;
       info.leased = v->hdr().layout.leased;
+      info.expired_total = v->hdr().cache.expired_total;
+      info.held_back_bytes = q.held_back(k);
     }
     out.push_back(std::move(info));
   }
   return out;
+}
+
+auto Queue::Impl::held_back(uint16_t k) -> uint64_t {
+  const std::vector<uint16_t> subs = queue::active_views(idx);
+  if (subs.empty()) return 0;
+  // The lowest segment a view's records sit in (not that of its lowest id: compaction moves
+  // old messages to the log's head).
+  auto oldest_seq = [](index::SharedIndex& v) {
+    uint64_t seq = UINT64_MAX;
+    v.for_each_entry([&](uint32_t, uint64_t, const Entry& e) { seq = std::min(seq, Pos::unpack(e.loc).seq); });
+    return seq;
+  };
+  uint64_t mine = UINT64_MAX;
+  uint64_t others = Pos::unpack(idx.hdr().cache.log_end).seq;
+  auto side = [&](uint16_t j) -> uint64_t& { return j == k ? mine : others; };
+  side(0) = std::min(side(0), oldest_seq(idx));
+  for (uint16_t j : subs) {
+    if (index::SharedIndex* v = view_index(j)) side(j) = std::min(side(j), oldest_seq(*v));
+  }
+  if (mine >= others) return 0;
+  auto seqs = log->segments();
+  if (!seqs.ok()) return 0;
+  uint64_t bytes = 0;
+  for (uint64_t s : *seqs) {
+    struct stat sb {};
+    if (s >= mine && s < others && ::stat(log->segment_path(s).c_str(), &sb) == 0) {
+      bytes += static_cast<uint64_t>(sb.st_blocks) * 512;
+    }
+  }
+  return bytes;
 }
 
 Status Queue::add_subscription(std::string_view name, bool from_start) { return impl_->add_subscription(name, from_start); }

@@ -285,14 +285,31 @@ auto Queue::Impl::room() -> void {
 }
 
 auto Queue::Impl::full_reason(uint64_t n, uint64_t bytes) -> std::string {
-  auto& h = idx.hdr();
   const auto& o = cfg.opts;
-  uint64_t waiting = h.layout.count - h.layout.leased;
-  if (o.max_ready != 0 && waiting + n > o.max_ready) {
-    return std::to_string(waiting) + " messages waiting, max_ready is " + std::to_string(o.max_ready);
+  // With subscriptions the fullest view counts: a stalled subscription holds the producer
+  // back as a full queue does. Unless a retention limit is set: retention then drops that
+  // view's oldest messages instead (retain()), and only the queue's own readers count.
+  const bool retention = o.retention_max_age.count() != 0 || o.retention_max_bytes != 0;
+  struct Fullest {
+    uint64_t n = 0;
+    std::string who;  // "": the queue's own readers
+  };
+  Fullest waiting{idx.hdr().layout.count - idx.hdr().layout.leased, ""}, queued{idx.hdr().cache.bytes_live, ""};
+  auto count = [&](index::SharedIndex& v, std::string_view name) {
+    const auto& h = v.hdr();
+    const std::string who = " (subscription '" + std::string(name) + "')";
+    if (h.layout.count - h.layout.leased > waiting.n) waiting = {h.layout.count - h.layout.leased, who};
+    if (h.cache.bytes_live > queued.n) queued = {h.cache.bytes_live, who};
+  };
+  for (uint16_t k : retention ? std::vector<uint16_t>{} : queue::active_views(idx)) {
+    const index::Subscription& sub = idx.hdr().cache.subs[k - 1];
+    if (index::SharedIndex* v = view_index(k)) count(*v, {sub.name, std::min<size_t>(sub.name_len, index::kSubscriptionName)});
   }
-  if (o.max_bytes != 0 && h.cache.bytes_live + bytes > o.max_bytes) {
-    return std::to_string(h.cache.bytes_live) + " bytes queued, max_bytes is " + std::to_string(o.max_bytes);
+  if (o.max_ready != 0 && waiting.n + n > o.max_ready) {
+    return std::to_string(waiting.n) + " messages waiting" + waiting.who + ", max_ready is " + std::to_string(o.max_ready);
+  }
+  if (o.max_bytes != 0 && queued.n + bytes > o.max_bytes) {
+    return std::to_string(queued.n) + " bytes queued" + queued.who + ", max_bytes is " + std::to_string(o.max_bytes);
   }
   return "";
 }

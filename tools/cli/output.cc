@@ -191,6 +191,15 @@ std::string info_line(const MessageInfo& m, bool dead) {
   return buf + (m.group.empty() ? std::string("-") : one_line(m.group));
 }
 
+nlohmann::json subscription_json(const SubscriptionInfo& s) {
+  return {{"name", s.name},
+          {"from", s.from},
+          {"messages", s.messages},
+          {"in_flight", s.leased},
+          {"expired_total", s.expired_total},
+          {"held_back_bytes", s.held_back_bytes}};
+}
+
 nlohmann::json stats_json(const Stats& s) {
   nlohmann::json holders = nlohmann::json::array();
   for (const auto& h : s.holders) {
@@ -214,6 +223,7 @@ nlohmann::json stats_json(const Stats& s) {
           {"bytes", s.bytes},
           {"disk_bytes", s.bytes_on_disk},
           {"segments", s.segments},
+          {"held_back_bytes", s.held_back_bytes},
           {"dedup_ids", s.dedup_ids},
           {"kept_acked", s.kept_acked},
           {"kept_acked_bytes", s.kept_acked_bytes},
@@ -351,6 +361,9 @@ std::string human_stats(const std::string& queue, const Stats& s, const Stats* p
            format_size(disk->segments) + ", index " + format_size(disk->index) + ", dead-letter queue " +
            format_size(disk->dlq) + ", other " +
            format_size(disk->total - disk->segments - disk->index - disk->dlq) + "\n";
+  }
+  if (s.held_back_bytes != 0) {
+    out += "held back      " + format_size(s.held_back_bytes) + " of segments only this view's messages keep\n";
   }
   if (s.paused) out += "paused         yes: delivers nothing until spool resume\n";
   if (s.kept_acked != 0) {

@@ -37,6 +37,8 @@ nlohmann::json info_json(const MessageInfo& m, bool dead = false);
 std::string info_line(const MessageInfo& m, bool dead = false);
 std::string list_header();
 nlohmann::json stats_json(const Stats& s);
+// A subscription as `spool sub list --json` and `spool stats --json` show it.
+nlohmann::json subscription_json(const SubscriptionInfo& s);
 // The Prometheus text exposition format of some queues' stats, each series labelled
 // queue="NAME" (the dashboard's /metrics); each family's HELP and TYPE come once, as the
 // format requires. The one-queue form is `spool stats --prometheus`.

@@ -82,7 +82,7 @@ bool show(const StatsArgs& a, Watched& w, double target_s, bool several, std::st
     if (auto subs = w.q->subscriptions(); subs.ok() && !subs->empty() && a.sub.empty()) {
       j["subscriptions"] = nlohmann::json::array();
       for (const auto& s : *subs) {
-        j["subscriptions"].push_back({{"name", s.name}, {"from", s.from}, {"messages", s.messages}, {"in_flight", s.leased}});
+        j["subscriptions"].push_back(cli::subscription_json(s));
       }
     }
     if (a.watch) j["time"] = cli::iso_time(std::chrono::system_clock::now());
@@ -97,7 +97,8 @@ bool show(const StatsArgs& a, Watched& w, double target_s, bool several, std::st
     if (auto subs = w.q->subscriptions(); subs.ok() && a.sub.empty()) {
       for (const auto& s : *subs) {
         *out += "subscription   " + s.name + ": " + cli::count_of(s.messages, "message") + ", " +
-                std::to_string(s.leased) + " in flight (spool stats " + w.dir + " --sub " + s.name + ")\n";
+                std::to_string(s.leased) + " in flight, " + std::to_string(s.expired_total) + " expired, holds back " +
+                cli::format_size(s.held_back_bytes) + " (spool stats " + w.dir + " --sub " + s.name + ")\n";
       }
     }
     if (const Millis keep = w.q->options().keep_acked; keep.count() != 0 && st->kept_acked == 0) {

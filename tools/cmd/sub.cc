@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/output.h"
 #include "cli/units.h"
 #include "cmd/command.h"
 
@@ -44,8 +45,7 @@ int run_sub(const SubArgs& a) {
   if (!subs.ok()) return fail(subs.status(), a.dir);
   if (a.json) {
     for (const auto& s : *subs) {
-      nlohmann::json j{{"name", s.name}, {"from", s.from}, {"messages", s.messages}, {"in_flight", s.leased}};
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", cli::subscription_json(s).dump().c_str());
     }
     return 0;
   }
@@ -53,10 +53,11 @@ int run_sub(const SubArgs& a) {
     std::fprintf(stderr, "spool: %s has no subscriptions (spool sub add %s NAME)\n", a.dir.c_str(), a.dir.c_str());
     return 0;
   }
-  std::printf("%-20s %12s %12s %12s\n", "NAME", "FROM", "MESSAGES", "IN_FLIGHT");
+  std::printf("%-20s %12s %12s %12s %12s %12s\n", "NAME", "FROM", "MESSAGES", "IN_FLIGHT", "EXPIRED", "HELD_BACK");
   for (const auto& s : *subs) {
-    std::printf("%-20s %12llu %12llu %12llu\n", s.name.c_str(), static_cast<unsigned long long>(s.from),
-                static_cast<unsigned long long>(s.messages), static_cast<unsigned long long>(s.leased));
+    std::printf("%-20s %12llu %12llu %12llu %12llu %12s\n", s.name.c_str(), static_cast<unsigned long long>(s.from),
+                static_cast<unsigned long long>(s.messages), static_cast<unsigned long long>(s.leased),
+                static_cast<unsigned long long>(s.expired_total), cli::format_size(s.held_back_bytes).c_str());
   }
   return 0;
 }
