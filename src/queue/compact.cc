@@ -123,6 +123,10 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     // within keep_acked on stay, so that replay() finds its payload and its ACK.
     const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
+    for (auto [k, v] : held_views()) {  // each subscription's acks too: replay() is per view
+      v->assert_held();
+      if (k != 0) pinned = std::min(pinned, v->kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
+    }
     removed = h.cache.acked_total + h.cache.dead_total + h.cache.expired_total + h.cache.purged_through;
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {

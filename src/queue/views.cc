@@ -103,6 +103,15 @@ auto Queue::Impl::use_subscription(std::string_view name) -> Status {
   return Status(Code::kNotFound, dir + ": no subscription '" + std::string(name) + "'");
 }
 
+auto Queue::Impl::view_named(std::string_view name) -> Result<uint16_t> {
+  if (name.empty()) return uint16_t{0};
+  const auto& subs = idx.hdr().cache.subs;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    if (subs[k - 1].active != 0 && name_of(subs[k - 1]) == name) return k;
+  }
+  return Status(Code::kNotFound, dir + ": no subscription '" + std::string(name) + "'");
+}
+
 auto Queue::Impl::here() -> Result<index::SharedIndex*> {
   if (view_k == 0) return &idx;
   const index::Subscription& s = idx.hdr().cache.subs[view_k - 1];

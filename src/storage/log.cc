@@ -536,7 +536,9 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
     const bool old_version = (!r.ext.empty() && (version < format::kFirstExtVersion ||
                                                  (version < format::kFirstGroupVersion &&
                                                   storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
-                             (version < format::kFirstViewVersion && (r.view != 0 || r.type == format::RecordType::kSub));
+                             (version < format::kFirstViewVersion &&
+                              (r.view != 0 || r.type == format::RecordType::kSub ||
+                               (r.type == format::RecordType::kMsg && (r.flags & format::kFlagOneView) != 0)));
     if (end.off + buf.size() + sz > seg->info().size || old_version) {
       if (Status s = flush(); !s.ok()) return fail(s);
       auto next = roll(end.seq + 1, seg->info().size, format::kSegmentHeaderSize + opener_size + sz, r.id, &res);
