@@ -2329,9 +2329,12 @@ t_subscriptions_two_services_read_one_stream() {
 # A subscription's dead letters (issue 46): listed, redriven and purged with --sub, and a
 # redrive goes back to the subscription they died in only; replay --sub likewise.
 t_subscriptions_dead_letters_redrive_and_replay_per_subscription() {
-  "$SPOOL" init q --max-receives 1 >/dev/null || fail "init"
-  expect 0 "$SPOOL" sub add q s1
-  expect 0 "$SPOOL" sub add q s2
+  # The queue's own readers have no max_receives; s1 and s2 have theirs (1).
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" sub add q s1 --max-receives 1
+  expect 0 "$SPOOL" sub add q s2 --max-receives 1
+  expect 0 "$SPOOL" sub list q --json
+  eq "s1's own max_receives" "$(jget max_receives)" 1
   expect 0 "$SPOOL" send q poison
   expect 0 "$SPOOL" recv q --sub s1
   expect 0 "$SPOOL" nack q "$(receipt_of)" --sub s1
@@ -2343,6 +2346,8 @@ t_subscriptions_dead_letters_redrive_and_replay_per_subscription() {
   eq "s2's dead letters" "$(lines "$D/out")" 0
   # The queue's own view and s2 take theirs: a redrive must not bring it back to them.
   local v
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" nack q "$(receipt_of)"
   for v in s2 default; do
     if [[ $v == default ]]; then expect 0 "$SPOOL" recv q; else expect 0 "$SPOOL" recv q --sub "$v"; fi
     out_has poison

@@ -800,8 +800,9 @@ TEST_F(SubscriptionQueue, RedriveAndReplayGoBackToTheViewTheyCameFrom) {
   for (Queue* h : {q.get(), s1.get(), s2.get()}) take(*h, 30, std::string(1000, 'f'), false);
   auto c = q->compact();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_GT(c->segments_removed, 0u);
-  EXPECT_GE(c->messages_copied, 3u);
+  // (The background compaction of the process that rolled may have done it first.)
+  const std::string first_segment = qdir() + "/segments/" + std::string(19, '0') + "1.seg";
+  EXPECT_FALSE(std::filesystem::exists(first_segment)) << "the segment of the redriven and replayed messages stayed";
   EXPECT_EQ(held(*s1), "x;");
   EXPECT_EQ(held(*q), "y;");
   EXPECT_EQ(held(*s2), "x;y;");
@@ -826,13 +827,52 @@ TEST_F(SubscriptionQueue, RedriveAndReplayGoBackToTheViewTheyCameFrom) {
   take(*q, 30, std::string(1000, 'f'), false);
   c = q->compact();
   ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_GT(c->segments_removed, 0u);
   EXPECT_EQ(held(*q), "y;");
   q.reset();
   std::filesystem::remove(qdir() + "/index");
   q = open();
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(held(*q), "y;") << "a subscription's message came back in view 0 after a rebuild";
+}
+
+// A subscription's own max_receives (stored in its SUB record): its second delivery
+// dead-letters there, while the queue's own view (max_receives 0) keeps redelivering; it
+// comes back from the log alone (index files deleted).
+TEST_F(SubscriptionQueue, ASubscriptionsOwnMaxReceives) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->add_subscription("s", false, 1).ok());
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  o.subscription = "s";
+  auto opened = Queue::open(qdir(), o);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto s = std::move(opened).value();
+  ASSERT_TRUE(q->send("m").ok());
+  for (Queue* h : {q.get(), s.get()}) {
+    auto got = h->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok() && got->size() == 1u);
+    ASSERT_TRUE(h->nack(got->front().receipt).ok());
+  }
+  auto again = s->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  EXPECT_TRUE(!again.ok() || again->empty()) << "a second delivery past the subscription's max_receives 1";
+  auto mine = q->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
+  EXPECT_EQ(mine->size(), 1u) << "the queue's own view (max_receives 0) dead-lettered";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto dead = (*dlq)->count();
+  ASSERT_TRUE(dead.ok());
+  EXPECT_EQ(*dead, 1u);
+  s.reset();
+  q.reset();
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  auto subs = q->subscriptions();
+  ASSERT_TRUE(subs.ok() && subs->size() == 1u);
+  EXPECT_EQ(subs->front().max_receives, 1u) << "not back from the log";
 }
 
 TEST_F(SubscriptionQueue, AQueueWithoutSubscriptionsHasNoViewFiles) {

@@ -104,6 +104,7 @@ struct SubscriptionInfo {
   uint64_t from = 0;      // the first message id it gets
   uint64_t messages = 0;  // in it now, leased or not
   uint64_t leased = 0;
+  uint32_t max_receives = 0;  // its own (add_subscription); 0: the queue's
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue
@@ -440,6 +441,8 @@ class Queue {
   // records in the log, synced before they return. A handle reads a subscription with
   // QueueOptions::subscription. Compaction keeps a message while any subscription holds it.
   Status add_subscription(std::string_view name, bool from_start = false);
+  // With a max_receives of its own (0: the queue's), stored in its SUB record.
+  Status add_subscription(std::string_view name, bool from_start, uint32_t max_receives);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
   // Makes every write so far durable, whatever the sync policy.

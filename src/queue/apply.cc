@@ -251,6 +251,7 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
     sub.active = 1;
     sub.added = at;
     sub.from = from_start ? (msgs.empty() ? h.cache.next_id : msgs.front().id) : r.id;
+    sub.max_receives = static_cast<uint32_t>(std::min<uint64_t>(r.t1, UINT32_MAX));  // (0: the queue's)
     sub.name_len = static_cast<uint32_t>(std::min<size_t>(r.payload.size(), index::kSubscriptionName));
     std::copy_n(r.payload.data(), sub.name_len, sub.name);
   }

@@ -722,7 +722,7 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
   }
   if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
-  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
+  if (q.cfg.opts.max_receives != 0 || q.view_k != 0) q.dlq.open_early();  // (a subscription may have its own)
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -808,7 +808,7 @@ Result<Message> Queue::Impl::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
-  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
+  if (q.cfg.opts.max_receives != 0 || q.view_k != 0) q.dlq.open_early();  // (a subscription may have its own)
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -1035,7 +1035,7 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     const std::string body = std::move(m->payload);
     // A consumer giving up on the last delivery max_receives allows dead-letters what the
     // next receive would have for that reason.
-    const uint32_t max = q.cfg.opts.max_receives;
+    const uint32_t max = q.max_receives_here();
     index::SharedIndex& v = q.vw();
     v.assert_held();
     const bool spent = max != 0 && v.entry(f->slot).count >= max;

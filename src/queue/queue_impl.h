@@ -172,7 +172,9 @@ struct Queue::Impl {
   }
   // kInvalidArgument for `what` on a subscription's handle (not there yet), else ok.
   Status whole_queue_only(const char* what) const;
-  Status add_subscription(std::string_view name, bool from_start);
+  Status add_subscription(std::string_view name, bool from_start, uint32_t max_receives);
+  // The max_receives of this handle's view: its subscription's own, else the queue's.
+  uint32_t max_receives_here() REQUIRES(idx);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
 
