@@ -120,7 +120,9 @@ ScanResult check_scan(const Segment& seg, const uint8_t* data) {
     FUZZ_CHECK(load<uint32_t>(h + 4) == v.payload.size());
     FUZZ_CHECK(h[8] == static_cast<uint8_t>(v.type) && h[8] >= 1 && h[8] <= format::kMaxRecordType);
     FUZZ_CHECK(load<uint16_t>(h + 10) == v.view && v.view <= format::kMaxSubscriptions);
-    FUZZ_CHECK(v.view == 0 || (info.version >= format::kFirstViewVersion && format::has_view(v.type)));
+    FUZZ_CHECK(v.view == 0 || (info.version >= format::kFirstViewVersion && format::has_view(v.type, v.flags)));
+    FUZZ_CHECK(v.type != format::RecordType::kMsg || (v.flags & format::kFlagOneView) == 0 ||
+               info.version >= format::kFirstViewVersion);
     FUZZ_CHECK(v.flags == h[9] && v.count == load<uint32_t>(h + 12));
     FUZZ_CHECK(v.id == load<uint64_t>(h + 16) && v.t1 == load<uint64_t>(h + 24) &&
                v.t2 == load<uint64_t>(h + 32));

@@ -2350,6 +2350,60 @@ t_a_stalled_subscription_shows_the_disk_it_holds_back() {
   eq "held back once drained" "$(jget held_back_bytes)" 0
 }
 
+# A subscription's dead letters (issue 46): listed, redriven and purged with --sub, and a
+# redrive goes back to the subscription they died in only; replay --sub likewise.
+t_subscriptions_dead_letters_redrive_and_replay_per_subscription() {
+  # The queue's own readers have no max_receives; s1 and s2 have theirs (1).
+  "$SPOOL" init q >/dev/null || fail "init"
+  expect 0 "$SPOOL" sub add q s1 --max-receives 1
+  expect 0 "$SPOOL" sub add q s2 --max-receives 1
+  expect 0 "$SPOOL" sub list q --json
+  eq "s1's own max_receives" "$(jget max_receives)" 1
+  expect 0 "$SPOOL" send q poison
+  expect 0 "$SPOOL" recv q --sub s1
+  expect 0 "$SPOOL" nack q "$(receipt_of)" --sub s1
+  expect 2 "$SPOOL" recv q --sub s1
+  expect 0 "$SPOOL" dlq q list --sub s1 --json
+  eq "s1's dead letters" "$(lines "$D/out")" 1
+  eq "s1's dead letter" "$(jget payload)" poison
+  expect 0 "$SPOOL" dlq q list --sub s2
+  eq "s2's dead letters" "$(lines "$D/out")" 0
+  # The queue's own view and s2 take theirs: a redrive must not bring it back to them.
+  local v
+  expect 0 "$SPOOL" recv q
+  expect 0 "$SPOOL" nack q "$(receipt_of)"
+  for v in s2 default; do
+    if [[ $v == default ]]; then expect 0 "$SPOOL" recv q; else expect 0 "$SPOOL" recv q --sub "$v"; fi
+    out_has poison
+    if [[ $v == default ]]; then expect 0 "$SPOOL" ack q "$(receipt_of)"; else expect 0 "$SPOOL" ack q "$(receipt_of)" --sub "$v"; fi
+  done
+  expect 0 "$SPOOL" dlq q redrive --sub s2 --json
+  out_has '"redriven":0'
+  expect 64 "$SPOOL" dlq q redrive --sub s1 --id 1
+  expect 0 "$SPOOL" dlq q redrive --sub s1 --json
+  out_has '"redriven":1'
+  expect 2 "$SPOOL" recv q --sub s2
+  expect 2 "$SPOOL" recv q
+  expect 0 "$SPOOL" recv q --sub s1
+  out_has poison
+  expect 0 "$SPOOL" ack q "$(receipt_of)" --sub s1
+  # Replay after ack of s2: s2's ack, back to s2 alone.
+  expect 0 "$SPOOL" replay q --sub s2 --since 1h --json
+  eq "replayed" "$(jget replayed)" 1
+  expect 2 "$SPOOL" recv q --sub s1
+  expect 2 "$SPOOL" recv q
+  expect 0 "$SPOOL" recv q --sub s2
+  out_has poison
+  expect 0 "$SPOOL" nack q "$(receipt_of)" --sub s2
+  expect 2 "$SPOOL" recv q --sub s2
+  expect 0 "$SPOOL" dlq q purge --sub s1 --yes --json
+  out_has '"purged":0'
+  expect 0 "$SPOOL" dlq q purge --sub s2 --yes --json
+  out_has '"purged":1'
+  expect 0 "$SPOOL" dlq q list
+  eq "dead letters left" "$(lines "$D/out")" 0
+}
+
 # Issue 48: an attribute key that is not UTF-8 in a stored record (a send refuses one; the
 # test forges one, checksum and all) made recv, peek and show --json abort (nlohmann's
 # type_error 316, exit 134), recv after leasing. Each prints valid JSON, the key escaped as
@@ -2380,6 +2434,7 @@ TESTS=(
   t_help_and_version
   t_subscriptions_two_services_read_one_stream
   t_a_stalled_subscription_shows_the_disk_it_holds_back
+  t_subscriptions_dead_letters_redrive_and_replay_per_subscription
   t_out_of_range_arguments_are_refused
   t_a_stored_key_that_is_not_utf8_is_escaped_in_json
   t_usage_errors_exit_64

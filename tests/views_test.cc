@@ -154,6 +154,36 @@ TEST(Views, EachSubscriptionHasItsOwnStateFromOneStoredCopy) {
   for (uint16_t k : {0, 1, 2}) EXPECT_EQ(q.check(k), "") << "view " << k;
 }
 
+// A MSG flagged kFlagOneView (a redrive or replay of one view's messages) goes into the
+// view its record names only: a subscription's into it alone, view 0's into view 0 alone,
+// one of a subscription not active into none.
+TEST(Views, AMessageForOneViewGoesIntoThatViewOnly) {
+  Views q;
+  q.sub(1, true, 1, "billing");
+  q.sub(2, true, 1, "audit");
+  auto one = [&](uint64_t id, uint16_t k) {
+    return q.apply(storage::Record{RecordType::kMsg, 0, id, kNow, kNow, "x", format::kFlagOneView, {}, k});
+  };
+  one(1, 1);
+  one(2, 0);
+  one(3, 3);  // subscription 3 was never added
+  q.send(4, "every view");
+  EXPECT_EQ(q.of(1, 1), "ready/0");
+  EXPECT_EQ(q.of(0, 1), "none") << "view 1's message went to view 0";
+  EXPECT_EQ(q.of(2, 1), "none") << "view 1's message went to view 2";
+  EXPECT_EQ(q.of(0, 2), "ready/0");
+  EXPECT_EQ(q.of(1, 2), "none") << "view 0's message went to view 1";
+  EXPECT_EQ(q.of(2, 2), "none") << "view 0's message went to view 2";
+  for (uint16_t k : {0, 1, 2}) {
+    EXPECT_EQ(q.of(k, 3), "none") << "a message of an inactive view went to view " << k;
+    EXPECT_EQ(q.of(k, 4), "ready/0") << "view " << k;
+    EXPECT_EQ(q.cache(k).next_id, 5u) << "view " << k;
+    EXPECT_EQ(q.check(k), "") << "view " << k;
+  }
+  EXPECT_EQ(q.cache(1).sent_total, 2u);
+  EXPECT_EQ(q.cache(0).sent_total, 2u);
+}
+
 // Compaction copies with subscriptions: a copy is of no view by itself; each view's LEASE
 // or RELEASE after it moves that view's entry to the copy, or (the original gone with the
 // segments compaction removed) inserts it there. A view with no record after the copy does
@@ -852,6 +882,157 @@ TEST_F(SubscriptionQueue, AStalledSubscriptionHoldsTheProducerBackUnlessRetentio
 }
 
 // A queue that never had a subscription makes no subscription files.
+// Dead letters go back to the view they died in (redrive): subscription s1's to s1 only, the
+// queue's own to view 0 only, never to s2. Replay after ack on s2's handle replays s2's acks
+// back to s2 alone. The same after a rebuild from the log (index files deleted), after a
+// compaction that copies them, and, the subscriptions removed, view 0 never gets theirs.
+TEST_F(SubscriptionQueue, RedriveAndReplayGoBackToTheViewTheyCameFrom) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->add_subscription("s1").ok());
+  ASSERT_TRUE(q->add_subscription("s2").ok());
+  auto handle = [&](const char* name) {
+    QueueOptions o;
+    o.sync = SyncPolicy::kNever;
+    o.subscription = name;
+    auto h = Queue::open(qdir(), o);
+    EXPECT_TRUE(h.ok()) << h.status().to_string();
+    return h.ok() ? std::move(h).value() : nullptr;
+  };
+  auto s1 = handle("s1"), s2 = handle("s2");
+  ASSERT_NE(s1, nullptr);
+  ASSERT_NE(s2, nullptr);
+  // Takes `n` messages of `h` (each `want`, if given) and acks or dead-letters them.
+  auto take = [&](Queue& h, size_t n, const std::string& want, bool dead) {
+    auto got = h.receive(n, std::chrono::seconds(60), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_EQ(got->size(), n);
+    for (const auto& m : *got) {
+      if (!want.empty()) {
+        EXPECT_EQ(m.payload, want);
+      }
+      ASSERT_TRUE((dead ? h.dead_letter(m.receipt) : h.ack(m.receipt)).ok());
+    }
+  };
+  // The payloads a view holds, in id order.
+  auto held = [&](Queue& h) {
+    std::string out;
+    auto p = h.peek(100);
+    EXPECT_TRUE(p.ok()) << p.status().to_string();
+    if (p.ok()) {
+      for (const auto& m : *p) out += m.payload + ";";
+    }
+    return out;
+  };
+  ASSERT_TRUE(q->send("x").ok());
+  take(*s1, 1, "x", true);
+  take(*q, 1, "x", false);
+  take(*s2, 1, "x", false);
+  ASSERT_TRUE(q->send("y").ok());
+  take(*s1, 1, "y", false);
+  take(*q, 1, "y", true);
+  take(*s2, 1, "y", false);
+  auto moved = q->redrive(10, "nope");
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  EXPECT_EQ(*moved, 0u) << "dead letters of no subscription 'nope' were redriven";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto ready = (*dlq)->count(StateFilter::only(MessageState::kReady));
+  ASSERT_TRUE(ready.ok()) << ready.status().to_string();
+  EXPECT_EQ(*ready, 2u) << "skipped dead letters stayed leased";
+  moved = q->redrive(10);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  EXPECT_EQ(*moved, 2u);
+  EXPECT_EQ(held(*s1), "x;");
+  EXPECT_EQ(held(*q), "y;");
+  EXPECT_EQ(held(*s2), "") << "a redrive reached a subscription the dead letters were not of";
+  auto replayed = s2->replay(ReplayOptions{.since = std::chrono::hours(1)});
+  ASSERT_TRUE(replayed.ok()) << replayed.status().to_string();
+  EXPECT_EQ(replayed->replayed, 2u) << "s2's acks";
+  EXPECT_EQ(held(*s2), "x;y;");
+  EXPECT_EQ(held(*s1), "x;") << "s2's replay reached s1";
+  EXPECT_EQ(held(*q), "y;") << "s2's replay reached the queue's own view";
+
+  // Compaction copies them (fillers acked by every view, received first: more urgent).
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(q->send(std::string(1000, 'f'), SendOptions{.priority = 0}).ok());
+  for (Queue* h : {q.get(), s1.get(), s2.get()}) take(*h, 30, std::string(1000, 'f'), false);
+  auto c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  // (The background compaction of the process that rolled may have done it first.)
+  const std::string first_segment = qdir() + "/segments/" + std::string(19, '0') + "1.seg";
+  EXPECT_FALSE(std::filesystem::exists(first_segment)) << "the segment of the redriven and replayed messages stayed";
+  EXPECT_EQ(held(*s1), "x;");
+  EXPECT_EQ(held(*q), "y;");
+  EXPECT_EQ(held(*s2), "x;y;");
+  s1.reset();
+  s2.reset();
+  q.reset();
+  const auto live = files();
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  std::filesystem::remove(qdir() + "/subs/2.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  q.reset();
+  EXPECT_EQ(files(), live) << "a rebuild from the log made other views";
+
+  // Without subscriptions (the path of a copy with none left): view 0 keeps its own only.
+  q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->remove_subscription("s1").ok());
+  ASSERT_TRUE(q->remove_subscription("s2").ok());
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(q->send(std::string(1000, 'f'), SendOptions{.priority = 0}).ok());
+  take(*q, 30, std::string(1000, 'f'), false);
+  c = q->compact();
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(held(*q), "y;");
+  q.reset();
+  std::filesystem::remove(qdir() + "/index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  EXPECT_EQ(held(*q), "y;") << "a subscription's message came back in view 0 after a rebuild";
+}
+
+// A subscription's own max_receives (stored in its SUB record): its second delivery
+// dead-letters there, while the queue's own view (max_receives 0) keeps redelivering; it
+// comes back from the log alone (index files deleted).
+TEST_F(SubscriptionQueue, ASubscriptionsOwnMaxReceives) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->add_subscription("s", false, 1).ok());
+  QueueOptions o;
+  o.sync = SyncPolicy::kNever;
+  o.subscription = "s";
+  auto opened = Queue::open(qdir(), o);
+  ASSERT_TRUE(opened.ok()) << opened.status().to_string();
+  auto s = std::move(opened).value();
+  ASSERT_TRUE(q->send("m").ok());
+  for (Queue* h : {q.get(), s.get()}) {
+    auto got = h->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok() && got->size() == 1u);
+    ASSERT_TRUE(h->nack(got->front().receipt).ok());
+  }
+  auto again = s->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  EXPECT_TRUE(!again.ok() || again->empty()) << "a second delivery past the subscription's max_receives 1";
+  auto mine = q->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
+  EXPECT_EQ(mine->size(), 1u) << "the queue's own view (max_receives 0) dead-lettered";
+  auto dlq = q->dead_letters();
+  ASSERT_TRUE(dlq.ok());
+  auto dead = (*dlq)->count();
+  ASSERT_TRUE(dead.ok());
+  EXPECT_EQ(*dead, 1u);
+  s.reset();
+  q.reset();
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  auto subs = q->subscriptions();
+  ASSERT_TRUE(subs.ok() && subs->size() == 1u);
+  EXPECT_EQ(subs->front().max_receives, 1u) << "not back from the log";
+}
+
 TEST_F(SubscriptionQueue, AQueueWithoutSubscriptionsHasNoViewFiles) {
   auto q = open();
   ASSERT_NE(q, nullptr);

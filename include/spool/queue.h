@@ -78,10 +78,11 @@ struct QueueOptions {
   Millis keep_acked{0};
   // Not stored: the subscription (Queue::add_subscription) this handle reads; empty: the
   // queue's own view. receive, receive_id, ack, nack, extend, dead_letter, bind, bind_leases,
-  // peek, list, count, show and stats act on that subscription's messages; remove, purge,
-  // pause, resume, release, move_to and replay are the queue's own (kInvalidArgument on a
-  // subscription's handle), and a pause holds back every subscription too. A subscription's
-  // dead letters go to the queue's dead-letter queue, marked spool.dead.subscription. An
+  // peek, list, count, show, stats and replay act on that subscription's messages (replay:
+  // its acks, sent back to it only); remove, purge, pause, resume, release and move_to are
+  // the queue's own (kInvalidArgument on a subscription's handle), and a pause holds back
+  // every subscription too. A subscription's dead letters go to the queue's dead-letter
+  // queue, marked spool.dead.subscription, and a redrive sends them back to it only. An
   // unknown name is kNotFound at open; a removed one at the next call.
   std::string subscription = {};
   bool create = true;              // create the queue if the directory holds none
@@ -110,6 +111,7 @@ struct SubscriptionInfo {
   // Disk it alone holds back: the segments from the one holding its oldest message up to
   // the oldest one the queue's other views (or the log's head) need (Stats::held_back_bytes).
   uint64_t held_back_bytes = 0;
+  uint32_t max_receives = 0;  // its own (add_subscription); 0: the queue's
 };
 
 // Per-call durability: kSync makes this one call return only once it is on disk, on a queue
@@ -451,6 +453,8 @@ class Queue {
   // records in the log, synced before they return. A handle reads a subscription with
   // QueueOptions::subscription. Compaction keeps a message while any subscription holds it.
   Status add_subscription(std::string_view name, bool from_start = false);
+  // With a max_receives of its own (0: the queue's), stored in its SUB record.
+  Status add_subscription(std::string_view name, bool from_start, uint32_t max_receives);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
   // Makes every write so far durable, whatever the sync policy.
@@ -474,15 +478,24 @@ class Queue {
 
   // The dead-letter queue (a queue of its own, in dir/dlq, that never dead-letters).
   Result<Queue*> dead_letters();
-  // Moves up to `max` dead letters back into this queue as new messages.
+  // Moves up to `max` dead letters back into this queue as new messages, each for the view
+  // it died in only: one marked spool.dead.subscription=NAME goes to subscription NAME
+  // alone; one without the mark to the queue's own view alone while the queue has
+  // subscriptions (without any, it is every view: as ever). A dead letter whose subscription
+  // was removed stays in the dead-letter queue, not counted. On a subscription's handle,
+  // only that subscription's dead letters.
   Result<uint64_t> redrive(size_t max);
+  // Only the dead letters of subscription `subscription` (empty: every dead letter).
+  Result<uint64_t> redrive(size_t max, std::string_view subscription);
   // Moves the one dead letter `dead_id` (its id in the dead-letter queue, as
-  // dead_letters()->list() shows it) back as a new message; returns the new id. kNotFound if
-  // there is no such dead letter, kEmpty while another caller is redriving or reading it.
+  // dead_letters()->list() shows it) back as a new message, to the view it died in (as
+  // redrive()); returns the new id. kNotFound if there is no such dead letter, or if its
+  // subscription was removed (it stays), kEmpty while another caller is redriving or reading it.
   Result<uint64_t> redrive_id(uint64_t dead_id);
 
   // Replay after ack: sends the messages acked in the window `opts` names again, as new
-  // messages (in the order of their acks), each with its payload, attributes, priority and group plus
+  // messages (in the order of their acks; the acks of this handle's view, sent back to
+  // that view only while the queue has subscriptions), each with its payload, attributes, priority and group plus
   // spool.replay.original_id and spool.replay.acked_at. Reads the log, not the index; only
   // consumer acks count (not remove(), dead-lettering, retention drops or purges). A
   // queue whose keep_acked covers the window keeps every such message; otherwise those

@@ -83,7 +83,7 @@ namespace spool::index {
 inline constexpr uint64_t kIndexMagic = 0x5844494c4f4f5053ull;  // "SPOOLIDX"
 // Bumped at every change of the layout or of what a field means: an index of another
 // version is rebuilt from the log by the first opener.
-inline constexpr uint32_t kIndexVersion = 24;
+inline constexpr uint32_t kIndexVersion = 25;
 inline constexpr uint64_t kMinWindow = 1024;
 inline constexpr uint64_t kMinHeap = 256;
 inline constexpr uint64_t kMinOverflow = 64;
@@ -273,8 +273,10 @@ struct Subscription {
   uint32_t active;  // 1: added and not removed since
   uint32_t name_len;
   char name[kSubscriptionName];
+  uint32_t max_receives;  // its own (its SUB add's t1); 0: the queue's
+  uint32_t reserved;
 };
-static_assert(sizeof(Subscription) == 72);
+static_assert(sizeof(Subscription) == 80);
 
 // Guarded by the index lock; written by queue::apply_record() (see above for the rest).
 struct QueueCache {

@@ -243,6 +243,7 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
     sub.active = 1;
     sub.added = at;
     sub.from = from_start ? (msgs.empty() ? h.cache.next_id : msgs.front().id) : r.id;
+    sub.max_receives = static_cast<uint32_t>(std::min<uint64_t>(r.t1, UINT32_MAX));  // (0: the queue's)
     sub.name_len = static_cast<uint32_t>(std::min<size_t>(r.payload.size(), index::kSubscriptionName));
     std::copy_n(r.payload.data(), sub.name_len, sub.name);
   }
@@ -337,7 +338,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
   const bool subs = any_subscription(x);
   const uint64_t next = h.cache.next_id;  // before this record
   if (r.type != RecordType::kCheckpoint) raise_all(x, keys, r.id, subs);
-  if (r.view != 0) {  // a subscription's: its own index, if it is active
+  if (r.view != 0 && r.type != RecordType::kMsg) {  // a subscription's: its own index, if it is active
     if (r.view > index::kSubscriptions || h.cache.subs[r.view - 1].active == 0 || keys.views == nullptr) return {};
     index::SharedIndex* v = (*keys.views)(r.view);
     if (v == nullptr) return {};
@@ -357,6 +358,25 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
       }
       const uint64_t group_hash = group ? XXH3_64bits(group->data(), group->size()) : 0;
       const auto len = static_cast<uint32_t>(r.payload.size());
+      // Into a subscription's view `k`, unless it took the message already or purged past it.
+      auto into_view = [&](uint16_t k) -> Status {
+        index::SharedIndex* v = (*keys.views)(k);
+        if (v == nullptr) return {};
+        v->assert_held();
+        if (r.id <= v->hdr().cache.purged_through || v->find(r.id) >= 0) return {};
+        Entry e{at, len, 0, index::kNoPos, 0, State::kReady, 0};
+        return insert_message(*v, r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority, group_hash);
+      };
+      // A message for one view (a redrive or replay of its own, kFlagOneView): a
+      // subscription's goes to it alone (nowhere once it is removed), view 0's skips the
+      // fan-out below. A compaction copy is never flagged: its LEASE/RELEASE say who holds it.
+      const bool one_view = !copy && (r.flags & format::kFlagOneView) != 0;
+      if (one_view && r.view != 0) {
+        if (!subs || keys.views == nullptr || r.view > index::kSubscriptions || h.cache.subs[r.view - 1].active == 0) {
+          return {};
+        }
+        return into_view(r.view);
+      }
       if (copy && subs) {
         // Of no view by itself: the LEASE and RELEASE records after it say which hold it.
         if (keys.copies != nullptr) (*keys.copies)[r.id] = Copy{at, len, priority, group_hash};
@@ -378,16 +398,10 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
           }
         }
       }
-      if (copy || !subs || keys.views == nullptr) return {};
+      if (copy || one_view || !subs || keys.views == nullptr) return {};
       for (uint16_t k : active_views(x)) {
-        index::SharedIndex* v = (*keys.views)(k);
-        if (v == nullptr || r.id < h.cache.subs[k - 1].from) continue;
-        v->assert_held();
-        if (r.id <= v->hdr().cache.purged_through || v->find(r.id) >= 0) continue;
-        Entry e{at, len, 0, index::kNoPos, 0, State::kReady, 0};
-        if (Status s = insert_message(*v, r.id, e, keys.ready(at, r.t1, r.t2), keys.now.boot, priority, group_hash); !s.ok()) {
-          return s;
-        }
+        if (r.id < h.cache.subs[k - 1].from) continue;
+        if (Status s = into_view(k); !s.ok()) return s;
       }
       return {};
     }

@@ -130,9 +130,11 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
     const uint64_t now_boot = env->boot_ns();
     pinned = std::min(idx.dedup_oldest_seq(now_boot), idx.kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
     removed = 0;  // what every view has let go of so far: compaction may have work if it grew
-    for (auto [k, v] : held_views()) {
+    for (auto [k, v] : held_views()) {  // each subscription's acks too: replay() is per view
+      v->assert_held();
       const auto& c = v->hdr().cache;
       removed += c.acked_total + c.dead_total + c.expired_total + c.purged_through;
+      if (k != 0) pinned = std::min(pinned, v->kept_oldest_seq(now_boot, ms_to_ns(cfg.opts.keep_acked)));
     }
     if (!everything && removed == fruitless_removed.load() && pinned == fruitless_pinned.load() &&
         fruitless_skips.fetch_add(1) + 1 < kFruitlessScanEvery) {

@@ -119,7 +119,7 @@ auto Queue::Impl::take(uint32_t slot, const Clocks& now, uint64_t vis, uint64_t*
                                       "); the index is rebuilt from the log, try again");
   }
   Entry& e = v.entry(slot);
-  if (cfg.opts.max_receives != 0 && e.count >= cfg.opts.max_receives) {
+  if (const uint32_t max = max_receives_here(); max != 0 && e.count >= max) {
     const std::string body = mapped != nullptr ? std::string(mapped->view) : std::move(msg->payload);
     const uint32_t count = e.count;
     if (Status s = bury(slot, *msg, body, "max_receives", {}, now); !s.ok()) return s;

@@ -409,7 +409,7 @@ std::vector<uint32_t> Queue::Impl::lowest_ids(size_t max, StateFilter states, ui
 // extension per payload ("" for none); `dedup` is empty or holds one dedup id per payload.
 // `duplicates`, if not null, gets one flag per payload. Each message's id goes into `ids`,
 // one per payload.
-Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids, std::vector<bool>* duplicates) {
+Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::span<uint64_t> ids, std::vector<bool>* duplicates, std::optional<std::string_view> for_view) {
   Impl& q = *this;
   if (Status s = q.writable(); !s.ok()) return s;
   if (payloads.empty()) return {};
@@ -433,6 +433,16 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
     SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
     auto& h = q.idx.hdr();
     Clocks now = q.clocks();
+    // For one view (a redrive or a replay): the subscription named, under the lock; the
+    // queue's own is flagged only while it has subscriptions (else it is every view).
+    uint16_t one_view = 0;
+    bool flag_one = false;
+    if (for_view) {
+      auto k = q.view_named(*for_view);
+      if (!k.ok()) return k.status();
+      one_view = *k;
+      flag_one = one_view != 0 || !queue::active_views(q.idx).empty();
+    }
     // Duplicates first (under the lock, so two processes sending one dedup id at once queue
     // it once): `first[i]` is the id a duplicate returns, or 0 for a message to queue;
     // `from[i]` names the earlier message of this batch it repeats.
@@ -542,6 +552,10 @@ Status Queue::Impl::send_core(std::span<const std::string_view> payloads, std::s
       const size_t i = kept(k);
       Record r{RecordType::kMsg, 0, h.cache.next_id + k, now.rt, now.rt + d, payloads[i]};
       if (!exts.empty()) r.ext = exts[i];
+      if (flag_one) {
+        r.flags = format::kFlagOneView;
+        r.view = one_view;
+      }
       if (n_new == 1) {
         single = r;
       } else {
@@ -609,10 +623,10 @@ static Result<std::string> checked_ext(const Fields& f, const std::string& what)
 }
 
 // send_core() into a vector of ids.
-Result<std::vector<uint64_t>> Queue::Impl::send_ids(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::vector<bool>* duplicates) {
+Result<std::vector<uint64_t>> Queue::Impl::send_ids(std::span<const std::string_view> payloads, std::span<const std::string> exts, std::span<const std::string_view> dedup, const SendOptions& opts, std::vector<bool>* duplicates, std::optional<std::string_view> for_view) {
   Impl& q = *this;
   std::vector<uint64_t> ids(payloads.size());
-  if (Status s = q.send_core(payloads, exts, dedup, opts, ids, duplicates); !s.ok()) return s;
+  if (Status s = q.send_core(payloads, exts, dedup, opts, ids, duplicates, for_view); !s.ok()) return s;
   return ids;
 }
 
@@ -669,6 +683,11 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
 
 Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items, const SendOptions& opts,
                                                 std::vector<bool>* duplicates) {
+  return impl_->send_items(items, opts, duplicates);
+}
+
+auto Queue::Impl::send_items(std::span<const SendItem> items, const SendOptions& opts, std::vector<bool>* duplicates,
+                             std::optional<std::string_view> for_view) -> Result<std::vector<uint64_t>> {
   if (duplicates != nullptr) duplicates->clear();  // an empty batch returns before send_core sets it
   if (!payload_only(opts) || !opts.dedup_id.empty()) {
     return Status(Code::kInvalidArgument, "send_batch of SendItems takes attributes, dedup ids, priorities and groups "
@@ -687,7 +706,7 @@ Result<std::vector<uint64_t>> Queue::send_batch(std::span<const SendItem> items,
     exts.push_back(std::move(*ext));
     dedup.push_back(items[i].dedup_id);
   }
-  return impl_->send_ids(payloads, exts, dedup, opts, duplicates);
+  return send_ids(payloads, exts, dedup, opts, duplicates, for_view);
 }
 
 // receive() and receive_views(): with `mapped`, payloads are left in the segments and their
@@ -701,7 +720,7 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
   }
   if (Status s = at_most_a_year("visibility", visibility); !s.ok()) return s;
   uint64_t vis = ms_to_ns(visibility.count() == 0 ? q.cfg.opts.visibility : visibility);
-  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
+  if (q.cfg.opts.max_receives != 0 || q.view_k != 0) q.dlq.open_early();  // (a subscription may have its own)
   uint64_t give_up = 0;  // set when nothing is found the first time (a clock read saved otherwise)
   auto& h = q.idx.hdr();
   for (;;) {
@@ -787,7 +806,7 @@ Result<Message> Queue::Impl::receive_id(uint64_t id, Millis visibility) {
 
 auto Queue::Impl::receive_one(uint64_t id, uint64_t vis, bool even_paused) -> Result<Message> {
   Impl& q = *this;
-  if (q.cfg.opts.max_receives != 0) q.dlq.open_early();
+  if (q.cfg.opts.max_receives != 0 || q.view_k != 0) q.dlq.open_early();  // (a subscription may have its own)
   uint64_t end = 0;
   std::vector<Message> out;
   bool dropped = false;  // dead-lettered or expired by take(); its sync waits for the unlock
@@ -1014,7 +1033,7 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
     const std::string body = std::move(m->payload);
     // A consumer giving up on the last delivery max_receives allows dead-letters what the
     // next receive would have for that reason.
-    const uint32_t max = q.cfg.opts.max_receives;
+    const uint32_t max = q.max_receives_here();
     index::SharedIndex& v = q.vw();
     v.assert_held();
     const bool spent = max != 0 && v.entry(f->slot).count >= max;
@@ -1268,34 +1287,70 @@ Status Queue::Impl::sync() {
 
 Result<Queue*> Queue::dead_letters() { return impl_->dead_letters(); }
 
-// One received dead letter back into `q` as a new message, whose history starts afresh:
-// the dead letter's spool.dead.* stay behind. Send first, then ack: a crash in between
-// duplicates, never loses.
-static Result<uint64_t> redrive_one(Queue& q, Queue& dlq, Message& m, Env& env) {
-  std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
-  auto id = q.send(m.payload, SendOptions{.attributes = m.attributes, .priority = m.priority, .group = m.group});
-  if (!id.ok()) return id.status();
-  env.crashpoint("redrive.after_send");
-  if (Status s = dlq.ack(m.receipt); !s.ok()) return s;
-  return *id;
+// The subscription a dead letter died in (its spool.dead.subscription); "" for the queue's
+// own view (no mark).
+static std::string dead_subscription(const Message& m) {
+  for (const auto& [k, v] : m.attributes) {
+    if (k == "spool.dead.subscription") return v;
+  }
+  return "";
 }
 
-Result<uint64_t> Queue::redrive(size_t max) {
+// One received dead letter back as a new message, whose history starts afresh (the dead
+// letter's spool.dead.* stay behind), for the view it died in only: a subscription's goes to
+// that subscription (kNotFound, and nothing sent, once it is removed), the queue's own to
+// the queue's own view (no subscription gets it again). Send first, then ack: a crash in
+// between duplicates, never loses.
+auto Queue::Impl::redrive_one(Queue& dead, Message& m) -> Result<uint64_t> {
+  const std::string view = dead_subscription(m);
+  std::erase_if(m.attributes, [](const auto& kv) { return kv.first.starts_with("spool.dead."); });
+  SendItem item{m.payload, m.attributes, {}, m.priority, m.group};
+  auto ids = send_items(std::span(&item, 1), SendOptions{}, nullptr, view);
+  if (!ids.ok()) return ids.status();
+  env->crashpoint("redrive.after_send");
+  if (Status s = dead.ack(m.receipt); !s.ok()) return s;
+  return ids->front();
+}
+
+Result<uint64_t> Queue::redrive(size_t max) { return redrive(max, impl_->subscription_name()); }
+
+Result<uint64_t> Queue::redrive(size_t max, std::string_view subscription) {
   if (Status s = impl_->writable(); !s.ok()) return s;
   auto dlq = dead_letters();
   if (!dlq.ok()) return dlq.status();
+  // Dead letters of another subscription than the one asked for, or of one removed since,
+  // stay leased (so that the loop does not take them again) until the end, then are
+  // released (their lease only: a receive count is all they keep of it).
+  std::vector<uint64_t> skipped;
+  auto release_skipped = [&] {
+    for (uint64_t id : skipped) (void)(*dlq)->release(id);
+  };
   uint64_t moved = 0;
   while (moved < max) {
     auto msgs = (*dlq)->receive(std::min<size_t>(max - moved, 256), Millis(60000));
     if (!msgs.ok()) {
       if (msgs.status().code() == Code::kEmpty) break;
+      release_skipped();
       return msgs.status();
     }
     for (auto& m : *msgs) {
-      if (auto id = redrive_one(*this, **dlq, m, impl_->environment()); !id.ok()) return id.status();
+      if (!subscription.empty() && dead_subscription(m) != subscription) {
+        skipped.push_back(m.id);
+        continue;
+      }
+      auto id = impl_->redrive_one(**dlq, m);
+      if (!id.ok() && id.status().code() == Code::kNotFound) {  // its subscription was removed
+        skipped.push_back(m.id);
+        continue;
+      }
+      if (!id.ok()) {
+        release_skipped();
+        return id.status();
+      }
       ++moved;
     }
   }
+  release_skipped();
   return moved;
 }
 
@@ -1310,7 +1365,14 @@ Result<uint64_t> Queue::redrive_id(uint64_t dead_id) {
     }
     return m.status();
   }
-  return redrive_one(*this, **dlq, *m, impl_->environment());
+  auto id = impl_->redrive_one(**dlq, *m);
+  if (!id.ok()) {
+    (void)(*dlq)->release(dead_id);  // (it stays a dead letter)
+    if (id.status().code() == Code::kNotFound) {
+      return Status(Code::kNotFound, "dead letter " + std::to_string(dead_id) + " stays: " + id.status().message());
+    }
+  }
+  return id;
 }
 
 std::string Queue::check_index() { return impl_->check_index(); }

@@ -172,7 +172,9 @@ struct Queue::Impl {
   }
   // kInvalidArgument for `what` on a subscription's handle (not there yet), else ok.
   Status whole_queue_only(const char* what) const;
-  Status add_subscription(std::string_view name, bool from_start);
+  Status add_subscription(std::string_view name, bool from_start, uint32_t max_receives);
+  // The max_receives of this handle's view: its subscription's own, else the queue's.
+  uint32_t max_receives_here() REQUIRES(idx);
   Status remove_subscription(std::string_view name);
   Result<std::vector<SubscriptionInfo>> subscriptions();
   // Disk view k alone holds back (Stats::held_back_bytes): the bytes of the segments from
@@ -413,14 +415,30 @@ struct Queue::Impl {
   // Every send: `payloads[i]` with extension `exts[i]` (none if empty) and dedup id
   // `dedup[i]` (none if empty) gets `ids[i]`; `duplicates`, if given, says which were
   // already sent within the dedup window.
+  // `for_view`: unset, a message for every view; set, for one view only (kFlagOneView): the
+  // subscription it names (kNotFound if there is none), or with "" the queue's own (flagged
+  // only while the queue has subscriptions: without, the record is as before).
   Status send_core(std::span<const std::string_view> payloads, std::span<const std::string> exts,
                    std::span<const std::string_view> dedup, const SendOptions& opts,
-                   std::span<uint64_t> ids, std::vector<bool>* duplicates = nullptr);
+                   std::span<uint64_t> ids, std::vector<bool>* duplicates = nullptr,
+                   std::optional<std::string_view> for_view = std::nullopt);
   Result<std::vector<uint64_t>> send_ids(std::span<const std::string_view> payloads,
                                          std::span<const std::string> exts,
                                          std::span<const std::string_view> dedup,
                                          const SendOptions& opts,
-                                         std::vector<bool>* duplicates = nullptr);
+                                         std::vector<bool>* duplicates = nullptr,
+                                         std::optional<std::string_view> for_view = std::nullopt);
+  // send_batch() of SendItems, for one view with `for_view` (as send_core()).
+  Result<std::vector<uint64_t>> send_items(std::span<const SendItem> items, const SendOptions& opts,
+                                           std::vector<bool>* duplicates,
+                                           std::optional<std::string_view> for_view = std::nullopt);
+  // The number of the active subscription `name` (0 for "": the queue's own view).
+  Result<uint16_t> view_named(std::string_view name) REQUIRES(idx);
+  // One received dead letter `m` of `dead` (the dead-letter queue) back into the view it
+  // died in (redrive).
+  Result<uint64_t> redrive_one(Queue& dead, Message& m);
+  // The subscription this handle reads ("": the queue's own view).
+  const std::string& subscription_name() const { return view_name; }
   // receive() and receive_views(): with `mapped`, payloads are left in the segments.
   Result<std::vector<Message>> receive_impl(size_t max, Millis visibility, Millis wait,
                                             std::vector<Mapped>* mapped);

@@ -1,5 +1,6 @@
 // Replay after ack (docs/semantics.md, "Replay after ack"): sends the messages acked within a time
-// window again, as new messages, from what the log still holds.
+// window again, as new messages, from what the log still holds. Per view: the acks of the
+// handle's view (ACK records carry it), sent back for that view only (kFlagOneView).
 //
 // The log is read, not the index (a cache that forgets a message at its ack): one pass
 // finds the ACK records in the window, a second the MSG record of each (the original or a
@@ -34,7 +35,6 @@ struct Acked {
 Result<ReplayResult> Queue::replay(const ReplayOptions& o) { return impl_->replay(*this, o); }
 
 Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
-  if (Status s = whole_queue_only("replay"); !s.ok()) return s;
   Impl& q = *this;
   if (o.since.count() <= 0 || o.until.count() < 0 || o.until >= o.since) {
     return Status(Code::kInvalidArgument, "replay: the window must have since > until >= 0 (since " +
@@ -105,7 +105,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
       clock.clock_record(r);
     }
     latest = std::max(latest, clock.written_wall(pos.pack(), r));
-    if (r.type != RecordType::kAck) return;
+    if (r.type != RecordType::kAck || r.view != q.view_k) return;  // this handle's view's acks
     if ((r.flags & (format::kFlagExpired | format::kFlagDeleted)) != 0) return;  // not a consumer's ack
     if (latest < lo || latest > hi || acks.size() >= o.max || want.contains(r.id)) return;
     want.emplace(r.id, acks.size());
@@ -128,7 +128,10 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
   uint64_t batch_bytes = 0;
   auto flush = [&]() -> Status {
     if (items.empty()) return {};
-    auto ids = target->send_batch(std::span<const SendItem>(items));
+    // Into this queue: for the view the acks were of only (the queue's own while it has
+    // subscriptions, or this handle's subscription); into another: as any send.
+    auto ids = other ? target->send_batch(std::span<const SendItem>(items))
+                     : q.send_items(std::span<const SendItem>(items), SendOptions{}, nullptr, std::string_view(q.view_name));
     if (!ids.ok()) {
       return Status(ids.status().code(), "replay: sending " + std::to_string(items.size()) + " messages after " +
                                              std::to_string(res.replayed) + ": " + ids.status().message());

@@ -103,6 +103,15 @@ auto Queue::Impl::use_subscription(std::string_view name) -> Status {
   return Status(Code::kNotFound, dir + ": no subscription '" + std::string(name) + "'");
 }
 
+auto Queue::Impl::view_named(std::string_view name) -> Result<uint16_t> {
+  if (name.empty()) return uint16_t{0};
+  const auto& subs = idx.hdr().cache.subs;
+  for (uint16_t k = 1; k <= index::kSubscriptions; ++k) {
+    if (subs[k - 1].active != 0 && name_of(subs[k - 1]) == name) return k;
+  }
+  return Status(Code::kNotFound, dir + ": no subscription '" + std::string(name) + "'");
+}
+
 auto Queue::Impl::here() -> Result<index::SharedIndex*> {
   if (view_k == 0) return &idx;
   const index::Subscription& s = idx.hdr().cache.subs[view_k - 1];
@@ -120,7 +129,12 @@ auto Queue::Impl::whole_queue_only(const char* what) const -> Status {
                                             "') is not supported yet; open the queue without one");
 }
 
-auto Queue::Impl::add_subscription(std::string_view name, bool from_start) -> Status {
+auto Queue::Impl::max_receives_here() -> uint32_t {
+  if (view_k != 0 && idx.hdr().cache.subs[view_k - 1].max_receives != 0) return idx.hdr().cache.subs[view_k - 1].max_receives;
+  return cfg.opts.max_receives;
+}
+
+auto Queue::Impl::add_subscription(std::string_view name, bool from_start, uint32_t max_receives) -> Status {
   Impl& q = *this;
   if (Status s = check_subscription_name(name); !s.ok()) return s;
   if (Status s = q.writable(); !s.ok()) return s;
@@ -144,7 +158,8 @@ auto Queue::Impl::add_subscription(std::string_view name, bool from_start) -> St
       return Status(Code::kIo, q.dir + ": cannot make the index of subscription '" + std::string(name) + "'");
     }
     const Clocks now = q.clocks();
-    Record rec{RecordType::kSub, 1, from_start ? 0 : q.idx.hdr().cache.next_id, 0, 0, name, 0, {}, free};
+    // (t1: its own max_receives, 0 for the queue's; restated with it at every segment's start)
+    Record rec{RecordType::kSub, 1, from_start ? 0 : q.idx.hdr().cache.next_id, max_receives, 0, name, 0, {}, free};
     auto res = q.commit(std::span(&rec, 1), now);
     if (!res.ok()) return res.status();
     end = res->end.pack();
@@ -184,6 +199,7 @@ auto Queue::Impl::subscriptions() -> Result<std::vector<SubscriptionInfo>> {
     SubscriptionInfo info;
     info.name = std::string(name_of(s));
     info.from = s.from;
+    info.max_receives = s.max_receives;
     if (index::SharedIndex* v = q.view_index(k)) {
       info.messages = v->hdr().layout.count;
       info.leased = v->hdr().layout.leased;
@@ -225,7 +241,10 @@ auto Queue::Impl::held_back(uint16_t k) -> uint64_t {
   return bytes;
 }
 
-Status Queue::add_subscription(std::string_view name, bool from_start) { return impl_->add_subscription(name, from_start); }
+Status Queue::add_subscription(std::string_view name, bool from_start) { return impl_->add_subscription(name, from_start, 0); }
+Status Queue::add_subscription(std::string_view name, bool from_start, uint32_t max_receives) {
+  return impl_->add_subscription(name, from_start, max_receives);
+}
 Status Queue::remove_subscription(std::string_view name) { return impl_->remove_subscription(name); }
 Result<std::vector<SubscriptionInfo>> Queue::subscriptions() { return impl_->subscriptions(); }
 

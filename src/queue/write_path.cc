@@ -65,7 +65,7 @@ auto Queue::Impl::commit(std::span<const Record> recs, const Clocks& now, storag
     const index::Subscription& sub = h.cache.subs[k - 1];
     if (sub.active == 0) continue;
     const std::string_view name(sub.name, std::min<size_t>(sub.name_len, index::kSubscriptionName));
-    opener[n++] = Record{RecordType::kSub, 1, sub.from, 0, 0, name, format::kFlagRestated, {}, k};
+    opener[n++] = Record{RecordType::kSub, 1, sub.from, sub.max_receives, 0, name, format::kFlagRestated, {}, k};
   }
   auto res = log->append(Pos::unpack(h.cache.log_end), recs, h.cache.next_id, std::span(opener.data(), n), tail);
   if (!res.ok()) {

@@ -55,11 +55,16 @@ inline constexpr uint8_t kFlagNack = 4;     // RELEASE written by a consumer's n
 inline constexpr uint8_t kFlagExt = 8;      // MSG whose payload starts with an extension area
 inline constexpr uint8_t kFlagDeleted = 16;  // ACK written by a delete by id, not a consumer
 inline constexpr uint8_t kFlagRestated = 32;  // SUB add that opens a segment: restates an active view
+// MSG for one view only (version 4): the record's view field names it (0 included), and no
+// other view gets the message (a redrive or replay of one subscription's messages).
+inline constexpr uint8_t kFlagOneView = 64;
 
-// Whether a record of `type` may carry a view other than 0 (a SUB's is the subscription it
-// adds or removes; MSG, CHECKPOINT and CLOCK records are the queue's, not a view's).
-inline constexpr bool has_view(RecordType type) {
-  return type != RecordType::kMsg && type != RecordType::kCheckpoint && type != RecordType::kClock;
+// Whether a record of `type` with `flags` may carry a view other than 0 (a SUB's is the
+// subscription it adds or removes; CHECKPOINT and CLOCK records are the queue's, not a
+// view's, and so is a MSG unless it is flagged kFlagOneView).
+inline constexpr bool has_view(RecordType type, uint8_t flags) {
+  if (type == RecordType::kMsg) return (flags & kFlagOneView) != 0;
+  return type != RecordType::kCheckpoint && type != RecordType::kClock;
 }
 
 // The extension area of a MSG record (docs/format.md, "Message extension").

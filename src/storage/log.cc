@@ -511,11 +511,13 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
   // Whether `r` may not go into a segment of `version`: an extended record never goes into
   // a segment of a version before extensions, whose readers would take the extension for
   // payload; likewise a GROUP entry (an order older readers would not keep); and a record
-  // of a subscription (a view, or SUB). Such a segment is sealed first.
+  // of a subscription (a view, SUB, or a MSG for one view). Such a segment is sealed first.
   auto too_new_for = [](const Record& r, uint32_t version) {
     return (!r.ext.empty() && (version < format::kFirstExtVersion ||
                                (version < format::kFirstGroupVersion && storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
-           (version < format::kFirstViewVersion && (r.view != 0 || r.type == format::RecordType::kSub));
+           (version < format::kFirstViewVersion &&
+            (r.view != 0 || r.type == format::RecordType::kSub ||
+             (r.type == format::RecordType::kMsg && (r.flags & format::kFlagOneView) != 0)));
   };
   std::vector<Written> written_exiting;
   std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;

@@ -228,10 +228,12 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
   if (type == 0 || type > format::kMaxRecordType) return std::nullopt;
   // Before version 4 the view field was reserved (0) and there were no SUB records; since,
   // only a view's records carry one, and none past the last subscription number.
+  // A MSG for one view (kFlagOneView) is of version 4 too.
+  const bool one_view = type == static_cast<uint8_t>(format::RecordType::kMsg) && (h[9] & format::kFlagOneView) != 0;
   if (version < format::kFirstViewVersion) {
-    if (view != 0 || type == static_cast<uint8_t>(format::RecordType::kSub)) return std::nullopt;
+    if (view != 0 || type == static_cast<uint8_t>(format::RecordType::kSub) || one_view) return std::nullopt;
   } else if (view > format::kMaxSubscriptions ||
-             (view != 0 && !format::has_view(static_cast<format::RecordType>(type)))) {
+             (view != 0 && !format::has_view(static_cast<format::RecordType>(type), h[9]))) {
     return std::nullopt;
   }
   uint64_t len = load<uint32_t>(h + 4);

@@ -37,7 +37,7 @@ struct Record {
   // encoder sets kFlagExt when it is not empty. Empty: the record is as in version 1.
   std::string_view ext = {};
   // The view (subscription) the record is of: 0, the default, is what every record before
-  // version 4 is of. Only where format::has_view(type); a SUB's is the subscription.
+  // version 4 is of. Only where format::has_view(type, flags); a SUB's is the subscription.
   uint16_t view = 0;
 };
 

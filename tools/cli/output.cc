@@ -197,7 +197,8 @@ nlohmann::json subscription_json(const SubscriptionInfo& s) {
           {"messages", s.messages},
           {"in_flight", s.leased},
           {"expired_total", s.expired_total},
-          {"held_back_bytes", s.held_back_bytes}};
+          {"held_back_bytes", s.held_back_bytes},
+          {"max_receives", s.max_receives}};
 }
 
 nlohmann::json stats_json(const Stats& s) {

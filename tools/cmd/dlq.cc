@@ -12,7 +12,7 @@ namespace spool::cmd {
 namespace {
 
 struct DlqArgs {
-  std::string dir, action;
+  std::string dir, action, sub;  // sub: only the dead letters of this subscription
   std::vector<std::string> ids;  // redrive --id
   size_t n = 1;
   bool json = false, yes = false;
@@ -56,6 +56,41 @@ int redrive_ids(Queue& q, const DlqArgs& a) {
   return rc;
 }
 
+// Whether dead letter `m` died in subscription `sub` (its spool.dead.subscription mark).
+bool of_subscription(const Message& m, const std::string& sub) {
+  for (const auto& [k, v] : m.attributes) {
+    if (k == "spool.dead.subscription") return v == sub;
+  }
+  return false;
+}
+
+// Every dead letter of subscription `sub` (each peeked: a dead-letter queue is read whole).
+Result<std::vector<Message>> dead_letters_of(Queue& dlq, const std::string& sub) {
+  auto all = dlq.peek(SIZE_MAX);
+  if (!all.ok()) return all.status();
+  std::erase_if(*all, [&](const Message& m) { return !of_subscription(m, sub); });
+  return all;
+}
+
+// dlq purge --sub: removes that subscription's dead letters only, one by one.
+int purge_subscription(Queue& dlq, const DlqArgs& a) {
+  auto msgs = dead_letters_of(dlq, a.sub);
+  if (!msgs.ok()) return fail(msgs.status(), a.dir);
+  uint64_t purged = 0;
+  for (const Message& m : *msgs) {
+    Status s = dlq.remove(m.id);
+    if (s.code() == Code::kNotFound) continue;  // redriven or purged meanwhile
+    if (!s.ok()) return fail(s, a.dir);
+    ++purged;
+  }
+  if (a.json) {
+    std::printf("{\"purged\":%" PRIu64 "}\n", purged);
+  } else {
+    std::fprintf(stderr, "purged %s of subscription %s\n", cli::count_of(purged, "dead letter").c_str(), a.sub.c_str());
+  }
+  return 0;
+}
+
 int run_dlq(const DlqArgs& a, bool n_given) {
   if (a.action == "purge" && !a.yes) {
     throw UsageError{"dlq purge deletes every dead letter of " + a.dir + "; add --yes to confirm"};
@@ -66,12 +101,16 @@ int run_dlq(const DlqArgs& a, bool n_given) {
   if (a.action == "redrive" && n_given && a.n == 0) throw UsageError{"-n must be at least 1 for dlq redrive"};
   if (!a.ids.empty() && a.action != "redrive") throw UsageError{"--id is for dlq redrive"};
   if (!a.ids.empty() && n_given) throw UsageError{"give -n or --id to dlq redrive, not both"};
+  if (!a.ids.empty() && !a.sub.empty()) {
+    throw UsageError{"give --id or --sub to dlq redrive, not both (a dead letter goes back to its own subscription)"};
+  }
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
   if (a.action == "purge") {
     auto d = q->dead_letters();
     if (!d.ok()) return fail(d.status(), a.dir);
+    if (!a.sub.empty()) return purge_subscription(**d, a);
     auto count = (*d)->purge();
     if (!count.ok()) return fail(count.status(), a.dir);
     if (a.json) {
@@ -93,7 +132,7 @@ int run_dlq(const DlqArgs& a, bool n_given) {
     cli::ProgressBar bar("redrive");
     while (moved < limit) {
       const uint64_t want = std::min<uint64_t>(1000, limit - moved);
-      auto chunk = q->redrive(static_cast<size_t>(want));
+      auto chunk = q->redrive(static_cast<size_t>(want), a.sub);
       if (!chunk.ok()) return fail(chunk.status(), a.dir);
       moved += *chunk;
       bar.update(moved, std::max(total, moved));
@@ -104,8 +143,9 @@ int run_dlq(const DlqArgs& a, bool n_given) {
   }
   auto d = q->dead_letters();
   if (!d.ok()) return fail(d.status(), a.dir);
-  auto msgs = (*d)->peek(n_given ? a.n : 100);
+  auto msgs = a.sub.empty() ? (*d)->peek(n_given ? a.n : 100) : dead_letters_of(**d, a.sub);
   if (!msgs.ok()) return fail(msgs.status(), a.dir);
+  if (msgs->size() > (n_given ? a.n : 100)) msgs->resize(n_given ? a.n : 100);
   print_messages(*msgs, a.json, false, true);  // each named by its original id
   return 0;
 }
@@ -121,10 +161,15 @@ Command add_dlq(CLI::App& app) {
   dlq->add_option("--id", a->ids, "redrive: only these dead letters (ids as dlq list prints them; repeatable); "
                                   "prints the new id of each")
       ->allow_extra_args(false);
+  dlq->add_option("--sub", a->sub, "Only the dead letters of subscription NAME (marked spool.dead.subscription=NAME); "
+                                   "without it: every dead letter");
   dlq->add_flag("--json", a->json, "list: one JSON object per line; redrive, purge: the count as JSON");
   dlq->add_flag("--yes", a->yes, "purge: confirm");
   dlq->footer("Examples: spool dlq q list -n 10   |   spool dlq q list --json | jq -r .payload   |   spool dlq q redrive\n"
               "          spool dlq q redrive -n 5   |   spool dlq q redrive --id 3 --id 7   |   spool dlq q purge --yes\n"
+              "          spool dlq q list --sub billing   |   spool dlq q redrive --sub billing\n"
+              "A dead letter goes back to the view it died in: a subscription's to that subscription only, the\n"
+              "queue's own (no mark) to the queue's own view only; one whose subscription was removed stays.\n"
               "redrive --id: an id that is not a dead letter is reported and the others are still redriven (exit 1).");
   Command c{dlq, [a, dlq] { return run_dlq(*a, dlq->count("-n") != 0); }};
   c.stdout_data = [a]() -> const char* {

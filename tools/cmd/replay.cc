@@ -10,7 +10,7 @@ namespace spool::cmd {
 namespace {
 
 struct ReplayArgs {
-  std::string dir, since, until, to, max;
+  std::string dir, since, until, to, max, sub;
   bool json = false;
 };
 
@@ -23,7 +23,7 @@ int run_replay(const ReplayArgs& a) {
   if (!a.max.empty()) o.max = count_arg("--max", a.max);
   o.to = a.to;
   Status err;
-  auto q = open_existing(a.dir, &err);
+  auto q = open_existing(a.dir, &err, a.sub);
   if (!q) return fail(err, a.dir);
   auto r = q->replay(o);
   if (!r.ok()) return fail(r.status(), a.to.empty() ? a.dir : "");
@@ -54,6 +54,8 @@ Command add_replay(CLI::App& app) {
   replay->add_option("--until", a->until, "... and at least this long ago (default 0: up to now)");
   replay->add_option("--to", a->to, "Send them to this queue (an existing one) instead of DIR");
   replay->add_option("--max", a->max, "At most this many (the earliest acks first)");
+  replay->add_option("--sub", a->sub, "Replay subscription NAME's acks, back to that subscription only "
+                                      "(default: the queue's own acks, back to its own view only)");
   replay->add_flag("--json", a->json, "Print the result as JSON");
   replay->footer("Each replayed message carries its payload and attributes plus spool.replay.original_id and\n"
                  "spool.replay.acked_at. Acked messages stay replayable for the queue's keep_acked\n"

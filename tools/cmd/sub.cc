@@ -15,6 +15,7 @@ namespace {
 
 struct SubArgs {
   std::string action, dir, name, from = "now";
+  uint32_t max_receives = 0;
   bool json = false;
 };
 
@@ -22,11 +23,12 @@ int run_sub(const SubArgs& a) {
   if (a.action != "list" && a.name.empty()) throw UsageError{"sub " + a.action + " needs the subscription's NAME"};
   if (a.action == "list" && !a.name.empty()) throw UsageError{"sub list takes no NAME"};
   if (a.action != "add" && a.from != "now") throw UsageError{"--from goes with sub add"};
+  if (a.action != "add" && a.max_receives != 0) throw UsageError{"--max-receives goes with sub add"};
   Status err;
   auto q = open_existing(a.dir, &err);
   if (!q) return fail(err, a.dir);
   if (a.action == "add") {
-    if (Status s = q->add_subscription(a.name, a.from == "start"); !s.ok()) return fail(s, a.dir);
+    if (Status s = q->add_subscription(a.name, a.from == "start", a.max_receives); !s.ok()) return fail(s, a.dir);
     auto subs = q->subscriptions();
     if (!subs.ok()) return fail(subs.status(), a.dir);
     for (const auto& s : *subs) {
@@ -73,6 +75,8 @@ Command add_sub(CLI::App& app) {
   sub->add_option("--from", a->from, "add: the messages it gets: those sent from now on (default), or also every "
                                      "message in the queue now")
       ->check(CLI::IsMember({"now", "start"}));
+  sub->add_option("--max-receives", a->max_receives, "add: its own max_receives (deliveries before a message is "
+                                                     "dead-lettered; default 0: the queue's)");
   sub->add_flag("--json", a->json, "list: one JSON object per line");
   sub->footer("Each subscription gets every message sent after it was added, from one stored copy, with leases,\n"
               "receive counts and dead letters of its own: read it with --sub NAME on recv, ack, nack, extend,\n"
