@@ -9,9 +9,10 @@
 //  B "queues": R queues; the producer sends each batch to every one of them; reader i drains
 //              queue i.
 //
-// Producer: send_batch of 64 payloads. Readers: receive(64) and an ack per message, until
-// each has acked all N. Both setups run in every round, interleaved (A first in odd rounds, B
-// first in even ones), and the medians over the rounds are printed with the ratios B/A.
+// Producer: send_batch of 64 payloads. Readers: receive(64) and an ack per message (or, with
+// --ack=batch, one ack_batch of the 64), until each has acked all N. Both setups run in
+// every round, interleaved (A first in odd rounds, B first in even ones), and the medians
+// over the rounds are printed with the ratios B/A.
 //
 // Modes: "live" starts the producer and the readers together (throughput of a reader =
 // N / time from the common start to its last ack, so it is also bounded by the producer);
@@ -29,7 +30,7 @@
 // the processes share); CPU = CPU time of all processes per delivery (N x readers).
 //
 // Usage: bench_fanout [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog]
-//                     [--sync=never|interval|always] [--setups=A,B] [--keep]
+//                     [--sync=never|interval|always] [--setups=A,B] [--ack=each|batch] [--keep]
 // Files go to a fresh directory under /var/tmp (SPOOL_BENCH_DIR overrides), removed at the end.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -185,6 +186,9 @@ void produce(const Setup& s, SyncPolicy sync, uint64_t n, size_t size) {
   }
 }
 
+// --ack=batch: each received batch acked with one ack_batch call, not an ack per message.
+bool g_ack_batch = false;
+
 void consume(std::unique_ptr<Queue>& q, uint64_t n, Child& me) {
   const uint64_t deadline = mono_ns() + kDeadlineNs;
   uint64_t acked = 0;
@@ -198,9 +202,20 @@ void consume(std::unique_ptr<Queue>& q, uint64_t n, Child& me) {
       if (r.status().code() == Code::kEmpty) continue;
       child_fail("receive", r.status());
     }
-    for (const auto& m : *r) {
-      Status st = q->ack(m.receipt);
-      if (!st.ok()) child_fail("ack", st);
+    if (g_ack_batch) {
+      std::vector<std::string_view> receipts;
+      receipts.reserve(r->size());
+      for (const auto& m : *r) receipts.push_back(m.receipt);
+      auto res = q->ack_batch(receipts);
+      if (!res.ok()) child_fail("ack_batch", res.status());
+      for (const Status& st : *res) {
+        if (!st.ok()) child_fail("ack_batch", st);
+      }
+    } else {
+      for (const auto& m : *r) {
+        Status st = q->ack(m.receipt);
+        if (!st.ok()) child_fail("ack", st);
+      }
     }
     acked += r->size();
   }
@@ -501,6 +516,8 @@ int main(int argc, char** argv) {
       modes = a.substr(7);
     } else if (a.starts_with("--setups=")) {
       g_setups = a.substr(9);
+    } else if (a == "--ack=batch" || a == "--ack=each") {
+      g_ack_batch = a == "--ack=batch";
     } else if (a == "--keep") {
       g_keep = true;
     } else if (a.starts_with("--sync=")) {
@@ -511,7 +528,7 @@ int main(int argc, char** argv) {
       else return std::fprintf(stderr, "--sync: always, interval or never\n"), 2;
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog] [--sync=P] [--setups=A,B] [--keep]\n"
+                   "usage: %s [--n=N] [--size=B] [--readers=R] [--rounds=K] [--mode=live,backlog] [--sync=P] [--setups=A,B] [--ack=each|batch] [--keep]\n"
                    "  --n        messages (default 200000)\n"
                    "  --size     payload bytes (default 100)\n"
                    "  --readers  readers in each setup, 2..17 (default 10)\n"
@@ -519,6 +536,7 @@ int main(int argc, char** argv) {
                    "  --mode     live (producer and readers together), backlog (fill, then drain), or both\n"
                    "  --sync     the queues' sync policy (default never)\n"
                    "  --setups   run A (subscriptions), B (queues) or both (default)\n"
+                   "  --ack      each: one ack per message (default); batch: one ack_batch per receive\n"
                    "  --keep     leave the last round's queues (and print where)\n",
                    argv[0]);
       return 2;
@@ -542,8 +560,8 @@ int main(int argc, char** argv) {
   std::printf("summed over producer and readers (file pages dirtied: log and index files); index = the\n");
   std::printf("index files' sizes (QUEUE/index + QUEUE/subs/*.index); RSS, anon = a reader's VmRSS and RssAnon\n");
   std::printf("when done (median; RSS includes the mapped log and index pages, shared between processes);\n");
-  std::printf("CPU = CPU time of all processes per delivery (N x readers). Receive in batches of %zu, one ack each.\n",
-              kBatch);
+  std::printf("CPU = CPU time of all processes per delivery (N x readers). Receive in batches of %zu, %s.\n",
+              kBatch, g_ack_batch ? "acked with one ack_batch each" : "one ack each");
   uint64_t t0 = mono_ns();
   if (selected(modes, "live")) section(true, sync, n, size, readers, rounds);
   if (selected(modes, "backlog")) section(false, sync, n, size, readers, rounds);

@@ -120,6 +120,19 @@ int main(int argc, char** argv) {
     s.append({control(RecordType::kDead, 3)});
     s.append({control(RecordType::kPurge, 4)});
     s.append({msg(5, std::string(700, 'x'))});
+    {  // A receive of many and an ack_batch: LIST records of runs of ids.
+      s.append({msg(6, "a"), msg(7, "b"), msg(8, "c")});
+      const std::vector<uint64_t> ids{5, 6, 7, 8};
+      const std::string list = spool::storage::encode_list(ids);
+      Record lease = control(RecordType::kLease, 8, 1, 1700000030000000000ull);
+      lease.flags = spool::format::kFlagList;
+      lease.payload = list;
+      Record ack = control(RecordType::kAck, 8, 1);
+      ack.flags = spool::format::kFlagList;
+      ack.payload = list;
+      s.append({lease});
+      s.append({ack});
+    }
     const std::string seg = s.segment(1);
     emit("all-types-8k", seg);
     // The header promises 8 KiB but the file stops short, as after an outside truncation.

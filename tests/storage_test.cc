@@ -1077,6 +1077,21 @@ TEST_F(SegmentOpenTest, TheViewFieldAndSubRecordsAreReadOnlyWhereTheSegmentsVers
   const std::string name = "orders";
   const std::string checkpoint(80, '\0');
   const std::string clock(8, '\1');
+  // LIST payloads (runs of ids): sound ones, and ones that break a rule.
+  auto runs = [](std::vector<std::pair<uint64_t, uint64_t>> rs) {
+    std::string out;
+    for (auto [first, last] : rs) {
+      out.append(reinterpret_cast<const char*>(&first), 8);
+      out.append(reinterpret_cast<const char*>(&last), 8);
+    }
+    return out;
+  };
+  const std::vector<uint64_t> ids_a{3, 4, 5, 9};
+  const std::string list_a = storage::encode_list(ids_a);
+  const std::string list_b = runs({{1, 1}, {4, 6}});
+  const std::string overlap = runs({{1, 4}, {4, 6}});
+  const std::string too_many = runs({{1, format::kMaxListIds + 1}});
+  constexpr uint8_t kList = format::kFlagList;
   struct Case {
     Record rec;
     bool valid_v4;  // a valid record in a version-4 segment (none of these is in version 3, but view 0 ones)
@@ -1095,6 +1110,13 @@ TEST_F(SegmentOpenTest, TheViewFieldAndSubRecordsAreReadOnlyWhereTheSegmentsVers
       {Record{RecordType::kMsg, 0, 5, 10, 10, "x", 0, {}, 1}, false},
       {Record{RecordType::kCheckpoint, 0, 0, 0, 0, checkpoint, 0, {}, 1}, false},
       {Record{RecordType::kClock, 0, 0, 1, 1, clock, 0, {}, 1}, false},
+      {Record{RecordType::kLease, 1, 9, 11, 99, list_a, kList, {}, 2}, true},
+      {Record{RecordType::kAck, 1, 6, 0, 0, list_b, kList, {}, 0}, true},
+      {Record{RecordType::kAck, 1, 7, 0, 0, list_b, kList, {}, 0}, false},  // its id is not the last listed
+      {Record{RecordType::kAck, 1, 6, 0, 0, overlap, kList, {}, 0}, false},
+      {Record{RecordType::kAck, 1, format::kMaxListIds + 1, 0, 0, too_many, kList, {}, 0}, false},
+      {Record{RecordType::kAck, 1, 6, 0, 0, {}, kList, {}, 0}, false},                 // no list
+      {Record{RecordType::kRelease, 1, 6, 1, 1, list_b, kList, {}, 0}, false},         // not a LEASE or ACK
   };
   std::vector<uint64_t> at;
   {
@@ -1117,7 +1139,8 @@ TEST_F(SegmentOpenTest, TheViewFieldAndSubRecordsAreReadOnlyWhereTheSegmentsVers
     for (size_t i = 0; i < cases.size(); ++i) {
       const Record& want = cases[i].rec;
       const bool valid = version >= format::kFirstViewVersion ? cases[i].valid_v4
-                                                              : want.view == 0 && want.type != RecordType::kSub;
+                                                              : want.view == 0 && want.type != RecordType::kSub &&
+                                                                    (want.flags & format::kFlagList) == 0;
       auto got = (*seg)->record_at(at[i]);
       ASSERT_EQ(got.has_value(), valid) << "record #" << i << " (type " << int(want.type) << ", view " << want.view
                                         << ") in a version-" << version << " segment";

@@ -630,14 +630,20 @@ TEST_F(SubscriptionQueue, RandomStreamsAcrossThreeViewsMatchAModelAndTheLog) {
             EXPECT_EQ(m.receive_count, it->second.count + 1);
             it->second = Held{true, m.receive_count, m.receipt};
           }
+          // In one ack_batch (LIST records of runs of ids, by delivery number).
+          std::vector<std::string> receipts;
           for (auto it = model[v].begin(); it != model[v].end();) {
             if (it->first % 7 == v) {
               ++it;
               continue;
             }
-            ASSERT_TRUE(h[v]->ack(it->second.receipt).ok());
+            receipts.push_back(it->second.receipt);
             it = model[v].erase(it);
           }
+          const std::vector<std::string_view> rs(receipts.begin(), receipts.end());
+          auto acked = h[v]->ack_batch(rs);
+          ASSERT_TRUE(acked.ok()) << acked.status().to_string();
+          for (const Status& s : *acked) ASSERT_TRUE(s.ok()) << s.to_string();
           for (auto& [id, m] : model[v]) {
             if (m.leased && id % 2 == 0) {
               ASSERT_TRUE(h[v]->nack(m.receipt).ok());
@@ -1031,6 +1037,93 @@ TEST_F(SubscriptionQueue, ASubscriptionsOwnMaxReceives) {
   auto subs = q->subscriptions();
   ASSERT_TRUE(subs.ok() && subs->size() == 1u);
   EXPECT_EQ(subs->front().max_receives, 1u) << "not back from the log";
+}
+
+// A receive of many and an ack_batch write one LEASE and one ACK per view and delivery
+// number, listing runs of ids (format LIST), not one each per message; ack_batch gives each
+// receipt its own outcome (stale, twice, malformed, another view's), and every view's index
+// comes back the same from the log alone.
+TEST_F(SubscriptionQueue, AReceiveOfManyAndAnAckBatchWriteOneRecordPerDelivery) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  ASSERT_TRUE(q->add_subscription("s").ok());
+  auto s = open("s");
+  ASSERT_NE(s, nullptr);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(q->send("m" + std::to_string(i)).ok());
+  // Records of `type` and the ids they are of, per view, in the log (read apart from any index).
+  auto records = [&](RecordType type) {
+    storage::LogOptions lo;
+    lo.read_only = true;
+    auto log = storage::Log::open(qdir() + "/segments", lo);
+    EXPECT_TRUE(log.ok());
+    std::map<uint16_t, std::pair<int, uint64_t>> out;  // view -> (records, ids)
+    auto rec = (*log)->recover([&](storage::Pos, const storage::RecordView& r) {
+      if (r.type != type) return;
+      uint64_t n = 1;
+      if ((r.flags & format::kFlagList) != 0) {
+        n = 0;
+        for (const auto& run : storage::list_runs(r.payload)) n += run.last - run.first + 1;
+      }
+      out[r.view].first += 1;
+      out[r.view].second += n;
+    });
+    EXPECT_TRUE(rec.ok() && rec->corrupt.empty());
+    return out;
+  };
+  std::vector<Message> gq, gs;
+  for (auto [h, out] : {std::pair{q.get(), &gq}, std::pair{s.get(), &gs}}) {
+    auto got = h->receive(30, std::chrono::seconds(60), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok() && got->size() == 30u);
+    *out = std::move(*got);
+  }
+  auto leases = records(RecordType::kLease);
+  EXPECT_EQ(leases[0], std::make_pair(1, uint64_t{30})) << "view 0's 30 leases";
+  EXPECT_EQ(leases[1], std::make_pair(1, uint64_t{30})) << "the subscription's 30 leases";
+
+  // The subscription's first message nacked and received again (delivery 2): its first
+  // receipt is stale.
+  ASSERT_TRUE(s->nack(gs[0].receipt).ok());
+  auto re = s->receive_id(gs[0].id, std::chrono::seconds(60));
+  ASSERT_TRUE(re.ok() && re->receive_count == 2u) << re.status().to_string();
+  std::vector<std::string_view> rs;
+  for (size_t i = 1; i < gs.size(); ++i) rs.push_back(gs[i].receipt);
+  rs.push_back(re->receipt);
+  rs.push_back(gs[0].receipt);  // stale
+  rs.push_back(gs[5].receipt);  // twice
+  rs.push_back("garbage");
+  rs.push_back(gq[0].receipt);  // view 0's
+  auto acked = s->ack_batch(rs);
+  ASSERT_TRUE(acked.ok()) << acked.status().to_string();
+  ASSERT_EQ(acked->size(), rs.size());
+  for (size_t i = 0; i < 30; ++i) EXPECT_TRUE((*acked)[i].ok()) << i << ": " << (*acked)[i].to_string();
+  EXPECT_EQ((*acked)[30].code(), Code::kLeaseLost) << (*acked)[30].to_string();
+  EXPECT_EQ((*acked)[31].code(), Code::kNotFound) << (*acked)[31].to_string();
+  EXPECT_EQ((*acked)[32].code(), Code::kInvalidArgument) << (*acked)[32].to_string();
+  EXPECT_EQ((*acked)[33].code(), Code::kInvalidArgument) << (*acked)[33].to_string();
+  std::vector<std::string_view> rq;
+  for (const Message& m : gq) rq.push_back(m.receipt);
+  acked = q->ack_batch(rq);
+  ASSERT_TRUE(acked.ok());
+  for (const Status& st : *acked) EXPECT_TRUE(st.ok()) << st.to_string();
+  auto acks = records(RecordType::kAck);
+  EXPECT_EQ(acks[0], std::make_pair(1, uint64_t{30})) << "view 0: one ACK of 30";
+  EXPECT_EQ(acks[1], std::make_pair(2, uint64_t{30})) << "the subscription: one ACK per delivery number";
+  for (Queue* h : {q.get(), s.get()}) {
+    auto st = h->stats();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->acked_total, 30u);
+    EXPECT_EQ(st->ready, 10u);
+    EXPECT_EQ(st->in_flight, 0u);
+  }
+  q.reset();
+  s.reset();
+  const auto live = files();
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  q.reset();
+  EXPECT_EQ(files(), live) << "the log replays into other views than the live calls left";
 }
 
 TEST_F(SubscriptionQueue, AQueueWithoutSubscriptionsHasNoViewFiles) {

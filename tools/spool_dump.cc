@@ -85,7 +85,17 @@ int main(int argc, char** argv) {
       std::printf("  @%-10" PRIu64 " %-7s id %-10" PRIu64 " count %-4u t1 %" PRIu64 " t2 %" PRIu64 " len %zu", v.offset,
                   type_name(v.type), v.id, v.count, v.t1, v.t2, v.payload.size());
       if (v.view != 0) std::printf(" view %u", static_cast<unsigned>(v.view));
-      if (show_payload) std::printf(" payload %.*s", static_cast<int>(v.payload.size()), v.payload.data());
+      if ((v.flags & spool::format::kFlagList) != 0) {
+        // A LIST record's payload is its ids (first-last runs), not text.
+        const char* sep = " ids ";
+        for (const auto& run : spool::storage::list_runs(v.payload)) {
+          std::printf("%s%" PRIu64, sep, run.first);
+          if (run.last != run.first) std::printf("-%" PRIu64, run.last);
+          sep = ",";
+        }
+      } else if (show_payload) {
+        std::printf(" payload %.*s", static_cast<int>(v.payload.size()), v.payload.data());
+      }
       std::printf("\n");
     });
     for (const auto& c : res.corrupt) {

@@ -362,6 +362,14 @@ class Queue {
   // Deletes the message. kLeaseLost if the lease expired and the message was received
   // again (the receipt is stale: nothing changes); kNotFound if it is already gone.
   Status ack(std::string_view receipt, Durability durability = Durability::kQueuePolicy);
+  // Acks many received messages at once (as SQS's DeleteMessageBatch): each receipt as
+  // ack() would, its outcome at its index in the result (a receipt given twice: the second
+  // is kNotFound), in one append under one lock and, per `durability`, one sync. The log
+  // gets one ACK per delivery number, listing its messages, rather than one per message
+  // (docs/format.md, flag LIST). Fails as a whole, acking nothing, only when the queue
+  // cannot be changed (read-only, the lock, the disk).
+  Result<std::vector<Status>> ack_batch(std::span<const std::string_view> receipts,
+                                        Durability durability = Durability::kQueuePolicy);
   // Deletes the message `id` without a receipt, whatever its state (ready, leased,
   // delayed); for an operator removing one message by hand. It is written as the ack of a
   // receipt would be (and counted in Stats::acked_total), so a receipt still held for it

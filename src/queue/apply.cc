@@ -296,6 +296,22 @@ void raise_all(index::SharedIndex& x, const Keys& keys, uint64_t id, bool subs) 
   }
 }
 
+// A LIST record (format::kFlagList): each id it lists, in order, as a record of that id
+// alone with the same view, count, times and other flags. (The reader checked the list.)
+Status apply_list(index::SharedIndex& x, uint64_t at, const storage::RecordView& r, const Keys& keys) REQUIRES(x) {
+  storage::RecordView one = r;
+  one.flags = static_cast<uint8_t>(r.flags & ~format::kFlagList);
+  one.payload = {};
+  for (const storage::IdRun& run : storage::list_runs(r.payload)) {
+    for (uint64_t id = run.first;; ++id) {
+      one.id = id;
+      if (Status s = apply_record(x, at, one, keys); !s.ok()) return s;
+      if (id == run.last) break;
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 bool any_subscription(const index::SharedIndex& x) {
@@ -335,6 +351,7 @@ Status apply_record(index::SharedIndex& x, uint64_t at, const storage::RecordVie
     return {};
   }
   if (r.type == RecordType::kSub) return apply_sub(x, at, r, keys);
+  if ((r.flags & format::kFlagList) != 0) return apply_list(x, at, r, keys);
   const bool subs = any_subscription(x);
   const uint64_t next = h.cache.next_id;  // before this record
   if (r.type != RecordType::kCheckpoint) raise_all(x, keys, r.id, subs);

@@ -256,9 +256,14 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
 
 auto Queue::Impl::log_leases(const std::vector<Message>& taken, const Clocks& now, uint64_t vis, uint64_t* end) -> Status {
   if (taken.empty()) return {};
-  std::vector<Record> recs;
-  recs.reserve(taken.size());
-  for (const auto& m : taken) recs.push_back(lease_record(m.id, m.receive_count, now, vis, view_k));
+  // One record per delivery number (LIST records: format::kFlagList), not one per message:
+  // a batch of first deliveries is one LEASE, a 48-byte header and 16 bytes per run of ids
+  // (its ACKs, by ack_batch, likewise).
+  std::vector<std::pair<uint32_t, uint64_t>> counted;
+  counted.reserve(taken.size());
+  for (const auto& m : taken) counted.emplace_back(m.receive_count, m.id);
+  std::deque<std::string> payloads;
+  const std::vector<Record> recs = listed_records(lease_record(0, 0, now, vis, view_k), std::move(counted), payloads);
   auto res = commit(recs, now, nullptr, true);
   if (!res.ok()) return res.status();
   *end = res->end.pack();

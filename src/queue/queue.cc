@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cmath>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "queue/apply.h"
@@ -1047,6 +1048,57 @@ Status Queue::Impl::dead_letter(std::string_view receipt, const Attributes& extr
 
 Status Queue::ack(std::string_view receipt, Durability durability) {
   return impl_->change(receipt, Impl::Change::kAck, 0, durability);
+}
+
+Result<std::vector<Status>> Queue::ack_batch(std::span<const std::string_view> receipts, Durability durability) {
+  return impl_->ack_batch(receipts, durability);
+}
+
+Result<std::vector<Status>> Queue::Impl::ack_batch(std::span<const std::string_view> receipts, Durability durability) {
+  Impl& q = *this;
+  if (Status s = q.writable(); !s.ok()) return s;
+  std::vector<Status> out(receipts.size());
+  std::vector<std::optional<ReceiptRef>> refs(receipts.size());
+  bool any = false;
+  for (size_t i = 0; i < receipts.size(); ++i) {
+    auto ref = q.parse_receipt(receipts[i]);
+    if (!ref.ok()) {
+      out[i] = ref.status();
+    } else {
+      refs[i] = *ref;
+      any = true;
+    }
+  }
+  if (!any) return out;
+  uint64_t end;
+  {
+    SPOOL_LOCK_OR_RETURN(held, q, lock_to_change());
+    auto viewed = q.here();
+    if (!viewed.ok()) return viewed.status();
+    index::SharedIndex& v = **viewed;
+    v.assert_held();
+    std::vector<std::pair<uint32_t, uint64_t>> acked;  // (delivery, id)
+    std::unordered_set<uint64_t> seen;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      if (!refs[i]) continue;
+      auto slot = q.fence(v, *refs[i]);
+      if (slot.ok() && !seen.insert(refs[i]->id).second) slot = not_in_queue(refs[i]->id);
+      if (!slot.ok()) {
+        out[i] = slot.status();
+        continue;
+      }
+      acked.emplace_back(refs[i]->gen, refs[i]->id);
+    }
+    if (acked.empty()) return out;
+    std::deque<std::string> payloads;
+    const std::vector<Record> recs =
+        listed_records(Record{RecordType::kAck, 0, 0, 0, 0, {}, 0, {}, q.view_k}, std::move(acked), payloads);
+    auto res = q.commit(recs, q.clocks());
+    if (!res.ok()) return res.status();
+    end = res->end.pack();
+  }
+  if (Status s = q.written(end, durability); !s.ok()) return s;
+  return out;
 }
 
 Status Queue::remove(uint64_t id, Durability durability) { return impl_->remove(id, durability); }

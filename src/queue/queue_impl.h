@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -56,6 +57,13 @@ using index::Entry;
 using index::State;
 using storage::Pos;
 using storage::Record;
+
+// The records of `proto` (its type, times, flags and view) for each (delivery number, id)
+// of `counted`: per delivery number (the records' count), a lone id's as a record of its
+// own, more as LIST records (format::kFlagList), as few as hold them, their payloads kept
+// in `payloads`. (A receive's LEASEs, an ack_batch's ACKs.)
+std::vector<Record> listed_records(const Record& proto, std::vector<std::pair<uint32_t, uint64_t>> counted,
+                                   std::deque<std::string>& payloads);
 
 inline constexpr uint64_t kMaxWaitSliceNs = 1'000'000'000;  // bounded futex waits: a missed wake costs at most this
 // How long a long poll sleeps at most while any process binds its leases: with
@@ -219,6 +227,15 @@ struct Queue::Impl {
     uint32_t slot;
   };
   Result<Fenced> lock_fenced(std::string_view receipt);
+  // lock_fenced()'s two halves, for a call that fences many receipts under one lock
+  // (ack_batch): a receipt's id and delivery (kInvalidArgument if it is not one of this
+  // queue's and view's), and the slot of that delivery in `v`, the handle's view, held.
+  struct ReceiptRef {
+    uint64_t id;
+    uint32_t gen;
+  };
+  Result<ReceiptRef> parse_receipt(std::string_view receipt) const;
+  Result<uint32_t> fence(index::SharedIndex& v, ReceiptRef ref) REQUIRES(idx);
   void holds(const Fenced&) const ASSERT_CAPABILITY(idx) {}
 
   // The segment at the index's log end (null before the first), checked against that end;
@@ -447,6 +464,7 @@ struct Queue::Impl {
   Result<std::vector<MessageInfo>> list(size_t max, StateFilter states, uint64_t after);
   Result<uint64_t> count(StateFilter states, uint64_t after);
   Result<std::pair<Message, MessageInfo>> show(uint64_t id);
+  Result<std::vector<Status>> ack_batch(std::span<const std::string_view> receipts, Durability durability);
   Status change(std::string_view receipt, Change what, uint64_t ns,
                 Durability durability = Durability::kQueuePolicy);
   Status dead_letter(std::string_view receipt, const Attributes& extra);

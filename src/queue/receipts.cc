@@ -17,7 +17,7 @@ auto Queue::Impl::receipt(uint64_t id, uint32_t gen) const -> std::string {
   return std::string(buf, p);
 }
 
-auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
+auto Queue::Impl::parse_receipt(std::string_view r) const -> Result<ReceiptRef> {
   auto malformed = [&] {
     return Status(Code::kInvalidArgument,
                   "malformed receipt '" + std::string(r) + "' (expected ID.GEN.TAG as printed by receive)");
@@ -43,24 +43,34 @@ auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
     return Status(Code::kInvalidArgument, "receipt '" + std::string(r) + "' belongs to another queue than " + dir +
                                               (view_k != 0 ? " (subscription " + view_name + ")" : std::string()));
   }
-  SPOOL_LOCK_OR_RETURN(held, *this, lock_to_change());
-  auto viewed = here();
-  if (!viewed.ok()) return viewed.status();
-  index::SharedIndex& v = **viewed;
+  return ReceiptRef{id, gen};
+}
+
+auto Queue::Impl::fence(index::SharedIndex& v, ReceiptRef ref) -> Result<uint32_t> {
   v.assert_held();
-  int64_t slot = v.find(id);
+  int64_t slot = v.find(ref.id);
   if (slot < 0) {
-    return Status(Code::kNotFound, "message " + std::to_string(id) +
+    return Status(Code::kNotFound, "message " + std::to_string(ref.id) +
                                        " is not in the queue (already acked, dead-lettered or purged)");
   }
   const Entry& e = v.entry(static_cast<uint32_t>(slot));
-  if (e.count != gen) {
+  if (e.count != ref.gen) {
     return Status(Code::kLeaseLost,
-                  "lease lost: message " + std::to_string(id) + " was received again (delivery " +
-                      std::to_string(e.count) + "; this receipt is for delivery " +
-                      std::to_string(gen) + ")");
+                  "lease lost: message " + std::to_string(ref.id) + " was received again (delivery " +
+                      std::to_string(e.count) + "; this receipt is for delivery " + std::to_string(ref.gen) + ")");
   }
-  return Fenced{std::move(held).value(), id, gen, static_cast<uint32_t>(slot)};
+  return static_cast<uint32_t>(slot);
+}
+
+auto Queue::Impl::lock_fenced(std::string_view r) -> Result<Fenced> {
+  auto ref = parse_receipt(r);
+  if (!ref.ok()) return ref.status();
+  SPOOL_LOCK_OR_RETURN(held, *this, lock_to_change());
+  auto viewed = here();
+  if (!viewed.ok()) return viewed.status();
+  auto slot = fence(**viewed, *ref);
+  if (!slot.ok()) return slot.status();
+  return Fenced{std::move(held).value(), ref->id, ref->gen, *slot};
 }
 
 }  // namespace spool

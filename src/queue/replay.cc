@@ -107,10 +107,23 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
     latest = std::max(latest, clock.written_wall(pos.pack(), r));
     if (r.type != RecordType::kAck || r.view != q.view_k) return;  // this handle's view's acks
     if ((r.flags & (format::kFlagExpired | format::kFlagDeleted)) != 0) return;  // not a consumer's ack
-    if (latest < lo || latest > hi || acks.size() >= o.max || want.contains(r.id)) return;
-    want.emplace(r.id, acks.size());
-    acks.push_back(Acked{r.id, latest});
-    last_ack_seq = pos.seq;
+    if (latest < lo || latest > hi) return;
+    auto acked = [&](uint64_t id) {
+      if (acks.size() >= o.max || want.contains(id)) return;
+      want.emplace(id, acks.size());
+      acks.push_back(Acked{id, latest});
+      last_ack_seq = pos.seq;
+    };
+    if ((r.flags & format::kFlagList) == 0) {
+      acked(r.id);
+      return;
+    }
+    for (const storage::IdRun& run : storage::list_runs(r.payload)) {  // an ack_batch's
+      for (uint64_t id = run.first;; ++id) {
+        acked(id);
+        if (id == run.last) break;
+      }
+    }
   });
   ReplayResult res;
   if (acks.empty()) return res;

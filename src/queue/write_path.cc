@@ -22,6 +22,31 @@ uint64_t drain_cap(uint64_t size, uint64_t per_segment) { return size - std::min
 
 }  // namespace
 
+std::vector<Record> listed_records(const Record& proto, std::vector<std::pair<uint32_t, uint64_t>> counted,
+                                   std::deque<std::string>& payloads) {
+  std::sort(counted.begin(), counted.end());
+  std::vector<Record> out;
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < counted.size();) {
+    const uint32_t count = counted[i].first;
+    ids.clear();
+    for (; i < counted.size() && counted[i].first == count; ++i) ids.push_back(counted[i].second);
+    for (std::span<const uint64_t> left(ids); !left.empty();) {
+      const size_t n = left.size() == 1 ? 1 : storage::list_fits(left);
+      Record r = proto;
+      r.count = count;
+      r.id = left[n - 1];
+      if (n > 1) {
+        r.flags = static_cast<uint8_t>(r.flags | format::kFlagList);
+        r.payload = payloads.emplace_back(storage::encode_list(left.first(n)));
+      }
+      out.push_back(r);
+      left = left.subspan(n);
+    }
+  }
+  return out;
+}
+
 auto Queue::Impl::writable() const -> Status {
   if (read_only) return Status(Code::kReadOnly, dir + ": read-only (no write permission on the queue)");
   return {};

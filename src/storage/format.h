@@ -58,6 +58,16 @@ inline constexpr uint8_t kFlagRestated = 32;  // SUB add that opens a segment: r
 // MSG for one view only (version 4): the record's view field names it (0 included), and no
 // other view gets the message (a redrive or replay of one subscription's messages).
 inline constexpr uint8_t kFlagOneView = 64;
+// LEASE or ACK of several messages (version 4): the payload lists them as runs of ids
+// (kListRunSize bytes each: first id, last id; ascending, apart), `id` is the last run's
+// last, and the record is of each as a record of that id alone would be. A receive's or an
+// ack_batch's records: one per view and delivery number instead of one per message.
+inline constexpr uint8_t kFlagList = 128;
+inline constexpr uint32_t kListRunSize = 16;
+// Bounds of one list (a writer splits a longer one): the runs fit the smallest segment,
+// and the ids a record is of are bounded, so applying a forged one costs little.
+inline constexpr uint32_t kMaxListRuns = 64;
+inline constexpr uint64_t kMaxListIds = 4096;
 
 // Whether a record of `type` with `flags` may carry a view other than 0 (a SUB's is the
 // subscription it adds or removes; CHECKPOINT and CLOCK records are the queue's, not a

@@ -517,7 +517,8 @@ Result<AppendResult> Log::append(Pos end, std::span<const Record> recs, uint64_t
                                (version < format::kFirstGroupVersion && storage::ext_entry(r.ext, format::ExtType::kGroup)))) ||
            (version < format::kFirstViewVersion &&
             (r.view != 0 || r.type == format::RecordType::kSub ||
-             (r.type == format::RecordType::kMsg && (r.flags & format::kFlagOneView) != 0)));
+             (r.type == format::RecordType::kMsg && (r.flags & format::kFlagOneView) != 0) ||
+             (r.flags & format::kFlagList) != 0));
   };
   std::vector<Written> written_exiting;
   std::vector<Written>& written = scratch_gone ? written_exiting : scratch.written;

@@ -230,8 +230,14 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
   // only a view's records carry one, and none past the last subscription number.
   // A MSG for one view (kFlagOneView) is of version 4 too.
   const bool one_view = type == static_cast<uint8_t>(format::RecordType::kMsg) && (h[9] & format::kFlagOneView) != 0;
+  // So is a LIST (a LEASE or an ACK only).
+  const bool list = (h[9] & format::kFlagList) != 0;
+  if (list && type != static_cast<uint8_t>(format::RecordType::kLease) &&
+      type != static_cast<uint8_t>(format::RecordType::kAck)) {
+    return std::nullopt;
+  }
   if (version < format::kFirstViewVersion) {
-    if (view != 0 || type == static_cast<uint8_t>(format::RecordType::kSub) || one_view) return std::nullopt;
+    if (view != 0 || type == static_cast<uint8_t>(format::RecordType::kSub) || one_view || list) return std::nullopt;
   } else if (view > format::kMaxSubscriptions ||
              (view != 0 && !format::has_view(static_cast<format::RecordType>(type), h[9]))) {
     return std::nullopt;
@@ -247,6 +253,9 @@ std::optional<RecordView> parse_record(const uint8_t* h, uint64_t avail, uint64_
   }
   std::string_view payload(reinterpret_cast<const char*>(h + kRecordHeaderSize), len);
   if (record_checksum(h, payload, salt) != load<uint64_t>(h + format::kChecksumOffset)) return std::nullopt;
+  // A list that breaks its rules (only a forged record's can) is no record either: what
+  // reads a LIST record's runs may trust them.
+  if (list && !list_sound(payload, load<uint64_t>(h + 16))) return std::nullopt;
   RecordView v{static_cast<format::RecordType>(type),
                h[9],
                load<uint32_t>(h + 12),
@@ -433,6 +442,60 @@ std::optional<Checkpoint> decode_checkpoint(std::string_view payload) {
                     payload.size() >= 64 ? static_cast<int>(load<uint64_t>(p + 56) != 0) : -1,
                     payload.size() >= 72 ? load<uint64_t>(p + 64) : 0,
                     payload.size() >= 80 ? load<uint64_t>(p + 72) : 0};
+}
+
+std::vector<IdRun> list_runs(std::string_view payload) {
+  std::vector<IdRun> out;
+  auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+  for (size_t at = 0; at + format::kListRunSize <= payload.size(); at += format::kListRunSize) {
+    out.push_back(IdRun{load<uint64_t>(p + at), load<uint64_t>(p + at + 8)});
+  }
+  return out;
+}
+
+bool list_sound(std::string_view payload, uint64_t id) {
+  const size_t n = payload.size() / format::kListRunSize;
+  if (n == 0 || n > format::kMaxListRuns || payload.size() % format::kListRunSize != 0) return false;
+  auto* p = reinterpret_cast<const uint8_t*>(payload.data());
+  uint64_t ids = 0, prev_last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t first = load<uint64_t>(p + i * format::kListRunSize);
+    const uint64_t last = load<uint64_t>(p + i * format::kListRunSize + 8);
+    if (first == 0 || first > last || (i > 0 && first <= prev_last)) return false;
+    if (last - first >= format::kMaxListIds) return false;  // (before the sum, which cannot overflow then)
+    ids += last - first + 1;
+    if (ids > format::kMaxListIds) return false;
+    prev_last = last;
+  }
+  return prev_last == id;
+}
+
+size_t list_fits(std::span<const uint64_t> ids) {
+  size_t runs = 0, i = 0;
+  for (; i < ids.size() && i < format::kMaxListIds; ++i) {
+    if (i == 0 || ids[i] != ids[i - 1] + 1) {
+      if (runs == format::kMaxListRuns) break;
+      ++runs;
+    }
+  }
+  return i;
+}
+
+std::string encode_list(std::span<const uint64_t> ids) {
+  std::string out;
+  auto run = [&](uint64_t first, uint64_t last) {
+    const size_t at = out.size();
+    out.resize(at + format::kListRunSize);
+    store<uint64_t>(reinterpret_cast<uint8_t*>(out.data() + at), first);
+    store<uint64_t>(reinterpret_cast<uint8_t*>(out.data() + at + 8), last);
+  };
+  for (size_t i = 0; i < ids.size();) {
+    size_t j = i;
+    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
+    run(ids[i], ids[j]);
+    i = j + 1;
+  }
+  return out;
 }
 
 std::string encode_view_checkpoint(uint16_t view, const Checkpoint& c) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -191,6 +192,21 @@ struct Checkpoint {
   uint64_t received_total = 0;
   uint64_t redelivered_total = 0;
 };
+// A run of message ids of a LIST record (format::kFlagList), first to last inclusive.
+struct IdRun {
+  uint64_t first = 0;
+  uint64_t last = 0;
+};
+// The runs of a LIST record's payload. A reader gets only records whose list is sound
+// (list_sound()), so a caller of a record from a segment need not check again.
+std::vector<IdRun> list_runs(std::string_view payload);
+// Whether `payload` is a sound list of a record with id `id`: 1 to kMaxListRuns runs,
+// ascending and apart, of at most kMaxListIds ids in all, the last ending at `id`.
+bool list_sound(std::string_view payload, uint64_t id);
+// The payload of a list of `ids` (ascending, distinct, fitting one record: list_fits()).
+std::string encode_list(std::span<const uint64_t> ids);
+// How many of `ids` (ascending, distinct), from the first, one LIST record can hold.
+size_t list_fits(std::span<const uint64_t> ids);
 std::string encode_checkpoint(const Checkpoint& c);
 std::optional<Checkpoint> decode_checkpoint(std::string_view payload);
 // A subscription's totals, appended after the queue's 80 bytes, one per active view: its
