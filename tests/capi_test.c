@@ -4,7 +4,8 @@
  * holds a bound lease; stale receipts; the error texts and their thread-locality; the size
  * field of the option structs, and callers built against 0.1.0's shorter structs; dead
  * letters and redrive; attributes, dedup ids, priorities and ordered groups (issue 26) with
- * their bounds, and the flag that tells a duplicate send; subscriptions (issue 46).
+ * their bounds, and the flag that tells a duplicate send; subscriptions (issue 46), with
+ * max_receives of their own and dead letters redriven, peeked and purged by subscription.
  *
  *   capi_test            (exit 0: all passed; 1: a check failed, named on stderr)
  */
@@ -1307,6 +1308,151 @@ static void test_subscriptions(void) {
   printf("ok: subscriptions\n");
 }
 
+/* Per-subscription max_receives and dead letters (issue 46): a subscription added with
+ * max_receives 2 dead-letters a message on its third receive there while the queue's own
+ * view (max_receives 10) still delivers it; a redrive filtered to one subscription sends
+ * back only its dead letters, to it alone; peek and purge filtered the same way. */
+static int dead_mark_is(const spool_message* msgs, size_t i, const char* sub) {
+  const void* v = NULL;
+  size_t len = 0;
+  if (spool_message_attribute(msgs, i, "spool.dead.subscription", &v, &len) != SPOOL_OK) return 0;
+  return len == strlen(sub) && memcmp(v, sub, len) == 0;
+}
+
+static uint64_t dead_depth(spool_queue* q) {
+  spool_queue* dlq = NULL;
+  CHECK_CODE(spool_dead_letters(q, &dlq), SPOOL_OK);
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(dlq, &st), SPOOL_OK);
+  return st.ready + st.delayed + st.in_flight;
+}
+
+/* Receives in `s` and nacks at once, `times` times; each must deliver `id`, counted 1, 2, ... */
+static void receive_and_nack(spool_queue* s, uint64_t id, int times) {
+  for (int i = 1; i <= times; ++i) {
+    spool_message* m = NULL;
+    size_t n = 0;
+    CHECK_CODE(spool_receive(s, 1, 60000, 0, &m, &n), SPOOL_OK);
+    CHECK(m[0].id == id && m[0].receive_count == (uint32_t)i, "delivery %d of %llu: count %u", i,
+          (unsigned long long)id, m[0].receive_count);
+    CHECK_CODE(spool_nack(s, m[0].receipt, 0), SPOOL_OK);
+    spool_messages_free(m);
+  }
+}
+
+static void test_subscription_dead_letters(void) {
+  char dir[300];
+  path_in_root(dir, sizeof dir, "sub-dead");
+  spool_queue* q = NULL;
+  CHECK_CODE(spool_open(dir, NULL, &q), SPOOL_OK); /* the queue's max_receives: 10 */
+  CHECK_CODE(spool_add_subscription_max_receives(q, "two", 0, 2), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription_max_receives(q, "one", 0, 1), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription_max_receives(q, "own", 0, 0), SPOOL_OK);
+  CHECK_CODE(spool_add_subscription_max_receives(q, "two", 0, 3), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "exists") != NULL, "a second add says it exists");
+  CHECK_CODE(spool_add_subscription_max_receives(NULL, "x", 0, 1), SPOOL_INVALID_ARGUMENT);
+  CHECK_CODE(spool_add_subscription_max_receives(q, NULL, 0, 1), SPOOL_INVALID_ARGUMENT);
+
+  /* Each tells its own max_receives (0: the queue's), with this header's struct. */
+  spool_subscription_info* subs = NULL;
+  size_t ns = 0;
+  CHECK_CODE(spool_subscriptions(q, &subs, &ns), SPOOL_OK);
+  CHECK(ns == 3, "3 subscriptions, %zu", ns);
+  for (size_t i = 0; i < ns; ++i) {
+    uint32_t want = strcmp(subs[i].name, "two") == 0 ? 2 : strcmp(subs[i].name, "one") == 0 ? 1 : 0;
+    CHECK(subs[i].max_receives == want, "%s: max_receives %u, want %u", subs[i].name, subs[i].max_receives, want);
+  }
+  spool_free(subs);
+  /* A caller of the first layout (the function called by name): 32-byte elements. */
+  CHECK_CODE((spool_subscriptions)(q, &subs, &ns), SPOOL_OK);
+  CHECK(ns == 3, "3 subscriptions, %zu", ns);
+  for (size_t i = 0; i < ns; ++i) {
+    const spool_subscription_info* e =
+        (const spool_subscription_info*)(const void*)((const char*)subs + i * offsetof(spool_subscription_info, max_receives));
+    CHECK(strcmp(e->name, "two") == 0 || strcmp(e->name, "one") == 0 || strcmp(e->name, "own") == 0,
+          "element %zu of the first layout: name %s", i, e->name);
+  }
+  spool_free(subs);
+  CHECK_CODE(spool_subscriptions_size(q, &subs, &ns, offsetof(spool_subscription_info, in_flight)),
+             SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "info_size") != NULL && subs == NULL && ns == 0, "too small an element");
+
+  uint64_t id = 0;
+  CHECK_CODE(spool_send(q, "poison", 6, NULL, &id), SPOOL_OK);
+  spool_queue *two = NULL, *one = NULL, *own = NULL;
+  CHECK_CODE(spool_open_subscription(dir, NULL, "two", &two), SPOOL_OK);
+  CHECK_CODE(spool_open_subscription(dir, NULL, "one", &one), SPOOL_OK);
+  CHECK_CODE(spool_open_subscription(dir, NULL, "own", &own), SPOOL_OK);
+  /* "two": delivered twice, then dead-lettered on the third receive. */
+  receive_and_nack(two, id, 2);
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_receive(two, 1, 60000, 0, &m, &n), SPOOL_EMPTY);
+  CHECK(dead_depth(q) == 1, "one dead letter, %llu", (unsigned long long)dead_depth(q));
+  /* The queue's own view and "own" (the queue's 10) still have it, never received there. */
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.ready == 1, "the queue's own view still holds it: ready %llu", (unsigned long long)st.ready);
+  receive_and_nack(q, id, 3);
+  receive_and_nack(own, id, 3);
+  /* "one": delivered once, dead-lettered on the second receive. */
+  receive_and_nack(one, id, 1);
+  CHECK_CODE(spool_receive(one, 1, 60000, 0, &m, &n), SPOOL_EMPTY);
+  CHECK(dead_depth(q) == 2, "two dead letters, %llu", (unsigned long long)dead_depth(q));
+
+  /* Peek filtered by subscription. */
+  CHECK_CODE(spool_peek_dead_letters(q, "two", 10, &m, &n), SPOOL_OK);
+  CHECK(n == 1 && dead_mark_is(m, 0, "two"), "two's dead letter, %zu", n);
+  CHECK(m[0].payload_len == 6 && memcmp(m[0].payload, "poison", 6) == 0, "its payload");
+  spool_messages_free(m);
+  CHECK_CODE(spool_peek_dead_letters(q, "", 10, &m, &n), SPOOL_OK);
+  CHECK(n == 2 && (dead_mark_is(m, 0, "two") ? dead_mark_is(m, 1, "one") : dead_mark_is(m, 0, "one")),
+        "every dead letter with \"\", %zu", n);
+  spool_messages_free(m);
+  CHECK_CODE(spool_peek_dead_letters(q, "", 1, &m, &n), SPOOL_OK);
+  CHECK(n == 1, "max 1, %zu", n);
+  spool_messages_free(m);
+  m = (spool_message*)1;
+  CHECK_CODE(spool_peek_dead_letters(q, "nosuch", 10, &m, &n), SPOOL_OK);
+  CHECK(m == NULL && n == 0, "no dead letters of nosuch");
+  CHECK_CODE(spool_peek_dead_letters(q, NULL, 10, &m, &n), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "subscription is NULL") != NULL, "NULL named");
+
+  /* Redrive only "two"'s: back to "two" alone. */
+  uint64_t moved = 99;
+  CHECK_CODE(spool_redrive_subscription(q, 10, NULL, &moved), SPOOL_INVALID_ARGUMENT);
+  CHECK(moved == 0, "moved 0 on failure");
+  CHECK_CODE(spool_redrive_subscription(q, 10, "two", &moved), SPOOL_OK);
+  CHECK(moved == 1, "redrove %llu", (unsigned long long)moved);
+  CHECK(dead_depth(q) == 1, "one's dead letter stays, %llu", (unsigned long long)dead_depth(q));
+  CHECK_CODE(spool_receive(two, 1, 60000, 0, &m, &n), SPOOL_OK);
+  CHECK(m[0].id > id && m[0].receive_count == 1, "two gets it back as a new message");
+  uint64_t again = m[0].id;
+  CHECK_CODE(spool_ack(two, m[0].receipt, SPOOL_DURABILITY_QUEUE), SPOOL_OK);
+  spool_messages_free(m);
+  CHECK_CODE(spool_receive(one, 1, 60000, 0, &m, &n), SPOOL_EMPTY); /* not to "one" */
+  spool_message_info* infos = NULL;
+  CHECK_CODE(spool_list(own, 10, 0, &infos, &n), SPOOL_OK); /* nor to "own" */
+  CHECK(n == 1 && infos[0].id == id, "own holds only the original, %zu", n);
+  spool_free(infos);
+  CHECK_CODE(spool_list(q, 10, 0, &infos, &n), SPOOL_OK); /* nor to the queue's own view */
+  CHECK(n == 1 && infos[0].id == id && infos[0].id != again, "the queue's own view: only the original, %zu", n);
+  spool_free(infos);
+
+  /* Purge filtered: "two" has none left; "one"'s goes. */
+  uint64_t removed = 99;
+  CHECK_CODE(spool_purge_dead_letters(q, "two", &removed), SPOOL_OK);
+  CHECK(removed == 0 && dead_depth(q) == 1, "nothing of two's to purge");
+  CHECK_CODE(spool_purge_dead_letters(q, "one", &removed), SPOOL_OK);
+  CHECK(removed == 1 && dead_depth(q) == 0, "one's purged: %llu", (unsigned long long)removed);
+  CHECK_CODE(spool_purge_dead_letters(q, NULL, &removed), SPOOL_INVALID_ARGUMENT);
+  spool_close(two);
+  spool_close(one);
+  spool_close(own);
+  spool_close(q);
+  printf("ok: max_receives per subscription, dead letters filtered by subscription\n");
+}
+
 int main(void) {
   const char* tmp = getenv("TMPDIR");
   snprintf(g_root, sizeof g_root, "%s/spool-capi-test.XXXXXX", tmp ? tmp : "/tmp");
@@ -1324,6 +1470,7 @@ int main(void) {
   test_groups();
   test_old_struct_sizes();
   test_subscriptions();
+  test_subscription_dead_letters();
   test_killed_consumer();
   test_competing_processes();
   char cmd[400];

@@ -15,10 +15,11 @@
  *    (the *_init macros pass it). The library reads and writes only the fields that fit in
  *    `size`, so a program built against an older header keeps working with a newer library;
  *    a field added later reads as its default for it. An array the caller passes
- *    (spool_send_items) takes the element size as a parameter for the same reason. Structs
- *    the library hands out (spool_message, spool_attribute, spool_message_info) never grow
- *    within a soname: what a message gains later comes through functions, as its
- *    attributes do (spool_message_attributes).
+ *    (spool_send_items) takes the element size as a parameter for the same reason, and so
+ *    does the one array the library hands out that may grow (spool_subscriptions_size).
+ *    Other structs the library hands out (spool_message, spool_attribute,
+ *    spool_message_info) never grow within a soname: what a message gains later comes
+ *    through functions, as its attributes do (spool_message_attributes).
  *
  * Thread-safety: a spool_queue may be used by several threads at once (as spool::Queue).
  * spool_last_error() is per thread. Do not use a spool_queue in a child after fork(); open
@@ -445,19 +446,42 @@ spool_code spool_verify(spool_queue* q, int repair, size_t* problems, char** rep
  * unknown one SPOOL_NOT_FOUND. Both are synced before they return. q may be any handle of
  * the queue (its own view or a subscription's). */
 spool_code spool_add_subscription(spool_queue* q, const char* name, int from_start);
+/* As spool_add_subscription, with a max_receives of the subscription's own: a message is
+ * dead-lettered from this subscription (into the queue's dead-letter queue, marked
+ * spool.dead.subscription=NAME; see spool_redrive_subscription) on the receive after its
+ * max_receives-th delivery there, whatever the queue's max_receives and the other views'
+ * counts. 0: the queue's max_receives. Stored with the subscription, in the log. */
+spool_code spool_add_subscription_max_receives(spool_queue* q, const char* name, int from_start,
+                                               uint32_t max_receives);
 spool_code spool_remove_subscription(spool_queue* q, const char* name);
 
-/* A subscription as spool_subscriptions tells it. */
+/* A subscription as spool_subscriptions tells it. The library hands out arrays of it, so it
+ * grows only as spool_send_item does: the caller names the element size it was compiled
+ * with (spool_subscriptions_size; the macro below passes it), and the library writes each
+ * element's fields that fit and steps by that size. */
 typedef struct spool_subscription_info {
   const char* name;   /* NUL-terminated, in the same allocation as the array */
   uint64_t from;      /* the first message id it gets */
   uint64_t messages;  /* in it now, leased or not */
   uint64_t in_flight; /* of them, leased */
+  /* ---- added after the first layout (its size is 32 on LP64: what the function
+   * spool_subscriptions, called by name, writes) */
+  uint32_t max_receives; /* its own (spool_add_subscription_max_receives); 0: the queue's */
 } spool_subscription_info;
 
 /* The queue's subscriptions: *subs is an array of *count (NULL and 0 when it has none),
- * freed whole, names included, with one spool_free. */
+ * freed whole, names included, with one spool_free. Its elements are info_size bytes apart:
+ * sizeof(spool_subscription_info) as the caller compiled it (at least the first layout's
+ * and a multiple of its alignment, else SPOOL_INVALID_ARGUMENT); fields past it are not
+ * written. */
+spool_code spool_subscriptions_size(spool_queue* q, spool_subscription_info** subs, size_t* count,
+                                    size_t info_size);
+/* The function of the first layout, kept for programs built against it and for FFIs that
+ * look it up by name: elements of 32 bytes on LP64 (name, from, messages, in_flight). A C
+ * program compiled with this header gets the macro, with this header's element size. */
 spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count);
+#define spool_subscriptions(q, subs, count) \
+  spool_subscriptions_size((q), (subs), (count), sizeof(spool_subscription_info))
 
 /* ---------------------------------------------------------------------- dead letters */
 
@@ -465,8 +489,33 @@ spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, s
  * close it yourself (spool_close ignores it). */
 spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq);
 
-/* Moves up to `max` dead letters back into q as new messages; *moved gets how many. */
+/* Moves up to `max` dead letters back into q as new messages; *moved gets how many. Each
+ * goes back to the view it died in only: one marked spool.dead.subscription=NAME to
+ * subscription NAME alone, one without the mark to the queue's own view (every view while
+ * the queue has no subscriptions); one whose subscription was removed stays and is not
+ * counted. On a subscription's handle, only that subscription's dead letters. */
 spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved);
+
+/* The dead letters of one subscription (docs/semantics.md, "Subscriptions"): those marked
+ * spool.dead.subscription=`subscription`, i.e. dead-lettered from that subscription (past
+ * its max_receives, or by its consumer); "" names every dead letter, whatever its mark and
+ * whatever q's view. NULL is SPOOL_INVALID_ARGUMENT. A name with no dead letters (or no
+ * subscription) is not an error: nothing matches.
+ *
+ * spool_redrive_subscription: as spool_redrive, but only those dead letters, each back to
+ * that subscription alone; *moved (may be NULL) gets how many.
+ * spool_peek_dead_letters: up to `max` of them in dead-letter id order without receiving
+ * them, as spool_peek gives them (ids are the dead-letter queue's; the spool.dead.*
+ * attributes tell where each came from): SPOOL_OK with *count 0 and *msgs NULL when there
+ * are none; free with spool_messages_free.
+ * spool_purge_dead_letters: deletes them; *removed (may be NULL) gets how many.
+ * With a name, peek and purge read the record of every dead letter (the dead-letter queue
+ * has no index by mark), a page at a time: memory holds only the matches. */
+spool_code spool_redrive_subscription(spool_queue* q, size_t max, const char* subscription,
+                                      uint64_t* moved);
+spool_code spool_peek_dead_letters(spool_queue* q, const char* subscription, size_t max,
+                                   spool_message** msgs, size_t* count);
+spool_code spool_purge_dead_letters(spool_queue* q, const char* subscription, uint64_t* removed);
 
 /* Replay after ack (spool::Queue::replay): sends the messages acked between since_ms and
  * until_ms ago (since_ms > until_ms >= 0) again as new messages, into q, or into the existing

@@ -177,6 +177,16 @@ def _subscription_name(name: str) -> bytes:
     return _cstr(name.encode(errors="surrogateescape"), "the subscription name")
 
 
+def _dead_letters_of(subscription: Optional[str]) -> bytes:
+    """The C filter of the dead-letter calls: b"" (every dead letter) for None."""
+    if subscription is None:
+        return b""
+    if subscription == "":
+        raise InvalidArgument("the subscription is \"\": name one, or None for every dead letter",
+                              InvalidArgument.code)
+    return _subscription_name(subscription)
+
+
 def _bytes(payload: Payload, what: str = "a payload") -> bytes:
     if isinstance(payload, str):
         return payload.encode()
@@ -301,6 +311,7 @@ class Subscription:
     from_id: int  # the first message id it gets
     messages: int  # in it now, leased or not
     in_flight: int  # of them, leased
+    max_receives: int = 0  # its own (add_subscription); 0: the queue's
 
 
 @dataclass(frozen=True)
@@ -902,10 +913,38 @@ class Queue:
         assert h.value is not None  # set by a call that succeeded
         return Queue._borrowed(self, h.value)
 
-    def redrive(self, max: int = 1 << 30) -> int:
-        """Moves up to ``max`` dead letters back into this queue as new messages."""
+    def redrive(self, max: int = 1 << 30, *, subscription: Optional[str] = None) -> int:
+        """Moves up to ``max`` dead letters back into this queue as new messages; returns how
+        many. Each goes back to the view it died in only: one of a subscription (marked
+        spool.dead.subscription) to that subscription alone, one of the queue's own view
+        to that view; one whose subscription was removed stays. On a subscription's handle,
+        only that subscription's. With ``subscription``: only the dead letters of that
+        subscription, from any handle."""
         n = ctypes.c_uint64()
-        _check(_lib.spool_redrive(self._handle(), max, ctypes.byref(n)))
+        if subscription is None:
+            _check(_lib.spool_redrive(self._handle(), max, ctypes.byref(n)))
+        else:
+            _check(_lib.spool_redrive_subscription(self._handle(), max,
+                                                   _dead_letters_of(subscription), ctypes.byref(n)))
+        return n.value
+
+    def peek_dead_letters(self, max: int = 10, *, subscription: Optional[str] = None) -> list[Message]:
+        """Up to ``max`` dead letters in dead-letter id order, without receiving them (ids
+        are the dead-letter queue's; the spool.dead.* attributes say where each came from).
+        With ``subscription``: only those dead-lettered from that subscription (this reads
+        every dead letter's record). None: every dead letter."""
+        ptr = ctypes.POINTER(_capi.spool_message)()
+        n = ctypes.c_size_t()
+        _check(_lib.spool_peek_dead_letters(self._handle(), _dead_letters_of(subscription), max,
+                                            ctypes.byref(ptr), ctypes.byref(n)))
+        return self.dead_letters()._batch(ptr, n.value) if n.value else []
+
+    def purge_dead_letters(self, *, subscription: Optional[str] = None) -> int:
+        """Deletes the dead letters (with ``subscription``: only those dead-lettered from that
+        subscription); returns how many."""
+        n = ctypes.c_uint64()
+        _check(_lib.spool_purge_dead_letters(self._handle(), _dead_letters_of(subscription),
+                                             ctypes.byref(n)))
         return n.value
 
     def replay(self, since: float, until: float = 0,
@@ -928,15 +967,19 @@ class Queue:
         """The subscription this handle reads; None for the queue's own view."""
         return self._subscription
 
-    def add_subscription(self, name: str, from_start: bool = False) -> None:
+    def add_subscription(self, name: str, from_start: bool = False, *, max_receives: int = 0) -> None:
         """Adds subscription ``name``: a reader of this queue's stream that gets every
         message sent from now on (with ``from_start``, also every message in the queue now)
         from the one stored copy, with leases and acks of its own; open it with
         ``Queue(path, subscription=name)``. Names are 1 to 48 characters of
         [A-Za-z0-9._-], not "default"; at most 16 at once. InvalidArgument for a bad name,
-        one that exists or a 17th."""
-        _check(_lib.spool_add_subscription(self._handle(), _subscription_name(name),
-                                           1 if from_start else 0))
+        one that exists or a 17th. ``max_receives``: its own, so a message is dead-lettered
+        from this subscription alone on the receive after its max_receives-th delivery
+        there (0: the queue's max_receives); ValueError outside 0 to 2**32 - 1."""
+        if not 0 <= max_receives <= 0xFFFFFFFF:
+            raise ValueError(f"max_receives is 0 (the queue's) to {0xFFFFFFFF}, not {max_receives}")
+        _check(_lib.spool_add_subscription_max_receives(self._handle(), _subscription_name(name),
+                                                        1 if from_start else 0, max_receives))
 
     def remove_subscription(self, name: str) -> None:
         """Removes subscription ``name`` and its state (NotFound if there is none); a handle
@@ -947,11 +990,13 @@ class Queue:
         """The queue's subscriptions, from any handle of it."""
         subs = ctypes.POINTER(_capi.spool_subscription_info)()
         n = ctypes.c_size_t()
-        _check(_lib.spool_subscriptions(self._handle(), ctypes.byref(subs), ctypes.byref(n)))
+        _check(_lib.spool_subscriptions_size(self._handle(), ctypes.byref(subs), ctypes.byref(n),
+                                             ctypes.sizeof(_capi.spool_subscription_info)))
         try:
             return [Subscription(name=(subs[i].name or b"").decode(errors="replace"),
                                  from_id=subs[i].from_id, messages=subs[i].messages,
-                                 in_flight=subs[i].in_flight) for i in range(n.value)]
+                                 in_flight=subs[i].in_flight, max_receives=subs[i].max_receives)
+                    for i in range(n.value)]
         finally:
             _lib.spool_free(subs)
 

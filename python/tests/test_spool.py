@@ -145,6 +145,63 @@ def test_subscriptions_each_get_every_message_with_acks_of_their_own(qdir):
             q.add_subscription(b"bytes")  # type: ignore[arg-type]
 
 
+def _receive_and_nack(q, id, times):
+    for count in range(1, times + 1):
+        [m] = q.receive(visibility=60)
+        assert (m.id, m.receive_count) == (id, count)
+        m.nack()
+
+
+def test_subscription_max_receives_and_dead_letters_by_subscription(qdir):
+    """issue 46: a subscription's own max_receives dead-letters a message from it alone; the
+    dead letters are peeked, redriven and purged by subscription, back to it only."""
+    with spool.Queue.create(qdir) as q:  # the queue's max_receives: 10
+        q.add_subscription("two", max_receives=2)
+        q.add_subscription("one", max_receives=1)
+        q.add_subscription("own")
+        assert {s.name: s.max_receives for s in q.subscriptions()} == {"two": 2, "one": 1, "own": 0}
+        for bad in (-1, 1 << 32):
+            with pytest.raises(ValueError, match="max_receives"):
+                q.add_subscription("bad", max_receives=bad)
+        first = q.send("poison")
+        with spool.Queue(qdir, subscription="two") as two, \
+                spool.Queue(qdir, subscription="one") as one, \
+                spool.Queue(qdir, subscription="own") as own:
+            _receive_and_nack(two, first, 2)
+            assert two.receive() == []  # the third receive dead-letters it from "two"
+            assert q.stats().dead == 1
+            assert q.stats().ready == 1  # the queue's own view still has it
+            _receive_and_nack(q, first, 3)
+            _receive_and_nack(own, first, 3)
+            _receive_and_nack(one, first, 1)
+            assert one.receive() == []
+            assert q.stats().dead == 2
+
+            [dead] = q.peek_dead_letters(subscription="two")
+            assert dead.payload == b"poison"
+            assert dead.text_attributes["spool.dead.subscription"] == "two"
+            marks = sorted(m.text_attributes["spool.dead.subscription"] for m in q.peek_dead_letters())
+            assert marks == ["one", "two"]
+            assert len(q.peek_dead_letters(1)) == 1
+            assert q.peek_dead_letters(subscription="nosuch") == []
+            with pytest.raises(spool.InvalidArgument):
+                q.peek_dead_letters(subscription="")
+
+            assert q.redrive(subscription="two") == 1
+            assert q.stats().dead == 1  # "one"'s stays
+            [back] = two.receive()
+            assert back.id > first and back.receive_count == 1 and back.payload == b"poison"
+            back.ack()
+            assert one.receive() == []  # not sent to "one"
+            assert [m.id for m in own.peek()] == [first]  # nor to "own"
+            assert [m.id for m in q.peek()] == [first]  # nor to the queue's own view
+
+            assert q.purge_dead_letters(subscription="two") == 0
+            assert q.stats().dead == 1
+            assert q.purge_dead_letters(subscription="one") == 1
+            assert q.stats().dead == 0
+
+
 def test_errors_are_exceptions_per_code(qdir, tmp_path):
     not_a_queue = tmp_path / "file"
     not_a_queue.write_text("hi")

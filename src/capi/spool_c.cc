@@ -392,6 +392,76 @@ char* c_string(const std::string& s) {
   return p;
 }
 
+// The size of spool_subscription_info's first layout, which spool_subscriptions writes.
+constexpr size_t kSubscriptionInfoSize0 = offsetof(spool_subscription_info, max_receives);
+static_assert(sizeof(void*) != 8 || kSubscriptionInfoSize0 == 32, "the size spool.h states for the first layout");
+
+// spool_subscriptions(_size): one malloc'd block, so one spool_free frees it: `count`
+// elements `info_size` bytes apart (each the fields that fit of this header's struct), then
+// the names.
+spool_code subscriptions_sized(const char* fn, spool_queue* q, spool_subscription_info** subs, size_t* count,
+                               size_t info_size) {
+  return guard(fn, [&] {
+    if (subs == nullptr || count == nullptr) return null_arg(fn, "subs or count");
+    *subs = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg(fn, "q");
+    if (info_size < kSubscriptionInfoSize0 || info_size % alignof(spool_subscription_info) != 0) {
+      return fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": info_size is " + std::to_string(info_size) +
+                                              ": sizeof(spool_subscription_info), at least " +
+                                              std::to_string(kSubscriptionInfoSize0));
+    }
+    auto r = q->queue->subscriptions();
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    size_t bytes = r->size() * info_size;
+    for (const auto& sub : *r) bytes += sub.name.size() + 1;
+    auto* block = static_cast<char*>(std::malloc(bytes));
+    if (block == nullptr) throw std::bad_alloc();
+    std::memset(block, 0, r->size() * info_size);  // a caller's padding and newer fields read 0
+    char* names = block + r->size() * info_size;
+    for (size_t i = 0; i < r->size(); ++i) {
+      const auto& sub = (*r)[i];
+      std::memcpy(names, sub.name.c_str(), sub.name.size() + 1);
+      const spool_subscription_info info{names, sub.from, sub.messages, sub.leased, sub.max_receives};
+      std::memcpy(block + i * info_size, &info, std::min(info_size, sizeof info));
+      names += sub.name.size() + 1;
+    }
+    *subs = reinterpret_cast<spool_subscription_info*>(block);
+    *count = r->size();
+    return SPOOL_OK;
+  });
+}
+
+// Up to `max` dead letters of q marked spool.dead.subscription=`subscription`, in
+// dead-letter id order, as peek() gives them; every one for "". The mark is in each record,
+// not the index, so a name reads every dead letter's record, a page of ids at a time: only
+// the matches are held.
+spool::Result<std::vector<spool::Message>> dead_letters_marked(spool::Queue& q, std::string_view subscription,
+                                                               size_t max) {
+  auto dlq = q.dead_letters();
+  if (!dlq.ok()) return dlq.status();
+  if (subscription.empty()) return (*dlq)->peek(max);
+  std::vector<spool::Message> out;
+  for (uint64_t after = 0; out.size() < max;) {
+    auto page = (*dlq)->list(256, spool::StateFilter{}, after);
+    if (!page.ok()) return page.status();
+    if (page->empty()) break;
+    for (const spool::MessageInfo& info : *page) {
+      after = info.id;
+      auto one = (*dlq)->show(info.id);
+      if (!one.ok() && one.status().code() == spool::Code::kNotFound) continue;  // redriven or removed meanwhile
+      if (!one.ok()) return one.status();
+      const spool::Attributes& attrs = one->first.attributes;
+      auto mark = attrs.find("spool.dead.subscription");
+      if (mark == attrs.end() || mark->second != subscription) continue;
+      out.push_back(std::move(one->first));
+      if (out.size() == max) break;
+    }
+  }
+  return out;
+}
+
 // spool_open and spool_open_subscription: `subscription` NULL opens the queue's own view.
 spool_code open_queue(const char* fn, const char* dir, const spool_options* opts, const char* subscription,
                       spool_queue** out) {
@@ -921,6 +991,15 @@ spool_code spool_add_subscription(spool_queue* q, const char* name, int from_sta
   });
 }
 
+spool_code spool_add_subscription_max_receives(spool_queue* q, const char* name, int from_start,
+                                               uint32_t max_receives) {
+  return guard("spool_add_subscription_max_receives", [&] {
+    if (q == nullptr || name == nullptr) return null_arg("spool_add_subscription_max_receives", "q or name");
+    spool::Status s = q->queue->add_subscription(name, from_start != 0, max_receives);
+    return s.ok() ? SPOOL_OK : fail(s);
+  });
+}
+
 spool_code spool_remove_subscription(spool_queue* q, const char* name) {
   return guard("spool_remove_subscription", [&] {
     if (q == nullptr || name == nullptr) return null_arg("spool_remove_subscription", "q or name");
@@ -929,32 +1008,13 @@ spool_code spool_remove_subscription(spool_queue* q, const char* name) {
   });
 }
 
-spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count) {
-  return guard("spool_subscriptions", [&] {
-    if (subs == nullptr || count == nullptr) return null_arg("spool_subscriptions", "subs or count");
-    *subs = nullptr;
-    *count = 0;
-    if (q == nullptr) return null_arg("spool_subscriptions", "q");
-    auto r = q->queue->subscriptions();
-    if (!r.ok()) return fail(r.status());
-    if (r->empty()) return SPOOL_OK;
-    // One block, so one spool_free frees it: the array, then the names.
-    size_t bytes = r->size() * sizeof(spool_subscription_info);
-    for (const auto& sub : *r) bytes += sub.name.size() + 1;
-    auto* block = static_cast<char*>(std::malloc(bytes));
-    if (block == nullptr) throw std::bad_alloc();
-    auto* out = reinterpret_cast<spool_subscription_info*>(block);
-    char* names = block + r->size() * sizeof(spool_subscription_info);
-    for (size_t i = 0; i < r->size(); ++i) {
-      const auto& sub = (*r)[i];
-      std::memcpy(names, sub.name.c_str(), sub.name.size() + 1);
-      out[i] = spool_subscription_info{names, sub.from, sub.messages, sub.leased};
-      names += sub.name.size() + 1;
-    }
-    *subs = out;
-    *count = r->size();
-    return SPOOL_OK;
-  });
+spool_code spool_subscriptions_size(spool_queue* q, spool_subscription_info** subs, size_t* count,
+                                    size_t info_size) {
+  return subscriptions_sized("spool_subscriptions_size", q, subs, count, info_size);
+}
+
+spool_code(spool_subscriptions)(spool_queue* q, spool_subscription_info** subs, size_t* count) {
+  return subscriptions_sized("spool_subscriptions", q, subs, count, kSubscriptionInfoSize0);
 }
 
 spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq) {
@@ -980,6 +1040,60 @@ spool_code spool_redrive(spool_queue* q, size_t max, uint64_t* moved) {
     auto r = q->queue->redrive(max);
     if (!r.ok()) return fail(r.status());
     if (moved != nullptr) *moved = *r;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_redrive_subscription(spool_queue* q, size_t max, const char* subscription,
+                                      uint64_t* moved) {
+  return guard("spool_redrive_subscription", [&] {
+    if (moved != nullptr) *moved = 0;
+    if (q == nullptr || subscription == nullptr) return null_arg("spool_redrive_subscription", "q or subscription");
+    auto r = q->queue->redrive(max, subscription);
+    if (!r.ok()) return fail(r.status());
+    if (moved != nullptr) *moved = *r;
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_peek_dead_letters(spool_queue* q, const char* subscription, size_t max,
+                                   spool_message** msgs, size_t* count) {
+  return guard("spool_peek_dead_letters", [&] {
+    if (msgs == nullptr || count == nullptr) return null_arg("spool_peek_dead_letters", "msgs or count");
+    *msgs = nullptr;
+    *count = 0;
+    if (q == nullptr || subscription == nullptr) return null_arg("spool_peek_dead_letters", "q or subscription");
+    auto r = dead_letters_marked(*q->queue, subscription, max);
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    *count = r->size();
+    *msgs = batch_of(std::move(*r), &Batch::copies);
+    return SPOOL_OK;
+  });
+}
+
+spool_code spool_purge_dead_letters(spool_queue* q, const char* subscription, uint64_t* removed) {
+  return guard("spool_purge_dead_letters", [&] {
+    if (removed != nullptr) *removed = 0;
+    if (q == nullptr || subscription == nullptr) return null_arg("spool_purge_dead_letters", "q or subscription");
+    auto dlq = q->queue->dead_letters();
+    if (!dlq.ok()) return fail(dlq.status());
+    uint64_t n = 0;
+    if (*subscription == '\0') {
+      auto r = (*dlq)->purge();
+      if (!r.ok()) return fail(r.status());
+      n = *r;
+    } else {
+      auto marked = dead_letters_marked(*q->queue, subscription, SIZE_MAX);
+      if (!marked.ok()) return fail(marked.status());
+      for (const spool::Message& m : *marked) {
+        spool::Status s = (*dlq)->remove(m.id);
+        if (s.code() == spool::Code::kNotFound) continue;  // redriven or removed meanwhile
+        if (!s.ok()) return fail(s);
+        ++n;
+      }
+    }
+    if (removed != nullptr) *removed = n;
     return SPOOL_OK;
   });
 }
