@@ -1353,7 +1353,7 @@ static void test_subscription_dead_letters(void) {
   CHECK_CODE(spool_add_subscription_max_receives(NULL, "x", 0, 1), SPOOL_INVALID_ARGUMENT);
   CHECK_CODE(spool_add_subscription_max_receives(q, NULL, 0, 1), SPOOL_INVALID_ARGUMENT);
 
-  /* Each tells its own max_receives (0: the queue's), with this header's struct. */
+  /* Each tells its own max_receives (0: the queue's). */
   spool_subscription_info* subs = NULL;
   size_t ns = 0;
   CHECK_CODE(spool_subscriptions(q, &subs, &ns), SPOOL_OK);
@@ -1363,19 +1363,6 @@ static void test_subscription_dead_letters(void) {
     CHECK(subs[i].max_receives == want, "%s: max_receives %u, want %u", subs[i].name, subs[i].max_receives, want);
   }
   spool_free(subs);
-  /* A caller of the first layout (the function called by name): 32-byte elements. */
-  CHECK_CODE((spool_subscriptions)(q, &subs, &ns), SPOOL_OK);
-  CHECK(ns == 3, "3 subscriptions, %zu", ns);
-  for (size_t i = 0; i < ns; ++i) {
-    const spool_subscription_info* e =
-        (const spool_subscription_info*)(const void*)((const char*)subs + i * offsetof(spool_subscription_info, max_receives));
-    CHECK(strcmp(e->name, "two") == 0 || strcmp(e->name, "one") == 0 || strcmp(e->name, "own") == 0,
-          "element %zu of the first layout: name %s", i, e->name);
-  }
-  spool_free(subs);
-  CHECK_CODE(spool_subscriptions_size(q, &subs, &ns, offsetof(spool_subscription_info, in_flight)),
-             SPOOL_INVALID_ARGUMENT);
-  CHECK(strstr(spool_last_error(), "info_size") != NULL && subs == NULL && ns == 0, "too small an element");
 
   uint64_t id = 0;
   CHECK_CODE(spool_send(q, "poison", 6, NULL, &id), SPOOL_OK);

@@ -15,10 +15,9 @@
  *    (the *_init macros pass it). The library reads and writes only the fields that fit in
  *    `size`, so a program built against an older header keeps working with a newer library;
  *    a field added later reads as its default for it. An array the caller passes
- *    (spool_send_items) takes the element size as a parameter for the same reason, and so
- *    does the one array the library hands out that may grow (spool_subscriptions_size).
- *    Other structs the library hands out (spool_message, spool_attribute,
- *    spool_message_info) never grow within a soname: what a message gains later comes
+ *    (spool_send_items) takes the element size as a parameter for the same reason. Structs
+ *    the library hands out (spool_message, spool_attribute, spool_message_info,
+ *    spool_subscription_info) never grow within a soname: what a message gains later comes
  *    through functions, as its attributes do (spool_message_attributes).
  *
  * Thread-safety: a spool_queue may be used by several threads at once (as spool::Queue).
@@ -455,33 +454,18 @@ spool_code spool_add_subscription_max_receives(spool_queue* q, const char* name,
                                                uint32_t max_receives);
 spool_code spool_remove_subscription(spool_queue* q, const char* name);
 
-/* A subscription as spool_subscriptions tells it. The library hands out arrays of it, so it
- * grows only as spool_send_item does: the caller names the element size it was compiled
- * with (spool_subscriptions_size; the macro below passes it), and the library writes each
- * element's fields that fit and steps by that size. */
+/* A subscription as spool_subscriptions tells it. */
 typedef struct spool_subscription_info {
   const char* name;   /* NUL-terminated, in the same allocation as the array */
   uint64_t from;      /* the first message id it gets */
   uint64_t messages;  /* in it now, leased or not */
   uint64_t in_flight; /* of them, leased */
-  /* ---- added after the first layout (its size is 32 on LP64: what the function
-   * spool_subscriptions, called by name, writes) */
   uint32_t max_receives; /* its own (spool_add_subscription_max_receives); 0: the queue's */
 } spool_subscription_info;
 
 /* The queue's subscriptions: *subs is an array of *count (NULL and 0 when it has none),
- * freed whole, names included, with one spool_free. Its elements are info_size bytes apart:
- * sizeof(spool_subscription_info) as the caller compiled it (at least the first layout's
- * and a multiple of its alignment, else SPOOL_INVALID_ARGUMENT); fields past it are not
- * written. */
-spool_code spool_subscriptions_size(spool_queue* q, spool_subscription_info** subs, size_t* count,
-                                    size_t info_size);
-/* The function of the first layout, kept for programs built against it and for FFIs that
- * look it up by name: elements of 32 bytes on LP64 (name, from, messages, in_flight). A C
- * program compiled with this header gets the macro, with this header's element size. */
+ * freed whole, names included, with one spool_free. */
 spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count);
-#define spool_subscriptions(q, subs, count) \
-  spool_subscriptions_size((q), (subs), (count), sizeof(spool_subscription_info))
 
 /* ---------------------------------------------------------------------- dead letters */
 

@@ -990,8 +990,7 @@ class Queue:
         """The queue's subscriptions, from any handle of it."""
         subs = ctypes.POINTER(_capi.spool_subscription_info)()
         n = ctypes.c_size_t()
-        _check(_lib.spool_subscriptions_size(self._handle(), ctypes.byref(subs), ctypes.byref(n),
-                                             ctypes.sizeof(_capi.spool_subscription_info)))
+        _check(_lib.spool_subscriptions(self._handle(), ctypes.byref(subs), ctypes.byref(n)))
         try:
             return [Subscription(name=(subs[i].name or b"").decode(errors="replace"),
                                  from_id=subs[i].from_id, messages=subs[i].messages,

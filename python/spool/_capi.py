@@ -118,7 +118,7 @@ class spool_subscription_info(ctypes.Structure):
         ("from_id", c_uint64),  # spool.h's `from`, a Python keyword
         ("messages", c_uint64),
         ("in_flight", c_uint64),
-        ("max_receives", c_uint32),  # past the first layout: spool_subscriptions_size
+        ("max_receives", c_uint32),
     ]
 
 
@@ -219,9 +219,8 @@ def _load() -> ctypes.CDLL:
         "spool_purge_dead_letters": (c_int, [q, c_char_p, POINTER(c_uint64)]),
         "spool_add_subscription_max_receives": (c_int, [q, c_char_p, c_int, c_uint32]),
         "spool_remove_subscription": (c_int, [q, c_char_p]),
-        # Given ctypes.sizeof(spool_subscription_info), as the *_init_size functions are.
-        "spool_subscriptions_size": (c_int, [q, POINTER(POINTER(spool_subscription_info)),
-                                             POINTER(c_size_t), c_size_t]),
+        "spool_subscriptions": (c_int, [q, POINTER(POINTER(spool_subscription_info)),
+                                        POINTER(c_size_t)]),
         "spool_replay": (c_int, [q, c_uint64, c_uint64, c_char_p, POINTER(c_uint64), POINTER(c_uint64)]),
     }
     for fn, (restype, argtypes) in sigs.items():

@@ -392,46 +392,6 @@ char* c_string(const std::string& s) {
   return p;
 }
 
-// The size of spool_subscription_info's first layout, which spool_subscriptions writes.
-constexpr size_t kSubscriptionInfoSize0 = offsetof(spool_subscription_info, max_receives);
-static_assert(sizeof(void*) != 8 || kSubscriptionInfoSize0 == 32, "the size spool.h states for the first layout");
-
-// spool_subscriptions(_size): one malloc'd block, so one spool_free frees it: `count`
-// elements `info_size` bytes apart (each the fields that fit of this header's struct), then
-// the names.
-spool_code subscriptions_sized(const char* fn, spool_queue* q, spool_subscription_info** subs, size_t* count,
-                               size_t info_size) {
-  return guard(fn, [&] {
-    if (subs == nullptr || count == nullptr) return null_arg(fn, "subs or count");
-    *subs = nullptr;
-    *count = 0;
-    if (q == nullptr) return null_arg(fn, "q");
-    if (info_size < kSubscriptionInfoSize0 || info_size % alignof(spool_subscription_info) != 0) {
-      return fail(SPOOL_INVALID_ARGUMENT, std::string(fn) + ": info_size is " + std::to_string(info_size) +
-                                              ": sizeof(spool_subscription_info), at least " +
-                                              std::to_string(kSubscriptionInfoSize0));
-    }
-    auto r = q->queue->subscriptions();
-    if (!r.ok()) return fail(r.status());
-    if (r->empty()) return SPOOL_OK;
-    size_t bytes = r->size() * info_size;
-    for (const auto& sub : *r) bytes += sub.name.size() + 1;
-    auto* block = static_cast<char*>(std::malloc(bytes));
-    if (block == nullptr) throw std::bad_alloc();
-    std::memset(block, 0, r->size() * info_size);  // a caller's padding and newer fields read 0
-    char* names = block + r->size() * info_size;
-    for (size_t i = 0; i < r->size(); ++i) {
-      const auto& sub = (*r)[i];
-      std::memcpy(names, sub.name.c_str(), sub.name.size() + 1);
-      const spool_subscription_info info{names, sub.from, sub.messages, sub.leased, sub.max_receives};
-      std::memcpy(block + i * info_size, &info, std::min(info_size, sizeof info));
-      names += sub.name.size() + 1;
-    }
-    *subs = reinterpret_cast<spool_subscription_info*>(block);
-    *count = r->size();
-    return SPOOL_OK;
-  });
-}
 
 // Up to `max` dead letters of q marked spool.dead.subscription=`subscription`, in
 // dead-letter id order, as peek() gives them; every one for "". The mark is in each record,
@@ -1008,13 +968,32 @@ spool_code spool_remove_subscription(spool_queue* q, const char* name) {
   });
 }
 
-spool_code spool_subscriptions_size(spool_queue* q, spool_subscription_info** subs, size_t* count,
-                                    size_t info_size) {
-  return subscriptions_sized("spool_subscriptions_size", q, subs, count, info_size);
-}
-
-spool_code(spool_subscriptions)(spool_queue* q, spool_subscription_info** subs, size_t* count) {
-  return subscriptions_sized("spool_subscriptions", q, subs, count, kSubscriptionInfoSize0);
+// One malloc'd block, so one spool_free frees it: the array, then the names.
+spool_code spool_subscriptions(spool_queue* q, spool_subscription_info** subs, size_t* count) {
+  return guard("spool_subscriptions", [&] {
+    if (subs == nullptr || count == nullptr) return null_arg("spool_subscriptions", "subs or count");
+    *subs = nullptr;
+    *count = 0;
+    if (q == nullptr) return null_arg("spool_subscriptions", "q");
+    auto r = q->queue->subscriptions();
+    if (!r.ok()) return fail(r.status());
+    if (r->empty()) return SPOOL_OK;
+    size_t bytes = r->size() * sizeof(spool_subscription_info);
+    for (const auto& sub : *r) bytes += sub.name.size() + 1;
+    auto* block = static_cast<char*>(std::malloc(bytes));
+    if (block == nullptr) throw std::bad_alloc();
+    auto* out = reinterpret_cast<spool_subscription_info*>(block);
+    char* names = block + r->size() * sizeof(spool_subscription_info);
+    for (size_t i = 0; i < r->size(); ++i) {
+      const auto& sub = (*r)[i];
+      std::memcpy(names, sub.name.c_str(), sub.name.size() + 1);
+      out[i] = spool_subscription_info{names, sub.from, sub.messages, sub.leased, sub.max_receives};
+      names += sub.name.size() + 1;
+    }
+    *subs = out;
+    *count = r->size();
+    return SPOOL_OK;
+  });
 }
 
 spool_code spool_dead_letters(spool_queue* q, spool_queue** dlq) {
