@@ -469,6 +469,39 @@ static void test_leases(void) {
 
 /* ------------------------------------------------------------ delayed sends */
 
+/* spool_ack_batch: each receipt's own code, SPOOL_OK only when all were acked, the first
+ * failure's code otherwise; what was acked is gone. */
+static void test_ack_batch(void) {
+  char dir[300];
+  path_in_root(dir, sizeof dir, "ack_batch");
+  spool_queue* q = NULL;
+  CHECK_CODE(spool_open(dir, NULL, &q), SPOOL_OK);
+  for (int i = 0; i < 5; ++i) CHECK_CODE(spool_send(q, "m", 1, NULL, NULL), SPOOL_OK);
+  spool_message* m = NULL;
+  size_t n = 0;
+  CHECK_CODE(spool_receive(q, 4, 60000, 0, &m, &n), SPOOL_OK);
+  CHECK(n == 4, "4 received, %zu", n);
+  const char* all[] = {m[0].receipt, m[1].receipt};
+  spool_code codes[5] = {SPOOL_IO, SPOOL_IO, SPOOL_IO, SPOOL_IO, SPOOL_IO};
+  CHECK_CODE(spool_ack_batch(q, all, 2, SPOOL_DURABILITY_SYNC, codes), SPOOL_OK);
+  CHECK(codes[0] == SPOOL_OK && codes[1] == SPOOL_OK, "both acked: %d %d", codes[0], codes[1]);
+  const char* mixed[] = {m[2].receipt, "garbage", m[0].receipt, m[3].receipt, m[3].receipt};
+  CHECK_CODE(spool_ack_batch(q, mixed, 5, SPOOL_DURABILITY_QUEUE, codes), SPOOL_INVALID_ARGUMENT);
+  CHECK(strstr(spool_last_error(), "garbage") != NULL, "the first failure named: %s", spool_last_error());
+  CHECK(codes[0] == SPOOL_OK && codes[1] == SPOOL_INVALID_ARGUMENT && codes[2] == SPOOL_NOT_FOUND &&
+            codes[3] == SPOOL_OK && codes[4] == SPOOL_NOT_FOUND,
+        "codes %d %d %d %d %d", codes[0], codes[1], codes[2], codes[3], codes[4]);
+  CHECK_CODE(spool_ack_batch(q, NULL, 0, SPOOL_DURABILITY_QUEUE, NULL), SPOOL_OK);
+  const char* with_null[] = {NULL};
+  CHECK_CODE(spool_ack_batch(q, with_null, 1, SPOOL_DURABILITY_QUEUE, NULL), SPOOL_INVALID_ARGUMENT);
+  spool_messages_free(m);
+  spool_stats st = {.size = sizeof st};
+  CHECK_CODE(spool_get_stats(q, &st), SPOOL_OK);
+  CHECK(st.acked_total == 4 && st.ready == 1 && st.in_flight == 0, "acked %llu ready %llu in flight %llu",
+        (unsigned long long)st.acked_total, (unsigned long long)st.ready, (unsigned long long)st.in_flight);
+  spool_close(q);
+}
+
 static void test_delayed_send(void) {
   char dir[300];
   path_in_root(dir, sizeof dir, "delayed");
@@ -1447,6 +1480,7 @@ int main(void) {
   test_errors();
   test_option_sizes();
   test_leases();
+  test_ack_batch();
   test_delayed_send();
   test_attributes_round_trip();
   test_attribute_bounds();

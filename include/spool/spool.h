@@ -335,6 +335,13 @@ void spool_free(void* p);
  * expired and the message was received again (nothing changes); SPOOL_NOT_FOUND if it is
  * already gone; SPOOL_INVALID_ARGUMENT for a malformed receipt. */
 spool_code spool_ack(spool_queue* q, const char* receipt, int durability);
+/* Acks n receipts at once (as SQS's DeleteMessageBatch), under one lock, in one append and
+ * one sync: results[i] (results may be NULL) gets receipt i's own code, as spool_ack would
+ * give it (a receipt given twice: the second SPOOL_NOT_FOUND). Returns SPOOL_OK when every
+ * receipt was acked, else the first failed receipt's code (spool_last_error names it) or
+ * the error that stopped the call as a whole (every results[i] then has it: none acked). */
+spool_code spool_ack_batch(spool_queue* q, const char* const* receipts, size_t n, int durability,
+                           spool_code* results);
 /* Makes the message receivable again after delay_ms. Same errors as spool_ack. */
 spool_code spool_nack(spool_queue* q, const char* receipt, uint64_t delay_ms);
 /* Renews the lease to end visibility_ms from now. Same errors as spool_ack. */

@@ -35,7 +35,7 @@ import ctypes
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _capi
 from ._capi import lib as _lib
@@ -770,6 +770,20 @@ class Queue:
     def ack(self, receipt: str, *, sync: bool = False) -> None:
         """Deletes the message the receipt names. Raises LeaseLost, NotFound, InvalidArgument."""
         _check(_lib.spool_ack(self._handle(), _cstr(receipt.encode(), "a receipt"), 1 if sync else 0))
+
+    def ack_batch(self, receipts: Sequence[str], *, sync: bool = False) -> list[Optional[Error]]:
+        """Acks many receipts at once (as SQS's DeleteMessageBatch): one append, one sync.
+        Returns, for each receipt in order, None if it was acked, else the error ack would
+        have raised (LeaseLost; NotFound, also for a receipt given twice; InvalidArgument).
+        Raises only when the call failed as a whole, acking nothing (ReadOnly, IoError...)."""
+        encoded = [_cstr(r.encode(), "a receipt") for r in receipts]
+        arr = (ctypes.c_char_p * len(encoded))(*encoded)
+        codes = (ctypes.c_int * len(encoded))()
+        rc = _lib.spool_ack_batch(self._handle(), arr, len(encoded), 1 if sync else 0, codes)
+        if rc not in (0, LeaseLost.code, NotFound.code, InvalidArgument.code):
+            _raise(rc)
+        return [None if c == 0 else _ERRORS.get(c, Error)(f"receipt {r!r}: {_lib.spool_code_name(c).decode()}", c)
+                for r, c in zip(receipts, codes)]
 
     def nack(self, receipt: str, *, delay: float = 0.0) -> None:
         """Makes the message receivable again after ``delay`` seconds. Errors as ack."""

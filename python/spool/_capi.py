@@ -193,6 +193,7 @@ def _load() -> ctypes.CDLL:
                                         POINTER(c_size_t)]),
         "spool_free": (None, [c_void_p]),
         "spool_ack": (c_int, [q, c_char_p, c_int]),
+        "spool_ack_batch": (c_int, [q, POINTER(c_char_p), c_size_t, c_int, POINTER(c_int)]),
         "spool_remove": (c_int, [q, c_uint64, c_int]),
         "spool_nack": (c_int, [q, c_char_p, c_uint64]),
         "spool_extend": (c_int, [q, c_char_p, c_uint64]),

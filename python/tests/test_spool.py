@@ -70,6 +70,20 @@ def test_send_receive_ack_bytes_and_str(qdir):
         assert q.durable_id >= ids[-1]
 
 
+def test_ack_batch_acks_many_and_tells_each_receipts_outcome(qdir):
+    with spool.Queue.create(qdir, visibility=60) as q:
+        q.send_batch(["a", "b", "c", "d"])
+        msgs = q.receive(max=3)
+        assert len(msgs) == 3
+        out = q.ack_batch([m.receipt for m in msgs[:2]] + ["garbage", msgs[0].receipt], sync=True)
+        assert out[:2] == [None, None]
+        assert isinstance(out[2], spool.InvalidArgument)
+        assert isinstance(out[3], spool.NotFound)  # given twice: acked by the first
+        assert q.ack_batch([]) == []
+        st = q.stats()
+        assert (st.acked_total, st.in_flight, st.ready) == (2, 1, 1)
+
+
 def test_pause_resume_and_release_from_python(qdir):
     with spool.Queue.create(qdir, visibility=3600) as q:
         q.send("a")

@@ -769,6 +769,34 @@ spool_code spool_ack(spool_queue* q, const char* receipt, int durability_) {
   });
 }
 
+spool_code spool_ack_batch(spool_queue* q, const char* const* receipts, size_t n, int durability_,
+                           spool_code* results) {
+  return guard("spool_ack_batch", [&] {
+    if (q == nullptr || (receipts == nullptr && n != 0)) return null_arg("spool_ack_batch", "q or receipts");
+    if (std::string why; !valid_durability(durability_, "spool_ack_batch", &why)) return fail(SPOOL_INVALID_ARGUMENT, why);
+    std::vector<std::string_view> rs;
+    rs.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (receipts[i] == nullptr) {
+        return fail(SPOOL_INVALID_ARGUMENT, "spool_ack_batch: receipts[" + std::to_string(i) + "] is NULL");
+      }
+      rs.emplace_back(receipts[i]);
+    }
+    auto r = q->queue->ack_batch(rs, durability(durability_));
+    if (!r.ok()) {
+      for (size_t i = 0; results != nullptr && i < n; ++i) results[i] = static_cast<spool_code>(r.status().code());
+      return fail(r.status());
+    }
+    spool_code first = SPOOL_OK;
+    for (size_t i = 0; i < n; ++i) {
+      const spool::Status& s = (*r)[i];
+      if (results != nullptr) results[i] = static_cast<spool_code>(s.code());
+      if (!s.ok() && first == SPOOL_OK) first = fail(s);
+    }
+    return first;
+  });
+}
+
 spool_code spool_remove(spool_queue* q, uint64_t id, int durability_) {
   return guard("spool_remove", [&] {
     if (q == nullptr) return null_arg("spool_remove", "q");
