@@ -202,9 +202,14 @@ class Messages(unittest.TestCase):
         self.assertEqual(again["Attributes"]["ApproximateReceiveCount"], "2")
         self.assertNotEqual(again["ReceiptHandle"], got[0]["ReceiptHandle"], "a fresh receipt handle per receive")
         got[0] = again
+        # Nine in one batch (one ack_batch) with a bad handle among them: it alone fails.
         r = SQS.delete_message_batch(QueueUrl=self.url, Entries=[{"Id": f"d{i}", "ReceiptHandle": m["ReceiptHandle"]}
-                                                                 for i, m in enumerate(got)])
-        self.assertEqual(len(r["Successful"]), 10)
+                                                                 for i, m in enumerate(got[:9])] +
+                                     [{"Id": "bad", "ReceiptHandle": "garbage"}])
+        self.assertEqual(len(r["Successful"]), 9)
+        self.assertEqual([(f["Id"], f["Code"]) for f in r["Failed"]], [("bad", "ReceiptHandleIsInvalid")])
+        r = SQS.delete_message_batch(QueueUrl=self.url, Entries=[{"Id": "last", "ReceiptHandle": got[9]["ReceiptHandle"]}])
+        self.assertEqual(len(r["Successful"]), 1)
         self.assertNotIn("Messages", SQS.receive_message(QueueUrl=self.url))
         with self.assertRaises(ClientError) as e:
             SQS.send_message_batch(QueueUrl=self.url, Entries=[{"Id": "x", "MessageBody": "1"}, {"Id": "x", "MessageBody": "2"}])

@@ -1005,8 +1005,8 @@ json SqsService::receive(const json& in, const SqsContext& ctx) {
 json SqsService::delete_message(const json& in, const SqsContext& ctx, bool batch) {
   std::string name;
   auto o = open_from(in, ctx, &name);
-  auto one = [&](const std::string& receipt) {
-    Status s = o->q->ack(receipt);
+  // What one receipt's ack gave (`s`) makes of it: nothing (done), or an SqsError.
+  auto settle = [&](const std::string& receipt, const Status& s) {
     // SQS deletes with a stale handle "successfully" (and may not delete): so does this
     // face. spool's fencing keeps the message (it was received again since, the new lease
     // holds it); an already deleted message is gone either way.
@@ -1021,10 +1021,37 @@ json SqsService::delete_message(const json& in, const SqsContext& ctx, bool batc
     fail_status(s);
   };
   if (!batch) {
-    one(get_str(in, "ReceiptHandle", true));
+    const std::string receipt = get_str(in, "ReceiptHandle", true);
+    settle(receipt, o->q->ack(receipt));
     return json::object();
   }
-  return each_entry(in, [&](const json& e) { one(get_str(e, "ReceiptHandle", true)); });
+  // The batch in one ack_batch (one lock, one append, one ACK record per delivery number);
+  // each entry's outcome as its own ack's.
+  json entries = in.contains("Entries") ? in["Entries"] : json::array();
+  check_batch(entries);
+  json ok = json::array(), failed = json::array();
+  std::vector<std::string> ids, receipts;
+  for (const auto& e : entries) {
+    std::string id = get_str(e, "Id", true);
+    try {
+      receipts.push_back(get_str(e, "ReceiptHandle", true));
+      ids.push_back(std::move(id));
+    } catch (const SqsError& err) {
+      failed.push_back(batch_failure(id, err));
+    }
+  }
+  const std::vector<std::string_view> rs(receipts.begin(), receipts.end());
+  auto acked = o->q->ack_batch(rs);
+  if (!acked.ok()) fail_status(acked.status());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    try {
+      settle(receipts[i], (*acked)[i]);
+      ok.push_back({{"Id", ids[i]}});
+    } catch (const SqsError& err) {
+      failed.push_back(batch_failure(ids[i], err));
+    }
+  }
+  return {{"Successful", ok}, {"Failed", failed}};
 }
 
 json SqsService::change_visibility(const json& in, const SqsContext& ctx, bool batch) {
