@@ -213,7 +213,9 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
   std::vector<uint16_t> ks{0};
   for (uint16_t k : queue::active_views(idx)) ks.push_back(k);
   std::vector<Record> recs;
+  std::deque<std::string> payloads;  // (of the LIST records among them)
   std::vector<std::pair<uint64_t, uint32_t>> oldest;  // (id, slot) of a view's ready messages
+  size_t n_dropped = 0;
   for (uint16_t k : ks) {
     index::SharedIndex* v = k == 0 ? &idx : view_index(k);
     if (v == nullptr) continue;
@@ -234,6 +236,7 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
     }
     std::sort(oldest.begin(), oldest.end());
     if (oldest.size() > kRetainBatch) oldest.resize(kRetainBatch);
+    std::vector<std::pair<uint32_t, uint64_t>> dropped;  // (count, id)
     for (auto [id, slot] : oldest) {
       const Entry& e = v->entry(slot);
       bool drop = max_bytes != 0 && bytes > max_bytes;
@@ -245,12 +248,16 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
       }
       if (!drop) break;  // the rest are younger (ids follow the send order)
       bytes -= std::min<uint64_t>(bytes, e.len);
-      recs.push_back(Record{RecordType::kAck, e.count, id, 0, 0, {}, format::kFlagExpired, {}, k});
+      dropped.emplace_back(e.count, id);
     }
+    // One ACK flagged EXPIRED per delivery number, listing the messages (format.md, LIST).
+    n_dropped += dropped.size();
+    const Record proto{RecordType::kAck, 0, 0, 0, 0, {}, format::kFlagExpired, {}, k};
+    for (const Record& r : listed_records(proto, std::move(dropped), payloads)) recs.push_back(r);
   }
   if (recs.empty()) return {};
   if (auto res = commit(recs, now); !res.ok()) return res.status();
-  spool::log().warn("{}: retention limit dropped {} message(s) across {} view(s)", dir, recs.size(), ks.size());
+  spool::log().warn("{}: retention limit dropped {} message(s) across {} view(s)", dir, n_dropped, ks.size());
   return {};
 }
 
