@@ -1126,6 +1126,44 @@ TEST_F(SubscriptionQueue, AReceiveOfManyAndAnAckBatchWriteOneRecordPerDelivery) 
   EXPECT_EQ(files(), live) << "the log replays into other views than the live calls left";
 }
 
+// A subscription added "from start" gets the queue's messages with their ordered groups: in
+// it, each group's lowest id is its first and the rest wait behind it (whatever another view
+// had leased), as after a rebuild from the log.
+TEST_F(SubscriptionQueue, FromStartKeepsOrderedGroups) {
+  auto q = open();
+  ASSERT_NE(q, nullptr);
+  SendOptions g;
+  g.group = "g";
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(q->send("g" + std::to_string(i), g).ok());  // 1, 2, 3
+  ASSERT_TRUE(q->send("free").ok());                                                 // 4
+  auto first = q->receive(1, std::chrono::seconds(60), std::chrono::milliseconds(0));
+  ASSERT_TRUE(first.ok() && first->front().id == 1u);
+  ASSERT_TRUE(q->add_subscription("late", true).ok());
+  auto check = [&](const char* when) {
+    SCOPED_TRACE(when);
+    auto s = open("late");
+    ASSERT_NE(s, nullptr);
+    auto got = s->receive(10, std::chrono::seconds(60), std::chrono::milliseconds(0));
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    std::vector<uint64_t> ids;
+    for (const Message& m : *got) ids.push_back(m.id);
+    std::sort(ids.begin(), ids.end());
+    EXPECT_EQ(ids, (std::vector<uint64_t>{1, 4})) << "2 and 3 wait behind 1, the group's first here";
+    EXPECT_EQ(got->front().group, got->front().id == 1u ? "g" : "");
+    for (const Message& m : *got) ASSERT_TRUE(s->nack(m.receipt).ok());
+  };
+  check("live");
+  q.reset();
+  const auto live = files();
+  std::filesystem::remove(qdir() + "/index");
+  std::filesystem::remove(qdir() + "/subs/1.index");
+  q = open();
+  ASSERT_NE(q, nullptr);
+  q.reset();
+  EXPECT_EQ(files(), live) << "the log replays into other views than the live calls left";
+  check("rebuilt from the log");
+}
+
 TEST_F(SubscriptionQueue, AQueueWithoutSubscriptionsHasNoViewFiles) {
   auto q = open();
   ASSERT_NE(q, nullptr);

@@ -784,6 +784,11 @@ uint64_t SharedIndex::group_first(uint64_t id) const {
   return g < 0 || grp_[g].a == id ? 0 : grp_[g].a;
 }
 
+uint64_t SharedIndex::group_of(uint64_t id) const {
+  const int64_t m = gfind(id);
+  return m < 0 ? 0 : grp_[m].a & ~kGroupTag;
+}
+
 void SharedIndex::group_leave(uint64_t id) {
   const int64_t m = gfind(id);
   if (m < 0) return;

@@ -577,6 +577,9 @@ class CAPABILITY("index lock") SharedIndex {
   uint64_t promotions() const { return promotions_; }
   // The first member of the group of blocked message `id` (0: none, or `id` is not blocked).
   uint64_t group_first(uint64_t id) const;
+  // The hash of message `id`'s group as group_join() takes it (its top bit cleared: the same
+  // group), or 0 if it is in none.
+  uint64_t group_of(uint64_t id) const;
   // Every blocked message (O(group table)); f(slot, id).
   template <class F>
   void for_each_blocked(F&& f) REQUIRES(this) {

@@ -192,18 +192,20 @@ struct Live {
   uint64_t id;
   Entry e;
   uint8_t priority;
+  uint64_t group;  // its group's hash (0: none)
 };
 void collect_live(index::SharedIndex& from, std::vector<Live>& out) REQUIRES(from) {
   from.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
     const bool own_priority = e.state == State::kReady || e.state == State::kLeased;
     out.push_back({id, Entry{e.loc, e.len, 0, index::kNoPos, 0, State::kReady, 0},
-                   own_priority ? static_cast<uint8_t>(e.key_hi) : index::kDefaultPriority});
+                   own_priority ? static_cast<uint8_t>(e.key_hi) : index::kDefaultPriority, from.group_of(id)});
   });
 }
 
 // "From start": every message live in view 0 or another active view than `self`, in id
 // order, as a new view takes it: ready now, receive count 0, with its priority (a blocked
-// one's is not kept in its entry: the default). Groups are not carried yet.
+// one's is not kept in its entry: the default) and its ordered group, whose first in the
+// new view is its lowest id there (the rest blocked behind it).
 std::vector<Live> live_in_views(index::SharedIndex& x, uint16_t self, const Keys& keys) REQUIRES(x) {
   std::vector<Live> msgs;
   collect_live(x, msgs);
@@ -254,7 +256,7 @@ Status apply_sub(index::SharedIndex& x, uint64_t at, const storage::RecordView& 
   if (Status s = clear_state(*v, first); !s.ok()) return s;
   raise_next_id(v->hdr(), h.cache.next_id - 1);
   for (const Live& m : msgs) {
-    if (Status s = insert_message(*v, m.id, m.e, 0, keys.now.boot, m.priority, 0); !s.ok()) return s;
+    if (Status s = insert_message(*v, m.id, m.e, 0, keys.now.boot, m.priority, m.group); !s.ok()) return s;
   }
   return {};
 }
