@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -359,7 +360,8 @@ struct SubLedger {
 TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
   std::mt19937_64 rng(4646);
   uint64_t undone = 0, sends = 0, acks = 0;
-  for (int round = 0; round < 6; ++round) {
+  constexpr int kRounds = 6;
+  for (int round = 0; round < kRounds; ++round) {
     SCOPED_TRACE("round " + std::to_string(round));
     std::filesystem::remove_all(qdir());
     const std::string ledger_path = dir_ / ("ledger-" + std::to_string(round));
@@ -371,7 +373,9 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
       QueueOptions o;
       o.env = make_default_env(fault);
       o.sync = SyncPolicy::kAlways;
-      o.segment_size = 16 << 10;  // rolls (and background compactions) within the run
+      // No roll in the run (about 50 KB in a 256 KiB first segment), so no background
+      // compaction: the child is one thread, and the cut stops every write.
+      o.segment_size = 1 << 20;
       o.max_receives = 0;         // no dead letters: every view keeps what it does not ack
       auto own = open_view(qdir(), "", o);
       if (!own.ok()) return 2;
@@ -379,7 +383,7 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
       h.push_back(std::move(own).value());
       if (!h[0]->add_subscription("s1").ok()) return 3;
       SubLedger led;
-      std::mutex mu;  // the ledger: a background compaction's sync may be the one that cuts
+      std::mutex mu;  // the ledger, should another thread's sync be the one that cuts
       std::mt19937_64 r(seed);
       int n = 0;
       auto send = [&]() -> bool {
@@ -404,8 +408,14 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
         h.push_back(std::move(sub).value());
       }
       uint64_t syncs = 0;
+      std::mutex cut_mu;  // held from the cut to the _exit: any other syncing thread waits
       fault->on_sync([&] {
-        if (++syncs < cut_at) return;
+        cut_mu.lock();
+        if (++syncs < cut_at) {
+          cut_mu.unlock();
+          return;
+        }
+        fault->fail(FaultIo::Op::kWrite, 1, EIO, true);  // nothing more reaches the disk
         std::string text;
         {
           std::lock_guard g(mu);
@@ -509,8 +519,8 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
     expect_verified_and_rebuilt(qdir(), states);
   }
   EXPECT_GT(undone, 0u) << "no cut undid a write: none landed in the middle of a call";
-  std::printf("[figures] 6 cuts with 2 subscriptions, sync=always: sends returned %llu, acks returned %llu (all views), writes undone %llu\n",
-              static_cast<unsigned long long>(sends), static_cast<unsigned long long>(acks), static_cast<unsigned long long>(undone));
+  std::printf("[figures] %d cuts with 2 subscriptions, sync=always: sends returned %llu, acks returned %llu (all views), writes undone %llu\n",
+              kRounds, static_cast<unsigned long long>(sends), static_cast<unsigned long long>(acks), static_cast<unsigned long long>(undone));
 }
 
 // A queue with two subscriptions and a different state in each view, all of it synced:
