@@ -191,7 +191,8 @@ TEST_F(PowerCutTest, TheFlusherStartsItsNextPassAtOnceWhenAPassOverranTheInterva
 const std::vector<std::string> kViews = {"", "s1", "s2"};
 
 // `view`'s handle on the queue in `dir` (with `o`'s env and settings).
-Result<std::unique_ptr<Queue>> open_view(const std::string& dir, const std::string& view, QueueOptions o = {}) {
+Result<std::unique_ptr<Queue>> open_view(const std::string& dir, const std::string& view,
+                                         QueueOptions o = {}) {
   o.subscription = view;
   return Queue::open(dir, o);
 }
@@ -213,7 +214,8 @@ void reboot_indexes(const std::string& dir, bool deleted) {
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(io.good()) << f;
     const char other_boot[] = "00000000-0000-0000-0000-000000000000";
-    io.seekp(static_cast<std::streamoff>(offsetof(index::IndexHeader, ident) + offsetof(index::IndexIdentity, boot_id)));
+    io.seekp(static_cast<std::streamoff>(offsetof(index::IndexHeader, ident) +
+                                         offsetof(index::IndexIdentity, boot_id)));
     io.write(other_boot, sizeof other_boot);
     ASSERT_TRUE(io.good()) << f;
   }
@@ -252,10 +254,18 @@ std::map<std::string, ViewState> view_states(const std::string& dir) {
     EXPECT_TRUE(st.ok()) << st.status().to_string();
     if (!st.ok()) return out;
     expect_view_counters_agree(view, *st);
-    v.counters = {{"sent", st->sent_total},         {"acked", st->acked_total},     {"dead", st->dead_lettered_total},
-                  {"expired", st->expired_total},   {"ready", st->ready},           {"in_flight", st->in_flight},
-                  {"delayed", st->delayed},         {"nacked", st->nacked_total},   {"received", st->received_total},
-                  {"redelivered", st->redelivered_total}, {"next_id", st->next_id}, {"bytes", st->bytes}};
+    v.counters = {{"sent", st->sent_total},
+                  {"acked", st->acked_total},
+                  {"dead", st->dead_lettered_total},
+                  {"expired", st->expired_total},
+                  {"ready", st->ready},
+                  {"in_flight", st->in_flight},
+                  {"delayed", st->delayed},
+                  {"nacked", st->nacked_total},
+                  {"received", st->received_total},
+                  {"redelivered", st->redelivered_total},
+                  {"next_id", st->next_id},
+                  {"bytes", st->bytes}};
     auto all = (*q)->list(SIZE_MAX);
     EXPECT_TRUE(all.ok()) << all.status().to_string();
     if (!all.ok()) return out;
@@ -277,18 +287,21 @@ std::map<std::string, ViewState> view_states(const std::string& dir) {
 
 // Deleting every index file (DIR/index, DIR/subs/*.index) and reopening rebuilds each view
 // to the state it had.
-void expect_rebuild_gives_the_same_views(const std::string& dir, const std::map<std::string, ViewState>& before) {
+void expect_rebuild_gives_the_same_views(const std::string& dir,
+                                         const std::map<std::string, ViewState>& before) {
   reboot_indexes(dir, true);
   EXPECT_FALSE(std::filesystem::exists(dir + "/subs/1.index"));
   const auto after = view_states(dir);
   for (const std::string& view : kViews) {
-    EXPECT_EQ(after.at(view), before.at(view)) << "view '" << view << "' rebuilt from the log alone differs";
+    EXPECT_EQ(after.at(view), before.at(view))
+        << "view '" << view << "' rebuilt from the log alone differs";
   }
 }
 
 // verify finds nothing wrong with the log and the indexes, and the rebuild from the log
 // alone gives every view the state `before` it had.
-void expect_verified_and_rebuilt(const std::string& dir, const std::map<std::string, ViewState>& before) {
+void expect_verified_and_rebuilt(const std::string& dir,
+                                 const std::map<std::string, ViewState>& before) {
   auto q = open_view(dir, "");
   ASSERT_TRUE(q.ok()) << q.status().to_string();
   auto rep = (*q)->verify(false);
@@ -300,9 +313,10 @@ void expect_verified_and_rebuilt(const std::string& dir, const std::map<std::str
 
 // What the child saw return before the power went, per view: written when it cuts.
 struct SubLedger {
-  std::map<uint64_t, std::string> sent;                  // send returned: id -> payload
-  std::map<std::string, std::set<uint64_t>> acked;       // ack returned, per view
-  std::map<std::string, std::map<uint64_t, uint32_t>> count;  // highest count a returned receive showed
+  std::map<uint64_t, std::string> sent;             // send returned: id -> payload
+  std::map<std::string, std::set<uint64_t>> acked;  // ack returned, per view
+  std::map<std::string, std::map<uint64_t, uint32_t>>
+      count;  // highest count a returned receive showed
   // The call in progress when the power went (its outcome may or may not be on disk).
   std::string pending_kind, pending_view;
   uint64_t pending_id = 0;
@@ -319,7 +333,8 @@ struct SubLedger {
     for (const auto& [view, m] : count) {
       for (const auto& [id, c] : m) o << "R " << v(view) << " " << id << " " << c << "\n";
     }
-    o << "P " << (pending_kind.empty() ? "-" : pending_kind) << " " << v(pending_view) << " " << pending_id << "\n";
+    o << "P " << (pending_kind.empty() ? "-" : pending_kind) << " " << v(pending_view) << " "
+      << pending_id << "\n";
     return o.str();
   }
   void decode(const std::string& path) {
@@ -376,7 +391,7 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
       // No roll in the run (about 50 KB in a 256 KiB first segment), so no background
       // compaction: the child is one thread, and the cut stops every write.
       o.segment_size = 1 << 20;
-      o.max_receives = 0;         // no dead letters: every view keeps what it does not ack
+      o.max_receives = 0;  // no dead letters: every view keeps what it does not ack
       auto own = open_view(qdir(), "", o);
       if (!own.ok()) return 2;
       std::vector<std::unique_ptr<Queue>> h;
@@ -423,7 +438,8 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
         }
         // Every unsynced write undone, or (odd rounds) the oldest few kept, the next maybe torn.
         std::mt19937_64 cut_rng(seed ^ 0x5ca1ab1e);
-        const FaultIo::CutReport cut = round % 2 == 0 ? fault->power_cut(qdir(), 0) : fault->power_cut(qdir(), cut_rng);
+        const FaultIo::CutReport cut =
+            round % 2 == 0 ? fault->power_cut(qdir(), 0) : fault->power_cut(qdir(), cut_rng);
         std::ofstream(ledger_path) << text << "U " << cut.undone << "\n";
         ::_exit(0);
       });
@@ -488,22 +504,27 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
       const auto& acked = led.acked[view];
       const bool ack_pending = led.pending_kind == "ack" && led.pending_view == view;
       for (const auto& [id, payload] : led.sent) {
-        if (v.messages.count(id) || acked.count(id) || (ack_pending && led.pending_id == id)) continue;
-        ADD_FAILURE() << "message " << id << " lost: its send had returned and this view never acked it";
+        if (v.messages.count(id) || acked.count(id) || (ack_pending && led.pending_id == id))
+          continue;
+        ADD_FAILURE() << "message " << id
+                      << " lost: its send had returned and this view never acked it";
       }
       for (uint64_t id : acked) {
-        EXPECT_EQ(v.messages.count(id), 0u) << "message " << id << " is back although its ack had returned";
+        EXPECT_EQ(v.messages.count(id), 0u)
+            << "message " << id << " is back although its ack had returned";
       }
       for (const auto& [id, m] : v.messages) {
         if (led.sent.count(id)) continue;
         // Only the send in progress may have reached the disk without returning.
-        EXPECT_TRUE(led.pending_kind == "send" && id == last_sent + 1) << "message " << id << " was never sent";
+        EXPECT_TRUE(led.pending_kind == "send" && id == last_sent + 1)
+            << "message " << id << " was never sent";
       }
       for (const auto& [id, c] : led.count[view]) {
         auto it = v.messages.find(id);
         if (it == v.messages.end()) continue;
         const uint32_t now = static_cast<uint32_t>(std::stoul(it->second.substr(6)));
-        EXPECT_GE(now, c) << "message " << id << "'s receive count went back below one a returned receive showed";
+        EXPECT_GE(now, c) << "message " << id
+                          << "'s receive count went back below one a returned receive showed";
       }
       auto q = open_view(qdir(), view);
       ASSERT_TRUE(q.ok()) << q.status().to_string();
@@ -519,8 +540,11 @@ TEST_F(PowerCutTest, EverySubscriptionKeepsEachReturnedCallUnderSyncAlways) {
     expect_verified_and_rebuilt(qdir(), states);
   }
   EXPECT_GT(undone, 0u) << "no cut undid a write: none landed in the middle of a call";
-  std::printf("[figures] %d cuts with 2 subscriptions, sync=always: sends returned %llu, acks returned %llu (all views), writes undone %llu\n",
-              kRounds, static_cast<unsigned long long>(sends), static_cast<unsigned long long>(acks), static_cast<unsigned long long>(undone));
+  std::printf(
+      "[figures] %d cuts with 2 subscriptions, sync=always: sends returned %llu, acks returned "
+      "%llu (all views), writes undone %llu\n",
+      kRounds, static_cast<unsigned long long>(sends), static_cast<unsigned long long>(acks),
+      static_cast<unsigned long long>(undone));
 }
 
 // A queue with two subscriptions and a different state in each view, all of it synced:
@@ -542,7 +566,8 @@ void make_three_views(const std::string& dir) {
   ASSERT_TRUE(own.ok()) << own.status().to_string();
   Queue& q = **own;
   ASSERT_TRUE(q.add_subscription("s1").ok());
-  for (int i = 0; i < 400; ++i) ASSERT_TRUE(q.send(std::string(200, static_cast<char>('a' + i % 26))).ok());
+  for (int i = 0; i < 400; ++i)
+    ASSERT_TRUE(q.send(std::string(200, static_cast<char>('a' + i % 26))).ok());
   ASSERT_TRUE(q.add_subscription("s2", true).ok());
   for (const std::string& view : kViews) {
     auto h = open_view(dir, view, o);
@@ -553,7 +578,9 @@ void make_three_views(const std::string& dir) {
       ASSERT_TRUE(got.ok()) << got.status().to_string();
       got_n += got->size();
       for (const Message& m : *got) {
-        const bool keep = view.empty() ? m.id % 10 == 8 || m.id % 20 == 9 : view == "s1" ? m.id % 10 == 9 : m.id % 10 == 7;
+        const bool keep = view.empty()   ? m.id % 10 == 8 || m.id % 20 == 9
+                          : view == "s1" ? m.id % 10 == 9
+                                         : m.id % 10 == 7;
         if (!keep) {
           ASSERT_TRUE((*h)->ack(m.receipt).ok());
         } else if (view == "s1" && m.id % 20 == 9) {
@@ -573,7 +600,8 @@ struct CompactionCut {
   int nth_sync = 0;
   std::string name() const {
     if (step.empty()) return "after the compaction";
-    return nth_sync == 0 ? "at " + step : "before sync " + std::to_string(nth_sync) + " after " + step;
+    return nth_sync == 0 ? "at " + step
+                         : "before sync " + std::to_string(nth_sync) + " after " + step;
   }
 };
 
@@ -583,7 +611,10 @@ struct CompactionCut {
 class CuttingEnv final : public EnvWrapper {
  public:
   CuttingEnv(std::shared_ptr<FaultIo> fault, std::string root, CompactionCut cut)
-      : EnvWrapper(make_default_env(fault)), fault_(std::move(fault)), root_(std::move(root)), cut_(std::move(cut)) {
+      : EnvWrapper(make_default_env(fault)),
+        fault_(std::move(fault)),
+        root_(std::move(root)),
+        cut_(std::move(cut)) {
     fault_->on_sync([this] {
       ++in_step_;
       if (reached_ && cut_.nth_sync != 0 && ++syncs_ == cut_.nth_sync) power_off();
@@ -646,7 +677,8 @@ TEST_F(PowerCutTest, ACutDuringACompactionLeavesEverySubscriptionsState) {
     if (HasFatalFailure()) return;
     const auto before = view_states(qdir());
     ASSERT_EQ(before.size(), kViews.size());
-    ASSERT_EQ(before.at("").counters.count("subscriptions s1 from 1;s2 from 1;"), 1u) << before.at("");
+    ASSERT_EQ(before.at("").counters.count("subscriptions s1 from 1;s2 from 1;"), 1u)
+        << before.at("");
     ASSERT_TRUE(std::filesystem::exists(first_segment));
     pid_t child = spawn([&] {
       auto fault = std::make_shared<FaultIo>(io::default_io());
@@ -666,7 +698,8 @@ TEST_F(PowerCutTest, ACutDuringACompactionLeavesEverySubscriptionsState) {
       fault->power_cut(qdir(), 0);
       return cut.step.empty() ? 0 : 5;
     });
-    ASSERT_EQ(wait_exit(child), 0) << "4: the compaction copied or removed nothing; 5: it ended before the cut";
+    ASSERT_EQ(wait_exit(child), 0)
+        << "4: the compaction copied or removed nothing; 5: it ended before the cut";
     if (cut.step.empty()) {
       EXPECT_FALSE(std::filesystem::exists(first_segment)) << "the SUB records' segment was kept";
       std::map<std::string, int> n;
@@ -676,20 +709,23 @@ TEST_F(PowerCutTest, ACutDuringACompactionLeavesEverySubscriptionsState) {
       ASSERT_GE(copy_syncs, 4) << "step 3 synced too little to cut in";
       ASSERT_GE(checkpoint_syncs, 1);
       ASSERT_GE(n["compact.after_unlink"], 1) << "no sync of the directory after the unlinks";
-      for (int k : {0, 1, copy_syncs / 2, copy_syncs - 2, copy_syncs - 1, copy_syncs}) cuts.push_back({"compact.after_copy", k});
+      for (int k : {0, 1, copy_syncs / 2, copy_syncs - 2, copy_syncs - 1, copy_syncs})
+        cuts.push_back({"compact.after_copy", k});
       for (int k = 0; k <= checkpoint_syncs; ++k) cuts.push_back({"compact.after_sync", k});
       cuts.push_back({"compact.after_checkpoint", 0});
       cuts.push_back({"compact.after_unlink", 0});
       cuts.push_back({"compact.after_unlink", 1});
     }
     if (cut.step == "compact.after_unlink") {
-      EXPECT_FALSE(std::filesystem::exists(first_segment)) << "the first unlink was not the SUB records' segment";
+      EXPECT_FALSE(std::filesystem::exists(first_segment))
+          << "the first unlink was not the SUB records' segment";
     }
     reboot_indexes(qdir(), round % 2 == 0);
     const auto after = view_states(qdir());
     ASSERT_EQ(after.size(), kViews.size());
     for (const std::string& view : kViews) {
-      EXPECT_EQ(after.at(view), before.at(view)) << "view '" << view << "' after the cut differs from before the compaction";
+      EXPECT_EQ(after.at(view), before.at(view))
+          << "view '" << view << "' after the cut differs from before the compaction";
     }
     expect_verified_and_rebuilt(qdir(), before);
   }
