@@ -315,8 +315,8 @@ void expect_verified_and_rebuilt(const std::string& dir,
 struct SubLedger {
   std::map<uint64_t, std::string> sent;             // send returned: id -> payload
   std::map<std::string, std::set<uint64_t>> acked;  // ack returned, per view
-  std::map<std::string, std::map<uint64_t, uint32_t>>
-      count;  // highest count a returned receive showed
+  // Per view: the highest receive count a returned receive showed.
+  std::map<std::string, std::map<uint64_t, uint32_t>> count;
   // The call in progress when the power went (its outcome may or may not be on disk).
   std::string pending_kind, pending_view;
   uint64_t pending_id = 0;
@@ -366,8 +366,9 @@ struct SubLedger {
 
 // Under sync=always, with two subscriptions: a child sends, receives, acks and nacks in every
 // view at random, and cuts the power itself just before its n-th sync (so the cut lands in
-// the middle of a call: that call's writes are undone, a random number of them kept, the
-// oldest undone one maybe torn). After the reboot, in EVERY view: every send that returned
+// the middle of a call: that call's unsynced writes are undone, or in odd rounds the oldest
+// few of them kept and the next maybe torn). After the reboot (the index files deleted, or
+// left from another boot, in turn), in EVERY view: every send that returned
 // is there unless that view's ack returned, nothing whose ack returned is back, no receive
 // count is below one a returned receive showed, nothing unsent appears, payloads are the sent
 // ones, both subscriptions are listed, counters agree; and the same states come back from
