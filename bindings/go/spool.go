@@ -25,7 +25,9 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -399,6 +401,77 @@ func (q *Queue) settle(kind int, receipt []byte, arg C.uint64_t) error {
 	default:
 		return lastError(C.spool_extend(h, r, arg))
 	}
+}
+
+// AckBatch acks many receipts (Message.Receipt) at once, as SQS's DeleteMessageBatch: one
+// append under one lock. It returns one error per receipt, in order: nil if that receipt was
+// acked, else what Ack would have returned for it (ErrLeaseLost; ErrNotFound, also for a
+// receipt given twice; ErrInvalidArgument for a malformed one). The second result is set
+// only when the call failed as a whole, acking nothing (ErrReadOnly, ErrIO, ErrClosed...);
+// the slice is then nil.
+func (q *Queue) AckBatch(receipts []string) ([]error, error) {
+	return q.ackBatch(receipts, C.SPOOL_DURABILITY_QUEUE)
+}
+
+// AckBatchSync is AckBatch that returns only once the acks are on disk (one sync for all),
+// whatever the queue's policy.
+func (q *Queue) AckBatchSync(receipts []string) ([]error, error) {
+	return q.ackBatch(receipts, C.SPOOL_DURABILITY_SYNC)
+}
+
+func (q *Queue) ackBatch(receipts []string, durability C.int) ([]error, error) {
+	n := len(receipts)
+	// The C call takes an array of C strings; the pointers and bytes go into one C block (Go
+	// memory handed to C may not hold Go pointers).
+	total := 0
+	for i, r := range receipts {
+		if strings.IndexByte(r, 0) >= 0 { // C would read it cut short: another receipt
+			return nil, &Error{Code: CodeInvalidArgument,
+				Message: fmt.Sprintf("invalid argument: receipt %d contains a NUL byte: %q", i, r)}
+		}
+		total += len(r) + 1
+	}
+	ptrSize := int(unsafe.Sizeof(uintptr(0)))
+	block := C.malloc(C.size_t(n*ptrSize + total + 1))
+	if block == nil {
+		return nil, &Error{Code: CodeIO, Message: "out of memory"}
+	}
+	defer C.free(block)
+	ptrs := unsafe.Slice((**C.char)(block), n)
+	data := unsafe.Add(block, n*ptrSize)
+	bytes := unsafe.Slice((*byte)(data), total+1)
+	off := 0
+	for i, r := range receipts {
+		copy(bytes[off:], r)
+		bytes[off+len(r)] = 0
+		ptrs[i] = (*C.char)(unsafe.Add(data, off))
+		off += len(r) + 1
+	}
+	results := make([]C.spool_code, n+1) // +1: a valid &results[0] for an empty batch
+	h, err := q.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer q.mu.RUnlock()
+	runtime.LockOSThread()
+	rc := C.spool_ack_batch(h, (**C.char)(block), C.size_t(n), durability, &results[0])
+	switch rc {
+	case C.SPOOL_OK, C.SPOOL_LEASE_LOST, C.SPOOL_NOT_FOUND, C.SPOOL_INVALID_ARGUMENT:
+		// a receipt's own codes: the call went through and results[] has each outcome
+	default:
+		err = lastError(rc)
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]error, n)
+	for i, c := range results[:n] {
+		if c != C.SPOOL_OK {
+			out[i] = &Error{Code: Code(c), Message: fmt.Sprintf("receipt %q: %s", receipts[i], Code(c))}
+		}
+	}
+	return out, nil
 }
 
 const (

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -125,6 +126,53 @@ func TestStaleReceiptIsLeaseLost(t *testing.T) {
 	}
 	if m := receiveOne(t, q, 0); m.ReceiveCount != 3 {
 		t.Fatalf("after nack: receive count %d, want 3", m.ReceiveCount)
+	}
+}
+
+// AckBatch acks each good receipt and gives every other one the error Ack would have.
+func TestAckBatchAcksManyAndTellsEachReceiptsOutcome(t *testing.T) {
+	q := create(t, &spool.Options{Visibility: time.Minute})
+	ctx := context.Background()
+	if _, err := q.SendBatch(ctx, [][]byte{[]byte("a"), []byte("b"), []byte("c"), []byte("d")}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := q.Receive(ctx, 3, 0, time.Second)
+	if err != nil || len(msgs) != 3 {
+		t.Fatalf("receive: %d messages, %v", len(msgs), err)
+	}
+	out, err := q.AckBatchSync([]string{msgs[0].Receipt(), msgs[1].Receipt(), "garbage", msgs[0].Receipt()})
+	if err != nil || len(out) != 4 {
+		t.Fatalf("AckBatchSync: %v, %v", out, err)
+	}
+	if out[0] != nil || out[1] != nil {
+		t.Fatalf("the good receipts: %v, %v, want nil, nil", out[0], out[1])
+	}
+	var e *spool.Error
+	if !errors.Is(out[2], spool.ErrInvalidArgument) || !errors.As(out[2], &e) || !strings.Contains(e.Message, "garbage") {
+		t.Fatalf("garbage: %v, want ErrInvalidArgument naming it", out[2])
+	}
+	if !errors.Is(out[3], spool.ErrNotFound) { // given twice: acked by the first
+		t.Fatalf("a receipt given twice: %v, want ErrNotFound", out[3])
+	}
+	if out, err := q.AckBatch(nil); err != nil || len(out) != 0 {
+		t.Fatalf("an empty batch: %v, %v", out, err)
+	}
+	st, err := q.Stats()
+	if err != nil || st.AckedTotal != 2 || st.InFlight != 1 || st.Ready != 1 {
+		t.Fatalf("stats acked %d in flight %d ready %d (%v), want 2, 1, 1", st.AckedTotal, st.InFlight, st.Ready, err)
+	}
+	if out, err := q.AckBatch([]string{msgs[2].Receipt()}); err != nil || len(out) != 1 || out[0] != nil {
+		t.Fatalf("AckBatch of the third: %v, %v", out, err)
+	}
+	if st, _ := q.Stats(); st.AckedTotal != 3 {
+		t.Fatalf("acked %d after the third, want 3", st.AckedTotal)
+	}
+	if _, err := q.AckBatch([]string{"a\x00b"}); !errors.Is(err, spool.ErrInvalidArgument) {
+		t.Fatalf("a receipt with a NUL: %v, want ErrInvalidArgument for the call", err)
+	}
+	q.Close()
+	if out, err := q.AckBatch([]string{msgs[0].Receipt()}); out != nil || err != spool.ErrClosed {
+		t.Fatalf("after Close: %v, %v, want nil, ErrClosed", out, err)
 	}
 }
 

@@ -92,6 +92,10 @@ export class Queue {
   sendBatch(list: Array<Data | BatchItem>, opts?: SendOptions): Promise<number[]>;
   receive(opts?: ReceiveOptions): Promise<Message[]>;
   messages(opts?: ReceiveOptions & { idleTimeout?: number }): AsyncGenerator<Message, void, undefined>;
+  /** One entry per receipt: null if acked, else the error ack would have given
+   * (LeaseLostError, NotFoundError, InvalidArgumentError). Rejects only when the call failed
+   * as a whole, acking nothing. */
+  ackBatch(receipts: string[], opts?: { sync?: boolean }): Promise<Array<SpoolError | null>>;
   bindLeases(): void;
   stats(): Stats;
   close(): void;

@@ -46,7 +46,9 @@ const CODES = [
 ];
 const errorClasses = {};
 const byNumber = new Map();
+const codeName = new Map(); // 3 -> 'not found', as the C API's spool_code_name
 for (const [errno, code, name] of CODES) {
+  codeName.set(errno, code.toLowerCase().replace(/_/g, ' '));
   // A named class per code, so `instanceof LeaseLostError` and `err.name` both work.
   const cls = { [name]: class extends SpoolError {
     constructor(message) { super(message, code, errno); }
@@ -278,6 +280,32 @@ class Queue {
         for (const m of pending) if (!m.settled) await m.nack().catch(() => {});
       }
     }
+  }
+
+  /** Acks many receipts at once (as SQS's DeleteMessageBatch): one append, one sync.
+   * Resolves to one entry per receipt, in order: null if it was acked, else the error ack
+   * would have rejected with (LeaseLostError; NotFoundError, also for a receipt given twice;
+   * InvalidArgumentError for a malformed one). Rejects only when the call failed as a whole,
+   * acking nothing (ReadOnlyError, IoError...). `{sync: true}`: resolves once on disk. */
+  async ackBatch(receipts, { sync = false } = {}) {
+    if (!Array.isArray(receipts)) {
+      throw new errorClasses.InvalidArgumentError(
+        `invalid argument: receipts must be an array of strings, not ${typeof receipts}`);
+    }
+    for (let i = 0; i < receipts.length; i++) {
+      const r = receipts[i];
+      // A NUL would end the C string early: the receipt read would not be the one given.
+      if (typeof r !== 'string' || r.includes('\0')) {
+        throw new errorClasses.InvalidArgumentError(
+          `invalid argument: receipt ${i} must be a string without NUL, not ${JSON.stringify(r)}`);
+      }
+    }
+    const pool = sync || this._syncAlways;
+    const codes = await native.ackBatch(this._handle(), receipts, sync, pool);
+    // Only the codes of one receipt come back here (lease lost, not found, invalid
+    // argument); the addon rejected for any other.
+    return codes.map((c, i) => (c === 0 ? null
+      : new (byNumber.get(c))(`receipt ${JSON.stringify(receipts[i])}: ${codeName.get(c)}`)));
   }
 
   _settle(kind, receipt, arg, sync) {

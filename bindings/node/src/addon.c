@@ -60,7 +60,7 @@ static napi_value throw_code(napi_env env, int code, const char* msg) {
 
 /* ------------------------------------------------------------------ operations */
 
-enum kind { OP_OPEN, OP_SEND, OP_SEND_PLAIN, OP_RECEIVE, OP_SETTLE };
+enum kind { OP_OPEN, OP_SEND, OP_SEND_PLAIN, OP_RECEIVE, OP_SETTLE, OP_ACK_BATCH };
 enum settle { SETTLE_ACK, SETTLE_ACK_SYNC, SETTLE_NACK, SETTLE_EXTEND };
 
 typedef struct op {
@@ -93,6 +93,10 @@ typedef struct op {
   int settle;
   char* receipt;
   uint64_t arg;
+  /* OP_ACK_BATCH: n receipts (pointers and bytes in the items block), their codes there too,
+   * and the durability in `settle` */
+  const char** receipts;
+  spool_code* results;
 } op;
 
 static void op_free(op* o) {
@@ -137,6 +141,9 @@ static void op_run(op* o) {
     case OP_SETTLE:
       o->rc = settle(o->h->q, o->settle, o->receipt, o->arg);
       break;
+    case OP_ACK_BATCH:
+      o->rc = spool_ack_batch(o->h->q, o->receipts, o->n, o->settle, o->results);
+      break;
   }
   if (o->rc != SPOOL_OK && o->rc != SPOOL_EMPTY) o->error = strdup(spool_last_error());
 }
@@ -157,12 +164,19 @@ static napi_value set_buffer_prop(napi_env env, napi_value obj, const char* name
   return v;
 }
 
+/* The codes an ack_batch gives one receipt (in results[]) rather than the whole call: with
+ * one of them as its return, the call itself went through and results[] says the rest. */
+static bool receipt_code(spool_code rc) {
+  return rc == SPOOL_LEASE_LOST || rc == SPOOL_NOT_FOUND || rc == SPOOL_INVALID_ARGUMENT;
+}
+
 /* The JS value of a finished op (on the event-loop thread); NULL with an exception pending
  * or, for a failed op, *err set to the error to throw or reject with. */
 static napi_value op_result(napi_env env, op* o, napi_value* err) {
   napi_value out;
   *err = NULL;
-  if (o->rc != SPOOL_OK && !(o->kind == OP_RECEIVE && o->rc == SPOOL_EMPTY)) {
+  if (o->rc != SPOOL_OK && !(o->kind == OP_RECEIVE && o->rc == SPOOL_EMPTY) &&
+      !(o->kind == OP_ACK_BATCH && receipt_code(o->rc))) {
     *err = make_error(env, o->rc, o->error ? o->error : spool_code_name(o->rc));
     return NULL;
   }
@@ -241,6 +255,14 @@ static napi_value op_result(napi_env env, op* o, napi_value* err) {
       return out;
     case OP_SETTLE:
       CHECK(napi_get_undefined(env, &out));
+      return out;
+    case OP_ACK_BATCH: /* each receipt's code (0: acked); index.js makes the errors */
+      CHECK(napi_create_array_with_length(env, o->n, &out));
+      for (size_t i = 0; i < o->n; i++) {
+        napi_value code;
+        CHECK(napi_create_int32(env, o->results[i], &code));
+        CHECK(napi_set_element(env, out, (uint32_t)i, code));
+      }
       return out;
   }
   return NULL;
@@ -728,6 +750,59 @@ static napi_value js_settle(napi_env env, napi_callback_info info) {
   return dispatch(env, o, argv[0], get_bool(env, argv[4]));
 }
 
+/* ackBatch(handle, receipts, sync, pool) -> each receipt's code, 0 when acked (or a Promise
+ * of them); throws or rejects only when the call failed as a whole. receipts: strings
+ * without NUL (index.js checks), copied into one block with their pointers and codes, as a
+ * pool operation outlives the call's arguments. */
+static napi_value js_ack_batch(napi_env env, napi_callback_info info) {
+  napi_value argv[4];
+  op* o = new_op(env, info, 4, argv, OP_ACK_BATCH);
+  if (!o) return NULL;
+  uint32_t n = 0;
+  if (napi_get_array_length(env, argv[1], &n) != napi_ok) {
+    op_free(o);
+    return throw_code(env, SPOOL_INVALID_ARGUMENT, "invalid argument: receipts is not an array");
+  }
+  /* Pass 1: sizes. */
+  size_t bytes = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    napi_value r;
+    size_t len;
+    if (napi_get_element(env, argv[1], i, &r) != napi_ok ||
+        napi_get_value_string_utf8(env, r, NULL, 0, &len) != napi_ok) {
+      op_free(o);
+      return throw_code(env, SPOOL_INVALID_ARGUMENT, "invalid argument: a receipt is not a string");
+    }
+    bytes += len + 1;
+  }
+  size_t head = n * (sizeof(char*) + sizeof(spool_code));
+  char* block = malloc(head + bytes + 1);
+  if (!block) {
+    op_free(o);
+    return throw_code(env, SPOOL_IO, "io: out of memory");
+  }
+  o->items = (spool_send_item*)block; /* freed with the op */
+  o->receipts = (const char**)block;
+  o->results = (spool_code*)(block + n * sizeof(char*));
+  o->n = n;
+  /* Pass 2: copy, within the sizes of pass 1 (`left` counts the room, NULs included). */
+  char* data = block + head;
+  size_t left = bytes + 1;
+  for (uint32_t i = 0; i < n; i++) {
+    napi_value r;
+    size_t len = 0;
+    o->receipts[i] = "";
+    if (left < 2 || napi_get_element(env, argv[1], i, &r) != napi_ok ||
+        napi_get_value_string_utf8(env, r, data, left, &len) != napi_ok)
+      continue;
+    o->receipts[i] = data;
+    data += len + 1;
+    left -= len + 1;
+  }
+  o->settle = get_bool(env, argv[2]) ? SPOOL_DURABILITY_SYNC : SPOOL_DURABILITY_QUEUE;
+  return dispatch(env, o, argv[0], get_bool(env, argv[3]));
+}
+
 /* stats(handle) -> {ready, inFlight, ...} (one read of the shared index: never blocks long). */
 static napi_value js_stats(napi_env env, napi_callback_info info) {
   size_t argc = 1;
@@ -796,6 +871,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"send", NULL, js_send, NULL, NULL, NULL, napi_default, NULL},
       {"receive", NULL, js_receive, NULL, NULL, NULL, napi_default, NULL},
       {"settle", NULL, js_settle, NULL, NULL, NULL, napi_default, NULL},
+      {"ackBatch", NULL, js_ack_batch, NULL, NULL, NULL, napi_default, NULL},
       {"bindLeases", NULL, js_bind_leases, NULL, NULL, NULL, napi_default, NULL},
       {"stats", NULL, js_stats, NULL, NULL, NULL, napi_default, NULL},
   };

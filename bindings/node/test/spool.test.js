@@ -69,6 +69,31 @@ test('attributes, priority, group, dedup id and batches reach the queue', async 
   await assert.rejects(q.send('x', { priority: 256 }), (e) => e.code === 'INVALID_ARGUMENT' && /priority/.test(e.message));
 });
 
+test('ackBatch acks many and tells each receipt its own outcome', async (t) => {
+  const q = await created(t, { visibility: 60 });
+  await q.sendBatch(['a', 'b', 'c', 'd']);
+  const msgs = await q.receive({ max: 3 });
+  assert.equal(msgs.length, 3);
+  const receipts = [msgs[0].receipt, msgs[1].receipt, 'garbage', msgs[0].receipt];
+  const out = await q.ackBatch(receipts, { sync: true });
+  assert.equal(out.length, 4);
+  assert.deepEqual(out.slice(0, 2), [null, null]);
+  assert.ok(out[2] instanceof spool.InvalidArgumentError && out[2].code === 'INVALID_ARGUMENT' &&
+    /garbage/.test(out[2].message), String(out[2]));
+  // Given twice: acked by the first, so the second is not found.
+  assert.ok(out[3] instanceof spool.NotFoundError && out[3].code === 'NOT_FOUND', String(out[3]));
+  assert.deepEqual(await q.ackBatch([]), []);
+  const st = q.stats();
+  assert.deepEqual([st.ackedTotal, st.inFlight, st.ready], [2, 1, 1]);
+  // Without sync (inline on the event-loop thread) as well.
+  assert.deepEqual((await q.ackBatch([msgs[2].receipt])), [null]);
+  assert.equal(q.stats().ackedTotal, 3);
+  await assert.rejects(q.ackBatch(['a\0b']), spool.InvalidArgumentError);
+  await assert.rejects(q.ackBatch([42]), spool.InvalidArgumentError);
+  q.close();
+  await assert.rejects(q.ackBatch([msgs[0].receipt]), spool.QueueClosedError);
+});
+
 test('a stale receipt is LeaseLostError for ack, nack and extend', async (t) => {
   const q = await created(t);
   await q.send('job');
