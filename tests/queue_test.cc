@@ -656,6 +656,37 @@ TEST_F(QueueTest, AConsumerDeadLettersAMessageWithItsReasons) {
   EXPECT_EQ(q->stats()->dead_lettered_total, 2u);
 }
 
+// A receive that fails after it took some messages (here: the next one's move to a full
+// dead-letter queue) hands out nothing and leaves nothing leased: the leases it had applied
+// were not yet in the log, and the index the unlock rebuilds from the log has none.
+TEST_F(QueueTest, AReceiveThatFailsHalfwayLeavesNothingLeased) {
+  QueueOptions o;
+  o.max_receives = 1;
+  o.max_ready = 3;  // the dead-letter queue takes the queue's options: it is full at 3
+  auto q = open(o);
+  ASSERT_TRUE(q);
+  for (const char* p : {"a", "b", "c"}) ASSERT_TRUE(q->send(p).ok());
+  auto abc = q->receive(3, 60s);
+  ASSERT_TRUE(abc.ok() && abc->size() == 3u);
+  for (const Message& m : *abc) ASSERT_TRUE(q->dead_letter(m.receipt).ok());
+  auto m1 = q->send("m1");
+  auto m2 = q->send("m2");
+  ASSERT_TRUE(m1.ok() && m2.ok());
+  auto two = q->receive_id(*m2, 60s);
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  ASSERT_TRUE(q->nack(two->receipt).ok());  // delivered once: the next receive dead-letters it
+  // Takes m1 (first in line), then fails on m2: the dead-letter queue refuses it.
+  auto got = q->receive(10, 60s);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), Code::kQueueFull) << got.status().to_string();
+  auto st = q->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->in_flight, 0u) << "m1 leased by a receive that returned nothing";
+  EXPECT_EQ(st->ready, 2u);
+  EXPECT_EQ(st->received_total, 4u) << "a, b, c and m2's one delivery";
+  EXPECT_EQ(q->check_index(), "");
+}
+
 TEST_F(QueueTest, ReceiveByIdLeasesExactlyThatMessage) {
   auto q = open();
   auto ids = q->send_batch(std::vector<std::string_view>{"a", "b", "c"});

@@ -367,7 +367,8 @@ class Queue {
   // is kNotFound), in one append under one lock and, per `durability`, one sync. The log
   // gets one ACK per delivery number, listing its messages, rather than one per message
   // (docs/format.md, flag LIST). Fails as a whole, acking nothing, only when the queue
-  // cannot be changed (read-only, the lock, the disk).
+  // cannot be changed (read-only, the lock, the disk); a failed sync after the append (as
+  // for ack()) is returned too, with the acks made.
   Result<std::vector<Status>> ack_batch(std::span<const std::string_view> receipts,
                                         Durability durability = Durability::kQueuePolicy);
   // Deletes the message `id` without a receipt, whatever its state (ready, leased,

@@ -192,13 +192,15 @@ struct Live {
   uint64_t id;
   Entry e;
   uint8_t priority;
-  uint64_t group;  // its group's hash (0: none)
+  uint64_t group;    // its group's hash (0: none)
+  bool own_priority;  // `priority` is the message's (a blocked entry keeps none: the default)
 };
 void collect_live(index::SharedIndex& from, std::vector<Live>& out) REQUIRES(from) {
   from.for_each_entry([&](uint32_t, uint64_t id, const Entry& e) {
     const bool own_priority = e.state == State::kReady || e.state == State::kLeased;
     out.push_back({id, Entry{e.loc, e.len, 0, index::kNoPos, 0, State::kReady, 0},
-                   own_priority ? static_cast<uint8_t>(e.key_hi) : index::kDefaultPriority, from.group_of(id)});
+                   own_priority ? static_cast<uint8_t>(e.key_hi) : index::kDefaultPriority, from.group_of(id),
+                   own_priority});
   });
 }
 
@@ -218,7 +220,11 @@ std::vector<Live> live_in_views(index::SharedIndex& x, uint16_t self, const Keys
       collect_live(*o, msgs);
     }
   }
-  std::sort(msgs.begin(), msgs.end(), [](const Live& a, const Live& b) { return a.id < b.id; });
+  // A message several views hold: the entry with its own priority first (the views' slot
+  // orders differ between a live index and a rebuilt one; this choice does not).
+  std::sort(msgs.begin(), msgs.end(), [](const Live& a, const Live& b) {
+    return a.id != b.id ? a.id < b.id : a.own_priority > b.own_priority;
+  });
   msgs.erase(std::unique(msgs.begin(), msgs.end(), [](const Live& a, const Live& b) { return a.id == b.id; }), msgs.end());
   return msgs;
 }

@@ -748,7 +748,12 @@ Result<std::vector<Message>> Queue::Impl::receive_impl(size_t max, Millis visibi
       for (int64_t slot; !paused && out.size() < max && (slot = v.next(now.boot)) >= 0;) {
         Queue::Impl::Mapped m;
         auto taken = q.take(static_cast<uint32_t>(slot), now, vis, &end, mapped != nullptr ? &m : nullptr);
-        if (!taken.ok()) return taken.status();
+        if (!taken.ok()) {
+          // The LEASEs of the messages taken before were applied and are not in the log:
+          // the unlock's rebuild from the log undoes them (none was handed out).
+          if (!out.empty()) q.idx.damaged("a receive failed after taking " + std::to_string(out.size()) + " message(s)");
+          return taken.status();
+        }
         if (!*taken) continue;
         out.push_back(std::move(**taken));
         if (mapped != nullptr) mapped->push_back(std::move(m));
@@ -1081,12 +1086,13 @@ Result<std::vector<Status>> Queue::Impl::ack_batch(std::span<const std::string_v
     std::unordered_set<uint64_t> seen;
     for (size_t i = 0; i < refs.size(); ++i) {
       if (!refs[i]) continue;
-      auto slot = q.fence(v, *refs[i]);
-      if (slot.ok() && !seen.insert(refs[i]->id).second) slot = not_in_queue(refs[i]->id);
+      // A message acked by an earlier receipt of this batch is gone, as a second ack() finds it.
+      auto slot = seen.contains(refs[i]->id) ? Result<uint32_t>(not_in_queue(refs[i]->id)) : q.fence(v, *refs[i]);
       if (!slot.ok()) {
         out[i] = slot.status();
         continue;
       }
+      seen.insert(refs[i]->id);
       acked.emplace_back(refs[i]->gen, refs[i]->id);
     }
     if (acked.empty()) return out;

@@ -25,6 +25,7 @@ uint64_t drain_cap(uint64_t size, uint64_t per_segment) { return size - std::min
 std::vector<Record> listed_records(const Record& proto, std::vector<std::pair<uint32_t, uint64_t>> counted,
                                    std::deque<std::string>& payloads) {
   std::sort(counted.begin(), counted.end());
+  counted.erase(std::unique(counted.begin(), counted.end()), counted.end());  // (a list names an id once)
   std::vector<Record> out;
   std::vector<uint64_t> ids;
   for (size_t i = 0; i < counted.size();) {
