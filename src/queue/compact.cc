@@ -103,14 +103,6 @@ Result<CompactResult> Queue::Impl::compact(bool everything, bool wait, const Pro
   auto subs_changed = [&]() REQUIRES(idx) {
     return std::memcmp(subs_at_start.data(), h.cache.subs, sizeof(h.cache.subs)) != 0;
   };
-  // View 0, then every active subscription's index (attached, held under view 0's lock).
-  auto held_views = [&]() REQUIRES(idx) {
-    std::vector<std::pair<uint16_t, index::SharedIndex*>> out{{0, &idx}};
-    for (uint16_t k : queue::active_views(idx)) {
-      if (index::SharedIndex* v = view_index(k)) out.emplace_back(k, v);
-    }
-    return out;
-  };
   {
     SPOOL_LOCK_OR_RETURN(held, *this, lock());
     std::memcpy(subs_at_start.data(), h.cache.subs, sizeof(h.cache.subs));

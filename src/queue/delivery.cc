@@ -210,15 +210,12 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
   const uint64_t max_bytes = cfg.opts.retention_max_bytes;
   by_age = by_age && max_age != 0;
   if (!by_age && max_bytes == 0) return {};
-  std::vector<uint16_t> ks{0};
-  for (uint16_t k : queue::active_views(idx)) ks.push_back(k);
+  const auto held = held_views();
   std::vector<Record> recs;
   std::deque<std::string> payloads;  // (of the LIST records among them)
   std::vector<std::pair<uint64_t, uint32_t>> oldest;  // (id, slot) of a view's ready messages
   size_t n_dropped = 0;
-  for (uint16_t k : ks) {
-    index::SharedIndex* v = k == 0 ? &idx : view_index(k);
-    if (v == nullptr) continue;
+  for (auto [k, v] : held) {
     v->assert_held();
     uint64_t bytes = v->hdr().cache.bytes_live;
     if (!by_age && bytes <= max_bytes) continue;
@@ -257,7 +254,7 @@ auto Queue::Impl::retain(const Clocks& now, bool by_age) -> Status {
   }
   if (recs.empty()) return {};
   if (auto res = commit(recs, now); !res.ok()) return res.status();
-  spool::log().warn("{}: retention limit dropped {} message(s) across {} view(s)", dir, n_dropped, ks.size());
+  spool::log().warn("{}: retention limit dropped {} message(s) across {} view(s)", dir, n_dropped, held.size());
   return {};
 }
 

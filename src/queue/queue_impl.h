@@ -164,6 +164,9 @@ struct Queue::Impl {
   // active, outside a replay: the rebuild fills it from the log), guarded by view 0's lock,
   // which the caller holds (apply_record() through view_fn included). Null if it cannot be.
   index::SharedIndex* view_index(uint16_t k);
+  // View 0 (the queue's own index), then every active subscription whose index could be
+  // attached, each with its number: what compaction, retention and the drain reserve walk.
+  std::vector<std::pair<uint16_t, index::SharedIndex*>> held_views() REQUIRES(idx);
   // For the first opener that would reuse the index: "" when every active subscription's
   // index is there and sound (its invariants, and as far on as view 0), else what is not,
   // and then every view is rebuilt from the log. (View files are not sealed: damage that

@@ -35,6 +35,14 @@ std::string_view name_of(const index::Subscription& s) {
 
 }  // namespace
 
+auto Queue::Impl::held_views() -> std::vector<std::pair<uint16_t, index::SharedIndex*>> {
+  std::vector<std::pair<uint16_t, index::SharedIndex*>> out{{0, &idx}};
+  for (uint16_t k : queue::active_views(idx)) {
+    if (index::SharedIndex* v = view_index(k)) out.emplace_back(k, v);
+  }
+  return out;
+}
+
 auto Queue::Impl::view_index(uint16_t k) -> index::SharedIndex* {
   // Called by apply_record() (through view_fn) and by this file's calls, all of which hold
   // view 0's lock, which guards every view: the analysis cannot follow the std::function.
