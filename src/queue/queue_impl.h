@@ -165,7 +165,8 @@ struct Queue::Impl {
   // which the caller holds (apply_record() through view_fn included). Null if it cannot be.
   index::SharedIndex* view_index(uint16_t k);
   // View 0 (the queue's own index), then every active subscription whose index could be
-  // attached, each with its number: what compaction, retention and the drain reserve walk.
+  // attached, each with its number: what compaction and retention's sweep walk. It
+  // allocates; spares_short(), at every send, walks the table itself.
   std::vector<std::pair<uint16_t, index::SharedIndex*>> held_views() REQUIRES(idx);
   // For the first opener that would reuse the index: "" when every active subscription's
   // index is there and sound (its invariants, and as far on as view 0), else what is not,
