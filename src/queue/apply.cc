@@ -310,14 +310,14 @@ Status apply_list(index::SharedIndex& x, uint64_t at, const storage::RecordView&
   storage::RecordView one = r;
   one.flags = static_cast<uint8_t>(r.flags & ~format::kFlagList);
   one.payload = {};
-  for (const storage::IdRun& run : storage::list_runs(r.payload)) {
-    for (uint64_t id = run.first;; ++id) {
-      one.id = id;
-      if (Status s = apply_record(x, at, one, keys); !s.ok()) return s;
-      if (id == run.last) break;
-    }
-  }
-  return {};
+  Status first_error;
+  storage::for_each_listed(r.payload, [&](uint64_t id) {
+    x.assert_held();  // (the analysis does not follow into the lambda)
+    if (!first_error.ok()) return;
+    one.id = id;
+    first_error = apply_record(x, at, one, keys);
+  });
+  return first_error;
 }
 
 }  // namespace

@@ -118,12 +118,7 @@ Result<ReplayResult> Queue::Impl::replay(Queue& self, const ReplayOptions& o) {
       acked(r.id);
       return;
     }
-    for (const storage::IdRun& run : storage::list_runs(r.payload)) {  // an ack_batch's
-      for (uint64_t id = run.first;; ++id) {
-        acked(id);
-        if (id == run.last) break;
-      }
-    }
+    storage::for_each_listed(r.payload, acked);  // an ack_batch's
   });
   ReplayResult res;
   if (acks.empty()) return res;

@@ -200,6 +200,16 @@ struct IdRun {
 // The runs of a LIST record's payload. A reader gets only records whose list is sound
 // (list_sound()), so a caller of a record from a segment need not check again.
 std::vector<IdRun> list_runs(std::string_view payload);
+// f(id) for each id of a LIST record's payload, in order (no allocation per id).
+template <class F>
+void for_each_listed(std::string_view payload, F&& f) {
+  for (const IdRun& run : list_runs(payload)) {
+    for (uint64_t id = run.first;; ++id) {
+      f(id);
+      if (id == run.last) break;
+    }
+  }
+}
 // Whether `payload` is a sound list of a record with id `id`: 1 to kMaxListRuns runs,
 // ascending and apart, of at most kMaxListIds ids in all, the last ending at `id`.
 bool list_sound(std::string_view payload, uint64_t id);
